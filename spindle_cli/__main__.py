@@ -1,0 +1,3 @@
+from spindle_cli.cli import main
+
+main()

@@ -1,0 +1,256 @@
+"""Typed, validated conversion between artifact dataclasses and plain data.
+
+Artifacts are frozen dataclasses. Each field's type drives both directions:
+
+- `from_data(cls, data, path)` checks types, missing and unknown fields, `Literal` choices and
+  numeric bounds (field metadata `ge`, `gt`, `le`), then calls the constructor, whose
+  `__post_init__` may raise `FieldError` for cross-field rules. Problems surface as
+  `FieldError` whose field is the full path from the artifact's root (`tasks[2].steps[1].module`).
+- `to_data(obj)` returns plain dicts/lists in field order with floats at a fixed precision, so
+  the same artifact always serializes to the same bytes.
+
+Supported field types: int, float, str, bool, Literal[...], nested dataclasses, tuple[X, ...],
+dict[str, X] (serialized with sorted keys) and X | None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+from spindle_cli.errors import FieldError
+
+T = TypeVar("T")
+
+FLOAT_DIGITS = 9
+"""Significant digits kept for every float written to an artifact."""
+
+
+def meta(doc: str, **bounds: float) -> dict[str, Any]:
+    """Field metadata: a docstring for the JSON Schema plus optional `ge`/`gt`/`le` bounds."""
+    return {"doc": doc, **bounds}
+
+
+def canonical_float(x: float) -> float:
+    """Round to FLOAT_DIGITS significant digits; -0.0 becomes 0.0."""
+    if not math.isfinite(x):
+        raise ValueError(f"non-finite float {x!r} cannot be written to an artifact")
+    y = float(format(x, f".{FLOAT_DIGITS}g"))
+    return 0.0 if y == 0 else y
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if tp is bool:
+        return "a boolean"
+    if origin is tuple:
+        return "a list"
+    if origin is dict or dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return str(tp)
+
+
+def _actual(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def _is_optional(tp: Any) -> bool:
+    return get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp)
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    origin = get_origin(tp)
+    if _is_optional(tp):
+        if value is None:
+            return None
+        (inner,) = [a for a in get_args(tp) if a is not type(None)]
+        return _convert(inner, value, path)
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices or isinstance(value, bool):
+            allowed = ", ".join(repr(c) for c in choices)
+            raise FieldError(path, f"must be one of {allowed}, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise FieldError(path, f"expected a boolean, got {_actual(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise FieldError(path, f"expected an integer, got {_actual(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise FieldError(path, f"expected a number, got {_actual(value)}")
+        if not math.isfinite(value):
+            raise FieldError(path, f"expected a finite number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise FieldError(path, f"expected a string, got {_actual(value)}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise FieldError(path, f"expected a list, got {_actual(value)}")
+        (item,) = [a for a in get_args(tp) if a is not Ellipsis]
+        return tuple(_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise FieldError(path, f"expected a mapping, got {_actual(value)}")
+        _, item = get_args(tp)
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise FieldError(path, f"keys must be strings, got {k!r}")
+            out[k] = _convert(item, v, _join(path, k))
+        return out
+    if dataclasses.is_dataclass(tp):
+        return from_data(tp, value, path)
+    raise TypeError(f"unsupported artifact field type {tp!r}")
+
+
+def _check_bounds(field: dataclasses.Field[Any], value: Any, path: str) -> None:
+    md = field.metadata
+    if value is None or isinstance(value, (str, bool)):
+        return
+    values = value if isinstance(value, tuple) else (value,)
+    for v in values:
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        if "ge" in md and v < md["ge"]:
+            raise FieldError(path, f"must be >= {md['ge']}, got {v}")
+        if "gt" in md and v <= md["gt"]:
+            raise FieldError(path, f"must be > {md['gt']}, got {v}")
+        if "le" in md and v > md["le"]:
+            raise FieldError(path, f"must be <= {md['le']}, got {v}")
+
+
+def from_data(cls: type[T], data: Any, path: str = "") -> T:
+    """Build and validate a dataclass from plain data; raise FieldError with the full path."""
+    if not isinstance(data, dict):
+        raise FieldError(path, f"expected a mapping, got {_actual(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields), key=str)
+    if unknown:
+        raise FieldError(_join(path, str(unknown[0])), "unknown field")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise FieldError(_join(path, name), "missing required field")
+            continue
+        value = _convert(hints[name], data[name], _join(path, name))
+        _check_bounds(f, value, _join(path, name))
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except FieldError as e:
+        raise FieldError(_join(path, e.field), e.problem) from None
+
+
+def to_data(obj: Any) -> Any:
+    """Plain, canonical data for an artifact value (field order kept, dict keys sorted)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_data(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return canonical_float(obj)
+    if isinstance(obj, (tuple, list)):
+        return [to_data(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_data(obj[k]) for k in sorted(obj)}
+    # numpy scalars and other number-likes: convert at the boundary.
+    if hasattr(obj, "item"):
+        return to_data(obj.item())
+    raise TypeError(f"cannot serialize {type(obj).__name__} in an artifact")
+
+
+def json_schema(cls: type, *, title: str | None = None) -> dict[str, Any]:
+    """A JSON Schema (draft 2020-12) for an artifact dataclass."""
+    defs: dict[str, Any] = {}
+    root = _schema_for(cls, defs)
+    schema: dict[str, Any] = {"$schema": "https://json-schema.org/draft/2020-12/schema"}
+    if title:
+        schema["title"] = title
+    schema.update(defs.pop(cls.__name__))
+    if defs:
+        schema["$defs"] = {k: defs[k] for k in sorted(defs)}
+    del root
+    return schema
+
+
+def _schema_for(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    origin = get_origin(tp)
+    if _is_optional(tp):
+        (inner,) = [a for a in get_args(tp) if a is not type(None)]
+        return {"anyOf": [_schema_for(inner, defs), {"type": "null"}]}
+    if origin is Literal:
+        return {"enum": list(get_args(tp))}
+    simple = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    if tp in simple:
+        return {"type": simple[tp]}
+    if origin is tuple:
+        (item,) = [a for a in get_args(tp) if a is not Ellipsis]
+        return {"type": "array", "items": _schema_for(item, defs)}
+    if origin is dict:
+        _, item = get_args(tp)
+        return {"type": "object", "additionalProperties": _schema_for(item, defs)}
+    if dataclasses.is_dataclass(tp):
+        name = tp.__name__
+        if name not in defs:
+            defs[name] = {}
+            hints = typing.get_type_hints(tp)
+            props: dict[str, Any] = {}
+            required = []
+            for f in dataclasses.fields(tp):
+                prop = _schema_for(hints[f.name], defs)
+                md = f.metadata
+                if "doc" in md:
+                    prop["description"] = md["doc"]
+                target = prop if "type" in prop and prop["type"] != "array" else prop.get("items")
+                if isinstance(target, dict):
+                    for key, kw in (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum")):
+                        if key in md:
+                            target[kw] = md[key]
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    required.append(f.name)
+                props[f.name] = prop
+            body: dict[str, Any] = {"type": "object", "additionalProperties": False}
+            if tp.__doc__:
+                body["description"] = " ".join(tp.__doc__.split())
+            body["properties"] = props
+            body["required"] = required
+            defs[name] = body
+        return {"$ref": f"#/$defs/{name}"}
+    raise TypeError(f"unsupported artifact field type {tp!r}")

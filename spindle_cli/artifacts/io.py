@@ -1,0 +1,176 @@
+"""Reading and writing artifact files: parse, check kind/version, validate, hash, atomic write.
+
+YAML (`.yaml`, `.yml`) or JSON (`.json`) by file extension, with the same content. `-` as an
+output path means stdout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from spindle_cli import __version__
+from spindle_cli.artifacts.base import Artifact, DerivedArtifact, InputRef
+from spindle_cli.artifacts.codec import from_data, to_data
+from spindle_cli.errors import ArtifactError, FieldError
+
+A = TypeVar("A", bound=Artifact)
+
+PRODUCER = f"spindle {__version__}"
+
+_REGISTRY: dict[str, type[Artifact]] = {}
+
+
+def register(cls: type[A]) -> type[A]:
+    """Class decorator: make an artifact kind loadable by `load_artifact`."""
+    _REGISTRY[cls.KIND] = cls
+    return cls
+
+
+def kinds() -> dict[str, type[Artifact]]:
+    """Every registered artifact kind, by name."""
+    from spindle_cli.artifacts import cluster, graph, model, plan, profile  # noqa: F401
+
+    return dict(sorted(_REGISTRY.items()))
+
+
+def _format(path: str) -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        return "yaml"
+    if suffix == ".json":
+        return "json"
+    raise ArtifactError(path, "", "unknown file extension (expected .yaml, .yml or .json)")
+
+
+def read_data(path: str) -> Any:
+    """Parse a YAML or JSON file into plain data; one-line errors for unreadable files."""
+    fmt = _format(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ArtifactError(path, "", "no such file") from None
+    except IsADirectoryError:
+        raise ArtifactError(path, "", "is a directory, expected a file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ArtifactError(path, "", f"cannot read: {e}") from None
+    if fmt == "json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ArtifactError(path, "", f"invalid JSON at line {e.lineno}: {e.msg}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ArtifactError(path, "", f"invalid YAML{where}: {e.problem}") from None
+    except yaml.YAMLError as e:
+        raise ArtifactError(path, "", f"invalid YAML: {e}") from None
+
+
+def parse_artifact(data: Any, path: str, expect: type[A] | None = None) -> Artifact:
+    """Validate plain data as an artifact: kind and version first, then every field."""
+    registry = kinds()
+    if not isinstance(data, dict):
+        raise ArtifactError(path, "", "expected a mapping at the top level")
+    kind = data.get("kind")
+    if kind is None:
+        raise ArtifactError(path, "kind", "missing required field")
+    if kind not in registry:
+        raise ArtifactError(path, "kind", f"unknown kind {kind!r} (known: {', '.join(registry)})")
+    cls = registry[kind]
+    if expect is not None and cls is not expect:
+        raise ArtifactError(path, "kind", f"expected a {expect.KIND!r} artifact, got {kind!r}")
+    version = data.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ArtifactError(path, "version", "expected an integer format version")
+    if version > cls.VERSION:
+        raise ArtifactError(
+            path,
+            "version",
+            f"{kind} version {version} is newer than this spindle reads ({cls.VERSION})",
+            hint="upgrade spindle or regenerate the file",
+        )
+    if version < cls.VERSION:
+        raise ArtifactError(
+            path, "version", f"{kind} version {version} is no longer supported ({cls.VERSION})"
+        )
+    try:
+        return from_data(cls, data)
+    except FieldError as e:
+        raise ArtifactError(path, e.field, e.problem) from None
+
+
+def load_artifact(path: str, expect: type[A] | None = None) -> Any:
+    """Load and validate an artifact file. With `expect`, the kind must match."""
+    return parse_artifact(read_data(path), path, expect)
+
+
+def load(path: str, cls: type[A]) -> A:
+    """Load an artifact of a known kind (typed)."""
+    obj = load_artifact(path, cls)
+    assert isinstance(obj, cls)
+    return obj
+
+
+def canonical_json(obj: Artifact) -> bytes:
+    """The canonical bytes that artifact hashes are computed over."""
+    return json.dumps(to_data(obj), sort_keys=True, separators=(",", ":")).encode()
+
+
+def sha256(obj: Artifact) -> str:
+    """sha256 of the artifact's canonical form (comments and key order do not matter)."""
+    return hashlib.sha256(canonical_json(obj)).hexdigest()
+
+
+def input_ref(obj: Artifact, path: str) -> InputRef:
+    """An `inputs` entry naming an artifact and its content hash."""
+    return InputRef(kind=obj.kind, path=path, sha256=sha256(obj))
+
+
+def render(obj: Artifact, fmt: str) -> str:
+    """Serialize an artifact as canonical YAML or JSON text."""
+    data = to_data(obj)
+    if fmt == "json":
+        return json.dumps(data, indent=2) + "\n"
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=100)
+
+
+def write_artifact(obj: Artifact, path: str) -> None:
+    """Write atomically (temp file in the target directory + rename); `-` writes YAML to stdout."""
+    if path == "-":
+        sys.stdout.write(render(obj, "yaml"))
+        sys.stdout.flush()
+        return
+    text = render(obj, _format(path))
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise ArtifactError(path, "", f"output directory {str(parent)!r} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def rendered_for(obj: Artifact, path: str) -> str:
+    """The exact text `write_artifact(obj, path)` would write (for `--check`)."""
+    return render(obj, "yaml" if path == "-" else _format(path))
+
+
+def derived_header(kind: type[Artifact], inputs: list[InputRef]) -> dict[str, Any]:
+    """Keyword arguments for the header fields of a new derived artifact."""
+    assert issubclass(kind, DerivedArtifact)
+    return {"kind": kind.KIND, "version": kind.VERSION, "producer": PRODUCER, "inputs": tuple(inputs)}

@@ -1,0 +1,139 @@
+"""The model spec: a declarative multi-task multi-modal model (hand-written YAML, `models/`).
+
+A model is a set of named modules (stacks of identical layers of one kind) and a list of tasks.
+Each task feeds its own inputs (token ids or feature patches) through a DAG of steps; a step
+applies one module. A module used by several tasks shares its parameters across them.
+
+Shapes: every activation is `[batch, seq, width]` (or `[batch, width]` after pooling). A step
+with several sequence inputs concatenates them along the sequence axis (how a prefix LM or a
+decoder-only LLM consumes encoder outputs); a `contrastive_loss` step takes exactly two pooled
+embeddings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from spindle_cli.artifacts.base import Artifact
+from spindle_cli.artifacts.codec import meta
+from spindle_cli.artifacts.io import register
+from spindle_cli.errors import FieldError
+
+LayerKind = Literal[
+    "embedding",
+    "patch_embed",
+    "transformer_encoder",
+    "transformer_decoder",
+    "adapter",
+    "projection",
+    "contrastive_loss",
+    "lm_loss",
+]
+"""Layer kinds. `embedding`: token ids -> [B,S,hidden] (token + position tables).
+`patch_embed`: features [B,S,in_dim] -> [B,S,hidden] (linear + position table). `transformer_encoder` /
+`transformer_decoder`: pre-LN self-attention + MLP layer, bidirectional / causal.
+`adapter`: [B,S,in_dim] -> [B,S,hidden] (linear; joins an encoder to a wider LLM).
+`projection`: pool ([B,S,in_dim] -> [B,in_dim], first token or mean) then linear to hidden.
+`contrastive_loss`: symmetric InfoNCE over two [B,hidden] embeddings (learned temperature).
+`lm_loss`: LN + vocabulary head + next-token cross-entropy over the last `target_len` positions."""
+
+SEQUENCE_KINDS = ("patch_embed", "transformer_encoder", "transformer_decoder", "adapter")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModuleSpec:
+    """A stack of `num_layers` identical layers of one kind; its parameters are shared by every
+    task that uses it."""
+
+    kind: LayerKind = field(metadata=meta("layer kind"))
+    num_layers: int = field(default=1, metadata=meta("identical layers in the stack", ge=1))
+    hidden: int = field(metadata=meta("output width (model dimension)", ge=1))
+    heads: int = field(default=0, metadata=meta("attention heads (transformer kinds)", ge=0))
+    ffn: int = field(default=0, metadata=meta("MLP inner width (transformer kinds)", ge=0))
+    in_dim: int = field(
+        default=0, metadata=meta("input width (patch_embed, adapter, projection)", ge=0)
+    )
+    vocab_size: int = field(default=0, metadata=meta("vocabulary (embedding, lm_loss)", ge=0))
+    max_seq_len: int = field(
+        default=0, metadata=meta("position table size (embedding, patch_embed)", ge=0)
+    )
+    pool: Literal["cls", "mean"] = field(default="cls", metadata=meta("projection pooling"))
+    target_len: int = field(default=0, metadata=meta("lm_loss: trailing positions scored", ge=0))
+
+    def __post_init__(self) -> None:
+        k = self.kind
+        if k in ("transformer_encoder", "transformer_decoder"):
+            if self.heads < 1:
+                raise FieldError("heads", f"a {k} needs heads >= 1")
+            if self.hidden % self.heads:
+                raise FieldError("heads", f"hidden {self.hidden} is not divisible by {self.heads}")
+            if self.ffn < 1:
+                raise FieldError("ffn", f"a {k} needs ffn >= 1")
+        if k in ("patch_embed", "adapter", "projection") and self.in_dim < 1:
+            raise FieldError("in_dim", f"a {k} needs in_dim >= 1")
+        if k in ("embedding", "lm_loss") and self.vocab_size < 1:
+            raise FieldError("vocab_size", f"a {k} needs vocab_size >= 1")
+        if k in ("embedding", "patch_embed") and self.max_seq_len < 1:
+            raise FieldError("max_seq_len", f"a {k} needs max_seq_len >= 1")
+        if k == "lm_loss" and self.target_len < 1:
+            raise FieldError("target_len", "an lm_loss needs target_len >= 1")
+        if k not in ("transformer_encoder", "transformer_decoder") and self.num_layers != 1:
+            raise FieldError("num_layers", f"a {k} has exactly one layer")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputSpec:
+    """One data input of a task: token ids (`dim: 0`) or feature patches of width `dim`."""
+
+    seq_len: int = field(metadata=meta("sequence length (tokens or patches)", ge=1))
+    dim: int = field(default=0, metadata=meta("feature width; 0 for token ids", ge=0))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSpec:
+    """One node of a task's DAG: apply `module` to the named inputs or earlier steps."""
+
+    name: str = field(metadata=meta("step name, unique within the task"))
+    module: str = field(metadata=meta("the module this step runs"))
+    inputs: tuple[str, ...] = field(metadata=meta("task inputs or other steps feeding this one"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSpec:
+    """A task: its global batch, its data inputs and its DAG of steps."""
+
+    name: str = field(metadata=meta("task name"))
+    batch_size: int = field(metadata=meta("global batch size of the task", ge=1))
+    inputs: dict[str, InputSpec] = field(metadata=meta("data inputs, by name"))
+    steps: tuple[StepSpec, ...] = field(metadata=meta("the task's steps (a DAG)"))
+
+
+@register
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec(Artifact):
+    """A multi-task multi-modal model."""
+
+    KIND = "model"
+    VERSION = 1
+
+    name: str = field(metadata=meta("model name"))
+    description: str = field(default="", metadata=meta("one-line description"))
+    modules: dict[str, ModuleSpec] = field(metadata=meta("modules, by name"))
+    tasks: tuple[TaskSpec, ...] = field(metadata=meta("all tasks of the model"))
+    task_sets: dict[str, tuple[str, ...]] = field(
+        default_factory=dict, metadata=meta("named task subsets (e.g. '4' for the 4-task run)")
+    )
+
+    def __post_init__(self) -> None:
+        Artifact.__post_init__(self)
+        from spindle_cli.artifacts.model_check import check_model
+
+        check_model(self)
+
+    def task(self, name: str) -> TaskSpec:
+        """The task of that name."""
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        raise KeyError(name)

@@ -1,0 +1,161 @@
+"""Cross-field rules of the model spec: references, DAG shape, and shape inference.
+
+Shape inference is also what the graph builder uses, so it lives with the contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from spindle_cli.errors import FieldError
+
+if TYPE_CHECKING:
+    from spindle_cli.artifacts.model import ModelSpec, TaskSpec
+
+LOSS_KINDS = ("contrastive_loss", "lm_loss")
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A per-sample activation shape. `form` is 'tokens', 'features', 'sequence', 'pooled' or
+    'loss'; `seq` is 1 for pooled and loss, `width` 0 for tokens and loss."""
+
+    form: str
+    seq: int
+    width: int
+
+
+def topo_steps(task: TaskSpec, where: str) -> list[str]:
+    """Step names in a deterministic topological order; FieldError on a cycle."""
+    names = [s.name for s in task.steps]
+    deps = {s.name: [i for i in s.inputs if i in names] for s in task.steps}
+    order: list[str] = []
+    state: dict[str, int] = {}
+
+    def visit(n: str, stack: list[str]) -> None:
+        if state.get(n) == 2:
+            return
+        if state.get(n) == 1:
+            cyc = stack[stack.index(n) :] + [n]
+            raise FieldError(f"{where}.steps", f"cycle {' -> '.join(cyc)}")
+        state[n] = 1
+        for d in deps[n]:
+            visit(d, stack + [n])
+        state[n] = 2
+        order.append(n)
+
+    for n in names:
+        visit(n, [])
+    return order
+
+
+def infer_shapes(model: ModelSpec, task: TaskSpec, where: str = "") -> dict[str, Shape]:
+    """Per-sample output shape of every input and step of a task; FieldError on a mismatch."""
+    shapes: dict[str, Shape] = {}
+    for name, spec in task.inputs.items():
+        shapes[name] = Shape("features" if spec.dim else "tokens", spec.seq_len, spec.dim)
+    index = {s.name: i for i, s in enumerate(task.steps)}
+    for name in topo_steps(task, where):
+        i = index[name]
+        step = task.steps[i]
+        path = f"{where}.steps[{i}]"
+        mod = model.modules[step.module]
+        ins = [shapes[x] for x in step.inputs]
+        forms = {s.form for s in ins}
+
+        def need(cond: bool, problem: str) -> None:
+            if not cond:
+                raise FieldError(f"{path}.inputs", problem)
+
+        k = mod.kind
+        if k == "embedding":
+            need(len(ins) == 1 and forms == {"tokens"}, "an embedding takes one token-id input")
+            need(ins[0].seq <= mod.max_seq_len,
+                 f"sequence {ins[0].seq} exceeds max_seq_len {mod.max_seq_len} of '{step.module}'")
+            out = Shape("sequence", ins[0].seq, mod.hidden)
+        elif k == "patch_embed":
+            need(len(ins) == 1 and forms == {"features"}, "a patch_embed takes one feature input")
+            need(ins[0].seq <= mod.max_seq_len,
+                 f"sequence {ins[0].seq} exceeds max_seq_len {mod.max_seq_len} of '{step.module}'")
+            need(ins[0].width == mod.in_dim,
+                 f"feature width {ins[0].width} != in_dim {mod.in_dim} of '{step.module}'")
+            out = Shape("sequence", ins[0].seq, mod.hidden)
+        elif k in ("transformer_encoder", "transformer_decoder"):
+            need(len(ins) >= 1 and forms == {"sequence"}, f"a {k} takes sequence activations")
+            for s in ins:
+                need(s.width == mod.hidden,
+                     f"input width {s.width} != hidden {mod.hidden} of '{step.module}'")
+            out = Shape("sequence", sum(s.seq for s in ins), mod.hidden)
+        elif k in ("adapter", "projection"):
+            need(len(ins) == 1 and forms == {"sequence"}, f"a {k} takes one sequence activation")
+            need(ins[0].width == mod.in_dim,
+                 f"input width {ins[0].width} != in_dim {mod.in_dim} of '{step.module}'")
+            out = (Shape("sequence", ins[0].seq, mod.hidden) if k == "adapter"
+                   else Shape("pooled", 1, mod.hidden))
+        elif k == "contrastive_loss":
+            need(len(ins) == 2 and forms == {"pooled"},
+                 "a contrastive_loss takes two pooled embeddings")
+            for s in ins:
+                need(s.width == mod.hidden,
+                     f"embedding width {s.width} != hidden {mod.hidden} of '{step.module}'")
+            out = Shape("loss", 1, 0)
+        else:
+            need(len(ins) == 1 and forms == {"sequence"}, "an lm_loss takes one sequence input")
+            need(ins[0].width == mod.hidden,
+                 f"input width {ins[0].width} != hidden {mod.hidden} of '{step.module}'")
+            need(ins[0].seq >= mod.target_len,
+                 f"sequence {ins[0].seq} is shorter than target_len {mod.target_len}")
+            out = Shape("loss", 1, 0)
+        shapes[name] = out
+    return shapes
+
+
+def check_model(model: ModelSpec) -> None:
+    """Validate references, uniqueness, DAG structure and shapes; raise FieldError."""
+    seen_tasks: set[str] = set()
+    for ti, task in enumerate(model.tasks):
+        where = f"tasks[{ti}]"
+        if task.name in seen_tasks:
+            raise FieldError(f"{where}.name", f"duplicate task name {task.name!r}")
+        seen_tasks.add(task.name)
+        if not task.steps:
+            raise FieldError(f"{where}.steps", "a task needs at least one step")
+        names: set[str] = set()
+        for si, step in enumerate(task.steps):
+            sp = f"{where}.steps[{si}]"
+            if step.name in names or step.name in task.inputs:
+                raise FieldError(f"{sp}.name", f"duplicate step name {step.name!r}")
+            names.add(step.name)
+            if step.module not in model.modules:
+                raise FieldError(f"{sp}.module", f"unknown module {step.module!r}")
+            if not step.inputs:
+                raise FieldError(f"{sp}.inputs", "a step needs at least one input")
+        used: set[str] = set()
+        for si, step in enumerate(task.steps):
+            for ii, src in enumerate(step.inputs):
+                if src not in names and src not in task.inputs:
+                    raise FieldError(f"{where}.steps[{si}].inputs[{ii}]",
+                                     f"unknown input or step {src!r}")
+                if src == step.name:
+                    raise FieldError(f"{where}.steps[{si}].inputs[{ii}]", "a step cannot feed itself")
+            if len(set(step.inputs)) != len(step.inputs):
+                raise FieldError(f"{where}.steps[{si}].inputs", "an input is listed twice")
+            used.update(step.inputs)
+        for name in task.inputs:
+            if name not in used:
+                raise FieldError(f"{where}.inputs.{name}", "input is not used by any step")
+        infer_shapes(model, task, where)
+        for si, step in enumerate(task.steps):
+            is_loss = model.modules[step.module].kind in LOSS_KINDS
+            if is_loss and step.name in used:
+                raise FieldError(f"{where}.steps[{si}]", "a loss step cannot feed another step")
+            if not is_loss and step.name not in used:
+                raise FieldError(f"{where}.steps[{si}]",
+                                 f"output of {step.name!r} is not used (end each branch in a loss)")
+    for set_name, members in model.task_sets.items():
+        for i, t in enumerate(members):
+            if t not in seen_tasks:
+                raise FieldError(f"task_sets.{set_name}[{i}]", f"unknown task {t!r}")
+        if len(set(members)) != len(members):
+            raise FieldError(f"task_sets.{set_name}", "a task is listed twice")

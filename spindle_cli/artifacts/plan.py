@@ -1,0 +1,155 @@
+"""The execution plan: waves of MetaOp slices placed on ranks (`spindle plan`, `plans/`).
+
+Every planner (spindle and the baselines) writes this one format, and the simulator and the
+runtime consume it. Times are estimates from the profile's curves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spindle_cli.artifacts.base import DerivedArtifact
+from spindle_cli.artifacts.codec import meta
+from spindle_cli.artifacts.io import register
+from spindle_cli.artifacts.profile import check_strategy
+from spindle_cli.errors import FieldError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slice:
+    """Operators [first, last) of one MetaOp run on `ranks` for the whole task batch."""
+
+    id: str = field(metadata=meta("unique slice id: 'w<wave>.<index>'"))
+    metaop: str = field(metadata=meta("MetaOp id"))
+    first: int = field(metadata=meta("first operator (0-based, within the MetaOp)", ge=0))
+    last: int = field(metadata=meta("one past the last operator", ge=1))
+    ranks: tuple[int, ...] = field(metadata=meta("ranks running the slice, ascending", ge=0))
+    strategy: str = field(metadata=meta("'dp' or 'tp<t>'"))
+    time_ms: float = field(metadata=meta("estimated forward+backward time of the slice", ge=0))
+
+    def __post_init__(self) -> None:
+        check_strategy(self.strategy, "strategy")
+        if self.last <= self.first:
+            raise FieldError("last", f"{self.last} <= first {self.first}")
+        if not self.ranks:
+            raise FieldError("ranks", "a slice needs at least one rank")
+        if list(self.ranks) != sorted(set(self.ranks)):
+            raise FieldError("ranks", "ranks must be ascending and distinct")
+
+    @property
+    def num_layers(self) -> int:
+        """Operators in the slice."""
+        return self.last - self.first
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Wave:
+    """Slices that run concurrently on disjoint ranks; transfers happen between waves."""
+
+    index: int = field(metadata=meta("wave index, from 0", ge=0))
+    level: int = field(metadata=meta("MetaLevel the wave belongs to", ge=0))
+    start_ms: float = field(metadata=meta("estimated start time", ge=0))
+    duration_ms: float = field(metadata=meta("estimated duration (longest slice)", ge=0))
+    slices: tuple[Slice, ...] = field(metadata=meta("the wave's slices"))
+
+    def __post_init__(self) -> None:
+        used: set[int] = set()
+        for i, s in enumerate(self.slices):
+            if used & set(s.ranks):
+                raise FieldError(f"slices[{i}].ranks", f"rank {min(used & set(s.ranks))} is "
+                                 "already used by another slice of this wave")
+            used |= set(s.ranks)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transfer:
+    """An activation flow from a producer slice to a consumer slice (gradients flow back)."""
+
+    src: str = field(metadata=meta("producer slice id"))
+    dst: str = field(metadata=meta("consumer slice id"))
+    bytes: int = field(metadata=meta("forward activation bytes (the same flow back)", ge=0))
+    src_ranks: tuple[int, ...] = field(metadata=meta("producer ranks"))
+    dst_ranks: tuple[int, ...] = field(metadata=meta("consumer ranks"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamGroup:
+    """Layers [first_layer, last_layer) of a module and the ranks holding a replica of them;
+    their gradients are all-reduced over exactly these ranks."""
+
+    module: str = field(metadata=meta("module name"))
+    first_layer: int = field(metadata=meta("first layer of the module", ge=0))
+    last_layer: int = field(metadata=meta("one past the last layer", ge=1))
+    ranks: tuple[int, ...] = field(metadata=meta("ranks holding a replica, ascending"))
+    bytes: int = field(metadata=meta("gradient bytes synchronized", ge=0))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankMemory:
+    """Estimated peak memory of one rank, by category."""
+
+    rank: int = field(metadata=meta("rank", ge=0))
+    param_bytes: int = field(metadata=meta("parameters", ge=0))
+    grad_bytes: int = field(metadata=meta("gradients", ge=0))
+    optimizer_bytes: int = field(metadata=meta("optimizer state", ge=0))
+    activation_bytes: int = field(metadata=meta("activations held for backward (peak)", ge=0))
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of every category."""
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LevelBound:
+    """The relaxed optimum of one MetaLevel."""
+
+    level: int = field(metadata=meta("MetaLevel", ge=0))
+    lower_bound_ms: float = field(metadata=meta("relaxed optimum C* of the level", ge=0))
+    estimated_ms: float = field(metadata=meta("planned time of the level's waves", ge=0))
+
+
+@register
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan(DerivedArtifact):
+    """A whole training iteration: waves, transfers, parameter groups, memory, estimates."""
+
+    KIND = "plan"
+    VERSION = 1
+
+    model: str = field(metadata=meta("model name"))
+    cluster: str = field(metadata=meta("cluster name"))
+    planner: str = field(metadata=meta("planner that made the plan"))
+    options: dict[str, str] = field(default_factory=dict, metadata=meta("planner options"))
+    num_devices: int = field(metadata=meta("world size N", ge=1))
+    islands: tuple[tuple[int, ...], ...] = field(metadata=meta("ranks of each NVLink island"))
+    waves: tuple[Wave, ...] = field(metadata=meta("waves in execution order"))
+    transfers: tuple[Transfer, ...] = field(metadata=meta("inter-wave activation flows"))
+    param_groups: tuple[ParamGroup, ...] = field(metadata=meta("parameter device groups"))
+    memory: tuple[RankMemory, ...] = field(metadata=meta("estimated memory per rank"))
+    levels: tuple[LevelBound, ...] = field(metadata=meta("relaxed optimum per MetaLevel"))
+    lower_bound_ms: float = field(metadata=meta("sum of the levels' C*", ge=0))
+    estimated_iteration_ms: float = field(metadata=meta("planned iteration time", ge=0))
+
+    def __post_init__(self) -> None:
+        DerivedArtifact.__post_init__(self)
+        ids: set[str] = set()
+        for wi, w in enumerate(self.waves):
+            if w.index != wi:
+                raise FieldError(f"waves[{wi}].index", f"expected {wi}, got {w.index}")
+            for si, s in enumerate(w.slices):
+                if s.id in ids:
+                    raise FieldError(f"waves[{wi}].slices[{si}].id", f"duplicate id {s.id!r}")
+                ids.add(s.id)
+                bad = [r for r in s.ranks if r >= self.num_devices]
+                if bad:
+                    raise FieldError(f"waves[{wi}].slices[{si}].ranks",
+                                     f"rank {bad[0]} >= num_devices {self.num_devices}")
+        for ti, t in enumerate(self.transfers):
+            for name in ("src", "dst"):
+                if getattr(t, name) not in ids:
+                    raise FieldError(f"transfers[{ti}].{name}", f"unknown slice {getattr(t, name)!r}")
+
+    def slices(self) -> list[tuple[Wave, Slice]]:
+        """Every slice with its wave, in execution order."""
+        return [(w, s) for w in self.waves for s in w.slices]

@@ -1,0 +1,134 @@
+"""The scaling-curves profile: measured or analytic per-operator times at several device counts
+and the fitted piecewise alpha-beta curves (`spindle profile`, `profiles/`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from spindle_cli.artifacts.base import DerivedArtifact
+from spindle_cli.artifacts.codec import meta
+from spindle_cli.artifacts.io import register
+from spindle_cli.errors import FieldError
+
+Strategy = str
+"""'dp' (data parallel: batch split over n devices) or 'tp<t>' (tensor parallel of degree t
+inside one island, data parallel over n / t groups), e.g. 'tp2'."""
+
+
+def tp_degree(strategy: str) -> int:
+    """The tensor-parallel degree of a strategy ('dp' -> 1)."""
+    return 1 if strategy == "dp" else int(strategy[2:])
+
+
+def check_strategy(strategy: str, where: str) -> None:
+    """Raise FieldError unless `strategy` is 'dp' or 'tp<t>' with t >= 2."""
+    ok = strategy == "dp" or (
+        strategy.startswith("tp") and strategy[2:].isdigit() and int(strategy[2:]) >= 2
+    )
+    if not ok:
+        raise FieldError(where, f"unknown strategy {strategy!r} (expected 'dp' or 'tp<t>')")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfilePoint:
+    """One profiled device count under one strategy."""
+
+    num_devices: int = field(metadata=meta("device count n", ge=1))
+    strategy: str = field(metadata=meta("'dp' or 'tp<t>'"))
+    feasible: bool = field(metadata=meta("false when the shape ran out of memory or timed out"))
+    time_ms: float = field(metadata=meta("forward+backward time of one operator, ms", ge=0))
+    peak_memory_bytes: int = field(metadata=meta("peak memory per device", ge=0))
+    note: str = field(default="", metadata=meta("why a point is infeasible"))
+
+    def __post_init__(self) -> None:
+        check_strategy(self.strategy, "strategy")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CurvePiece:
+    """T(n) = alpha_ms + beta_ms * (B / n) for n in [n_lo, n_hi]."""
+
+    n_lo: int = field(metadata=meta("lower device count of the piece", ge=1))
+    n_hi: int = field(metadata=meta("upper device count of the piece", ge=1))
+    alpha_ms: float = field(metadata=meta("fixed cost per operator, ms"))
+    beta_ms: float = field(metadata=meta("cost per sample on one device, ms", ge=0))
+    strategy: str = field(metadata=meta("strategy used on this piece"))
+
+    def __post_init__(self) -> None:
+        check_strategy(self.strategy, "strategy")
+        if self.n_hi < self.n_lo:
+            raise FieldError("n_hi", f"{self.n_hi} < n_lo {self.n_lo}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryModel:
+    """Memory of one operator (layer) per device, by category (mixed-precision Adam)."""
+
+    param_bytes: int = field(metadata=meta("parameters (training dtype) per layer", ge=0))
+    grad_bytes: int = field(metadata=meta("gradients per layer", ge=0))
+    optimizer_bytes: int = field(
+        metadata=meta("fp32 master weights + Adam moments per layer", ge=0)
+    )
+    activation_bytes_per_sample: int = field(
+        metadata=meta("activations kept for backward per sample per layer", ge=0)
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Curve:
+    """The scaling curve of one operator signature."""
+
+    signature: str = field(metadata=meta("operator signature (layer kind, dims, shape)"))
+    batch_size: int = field(metadata=meta("global batch B of the signature", ge=1))
+    points: tuple[ProfilePoint, ...] = field(metadata=meta("raw profiled points"))
+    pieces: tuple[CurvePiece, ...] = field(metadata=meta("fitted pieces, ascending in n"))
+    memory: MemoryModel = field(metadata=meta("per-layer memory model (data parallel)"))
+    max_rel_error: float = field(metadata=meta("max relative fit error at profiled points", ge=0))
+    heldout_rel_error: float | None = field(
+        default=None, metadata=meta("max relative error at held-out counts (--validate)")
+    )
+
+    def __post_init__(self) -> None:
+        if not self.pieces:
+            raise FieldError("pieces", "a curve needs at least one piece")
+        for i in range(1, len(self.pieces)):
+            if self.pieces[i].n_lo != self.pieces[i - 1].n_hi:
+                raise FieldError(f"pieces[{i}].n_lo", "pieces must be contiguous")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fingerprint:
+    """Where a profile's numbers came from."""
+
+    hardware: str = field(metadata=meta("'local' (measured) or an analytic device model"))
+    device_name: str = field(metadata=meta("device the numbers describe"))
+    torch_version: str = field(metadata=meta("torch version used to measure ('' if analytic)"))
+    dtype: str = field(metadata=meta("compute dtype"))
+
+
+@register
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile(DerivedArtifact):
+    """Scaling curves for every operator signature of a MetaOp graph."""
+
+    KIND = "profile"
+    VERSION = 1
+
+    source: Literal["measured", "analytic"] = field(metadata=meta("how the points were made"))
+    fingerprint: Fingerprint = field(metadata=meta("hardware and software the profile describes"))
+    counts: tuple[int, ...] = field(metadata=meta("profiled device counts", ge=1))
+    curves: tuple[Curve, ...] = field(metadata=meta("curves, sorted by signature"))
+
+    def __post_init__(self) -> None:
+        DerivedArtifact.__post_init__(self)
+        sigs = [c.signature for c in self.curves]
+        if len(set(sigs)) != len(sigs):
+            raise FieldError("curves", "duplicate signature")
+
+    def curve(self, signature: str) -> Curve:
+        """The curve of an operator signature."""
+        for c in self.curves:
+            if c.signature == signature:
+                return c
+        raise KeyError(signature)

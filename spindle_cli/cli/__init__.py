@@ -1,0 +1,99 @@
+"""The `spindle` command: one click group; each subcommand lives in its own module and is
+imported only when it runs, so `spindle plan` never pays for (or imports) torch.
+
+Exit codes (the only place they are decided):
+  0  success
+  1  `--check`/`diff` found a difference, or a distributed run failed
+  2  bad input: an artifact, option or file the user gave is invalid (one-line error)
+  123 internal error (a bug): the traceback is shown with SPINDLE_DEBUG=1
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import click
+
+from spindle_cli import __version__
+from spindle_cli.errors import SpindleError
+
+# command name -> (module under spindle_cli.cli, function name, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "graph": ("graph", "graph", "Contract a model's tasks into a MetaOp graph."),
+    "profile": ("profile", "profile", "Measure or model scaling curves for a MetaOp graph."),
+    "plan": ("plan", "plan", "Plan waves and placement for a graph on a cluster."),
+    "run": ("run", "run", "Train a plan with torch.distributed, wave by wave."),
+    "simulate": ("simulate", "simulate", "Simulate one training iteration of a plan."),
+    "bench": ("bench", "bench", "Reproduce the paper's evaluation on simulated clusters."),
+    "validate": ("inspect", "validate", "Validate artifact files."),
+    "show": ("inspect", "show", "Summarize any artifact."),
+    "diff": ("diff", "diff", "Semantic diff of two plans."),
+    "explain": ("explain", "explain", "Explain how a plan treats one MetaOp."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        cmd = getattr(importlib.import_module(f"spindle_cli.cli.{module}"), attr)
+        assert isinstance(cmd, click.Command)
+        return cmd
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in sorted(COMMANDS)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="spindle")
+def cli() -> None:
+    """Spindle: plan and run multi-task multi-modal training with wavefront scheduling.
+
+    Stages talk through versioned artifacts: model -> graph -> profile -> plan -> run.
+    """
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Entry point: run the CLI and map errors to one line and an exit code."""
+    from spindle_cli.cli._console import err
+
+    debug = os.environ.get("SPINDLE_DEBUG") == "1"
+    try:
+        return cli.main(args=argv, prog_name="spindle", standalone_mode=False)
+    except SpindleError as e:
+        if debug:
+            raise
+        err.print(f"error: {e}")
+        if e.hint:
+            err.print(f"hint: {e.hint}")
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(2)
+    except click.Abort:
+        err.print("error: aborted")
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception:
+        if debug:
+            err.print_exception(show_locals=True)
+        else:
+            err.print(
+                f"internal error: {sys.exc_info()[1]!r} (a bug in spindle; "
+                "rerun with SPINDLE_DEBUG=1 for the traceback)"
+            )
+        sys.exit(123)

@@ -1,0 +1,45 @@
+"""Helpers shared by the subcommands: loading inputs, writing outputs, `--check`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TypeVar
+
+from spindle_cli.artifacts import load, rendered_for, write_artifact
+from spindle_cli.artifacts.base import Artifact
+from spindle_cli.cli._console import err
+
+A = TypeVar("A", bound=Artifact)
+
+
+def load_input(path: str, cls: type[A]) -> A:
+    """Load a validated input artifact (errors are one-line ArtifactErrors)."""
+    return load(path, cls)
+
+
+def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
+    """Write `obj` to `output` (or stdout for '-'); with `check`, compare instead and write
+    nothing. Returns the exit code: 1 when `check` finds a difference."""
+    if check:
+        new = rendered_for(obj, output)
+        try:
+            old = Path(output).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            err.print(f"{output}: missing (would be created)")
+            return 1
+        if old != new:
+            err.print(f"{output}: out of date (regenerate it)")
+            return 1
+        err.print(f"{output}: up to date")
+        return 0
+    write_artifact(obj, output)
+    if output != "-":
+        err.print(f"wrote {output}")
+    return 0
+
+
+def exit_with(code: int) -> None:
+    """Exit with `code` when it is non-zero."""
+    if code:
+        sys.exit(code)

@@ -1,0 +1,53 @@
+"""The one exception hierarchy of Spindle. Leaf module: imports nothing from spindle_cli.
+
+Every error a user can cause is a `SpindleError`; the CLI prints it as one line and exits with
+its `exit_code`. Anything else escaping to the CLI is a bug.
+"""
+
+from __future__ import annotations
+
+
+class SpindleError(Exception):
+    """An error caused by the user's input or environment; printed as one line."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class ArtifactError(SpindleError):
+    """An artifact file that cannot be read, parsed or validated.
+
+    The message reads `<file>: <field path>: <problem>`.
+    """
+
+    def __init__(self, file: str, field: str, problem: str, *, hint: str | None = None) -> None:
+        where = f"{file}: {field}" if field else file
+        super().__init__(f"{where}: {problem}", hint=hint)
+        self.file = file
+        self.field = field
+        self.problem = problem
+
+
+class PlanInfeasible(SpindleError):
+    """The planner cannot fit the model on the cluster (e.g. out of device memory)."""
+
+
+class RuntimeFailure(SpindleError):
+    """A distributed run failed (a rank crashed, timed out or disagreed about shapes)."""
+
+    exit_code = 1
+
+
+class FieldError(ValueError):
+    """Raised inside artifact validation; the loader prefixes the file and the parent path.
+
+    `field` is relative to the object being validated (e.g. `steps[1].module`).
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}" if field else problem)
+        self.field = field
+        self.problem = problem

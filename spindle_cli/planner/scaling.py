@@ -1,0 +1,74 @@
+"""Evaluating a fitted scaling curve: T(n), its inverse, and the valid device counts.
+
+A curve is piecewise alpha-beta in the per-device work b = B / n:
+T(n) = alpha_k + beta_k * B / n on piece k = [n_lo, n_hi]. Below the first piece the first
+piece extends (n < 1 is only used by the continuous relaxation); beyond the last piece the last
+piece extends, so alpha of the last piece is the n -> infinity floor.
+"""
+
+from __future__ import annotations
+
+import math
+
+from spindle_cli.artifacts.profile import Curve, CurvePiece, tp_degree
+
+
+def _piece(curve: Curve, n: float) -> CurvePiece:
+    for p in curve.pieces:
+        if n <= p.n_hi:
+            return p
+    return curve.pieces[-1]
+
+
+def time_ms(curve: Curve, n: float) -> float:
+    """Per-operator forward+backward time on n devices (n > 0, may be fractional)."""
+    if n <= 0:
+        raise ValueError(f"device count must be positive, got {n}")
+    p = _piece(curve, n)
+    return p.alpha_ms + p.beta_ms * curve.batch_size / n
+
+
+def strategy(curve: Curve, n: int) -> str:
+    """The parallel strategy the curve uses at n devices."""
+    return _piece(curve, n).strategy
+
+
+def floor_ms(curve: Curve) -> float:
+    """T(infinity): the alpha of the last piece."""
+    return curve.pieces[-1].alpha_ms
+
+
+def inverse_n(curve: Curve, t_ms: float) -> float:
+    """The smallest (continuous) n with T(n) <= t_ms; infinity when t_ms is at or below the
+    floor. Closed form per piece: n = beta * B / (t - alpha)."""
+    B = curve.batch_size
+    for p in curve.pieces:
+        if time_ms(curve, p.n_hi) <= t_ms:
+            lo = 0.0 if p is curve.pieces[0] else float(p.n_lo)
+            if p.beta_ms == 0 or t_ms <= p.alpha_ms:
+                return max(lo, 1e-9)
+            n = p.beta_ms * B / (t_ms - p.alpha_ms)
+            return min(max(n, lo), float(p.n_hi))
+    last = curve.pieces[-1]
+    if t_ms <= last.alpha_ms or last.beta_ms == 0:
+        return math.inf
+    return last.beta_ms * B / (t_ms - last.alpha_ms)
+
+
+def is_valid(curve: Curve, n: int, *, uneven: bool = False) -> bool:
+    """Whether n devices is a practical allocation: data parallel needs n | B (any n <= B with
+    `uneven`); tensor parallel of degree t needs t | n and (n / t) | B."""
+    if n < 1:
+        return False
+    t = tp_degree(strategy(curve, n))
+    if n % t:
+        return False
+    groups = n // t
+    if uneven:
+        return groups <= curve.batch_size
+    return curve.batch_size % groups == 0
+
+
+def valid_counts(curve: Curve, max_n: int, *, uneven: bool = False) -> list[int]:
+    """Valid device counts 1..max_n, ascending."""
+    return [n for n in range(1, max_n + 1) if is_valid(curve, n, uneven=uneven)]
