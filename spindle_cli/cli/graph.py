@@ -1,0 +1,55 @@
+"""`spindle graph MODEL -o GRAPH`: contract a model's tasks into a MetaOp graph."""
+
+from __future__ import annotations
+
+import click
+
+from spindle_cli.artifacts import ModelSpec, input_ref
+from spindle_cli.cli.common import emit, exit_with, load_input
+from spindle_cli.errors import SpindleError
+
+
+def _selected_tasks(model: ModelSpec, path: str, tasks: str | None,
+                    task_set: str | None) -> list[str] | None:
+    if tasks is not None and task_set is not None:
+        raise SpindleError("--tasks and --task-set are mutually exclusive")
+    if task_set is not None:
+        if task_set not in model.task_sets:
+            known = ", ".join(model.task_sets) or "none"
+            raise SpindleError(f"{path}: task_sets: unknown task set {task_set!r} (known: {known})")
+        return list(model.task_sets[task_set])
+    if tasks is None:
+        return None
+    names = [t.strip() for t in tasks.split(",")]
+    if not all(names):
+        raise SpindleError(f"--tasks: empty task name in {tasks!r}")
+    known = [t.name for t in model.tasks]
+    unknown = [t for t in names if t not in known]
+    if unknown:
+        raise SpindleError(
+            f"{path}: tasks: unknown task {', '.join(repr(t) for t in unknown)} in --tasks "
+            f"(known: {', '.join(known)})"
+        )
+    return names
+
+
+@click.command()
+@click.argument("model_path", metavar="MODEL")
+@click.option("--tasks", default=None, metavar="A,B,C", help="Comma-separated tasks (default: all).")
+@click.option("--task-set", default=None, metavar="NAME", help="A task set named in the model.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16",
+              show_default=True, help="Activation and parameter dtype.")
+@click.option("-o", "--output", required=True, metavar="GRAPH",
+              help="Output file (.yaml, .yml or .json); '-' for stdout.")
+@click.option("--check", is_flag=True,
+              help="Compare with the existing output file instead of writing (exit 1 on drift).")
+def graph(model_path: str, tasks: str | None, task_set: str | None, dtype: str, output: str,
+          check: bool) -> None:
+    """Contract the operator DAG of MODEL's tasks into a MetaOp graph."""
+    from spindle_cli.planner.graph import build_graph
+
+    model = load_input(model_path, ModelSpec)
+    selected = _selected_tasks(model, model_path, tasks, task_set)
+    result = build_graph(model, tasks=selected, dtype=dtype,
+                         inputs=[input_ref(model, model_path)])
+    exit_with(emit(result, output, check=check))

@@ -1,0 +1,50 @@
+"""`spindle validate FILE...` and `spindle show FILE`: tools around the stages, for any kind."""
+
+from __future__ import annotations
+
+import importlib
+import inspect as pyinspect
+from typing import Any
+
+import click
+
+from spindle_cli.artifacts import load_artifact
+from spindle_cli.cli._console import err
+from spindle_cli.cli.views import VIEW_MODULES
+from spindle_cli.errors import SpindleError
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+def validate(files: tuple[str, ...]) -> None:
+    """Validate artifact files of any kind; stop at the first invalid one."""
+    for path in files:
+        obj = load_artifact(path)
+        err.print(f"ok {path} ({obj.kind})")
+
+
+def _view(kind: str) -> Any:
+    """The `show` function of the view module for an artifact kind."""
+    module = importlib.import_module(f"spindle_cli.cli.views.{VIEW_MODULES[kind]}")
+    return module.show
+
+
+@click.command()
+@click.argument("path", metavar="FILE")
+@click.option("--plot", default=None, metavar="PNG", help="Plot (profile: scaling curves).")
+@click.option("--gantt", default=None, metavar="SVG|PNG", help="Gantt chart of a plan.")
+@click.option("--utilization", default=None, metavar="PNG", help="Device utilization of a plan.")
+@click.option("--text-gantt", is_flag=True, help="Gantt chart of a plan as text.")
+def show(path: str, plot: str | None, gantt: str | None, utilization: str | None,
+         text_gantt: bool) -> None:
+    """Summarize any artifact (tables on stdout)."""
+    given = {"plot": plot, "gantt": gantt, "utilization": utilization, "text_gantt": text_gantt}
+    options = {name: value for name, value in given.items() if value not in (None, False)}
+    obj = load_artifact(path)
+    view = _view(obj.kind)
+    accepted = pyinspect.signature(view).parameters
+    for name in options:
+        if name not in accepted:
+            flag = "--" + name.replace("_", "-")
+            raise SpindleError(f"{path}: {flag} does not apply to a {obj.kind} artifact")
+    view(obj, path, **options)

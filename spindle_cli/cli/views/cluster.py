@@ -1,0 +1,32 @@
+"""`spindle show CLUSTER`: sizes, device and link bandwidths."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from spindle_cli.artifacts.cluster import ClusterSpec
+from spindle_cli.cli._console import out
+from spindle_cli.cli.views import print_table, fmt_bytes, fmt_rate
+
+
+def show(obj: ClusterSpec, path: str) -> None:
+    """Print the cluster's shape, device and links as one table."""
+    d = obj.device
+    table = Table(title=f"cluster {obj.name} ({path})", show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    rows = [
+        ("description", obj.description or "-"),
+        ("devices", f"{obj.num_devices} = {obj.num_nodes} nodes x {obj.devices_per_node}"),
+        ("NVLink islands", f"{obj.num_devices // obj.island_size} of {obj.island_size} devices"),
+        ("device", d.name),
+        ("device memory", fmt_bytes(d.memory_bytes)),
+        ("peak compute", f"{d.peak_flops / 1e12:.1f} TFLOP/s"),
+        ("memory bandwidth", f"{d.memory_bandwidth_bytes_per_s / 1e9:.0f} GB/s"),
+        ("intra-island bandwidth", fmt_rate(obj.intra_island_bandwidth_bytes_per_s)),
+        ("inter-node bandwidth", fmt_rate(obj.inter_node_bandwidth_bytes_per_s)),
+        ("link latency", f"{obj.link_latency_s * 1e6:g} us"),
+    ]
+    for field, value in rows:
+        table.add_row(field, value)
+    print_table(table)
