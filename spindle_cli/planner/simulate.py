@@ -1,0 +1,519 @@
+"""Event-driven simulation of one training iteration of a Plan on its cluster.
+
+What is modelled (and what is not):
+
+- Compute. A slice runs `num_layers` operators of its MetaOp on `len(ranks)` devices; one
+  operator takes the profile curve's time T(n) = alpha + beta * b, with b the per-device work.
+  Rows are split over the data-parallel groups of the slice (groups of t ranks under 'tp<t>')
+  with `split_rows`, so an uneven split costs the time of the largest share. The curves give
+  forward+backward time; forward is 1/3 and backward 2/3 of it (the usual 1:2 FLOP ratio of
+  the forward and backward passes, also the convention of planner/costs.py).
+- Waves. Forward waves run in order, then backward waves in reverse order. A wave is a barrier:
+  it starts when the previous wave has ended and every activation (forward) or gradient
+  (backward) it consumes has arrived. Its slices start together; the wave ends with its
+  longest slice.
+- Inter-wave transfers. Each plan Transfer moves `bytes` (forward activations; the same bytes
+  of gradients flow back). Rows are split between producer and consumer ranks by the overlap
+  of their `split_rows` ranges; pieces that stay on one rank are free. A flow leaves when its
+  producing slice finishes, costs one message latency, and then shares bandwidth: every rank
+  has one send and one receive port per link type (NVLink inside an island, the NIC between
+  islands), and a port carrying k flows gives each bandwidth/k; a flow moves at the rate of
+  its slower port. Transfers overlap with compute (copy engines), but a wave waits for them.
+- Parameter synchronization. After the last backward wave every ParamGroup all-reduces its
+  gradients with a ring over its ranks (ascending): each rank sends 2(p-1)/p * bytes to its
+  ring successor, with 2(p-1) message latencies; the group finishes with its slowest link.
+  Groups run concurrently and share ports like transfers do.
+- Memory. Parameters, gradients and optimizer state per rank are the plan's estimate; the
+  activations stashed for backward are simulated: every slice keeps stash_bytes_per_sample *
+  rows * layers on each rank until its backward, so a rank peaks at the end of the forward pass.
+
+Not modelled: tensor-parallel collectives inside a slice (they are inside the measured curve),
+compute/communication interference, pipelining inside a wave, optimizer step time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from spindle_cli.artifacts.cluster import ClusterSpec
+from spindle_cli.artifacts.graph import MetaOpGraph
+from spindle_cli.artifacts.plan import Plan, Slice
+from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
+from spindle_cli.errors import SpindleError
+
+FORWARD_SHARE = 1.0 / 3.0
+"""Forward share of an operator's forward+backward time; backward is the rest."""
+
+FlowKind = Literal["activation", "gradient", "sync"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SliceTiming:
+    """When one slice ran, forward and backward."""
+
+    slice_id: str
+    metaop: str
+    module: str
+    wave: int
+    first: int
+    last: int
+    ranks: tuple[int, ...]
+    forward_start_ms: float
+    forward_end_ms: float
+    backward_start_ms: float
+    backward_end_ms: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaveTiming:
+    """When one wave ran, and how long it waited for its inputs, in each direction."""
+
+    index: int
+    forward_start_ms: float
+    forward_end_ms: float
+    forward_wait_ms: float
+    """Time between the previous wave's end and this wave's start (inputs in flight)."""
+    backward_start_ms: float
+    backward_end_ms: float
+    backward_wait_ms: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlowTiming:
+    """One point-to-point message between two ranks."""
+
+    kind: FlowKind
+    label: str
+    """The transfer ('src->dst' slice ids) or parameter group ('module[first:last]')."""
+    src_rank: int
+    dst_rank: int
+    bytes: int
+    start_ms: float
+    end_ms: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyncTiming:
+    """The gradient all-reduce of one parameter group."""
+
+    module: str
+    first_layer: int
+    last_layer: int
+    ranks: tuple[int, ...]
+    bytes: int
+    start_ms: float
+    end_ms: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankStats:
+    """Busy time and peak memory of one rank."""
+
+    rank: int
+    busy_ms: float
+    """Forward+backward compute time on the rank."""
+    utilization: float
+    """busy_ms / iteration_ms."""
+    activation_bytes: int
+    """Peak simulated activation stash."""
+    peak_memory_bytes: int
+    """Plan's parameter + gradient + optimizer bytes plus the simulated activation peak."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetaOpStats:
+    """Device time and achieved FLOP rate of one MetaOp."""
+
+    metaop: str
+    module: str
+    device_ms: float
+    """Sum over its slices of (forward+backward time x devices)."""
+    flops: float
+    """Forward+backward FLOPs of all its operators."""
+    mfu: float
+    """flops / (device time x the device's peak FLOP/s)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimResult:
+    """One simulated training iteration of a plan.
+
+    iteration_ms = compute_ms + transfer_ms + sync_ms exactly: compute is the sum of the wave
+    durations (both directions), transfer the time waves waited for their inputs (exposed
+    inter-wave communication), sync the time after the last backward wave.
+    """
+
+    planner: str
+    model: str
+    cluster: str
+    num_devices: int
+    iteration_ms: float
+    compute_ms: float
+    forward_ms: float
+    backward_ms: float
+    transfer_ms: float
+    sync_ms: float
+    idle_fraction: float
+    """1 - (sum of rank busy time) / (num_devices x iteration_ms)."""
+    lower_bound_ms: float
+    """The plan's relaxed optimum (sum over MetaLevels of C*)."""
+    planned_iteration_ms: float
+    """The planner's own estimate, for comparison."""
+    peak_memory_bytes: int
+    transfer_bytes: int
+    """Inter-wave bytes that left a rank (both directions)."""
+    inter_island_bytes: int
+    """The part of transfer_bytes that crossed islands."""
+    ranks: tuple[RankStats, ...]
+    metaops: tuple[MetaOpStats, ...]
+    waves: tuple[WaveTiming, ...]
+    slices: tuple[SliceTiming, ...]
+    flows: tuple[FlowTiming, ...]
+    syncs: tuple[SyncTiming, ...]
+
+    @property
+    def transfer_fraction(self) -> float:
+        """Share of the iteration spent waiting for inter-wave transfers."""
+        return self.transfer_ms / self.iteration_ms if self.iteration_ms > 0 else 0.0
+
+
+def split_rows(num_rows: int, num_parts: int) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) row ranges; the first num_rows % num_parts parts get one extra."""
+    base, extra = divmod(num_rows, num_parts)
+    out, lo = [], 0
+    for i in range(num_parts):
+        hi = lo + base + (1 if i < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def _groups(ranks: tuple[int, ...], strategy: str) -> list[tuple[int, ...]]:
+    # Under 'tp<t>' consecutive runs of t ranks hold the same rows (one data-parallel replica).
+    t = tp_degree(strategy)
+    if len(ranks) % t:
+        t = 1
+    return [ranks[i : i + t] for i in range(0, len(ranks), t)]
+
+
+def operator_ms(curve: Curve, s: Slice) -> float:
+    """Forward+backward time of one operator of slice `s` (its slowest rank)."""
+    n = len(s.ranks)
+    piece = next((p for p in curve.pieces if n <= p.n_hi), curve.pieces[-1])
+    groups = _groups(s.ranks, s.strategy)
+    rows = math.ceil(curve.batch_size / len(groups))
+    return piece.alpha_ms + piece.beta_ms * rows * len(groups) / n
+
+
+def row_flows(
+    num_bytes: int,
+    src_ranks: tuple[int, ...],
+    src_strategy: str,
+    dst_ranks: tuple[int, ...],
+    dst_strategy: str,
+    num_rows: int,
+) -> list[tuple[int, int, int]]:
+    """(src rank, dst rank, bytes) pieces of a transfer, rows matched by overlap; same-rank
+    pieces are dropped. Every rank of a consumer tensor-parallel group needs its group's rows;
+    they come from the producer rank on the same device when there is one."""
+    src_groups = _groups(src_ranks, src_strategy)
+    dst_groups = _groups(dst_ranks, dst_strategy)
+    src_rows = split_rows(num_rows, len(src_groups))
+    dst_rows = split_rows(num_rows, len(dst_groups))
+    out: list[tuple[int, int, int]] = []
+    for dg, (dlo, dhi) in zip(dst_groups, dst_rows, strict=True):
+        for sg, (slo, shi) in zip(src_groups, src_rows, strict=True):
+            overlap = min(dhi, shi) - max(dlo, slo)
+            if overlap <= 0:
+                continue
+            piece = num_bytes * overlap // num_rows
+            for j, d in enumerate(dg):
+                s = d if d in sg else sg[j % len(sg)]
+                if s != d and piece > 0:
+                    out.append((s, d, piece))
+    return out
+
+
+class _Network:
+    """Fluid simulation of point-to-point flows sharing per-rank ports (internal state of one
+    `simulate` call).
+
+    Port p of a flow: (rank, direction, link type); a port carrying k flows gives each
+    capacity/k, and a flow moves at the smaller of its two port shares. Rates are recomputed
+    whenever a flow starts or ends.
+    """
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.cluster = cluster
+        self.now_s = 0.0
+        self.ready_s: list[float] = []
+        self.remaining: list[float] = []
+        self.ports: list[tuple[int, int]] = []
+        self.capacity: list[float] = []
+        self.end_s: list[float] = []
+        self.live: set[int] = set()
+        self._port_index: dict[tuple[int, str, bool], int] = {}
+        self._port_capacity: list[float] = []
+
+    def _port(self, rank: int, direction: str, intra: bool) -> int:
+        key = (rank, direction, intra)
+        if key not in self._port_index:
+            self._port_index[key] = len(self._port_capacity)
+            c = self.cluster
+            self._port_capacity.append(
+                c.intra_island_bandwidth_bytes_per_s if intra
+                else c.inter_node_bandwidth_bytes_per_s
+            )
+        return self._port_index[key]
+
+    def add(self, src: int, dst: int, num_bytes: float, start_s: float, latency_s: float) -> int:
+        """Register a flow that may start at `start_s`; returns its id."""
+        assert start_s >= self.now_s - 1e-12, "a flow cannot start in the simulated past"
+        intra = self.cluster.island_of(src) == self.cluster.island_of(dst)
+        self.ports.append((self._port(src, "out", intra), self._port(dst, "in", intra)))
+        self.ready_s.append(start_s + latency_s)
+        self.remaining.append(float(num_bytes))
+        self.end_s.append(math.nan)
+        self.live.add(len(self.ready_s) - 1)
+        return len(self.ready_s) - 1
+
+    def finish(self, ids: list[int]) -> float:
+        """Advance until every flow in `ids` is done; returns the last one's end time."""
+        pending = [i for i in ids if math.isnan(self.end_s[i])]
+        while pending:
+            self._step()
+            pending = [i for i in pending if math.isnan(self.end_s[i])]
+        return max((self.end_s[i] for i in ids), default=0.0)
+
+    def _step(self) -> None:
+        live = sorted(self.live)
+        active = [i for i in live if self.ready_s[i] <= self.now_s]
+        waiting = [self.ready_s[i] for i in live if self.ready_s[i] > self.now_s]
+        next_start = min(waiting, default=math.inf)
+        for i in active:
+            if self.remaining[i] <= 0:
+                self.end_s[i] = self.now_s
+                self.live.discard(i)
+        active = [i for i in active if self.remaining[i] > 0]
+        if not active:
+            self.now_s = next_start
+            return
+        ports = np.array([self.ports[i] for i in active])
+        cap = np.array(self._port_capacity)
+        load = np.bincount(ports.ravel(), minlength=len(cap))
+        share = cap / np.maximum(load, 1)
+        rate = np.minimum(share[ports[:, 0]], share[ports[:, 1]])
+        rem = np.array([self.remaining[i] for i in active])
+        dt = min(float(np.min(rem / rate)), next_start - self.now_s)
+        rem = rem - rate * dt
+        self.now_s += dt
+        # A flow within a relative 1e-9 of done ends now (float rounding of equal-rate flows).
+        done = rem <= 1e-9 * np.maximum(rate * dt, 1.0)
+        for k, i in enumerate(active):
+            self.remaining[i] = 0.0 if done[k] else float(rem[k])
+            if done[k]:
+                self.end_s[i] = self.now_s
+                self.live.discard(i)
+
+
+@dataclass(frozen=True, slots=True)
+class _SliceCost:
+    slice: Slice
+    wave: int
+    forward_ms: float
+    backward_ms: float
+
+
+def _slice_costs(plan: Plan, graph: MetaOpGraph, profile: Profile) -> dict[str, _SliceCost]:
+    costs = {}
+    for w, s in plan.slices():
+        m = graph.metaop(s.metaop)
+        total_ms = operator_ms(profile.curve(m.signature), s) * s.num_layers
+        costs[s.id] = _SliceCost(
+            slice=s, wave=w.index, forward_ms=total_ms * FORWARD_SHARE,
+            backward_ms=total_ms * (1.0 - FORWARD_SHARE),
+        )
+    return costs
+
+
+def _check_inputs(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> None:
+    if plan.num_devices != cluster.num_devices:
+        raise SpindleError(f"plan is for {plan.num_devices} devices but cluster "
+                           f"{cluster.name!r} has {cluster.num_devices}")
+    known = {m.id for m in graph.metaops}
+    for _, s in plan.slices():
+        if s.metaop not in known:
+            raise SpindleError(f"plan slice {s.id} runs MetaOp {s.metaop!r}, "
+                               f"which graph {graph.model!r} does not have")
+        try:
+            profile.curve(graph.metaop(s.metaop).signature)
+        except KeyError:
+            raise SpindleError(f"the profile has no curve for MetaOp {s.metaop!r}") from None
+
+
+def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> SimResult:
+    """Simulate one training iteration of `plan` (see the module docstring for the model)."""
+    _check_inputs(plan, graph, profile, cluster)
+    costs = _slice_costs(plan, graph, profile)
+    latency_s = cluster.link_latency_s
+    net = _Network(cluster)
+    flow_meta: list[tuple[FlowKind, str, int, int, int]] = []
+
+    def issue(kind: FlowKind, label: str, pieces: list[tuple[int, int, int]],
+              start_ms: float, latency: float) -> list[int]:
+        ids = []
+        for src, dst, num_bytes in pieces:
+            ids.append(net.add(src, dst, num_bytes, start_ms / 1e3, latency))
+            flow_meta.append((kind, label, src, dst, num_bytes))
+        return ids
+
+    def pieces(t_index: int, backward: bool) -> list[tuple[int, int, int]]:
+        t = plan.transfers[t_index]
+        src, dst = costs[t.src].slice, costs[t.dst].slice
+        rows = graph.metaop(src.metaop).batch_size
+        if backward:
+            return row_flows(t.bytes, dst.ranks, dst.strategy, src.ranks, src.strategy, rows)
+        return row_flows(t.bytes, src.ranks, src.strategy, dst.ranks, dst.strategy, rows)
+
+    into_wave: dict[int, list[int]] = {}
+    out_of_wave: dict[int, list[int]] = {}
+    for i, t in enumerate(plan.transfers):
+        into_wave.setdefault(costs[t.dst].wave, []).append(i)
+        out_of_wave.setdefault(costs[t.src].wave, []).append(i)
+
+    starts: dict[str, list[float]] = {s.id: [0.0] * 4 for _, s in plan.slices()}
+    fwd_flows: dict[int, list[int]] = {}
+    fwd_timing: list[tuple[float, float, float]] = []
+    now_ms = 0.0
+    for w in plan.waves:
+        needed = [f for i in into_wave.get(w.index, []) for f in fwd_flows[i]]
+        start_ms = max(now_ms, net.finish(needed) * 1e3)
+        end_ms = start_ms
+        for s in w.slices:
+            starts[s.id][0] = start_ms
+            starts[s.id][1] = start_ms + costs[s.id].forward_ms
+            end_ms = max(end_ms, starts[s.id][1])
+        for i in out_of_wave.get(w.index, []):
+            t = plan.transfers[i]
+            fwd_flows[i] = issue("activation", f"{t.src}->{t.dst}", pieces(i, False),
+                                 starts[t.src][1], latency_s)
+        fwd_timing.append((start_ms, end_ms, start_ms - now_ms))
+        now_ms = end_ms
+
+    bwd_flows: dict[int, list[int]] = {}
+    bwd_timing: dict[int, tuple[float, float, float]] = {}
+    for w in reversed(plan.waves):
+        needed = [f for i in out_of_wave.get(w.index, []) for f in bwd_flows[i]]
+        start_ms = max(now_ms, net.finish(needed) * 1e3)
+        end_ms = start_ms
+        for s in w.slices:
+            starts[s.id][2] = start_ms
+            starts[s.id][3] = start_ms + costs[s.id].backward_ms
+            end_ms = max(end_ms, starts[s.id][3])
+        for i in into_wave.get(w.index, []):
+            t = plan.transfers[i]
+            bwd_flows[i] = issue("gradient", f"{t.dst}->{t.src}", pieces(i, True),
+                                 starts[t.dst][3], latency_s)
+        bwd_timing[w.index] = (start_ms, end_ms, start_ms - now_ms)
+        now_ms = end_ms
+    backward_end_ms = now_ms
+
+    sync_ids: list[list[int]] = []
+    for g in plan.param_groups:
+        p = len(g.ranks)
+        ring = [(g.ranks[k], g.ranks[(k + 1) % p], round(2 * (p - 1) / p * g.bytes))
+                for k in range(p)] if p > 1 and g.bytes > 0 else []
+        label = f"{g.module}[{g.first_layer}:{g.last_layer}]"
+        sync_ids.append(issue("sync", label, ring, backward_end_ms, 2 * (p - 1) * latency_s))
+    sync_end_s = [net.finish(ids) if ids else backward_end_ms / 1e3 for ids in sync_ids]
+    iteration_ms = max([backward_end_ms] + [e * 1e3 for e in sync_end_s])
+
+    return _result(plan, graph, profile, cluster, costs, starts, net, flow_meta,
+                   fwd_timing, bwd_timing, sync_end_s, backward_end_ms, iteration_ms)
+
+
+def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
+            costs: dict[str, _SliceCost], starts: dict[str, list[float]], net: _Network,
+            flow_meta: list[tuple[FlowKind, str, int, int, int]],
+            fwd_timing: list[tuple[float, float, float]],
+            bwd_timing: dict[int, tuple[float, float, float]], sync_end_s: list[float],
+            backward_end_ms: float, iteration_ms: float) -> SimResult:
+    waves = tuple(
+        WaveTiming(index=w.index, forward_start_ms=fwd_timing[w.index][0],
+                   forward_end_ms=fwd_timing[w.index][1], forward_wait_ms=fwd_timing[w.index][2],
+                   backward_start_ms=bwd_timing[w.index][0],
+                   backward_end_ms=bwd_timing[w.index][1],
+                   backward_wait_ms=bwd_timing[w.index][2])
+        for w in plan.waves
+    )
+    forward_ms = sum(w.forward_end_ms - w.forward_start_ms for w in waves)
+    backward_ms = sum(w.backward_end_ms - w.backward_start_ms for w in waves)
+    transfer_ms = sum(w.forward_wait_ms + w.backward_wait_ms for w in waves)
+
+    busy = [0.0] * plan.num_devices
+    stash = [0] * plan.num_devices
+    device_ms: dict[str, float] = {}
+    slices = []
+    for _, s in plan.slices():
+        c, m = costs[s.id], graph.metaop(s.metaop)
+        for g, (lo, hi) in zip(_groups(s.ranks, s.strategy),
+                               split_rows(m.batch_size, len(_groups(s.ranks, s.strategy))),
+                               strict=True):
+            for r in g:
+                busy[r] += c.forward_ms + c.backward_ms
+                stash[r] += m.stash_bytes_per_sample * (hi - lo) * s.num_layers // len(g)
+        device_ms[s.metaop] = device_ms.get(s.metaop, 0.0) + (
+            c.forward_ms + c.backward_ms) * len(s.ranks)
+        st = starts[s.id]
+        slices.append(SliceTiming(
+            slice_id=s.id, metaop=s.metaop, module=m.module, wave=c.wave, first=s.first,
+            last=s.last, ranks=s.ranks, forward_start_ms=st[0], forward_end_ms=st[1],
+            backward_start_ms=st[2], backward_end_ms=st[3]))
+
+    static = {rm.rank: rm.param_bytes + rm.grad_bytes + rm.optimizer_bytes for rm in plan.memory}
+    ranks = tuple(
+        RankStats(rank=r, busy_ms=busy[r],
+                  utilization=busy[r] / iteration_ms if iteration_ms > 0 else 0.0,
+                  activation_bytes=stash[r], peak_memory_bytes=static.get(r, 0) + stash[r])
+        for r in range(plan.num_devices)
+    )
+    peak_flops_per_ms = cluster.device.peak_flops / 1e3
+    metaops = tuple(
+        MetaOpStats(metaop=m.id, module=m.module, device_ms=device_ms[m.id],
+                    flops=m.flops_per_layer * m.num_layers,
+                    mfu=m.flops_per_layer * m.num_layers / (device_ms[m.id] * peak_flops_per_ms)
+                    if device_ms[m.id] > 0 else 0.0)
+        for m in graph.metaops if m.id in device_ms
+    )
+
+    flows = tuple(
+        FlowTiming(kind=kind, label=label, src_rank=src, dst_rank=dst, bytes=num_bytes,
+                   start_ms=(net.ready_s[i] * 1e3), end_ms=net.end_s[i] * 1e3)
+        for i, (kind, label, src, dst, num_bytes) in enumerate(flow_meta)
+    )
+    moved = [f for f in flows if f.kind != "sync"]
+    syncs = tuple(
+        SyncTiming(module=g.module, first_layer=g.first_layer, last_layer=g.last_layer,
+                   ranks=g.ranks, bytes=g.bytes, start_ms=backward_end_ms, end_ms=e * 1e3)
+        for g, e in zip(plan.param_groups, sync_end_s, strict=True)
+    )
+    total_busy = sum(busy)
+    return SimResult(
+        planner=plan.planner, model=plan.model, cluster=plan.cluster,
+        num_devices=plan.num_devices, iteration_ms=iteration_ms,
+        compute_ms=forward_ms + backward_ms, forward_ms=forward_ms, backward_ms=backward_ms,
+        transfer_ms=transfer_ms, sync_ms=iteration_ms - backward_end_ms,
+        idle_fraction=1.0 - total_busy / (plan.num_devices * iteration_ms)
+        if iteration_ms > 0 else 0.0,
+        lower_bound_ms=plan.lower_bound_ms, planned_iteration_ms=plan.estimated_iteration_ms,
+        peak_memory_bytes=max((r.peak_memory_bytes for r in ranks), default=0),
+        transfer_bytes=sum(f.bytes for f in moved),
+        inter_island_bytes=sum(f.bytes for f in moved
+                               if cluster.island_of(f.src_rank) != cluster.island_of(f.dst_rank)),
+        ranks=ranks, metaops=metaops, waves=waves, slices=tuple(slices), flows=flows,
+        syncs=syncs,
+    )

@@ -1,0 +1,99 @@
+"""Hand-built graph, profile, cluster and plans for simulator and view tests.
+
+Two MetaOps of one task: `t/enc` (2 layers, level 0) feeds `t/head` (1 layer, level 1), batch
+4. Curves are single alpha-beta pieces with alpha = 0, so T(n) = beta * B / n exactly.
+"""
+
+from __future__ import annotations
+
+from spindle_cli.artifacts import ClusterSpec, DeviceSpec, MetaOp, MetaOpGraph, Plan, Profile
+from spindle_cli.artifacts.io import derived_header
+from spindle_cli.artifacts.plan import LevelBound, ParamGroup, RankMemory, Slice, Transfer, Wave
+from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, MemoryModel
+
+BATCH = 4
+
+
+def cluster(*, latency_s: float = 0.0) -> ClusterSpec:
+    """2 nodes x 2 devices, one island per node: NVLink 100 GB/s, network 10 GB/s."""
+    return ClusterSpec(
+        kind="cluster", version=1, name="toy-2x2", num_nodes=2, devices_per_node=2,
+        island_size=2,
+        device=DeviceSpec(name="toy", memory_bytes=80 * 2**30, peak_flops=1e12,
+                          memory_bandwidth_bytes_per_s=1e12),
+        intra_island_bandwidth_bytes_per_s=100e9, inter_node_bandwidth_bytes_per_s=10e9,
+        link_latency_s=latency_s,
+    )
+
+
+def _metaop(mid: str, module: str, num_layers: int, level: int, preds: tuple[str, ...],
+            out_bytes: int, batch: int) -> MetaOp:
+    return MetaOp(
+        id=mid, task="t", step=mid.split("/")[1], module=module,
+        layer_kind="transformer_encoder", first_layer=0, num_layers=num_layers,
+        batch_size=batch, seq_len=8, in_width=16, out_seq_len=8, out_width=16, level=level,
+        predecessors=preds, signature=f"sig-{module}", flops_per_layer=6e9,
+        params_per_layer=1000, activation_in_bytes=out_bytes, activation_out_bytes=out_bytes,
+        stash_bytes_per_sample=1000,
+    )
+
+
+def graph(batch: int = BATCH) -> MetaOpGraph:
+    return MetaOpGraph(
+        **derived_header(MetaOpGraph, []), model="toy", tasks=("t",), dtype="bf16",
+        num_levels=2,
+        metaops=(
+            _metaop("t/enc", "enc", 2, 0, (), 400_000_000, batch),
+            _metaop("t/head", "head", 1, 1, ("t/enc",), 1_000, batch),
+        ),
+    )
+
+
+def _curve(sig: str, beta_ms: float, batch: int) -> Curve:
+    return Curve(
+        signature=sig, batch_size=batch, points=(),
+        pieces=(CurvePiece(n_lo=1, n_hi=4, alpha_ms=0.0, beta_ms=beta_ms, strategy="dp"),),
+        memory=MemoryModel(param_bytes=0, grad_bytes=0, optimizer_bytes=0,
+                           activation_bytes_per_sample=0),
+        max_rel_error=0.0,
+    )
+
+
+def profile(batch: int = BATCH) -> Profile:
+    """enc: 3 ms per sample per operator; head: 1.5 ms."""
+    return Profile(
+        **derived_header(Profile, []), source="analytic",
+        fingerprint=Fingerprint(hardware="toy", device_name="toy", torch_version="", dtype="bf16"),
+        counts=(1, 2, 4),
+        curves=(_curve("sig-enc", 3.0, batch), _curve("sig-head", 1.5, batch)),
+    )
+
+
+def plan(enc_ranks: tuple[int, ...] = (0, 1), head_ranks: tuple[int, ...] = (2, 3),
+         *, enc_sync_bytes: int = 1_000_000_000, head_sync_bytes: int = 500_000_000,
+         static_bytes: int = 0) -> Plan:
+    """Wave 0 runs t/enc on `enc_ranks`, wave 1 runs t/head on `head_ranks`; one transfer;
+    one parameter group per module."""
+    enc = Slice(id="w0.0", metaop="t/enc", first=0, last=2, ranks=enc_ranks, strategy="dp",
+                time_ms=12.0)
+    head = Slice(id="w1.0", metaop="t/head", first=0, last=1, ranks=head_ranks, strategy="dp",
+                 time_ms=3.0)
+    return Plan(
+        **derived_header(Plan, []), model="toy", cluster="toy-2x2", planner="spindle",
+        num_devices=4, islands=((0, 1), (2, 3)),
+        waves=(Wave(index=0, level=0, start_ms=0.0, duration_ms=12.0, slices=(enc,)),
+               Wave(index=1, level=1, start_ms=12.0, duration_ms=3.0, slices=(head,))),
+        transfers=(Transfer(src="w0.0", dst="w1.0", bytes=400_000_000, src_ranks=enc_ranks,
+                            dst_ranks=head_ranks),),
+        param_groups=(
+            ParamGroup(module="enc", first_layer=0, last_layer=2, ranks=enc_ranks,
+                       bytes=enc_sync_bytes),
+            ParamGroup(module="head", first_layer=0, last_layer=1, ranks=head_ranks,
+                       bytes=head_sync_bytes),
+        ),
+        memory=tuple(RankMemory(rank=r, param_bytes=static_bytes, grad_bytes=0,
+                                optimizer_bytes=0, activation_bytes=0) for r in range(4)),
+        levels=(LevelBound(level=0, lower_bound_ms=6.0, estimated_ms=12.0),
+                LevelBound(level=1, lower_bound_ms=1.5, estimated_ms=3.0)),
+        lower_bound_ms=7.5, estimated_iteration_ms=15.0,
+    )

@@ -1,0 +1,145 @@
+"""The simulator on hand-built plans with exact expected times (see _sim_fixtures for the
+numbers: enc 2 layers x 3 ms/sample, head 1 layer x 1.5 ms/sample, batch 4, a 400 MB
+activation, NVLink 100 GB/s inside each 2-rank island, 10 GB/s between islands)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import _sim_fixtures as fx
+import pytest
+
+from spindle_cli.errors import SpindleError
+from spindle_cli.planner.simulate import row_flows, simulate, split_rows
+
+
+def run(plan=None, *, latency_s: float = 0.0, batch: int = fx.BATCH):
+    return simulate(plan or fx.plan(), fx.graph(batch), fx.profile(batch),
+                    fx.cluster(latency_s=latency_s))
+
+
+def test_two_waves_one_transfer_one_sync_group_exact_times():
+    r = run()
+    # enc on 2 ranks: 2 layers x 3 ms x 4/2 samples = 12 ms -> forward 4, backward 8.
+    # head on 2 ranks: 1 layer x 1.5 ms x 2 samples = 3 ms -> forward 1, backward 2.
+    # Activations: 200 MB from rank 0 -> 2 and 1 -> 3 across islands at 10 GB/s = 20 ms.
+    w0, w1 = r.waves
+    assert (w0.forward_start_ms, w0.forward_end_ms) == pytest.approx((0.0, 4.0))
+    assert (w1.forward_start_ms, w1.forward_end_ms) == pytest.approx((24.0, 25.0))
+    assert (w1.backward_start_ms, w1.backward_end_ms) == pytest.approx((25.0, 27.0))
+    assert (w0.backward_start_ms, w0.backward_end_ms) == pytest.approx((47.0, 55.0))
+    # Ring all-reduce of 1 GB over 2 ranks: 2(p-1)/p * 1 GB = 1 GB at 100 GB/s = 10 ms.
+    enc_sync, head_sync = r.syncs
+    assert (enc_sync.start_ms, enc_sync.end_ms) == pytest.approx((55.0, 65.0))
+    assert head_sync.end_ms == pytest.approx(60.0)
+    assert r.iteration_ms == pytest.approx(65.0)
+    assert r.compute_ms == pytest.approx(15.0)
+    assert r.forward_ms == pytest.approx(5.0)
+    assert r.backward_ms == pytest.approx(10.0)
+    assert r.transfer_ms == pytest.approx(40.0)
+    assert r.sync_ms == pytest.approx(10.0)
+    assert r.idle_fraction == pytest.approx(1 - (12 + 12 + 3 + 3) / (4 * 65.0))
+    assert r.transfer_fraction == pytest.approx(40 / 65)
+    assert r.lower_bound_ms == 7.5 and r.planned_iteration_ms == 15.0
+
+
+def test_breakdown_adds_up_to_iteration():
+    r = run(latency_s=1e-4)
+    assert r.compute_ms + r.transfer_ms + r.sync_ms == pytest.approx(r.iteration_ms)
+
+
+def test_transfer_bytes_are_split_by_rows_and_counted_both_ways():
+    r = run()
+    acts = [f for f in r.flows if f.kind == "activation"]
+    grads = [f for f in r.flows if f.kind == "gradient"]
+    assert sorted((f.src_rank, f.dst_rank, f.bytes) for f in acts) == [
+        (0, 2, 200_000_000), (1, 3, 200_000_000)]
+    assert sorted((f.src_rank, f.dst_rank) for f in grads) == [(2, 0), (3, 1)]
+    assert r.transfer_bytes == 800_000_000
+    assert r.inter_island_bytes == 800_000_000
+
+
+def test_same_rank_transfer_is_free():
+    r = run(fx.plan(enc_ranks=(0, 1), head_ranks=(0, 1)))
+    assert [f for f in r.flows if f.kind != "sync"] == []
+    assert r.transfer_ms == 0.0
+    # 15 ms compute, then both groups sync on ranks (0, 1): they share each rank's NVLink
+    # port, so 1 GB and 0.5 GB flows go at 50 GB/s until the small one ends at 10 ms, then
+    # the rest of the big one at 100 GB/s: 0.5 GB / 100 GB/s = 5 ms more.
+    assert r.syncs[1].end_ms == pytest.approx(15.0 + 10.0)
+    assert r.iteration_ms == pytest.approx(15.0 + 15.0)
+
+
+def test_intra_island_transfer_uses_nvlink_bandwidth():
+    # enc on rank 0 only (24 ms: forward 8), head on rank 1 in the same island.
+    r = run(fx.plan(enc_ranks=(0,), head_ranks=(1,), enc_sync_bytes=0, head_sync_bytes=0))
+    # 400 MB at 100 GB/s = 4 ms each way.
+    assert r.waves[1].forward_start_ms == pytest.approx(8.0 + 4.0)
+    assert r.transfer_ms == pytest.approx(8.0)
+    assert r.sync_ms == 0.0
+
+
+def test_a_rank_sending_two_flows_shares_its_port():
+    # enc on rank 0 alone sends rows [0,2) to rank 2 and [2,4) to rank 3 at the same time:
+    # both 200 MB flows share rank 0's network port, 5 GB/s each -> 40 ms (not 20).
+    r = run(fx.plan(enc_ranks=(0,), head_ranks=(2, 3), enc_sync_bytes=0, head_sync_bytes=0))
+    acts = [f for f in r.flows if f.kind == "activation"]
+    assert len(acts) == 2
+    assert all(f.end_ms - f.start_ms == pytest.approx(40.0) for f in acts)
+    assert r.waves[1].forward_wait_ms == pytest.approx(40.0)
+
+
+def test_message_latency_is_added_per_flow():
+    base, slow = run(), run(latency_s=1e-3)
+    # One latency per transfer direction, two per 2-rank ring (2(p-1) = 2 steps).
+    assert slow.iteration_ms - base.iteration_ms == pytest.approx(1.0 + 1.0 + 2.0)
+
+
+def test_uneven_rows_cost_the_largest_share():
+    # Batch 3 on 2 ranks: rows 2 and 1; the slice takes as long as 2 rows.
+    r = run(fx.plan(enc_sync_bytes=0, head_sync_bytes=0), batch=3)
+    assert r.waves[0].forward_end_ms == pytest.approx(2 * 3.0 * 2 / 3)
+    acts = sorted((f.src_rank, f.dst_rank, f.bytes) for f in r.flows if f.kind == "activation")
+    assert acts == [(0, 2, 266_666_666), (1, 3, 133_333_333)]
+
+
+def test_memory_is_static_plus_stashed_activations():
+    r = run(fx.plan(static_bytes=5_000))
+    # rank 0 holds 2 samples x 2 layers x 1000 bytes of enc stash; rank 2 holds 2 x 1 x 1000.
+    assert [x.activation_bytes for x in r.ranks] == [4_000, 4_000, 2_000, 2_000]
+    assert r.peak_memory_bytes == 9_000
+
+
+def test_utilization_per_rank_and_metaop():
+    r = run()
+    assert [x.busy_ms for x in r.ranks] == pytest.approx([12.0, 12.0, 3.0, 3.0])
+    enc = next(m for m in r.metaops if m.metaop == "t/enc")
+    # 2 layers x 6 GFLOP over 24 device-ms at 1 TFLOP/s peak = 12e9 / 24e9.
+    assert enc.device_ms == pytest.approx(24.0)
+    assert enc.mfu == pytest.approx(0.5)
+
+
+def test_split_rows_gives_extra_rows_to_the_first_parts():
+    assert split_rows(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert split_rows(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
+
+
+def test_row_flows_match_overlapping_rows():
+    # 4 producer ranks -> 2 consumer ranks: each consumer takes two producer quarters.
+    flows = row_flows(400, (0, 1, 2, 3), "dp", (4, 5), "dp", 8)
+    assert sorted(flows) == [(0, 4, 100), (1, 4, 100), (2, 5, 100), (3, 5, 100)]
+    # Tensor parallel consumer: both ranks of the group need all of the group's rows.
+    assert sorted(row_flows(400, (0,), "dp", (0, 1), "tp2", 8)) == [(0, 1, 400)]
+
+
+def test_mismatched_cluster_is_a_user_error():
+    small = dataclasses.replace(fx.cluster(), num_nodes=1)
+    with pytest.raises(SpindleError, match="4 devices"):
+        simulate(fx.plan(), fx.graph(), fx.profile(), small)
+
+
+def test_unknown_metaop_is_a_user_error():
+    g = fx.graph()
+    g = dataclasses.replace(g, metaops=g.metaops[:1], num_levels=1)
+    with pytest.raises(SpindleError, match="t/head"):
+        simulate(fx.plan(), g, fx.profile(), fx.cluster())
