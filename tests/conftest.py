@@ -27,6 +27,62 @@ def tiny_clip_path() -> Path:
 
 
 @pytest.fixture
+def cluster_data() -> dict[str, Any]:
+    """A small valid cluster spec as plain data (2 nodes x 4 devices, islands of 2)."""
+    return {
+        "kind": "cluster",
+        "version": 1,
+        "name": "test-2x4",
+        "num_nodes": 2,
+        "devices_per_node": 4,
+        "island_size": 2,
+        "device": {"name": "test-gpu", "memory_bytes": 16 * 2**30, "peak_flops": 1.0e14,
+                   "memory_bandwidth_bytes_per_s": 1.0e12},
+        "intra_island_bandwidth_bytes_per_s": 1.0e11,
+        "inter_node_bandwidth_bytes_per_s": 1.25e10,
+    }
+
+
+@pytest.fixture
+def small_model_data() -> dict[str, Any]:
+    """A valid two-task CLIP-style model as plain data; tests edit it to make bad inputs."""
+    return {
+        "kind": "model",
+        "version": 1,
+        "name": "small",
+        "modules": {
+            "text_embed": {"kind": "embedding", "hidden": 16, "vocab_size": 50, "max_seq_len": 8},
+            "text_enc": {"kind": "transformer_encoder", "num_layers": 2, "hidden": 16,
+                         "heads": 2, "ffn": 32},
+            "text_proj": {"kind": "projection", "in_dim": 16, "hidden": 8},
+            "image_embed": {"kind": "patch_embed", "in_dim": 12, "hidden": 16, "max_seq_len": 8},
+            "image_enc": {"kind": "transformer_encoder", "num_layers": 2, "hidden": 16,
+                          "heads": 2, "ffn": 32},
+            "image_proj": {"kind": "projection", "in_dim": 16, "hidden": 8, "pool": "mean"},
+            "clip_loss": {"kind": "contrastive_loss", "hidden": 8},
+        },
+        "tasks": [
+            {
+                "name": name,
+                "batch_size": batch,
+                "inputs": {"text": {"seq_len": 6}, "image": {"seq_len": 8, "dim": 12}},
+                "steps": [
+                    {"name": "text_embed", "module": "text_embed", "inputs": ["text"]},
+                    {"name": "text_enc", "module": "text_enc", "inputs": ["text_embed"]},
+                    {"name": "text_proj", "module": "text_proj", "inputs": ["text_enc"]},
+                    {"name": "image_embed", "module": "image_embed", "inputs": ["image"]},
+                    {"name": "image_enc", "module": "image_enc", "inputs": ["image_embed"]},
+                    {"name": "image_proj", "module": "image_proj", "inputs": ["image_enc"]},
+                    {"name": "loss", "module": "clip_loss", "inputs": ["text_proj", "image_proj"]},
+                ],
+            }
+            for name, batch in (("pairs", 4), ("pairs_big", 8))
+        ],
+        "task_sets": {"one": ["pairs"]},
+    }
+
+
+@pytest.fixture
 def make_model() -> Callable[..., ModelSpec]:
     """Build a validated ModelSpec from `modules` and `tasks` written as plain data."""
 

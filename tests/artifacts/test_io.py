@@ -1,0 +1,159 @@
+"""Reading and writing artifact files: formats, kind/version checks, hashes, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spindle_cli.artifacts import (
+    PRODUCER,
+    ModelSpec,
+    MetaOpGraph,
+    input_ref,
+    load,
+    load_artifact,
+    rendered_for,
+    sha256,
+    write_artifact,
+)
+from spindle_cli.artifacts.io import derived_header, parse_artifact
+from spindle_cli.errors import ArtifactError
+from spindle_cli.planner.graph import build_graph
+
+
+@pytest.fixture
+def model(small_model_data) -> ModelSpec:
+    obj = parse_artifact(small_model_data, "<test>", ModelSpec)
+    assert isinstance(obj, ModelSpec)
+    return obj
+
+
+def _files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_two_writes_are_byte_identical(model, tmp_path):
+    for ext in ("yaml", "json"):
+        a, b = tmp_path / f"a.{ext}", tmp_path / f"b.{ext}"
+        write_artifact(model, str(a))
+        write_artifact(model, str(b))
+        assert a.read_bytes() == b.read_bytes()
+        assert a.read_text() == rendered_for(model, str(a))
+
+
+def test_yaml_and_json_files_load_to_the_same_artifact(model, tmp_path):
+    write_artifact(model, str(tmp_path / "m.yaml"))
+    write_artifact(model, str(tmp_path / "m.json"))
+    write_artifact(model, str(tmp_path / "m.yml"))
+    objs = [load(str(tmp_path / f"m.{ext}"), ModelSpec) for ext in ("yaml", "json", "yml")]
+    assert objs[0] == objs[1] == objs[2] == model
+    assert len({sha256(o) for o in objs}) == 1
+
+
+def test_hash_ignores_comments_and_key_order(model, small_model_data, tmp_path):
+    reordered = dict(reversed(list(small_model_data.items())))
+    path = tmp_path / "m.yaml"
+    path.write_text("# a comment\n" + yaml.safe_dump(reordered, sort_keys=False))
+    assert sha256(load(str(path), ModelSpec)) == sha256(model)
+    changed = dict(small_model_data, name="other")
+    assert sha256(parse_artifact(changed, "<t>", ModelSpec)) != sha256(model)
+
+
+def test_atomic_write_leaves_no_temp_files(model, tmp_path):
+    path = tmp_path / "m.yaml"
+    write_artifact(model, str(path))
+    write_artifact(model, str(path))
+    assert _files(tmp_path) == ["m.yaml"]
+
+
+def test_failed_write_keeps_the_old_file(model, tmp_path, monkeypatch):
+    path = tmp_path / "m.yaml"
+    path.write_text("old content\n")
+
+    def fail(src: str, dst: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_artifact(model, str(path))
+    assert path.read_text() == "old content\n"
+    assert _files(tmp_path) == ["m.yaml"]
+
+
+def test_write_to_missing_directory_is_an_error(model, tmp_path):
+    with pytest.raises(ArtifactError, match="output directory .* does not exist"):
+        write_artifact(model, str(tmp_path / "nope" / "m.yaml"))
+    assert _files(tmp_path) == []
+
+
+def test_dash_writes_yaml_to_stdout(model, capsys):
+    write_artifact(model, "-")
+    assert yaml.safe_load(capsys.readouterr().out)["name"] == "small"
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "problem"),
+    [
+        ("m.yaml", "kind: model\nversion: [1\n", "invalid YAML at line"),
+        ("m.json", '{"kind": "model",', "invalid JSON at line 1"),
+        ("m.txt", "kind: model\n", "unknown file extension"),
+        ("m.yaml", "- 1\n- 2\n", "expected a mapping at the top level"),
+        ("m.yaml", "version: 1\n", "kind: missing required field"),
+        ("m.yaml", "kind: spaceship\nversion: 1\n", "kind: unknown kind 'spaceship'"),
+        ("m.yaml", "kind: model\nversion: 7\n", "version: model version 7 is newer"),
+        ("m.yaml", "kind: model\nversion: 0\n", "no longer supported"),
+        ("m.yaml", "kind: model\nversion: '1'\n", "version: expected an integer"),
+    ],
+)
+def test_read_errors_name_file_field_and_problem(tmp_path, name, content, problem):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ArtifactError) as e:
+        load_artifact(str(path))
+    message = str(e.value)
+    assert message.startswith(f"{path}: ")
+    assert problem in message
+    assert "\n" not in message
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(ArtifactError, match="no such file"):
+        load_artifact(str(tmp_path / "absent.yaml"))
+    (tmp_path / "dir.yaml").mkdir()
+    with pytest.raises(ArtifactError, match="is a directory"):
+        load_artifact(str(tmp_path / "dir.yaml"))
+
+
+def test_newer_version_has_a_hint(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("kind: model\nversion: 2\n")
+    with pytest.raises(ArtifactError) as e:
+        load_artifact(str(path))
+    assert e.value.hint is not None and "upgrade" in e.value.hint
+
+
+def test_expected_kind_is_enforced(model, tmp_path):
+    path = tmp_path / "m.yaml"
+    write_artifact(model, str(path))
+    with pytest.raises(ArtifactError, match="expected a 'metaop_graph' artifact, got 'model'"):
+        load(str(path), MetaOpGraph)
+
+
+def test_derived_artifacts_record_producer_and_input_hashes(model, tmp_path):
+    path = tmp_path / "m.yaml"
+    write_artifact(model, str(path))
+    ref = input_ref(model, str(path))
+    graph = build_graph(model, inputs=[ref])
+    header = derived_header(MetaOpGraph, [ref])
+    assert (graph.producer, graph.inputs) == (PRODUCER, (ref,)) == (header["producer"],
+                                                                    header["inputs"])
+    assert ref.sha256 == sha256(load(str(path), ModelSpec))
+    out = tmp_path / "g.json"
+    write_artifact(graph, str(out))
+    data = json.loads(out.read_text())
+    assert data["inputs"] == [{"kind": "model", "path": str(path), "sha256": ref.sha256}]
+    assert load(str(out), MetaOpGraph) == graph

@@ -1,0 +1,104 @@
+"""The published JSON Schemas: up to date with the code, valid, and matched by every shipped
+artifact."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from spindle_cli.artifacts import ModelSpec, input_ref, load, load_artifact
+from spindle_cli.artifacts.codec import to_data
+from spindle_cli.artifacts.io import kinds
+from spindle_cli.artifacts.schema import main, schema_files, stale_schemas, write_schemas
+from spindle_cli.planner.graph import build_graph
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMAS = REPO / "schemas"
+SHIPPED = sorted(
+    p for folder in ("models", "clusters", "profiles", "plans")
+    for p in (REPO / folder).rglob("*") if p.suffix in (".yaml", ".yml", ".json")
+)
+REGENERATE = "regenerate with: python -m spindle_cli.artifacts.schema schemas/"
+
+
+def _schema(kind: str) -> dict[str, object]:
+    return json.loads((SCHEMAS / f"{kind}.json").read_text())
+
+
+def _validator(kind: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(_schema(kind))
+
+
+def test_committed_schemas_are_up_to_date():
+    assert stale_schemas(SCHEMAS) == [], REGENERATE
+    assert set(schema_files()) == {f"{k}.json" for k in kinds()}
+
+
+def test_generation_is_deterministic(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    write_schemas(a)
+    write_schemas(b)
+    for name in schema_files():
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+    assert sorted(p.name for p in a.iterdir()) == sorted(schema_files())
+
+
+def test_check_mode_reports_drift(tmp_path):
+    write_schemas(tmp_path)
+    assert main(["--check", str(tmp_path)]) == 0
+    (tmp_path / "model.json").write_text("{}\n")
+    assert main(["--check", str(tmp_path)]) == 1
+    assert main([str(tmp_path)]) == 0
+    assert main(["--check", str(tmp_path)]) == 0
+
+
+@pytest.mark.parametrize("kind", sorted(kinds()))
+def test_schemas_are_valid_draft_2020_12(kind):
+    jsonschema.Draft202012Validator.check_schema(_schema(kind))
+    assert _schema(kind)["properties"]["kind"]["const"] == kind  # type: ignore[index]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(REPO)) for p in SHIPPED])
+def test_every_shipped_artifact_validates(path):
+    obj = load_artifact(str(path))
+    data = yaml.safe_load(path.read_text()) if path.suffix != ".json" else json.loads(
+        path.read_text())
+    _validator(obj.kind).validate(data)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "models").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_graphs_of_shipped_models_validate(path):
+    model = load(str(path), ModelSpec)
+    graph = build_graph(model, inputs=[input_ref(model, str(path))])
+    _validator("metaop_graph").validate(to_data(graph))
+
+
+def test_schema_rejects_what_the_loader_rejects(small_model_data):
+    v = _validator("model")
+    v.validate(small_model_data)
+    bad_cases = []
+    extra = copy.deepcopy(small_model_data)
+    extra["colour"] = "red"
+    bad_cases.append(extra)
+    wrong_type = copy.deepcopy(small_model_data)
+    wrong_type["modules"]["text_enc"]["heads"] = "two"
+    bad_cases.append(wrong_type)
+    negative = copy.deepcopy(small_model_data)
+    negative["tasks"][0]["batch_size"] = -1
+    bad_cases.append(negative)
+    missing = copy.deepcopy(small_model_data)
+    del missing["tasks"][0]["steps"][0]["module"]
+    bad_cases.append(missing)
+    wrong_kind = copy.deepcopy(small_model_data)
+    wrong_kind["kind"] = "cluster"
+    bad_cases.append(wrong_kind)
+    for data in bad_cases:
+        assert not v.is_valid(data), data
