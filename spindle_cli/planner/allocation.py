@@ -1,0 +1,204 @@
+"""Resource allocation per MetaLevel (paper §3.3): the relaxed optimum C* and the bi-point split.
+
+Every MetaOp m of a level gets the continuous device count n*_m at which all MetaOps finish
+together at C*, with sum n*_m = N (Theorem 1, eqs. 8-9). C* is found by bisection on the
+speedup curve linearly interpolated between *valid* device counts (the public code's `n_lin`
+form), which makes the two-point split below conserve the level's device-time area N * C*
+exactly. Each n*_m is then replaced by two ASL-tuples on the nearest valid counts
+n_lo <= n* <= n_hi (n_lo = 0 is a dummy), split in time as
+    t_hi = (n* - n_lo) / (n_hi - n_lo) * C*,  t_lo = C* - t_hi,
+    l_hi = t_hi / T(n_hi),                    l_lo = t_lo / T(n_lo),
+and the operator counts are rounded to integers that still sum to L_m.
+
+What does not live here: ordering tuples into waves (`waves.py`) and ranks (`placement.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+
+from spindle_cli.artifacts.graph import MetaOp
+from spindle_cli.artifacts.profile import Curve, tp_degree
+from spindle_cli.planner import scaling
+
+_BISECTION_STEPS = 200
+_REL_TOL = 1e-12
+
+
+def op_time_ms(curve: Curve, n: int, *, uneven: bool = False) -> float:
+    """Per-operator time on n devices. With uneven splits the slowest device has
+    ceil(B / groups) rows, so the time is the curve's at that per-device batch."""
+    t = tp_degree(scaling.strategy(curve, n))
+    groups = n // t
+    b = curve.batch_size
+    if not uneven or b % groups == 0:
+        return scaling.time_ms(curve, n)
+    rows = -(-b // groups)
+    return scaling.time_ms(curve, b * n / (rows * groups))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpCurve:
+    """A MetaOp's scaling curve restricted to its valid device counts (0 is the dummy)."""
+
+    metaop: MetaOp
+    curve: Curve
+    counts: tuple[int, ...]
+    """Valid device counts, ascending, starting with the dummy 0."""
+    speedups: tuple[float, ...]
+    """T(1) / T(n) at each count (0 at the dummy); non-decreasing for a fitted curve."""
+    times_ms: tuple[float, ...]
+    """Per-operator time at each count (infinite at the dummy)."""
+
+    @property
+    def work_ms(self) -> float:
+        """Single-device time of all operators, L * T(1)."""
+        return self.metaop.num_layers * self.single_ms
+
+    @property
+    def single_ms(self) -> float:
+        """Per-operator time on one device, T(1)."""
+        return scaling.time_ms(self.curve, 1)
+
+    def time_at(self, n: int) -> float:
+        """Per-operator time at a valid count n."""
+        return self.times_ms[self.counts.index(n)]
+
+    def next_count(self, n: int) -> int | None:
+        """The smallest valid count above n, or None."""
+        i = bisect_right(self.counts, n)
+        return self.counts[i] if i < len(self.counts) else None
+
+
+def op_curve(metaop: MetaOp, curve: Curve, max_n: int, counts: list[int],
+             *, uneven: bool = False) -> OpCurve:
+    """Build the restricted curve from the MetaOp's valid counts <= max_n."""
+    t1 = scaling.time_ms(curve, 1)
+    valid = [n for n in counts if n <= max_n]
+    times = [op_time_ms(curve, n, uneven=uneven) for n in valid]
+    # a fitted curve is non-increasing; clamp so a noisy fit cannot make speedup decrease
+    speedups: list[float] = [0.0]
+    for t in times:
+        speedups.append(max(speedups[-1], t1 / t if t > 0 else math.inf))
+    return OpCurve(metaop=metaop, curve=curve, counts=(0, *valid), speedups=tuple(speedups),
+                   times_ms=(math.inf, *times))
+
+
+def n_lin(oc: OpCurve, c_ms: float) -> float:
+    """Devices the MetaOp needs to finish all operators by c_ms, on the interpolated speedup
+    curve; infinite when even its largest valid count is too slow."""
+    target = oc.work_ms / c_ms
+    s = oc.speedups
+    if target > s[-1]:
+        return math.inf
+    i = bisect_right(s, target)
+    if i >= len(s):
+        return float(oc.counts[-1])
+    lo, hi = i - 1, i
+    n_lo, n_hi = oc.counts[lo], oc.counts[hi]
+    return n_lo + (n_hi - n_lo) * (target - s[lo]) / (s[hi] - s[lo])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tuple:
+    """An ASL-tuple: `num_ops` operators of a MetaOp on `n` devices (start set by the waves)."""
+
+    metaop: str
+    n: int
+    num_ops: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpAllocation:
+    """One MetaOp's share of the level: n*, its two tuples before and after rounding."""
+
+    metaop: str
+    n_star: float
+    n_lo: int
+    n_hi: int
+    ops_lo: float
+    """Operators on n_lo before rounding (0 for a dummy)."""
+    ops_hi: float
+    """Operators on n_hi before rounding."""
+    tuples: tuple[Tuple, ...]
+    """Rounded tuples with at least one operator, upper tuple first."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LevelAllocation:
+    """The relaxed optimum of one level and its discretization."""
+
+    level: int
+    c_star_ms: float
+    ops: tuple[OpAllocation, ...]
+
+
+def relaxed_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:
+    """C*: the smallest C with sum_m n_lin_m(C) <= N, by bisection on
+    [max L * T(inf), sum L * T(1)]."""
+    lo = max(0.0, max(oc.metaop.num_layers * scaling.floor_ms(oc.curve) for oc in curves))
+    hi = sum(oc.work_ms for oc in curves)
+    for _ in range(_BISECTION_STEPS):
+        if hi - lo <= _REL_TOL * hi:
+            break
+        mid = (lo + hi) / 2
+        if mid <= 0:
+            lo = mid
+            continue
+        total = sum(n_lin(oc, mid) for oc in curves)
+        if total > num_devices:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _round_half_up(x: float) -> int:
+    return math.floor(x + 0.5)
+
+
+def split(oc: OpCurve, n_star: float, c_ms: float) -> OpAllocation:
+    """The bi-point discretization of one MetaOp at n* (time-split form, then rounding)."""
+    num_layers = oc.metaop.num_layers
+    i = bisect_right(oc.counts, n_star - 1e-9)
+    i = min(max(i, 1), len(oc.counts) - 1)
+    n_hi, n_lo = oc.counts[i], oc.counts[i - 1]
+    if abs(n_star - n_hi) <= 1e-9 * max(1.0, n_star):
+        n_lo = n_hi
+    if n_hi == n_lo:
+        ops_hi, ops_lo = float(num_layers), 0.0
+    else:
+        frac = min(max((n_star - n_lo) / (n_hi - n_lo), 0.0), 1.0)
+        ops_hi = frac * c_ms / oc.time_at(n_hi)
+        ops_lo = 0.0 if n_lo == 0 else (1 - frac) * c_ms / oc.time_at(n_lo)
+    hi_r, lo_r = _round_half_up(ops_hi), _round_half_up(ops_lo)
+    residual = num_layers - hi_r - lo_r
+    # the public code's rule: the residual goes to the lower tuple when it is real and
+    # non-empty, otherwise to the upper one; rounding keeps sum = L exactly
+    if n_lo > 0 and lo_r > 0:
+        lo_r += residual
+    else:
+        hi_r += residual
+    if lo_r < 0:
+        hi_r, lo_r = hi_r + lo_r, 0
+    if hi_r < 0:
+        hi_r, lo_r = 0, lo_r + hi_r
+    tuples = [Tuple(metaop=oc.metaop.id, n=n_hi, num_ops=hi_r)]
+    if n_lo > 0:
+        tuples.append(Tuple(metaop=oc.metaop.id, n=n_lo, num_ops=lo_r))
+    return OpAllocation(
+        metaop=oc.metaop.id, n_star=n_star, n_lo=n_lo, n_hi=n_hi, ops_lo=ops_lo, ops_hi=ops_hi,
+        tuples=tuple(t for t in tuples if t.num_ops > 0),
+    )
+
+
+def allocate_level(level: int, curves: list[OpCurve], num_devices: int) -> LevelAllocation:
+    """C* of the level and the bi-point tuples of each of its MetaOps (in input order)."""
+    c_star = relaxed_optimum_ms(curves, num_devices)
+    ops = []
+    for oc in curves:
+        n_star = min(n_lin(oc, c_star), float(oc.counts[-1]))
+        ops.append(split(oc, n_star, c_star))
+    return LevelAllocation(level=level, c_star_ms=c_star, ops=tuple(ops))

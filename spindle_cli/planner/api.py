@@ -1,0 +1,251 @@
+"""`make_plan`: graph + profile + cluster -> Plan. Composes allocation, waves (or a baseline),
+placement and memory accounting; does no I/O.
+
+The plan's semantics (slices, transfers, parameter groups) are fixed in docs/CONTRACTS.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spindle_cli.artifacts.base import InputRef
+from spindle_cli.artifacts.cluster import ClusterSpec
+from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
+from spindle_cli.artifacts.io import derived_header
+from spindle_cli.artifacts.plan import (
+    LevelBound,
+    ParamGroup,
+    Plan,
+    Slice,
+    Transfer,
+    Wave,
+)
+from spindle_cli.artifacts.profile import Profile
+from spindle_cli.errors import PlanInfeasible, SpindleError
+from spindle_cli.planner import baselines, scaling
+from spindle_cli.planner.allocation import LevelAllocation, OpCurve, allocate_level, op_curve
+from spindle_cli.planner.memory import state_bytes_per_param
+from spindle_cli.planner.placement import Flow, Ranks, SliceSpec, place
+from spindle_cli.planner.waves import PlannedWave, schedule_level
+
+PLANNERS = ("spindle", "sequential", "optimus", "distmm")
+PLACEMENTS = ("island", "sequential")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanOptions:
+    """Planner options; recorded in Plan.options."""
+
+    planner: str = "spindle"
+    """'spindle' (wavefront scheduling) or a baseline: 'sequential', 'optimus', 'distmm'."""
+    placement: str = "island"
+    """'island' (locality- and memory-aware) or 'sequential' (consecutive ranks; ablation)."""
+    uneven_splits: bool = False
+    """Allow any data-parallel count n <= B (per-device batch ceil(B / n))."""
+
+    def __post_init__(self) -> None:
+        if self.planner not in PLANNERS:
+            raise ValueError(f"unknown planner {self.planner!r} (expected one of {PLANNERS})")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {self.placement!r} (expected {PLACEMENTS})")
+
+    def as_dict(self) -> dict[str, str]:
+        """The options as Plan.options records them."""
+        return {"planner": self.planner, "placement": self.placement,
+                "uneven_splits": "true" if self.uneven_splits else "false"}
+
+
+def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven: bool = False,
+              profile_name: str = "the profile") -> dict[str, OpCurve]:
+    """Every MetaOp's curve restricted to its valid counts <= N."""
+    counts_cache: dict[str, list[int]] = {}
+    result = {}
+    for m in graph.metaops:
+        try:
+            curve = profile.curve(m.signature)
+        except KeyError:
+            raise SpindleError(
+                f"{profile_name} has no curve for signature {m.signature!r} (MetaOp {m.id})",
+                hint="profile the same graph (spindle profile GRAPH ...)",
+            ) from None
+        if m.signature not in counts_cache:
+            counts_cache[m.signature] = scaling.valid_counts(curve, num_devices, uneven=uneven)
+        oc = op_curve(m, curve, num_devices, counts_cache[m.signature], uneven=uneven)
+        if len(oc.counts) == 1:
+            raise PlanInfeasible(
+                f"MetaOp {m.id} has no valid device count <= {num_devices} "
+                f"(batch {curve.batch_size}, strategy {scaling.strategy(curve, 1)})"
+            )
+        result[m.id] = oc
+    return result
+
+
+def allocate(graph: MetaOpGraph, curves: dict[str, OpCurve],
+             num_devices: int) -> list[LevelAllocation]:
+    """The allocator's result for every MetaLevel, in level order."""
+    return [
+        allocate_level(lvl, [curves[m.id] for m in graph.metaops if m.level == lvl], num_devices)
+        for lvl in range(graph.num_levels)
+        if any(m.level == lvl for m in graph.metaops)
+    ]
+
+
+def spindle_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[LevelAllocation],
+                  num_devices: int) -> list[PlannedWave]:
+    """Algorithm 1 on every level, concatenated."""
+    preds = {m.id: m.predecessors for m in graph.metaops}
+    finished: set[str] = set()
+    waves: list[PlannedWave] = []
+    for a in allocs:
+        waves.extend(schedule_level(a, curves, num_devices, preds, finished))
+    return waves
+
+
+def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
+              options: PlanOptions = PlanOptions(), inputs: tuple[InputRef, ...] = ()) -> Plan:
+    """Plan one training iteration of `graph` on `cluster`."""
+    n_dev = cluster.num_devices
+    profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
+    curves = op_curves(graph, profile, n_dev, uneven=options.uneven_splits,
+                       profile_name=profile_name)
+    allocs = allocate(graph, curves, n_dev)
+    if options.planner == "spindle":
+        planned = spindle_waves(graph, curves, allocs, n_dev)
+    elif options.planner == "sequential":
+        planned = baselines.sequential(graph, curves)
+    elif options.planner == "optimus":
+        planned = baselines.optimus(graph, curves, n_dev)
+    else:
+        planned = baselines.distmm(graph, curves, n_dev)
+    specs = _slice_specs(graph, curves, planned)
+    flows = _flows(graph, specs)
+    ranks, ledger = place(specs, flows, graph, cluster, mode=options.placement)
+    waves = _waves(planned, specs, ranks)
+    transfers = tuple(
+        Transfer(src=_sid(f.src), dst=_sid(f.dst), bytes=f.bytes,
+                 src_ranks=ranks[f.src[0]][f.src[1]], dst_ranks=ranks[f.dst[0]][f.dst[1]])
+        for f in flows
+    )
+    levels = tuple(
+        LevelBound(level=a.level, lower_bound_ms=a.c_star_ms,
+                   estimated_ms=sum(w.duration_ms for w in waves if w.level == a.level))
+        for a in allocs
+    )
+    return Plan(
+        **derived_header(Plan, list(inputs)),
+        model=graph.model,
+        cluster=cluster.name,
+        planner=options.planner,
+        options=options.as_dict(),
+        num_devices=n_dev,
+        islands=tuple(tuple(i) for i in cluster.islands()),
+        waves=waves,
+        transfers=transfers,
+        param_groups=_param_groups(graph, specs, ranks),
+        memory=ledger.table(),
+        levels=levels,
+        lower_bound_ms=sum(a.c_star_ms for a in allocs),
+        estimated_iteration_ms=sum(w.duration_ms for w in waves),
+    )
+
+
+def _sid(key: tuple[int, int]) -> str:
+    return f"w{key[0]}.{key[1]}"
+
+
+def _slice_specs(graph: MetaOpGraph, curves: dict[str, OpCurve],
+                 planned: list[PlannedWave]) -> list[list[SliceSpec]]:
+    """Operator ranges in wave order: each MetaOp's slices take consecutive operators."""
+    by_id = {m.id: m for m in graph.metaops}
+    next_op: dict[str, int] = {}
+    specs = []
+    for w in planned:
+        row = []
+        for s in w.slots:
+            m = by_id[s.metaop]
+            first = next_op.get(m.id, 0)
+            next_op[m.id] = first + s.num_ops
+            row.append(SliceSpec(metaop=m, first=first, last=first + s.num_ops, n=s.n,
+                                 strategy=scaling.strategy(curves[m.id].curve, s.n)))
+        specs.append(row)
+    for m in graph.metaops:
+        assert next_op.get(m.id) == m.num_layers, f"{m.id}: scheduled {next_op.get(m.id)} ops"
+    return specs
+
+
+def _flows(graph: MetaOpGraph, specs: list[list[SliceSpec]]) -> list[Flow]:
+    """Every activation flow, in the canonical order of docs/CONTRACTS.md."""
+    by_id = {m.id: m for m in graph.metaops}
+    first_slice: dict[str, tuple[int, int]] = {}
+    last_slice: dict[str, tuple[int, int]] = {}
+    prev_slice: dict[tuple[int, int], tuple[int, int]] = {}
+    for wi, row in enumerate(specs):
+        for si, s in enumerate(row):
+            key = (wi, si)
+            if s.metaop.id in last_slice:
+                prev_slice[key] = last_slice[s.metaop.id]
+            else:
+                first_slice[s.metaop.id] = key
+            last_slice[s.metaop.id] = key
+    flows = []
+    for wi, row in enumerate(specs):
+        for si, s in enumerate(row):
+            key = (wi, si)
+            here = []
+            if key in prev_slice:
+                here.append(Flow(src=prev_slice[key], dst=key,
+                                 bytes=s.metaop.activation_out_bytes))
+            if first_slice[s.metaop.id] == key:
+                for p in s.metaop.predecessors:
+                    pm: MetaOp = by_id[p]
+                    src = last_slice[p]
+                    if src[0] >= wi:
+                        raise AssertionError(f"{s.metaop.id} starts before predecessor {p} ends")
+                    here.append(Flow(src=src, dst=key, bytes=pm.activation_out_bytes))
+            flows.extend(sorted(here, key=lambda f: f.src))
+    return flows
+
+
+def _waves(planned: list[PlannedWave], specs: list[list[SliceSpec]],
+           ranks: list[list[Ranks]]) -> tuple[Wave, ...]:
+    waves = []
+    start = 0.0
+    for wi, (pw, row) in enumerate(zip(planned, specs, strict=True)):
+        slices = tuple(
+            Slice(id=_sid((wi, si)), metaop=sp.metaop.id, first=sp.first, last=sp.last,
+                  ranks=ranks[wi][si], strategy=sp.strategy, time_ms=slot.time_ms)
+            for si, (slot, sp) in enumerate(zip(pw.slots, row, strict=True))
+        )
+        waves.append(Wave(index=wi, level=pw.level, start_ms=start, duration_ms=pw.duration_ms,
+                          slices=slices))
+        start += pw.duration_ms
+    return tuple(waves)
+
+
+def _param_groups(graph: MetaOpGraph, specs: list[list[SliceSpec]],
+                  ranks: list[list[Ranks]]) -> tuple[ParamGroup, ...]:
+    """Maximal layer ranges of each module with the same replica-holding ranks."""
+    holders: dict[str, dict[int, set[int]]] = {}
+    params: dict[str, int] = {}
+    for row, rrow in zip(specs, ranks, strict=True):
+        for s, rs in zip(row, rrow, strict=True):
+            mod = holders.setdefault(s.metaop.module, {})
+            params[s.metaop.module] = max(params.get(s.metaop.module, 0),
+                                          s.metaop.params_per_layer)
+            for layer in range(s.metaop.first_layer + s.first, s.metaop.first_layer + s.last):
+                mod.setdefault(layer, set()).update(rs)
+    grad_b = state_bytes_per_param(graph.dtype)[1]
+    groups = []
+    for module in sorted(holders):
+        layers = holders[module]
+        keys = sorted(layers)
+        start = keys[0]
+        for here, after in zip(keys, [*keys[1:], None], strict=True):
+            if after is None or after != here + 1 or layers[after] != layers[start]:
+                groups.append(ParamGroup(
+                    module=module, first_layer=start, last_layer=here + 1,
+                    ranks=tuple(sorted(layers[start])),
+                    bytes=(here + 1 - start) * params[module] * grad_b))
+                if after is not None:
+                    start = after
+    return tuple(groups)

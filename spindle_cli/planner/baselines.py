@@ -1,0 +1,237 @@
+"""Baseline planners in Spindle's wave format (paper §5.1; our notes §11), so that the same
+simulator and runtime consume them and the comparison measures scheduling alone.
+
+- `sequential` (Megatron-LM / DeepSpeed temporal decoupling): tasks one after another, each
+  MetaOp on the whole cluster (its largest valid count <= N), one MetaOp per wave.
+- `optimus` (Spindle-Optimus, task level): every task starts at its smallest valid count and
+  devices go, one valid step at a time, to the task with the largest marginal gain
+  (T(n) - T(n')) / (n' - n); tasks then run concurrently on disjoint groups, each running its
+  MetaOps in order. With more tasks than devices every task gets one device and tasks are
+  list-scheduled (longest first, onto the earliest-free device).
+- `distmm` (DistMM-MT): tasks one after another; inside a task the modality towers (the MetaOps
+  before the first join) run side by side on groups sized to minimize the slowest tower, then
+  the joining (cross-modal) MetaOps run on the whole cluster.
+Concurrent chains are cut into waves with the same alignment rule as Spindle's waves, since a
+plan synchronizes only at wave boundaries.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from bisect import bisect_right
+
+from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
+from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner.allocation import OpCurve
+from spindle_cli.planner.waves import PlannedWave, Slot, align, merge_or_append
+
+_MAX_COMBINATIONS = 20000
+
+Chain = list[tuple[str, int]]
+"""MetaOps run one after another on one device group, with their device counts."""
+
+
+def _order(metaops: list[MetaOp]) -> list[MetaOp]:
+    return sorted(metaops, key=lambda m: (m.level, m.id))
+
+
+def _by_task(graph: MetaOpGraph) -> list[list[MetaOp]]:
+    return [_order([m for m in graph.metaops if m.task == t]) for t in graph.tasks]
+
+
+def _largest_within(oc: OpCurve, n: int) -> int:
+    """The largest valid count <= n (0 when there is none)."""
+    return oc.counts[bisect_right(oc.counts, n) - 1]
+
+
+def _one_per_wave(metaops: list[MetaOp], curves: dict[str, OpCurve]) -> list[PlannedWave]:
+    waves = []
+    for m in metaops:
+        oc = curves[m.id]
+        n = oc.counts[-1]
+        waves.append(PlannedWave(level=m.level, slots=(
+            Slot(metaop=m.id, n=n, num_ops=m.num_layers, op_time_ms=oc.time_at(n)),)))
+    return waves
+
+
+def sequential(graph: MetaOpGraph, curves: dict[str, OpCurve]) -> list[PlannedWave]:
+    """Each task's MetaOps on the whole cluster in turn."""
+    return [w for ms in _by_task(graph) for w in _one_per_wave(ms, curves)]
+
+
+def concurrent(chains: list[Chain], curves: dict[str, OpCurve],
+               graph: MetaOpGraph) -> list[PlannedWave]:
+    """Waves for chains running side by side: each wave is aligned to the shortest current
+    MetaOp remainder; the others run as many whole operators as fit."""
+    pos = [0] * len(chains)
+    left = [graph.metaop(c[0][0]).num_layers if c else 0 for c in chains]
+    waves: list[PlannedWave] = []
+    while True:
+        active = [i for i, c in enumerate(chains) if pos[i] < len(c)]
+        if not active:
+            return waves
+        heads = [chains[i][pos[i]] for i in active]
+        taus = [curves[m].time_at(n) for m, n in heads]
+        ops = align(taus, [left[i] for i in active])
+        slots = tuple(Slot(metaop=m, n=n, num_ops=k, op_time_ms=tau)
+                      for (m, n), k, tau in zip(heads, ops, taus, strict=True))
+        for i, k in zip(active, ops, strict=True):
+            left[i] -= k
+            if left[i] == 0:
+                pos[i] += 1
+                if pos[i] < len(chains[i]):
+                    left[i] = graph.metaop(chains[i][pos[i]][0]).num_layers
+        level = min(graph.metaop(s.metaop).level for s in slots)
+        merge_or_append(waves, PlannedWave(level=level, slots=slots))
+
+
+def _task_counts(ms: list[MetaOp], curves: dict[str, OpCurve], num_devices: int) -> list[int]:
+    """Device counts valid for every MetaOp of a task (any count from the largest minimum up
+    when the MetaOps share none)."""
+    common = set(range(1, num_devices + 1))
+    for m in ms:
+        common &= set(curves[m.id].counts[1:])
+    if common:
+        return sorted(common)
+    lowest = max(curves[m.id].counts[1] for m in ms)
+    return list(range(lowest, num_devices + 1))
+
+
+def _chain_ms(ms: list[MetaOp], curves: dict[str, OpCurve], n: int) -> float:
+    total = 0.0
+    for m in ms:
+        k = _largest_within(curves[m.id], n)
+        if k == 0:
+            return math.inf
+        total += m.num_layers * curves[m.id].time_at(k)
+    return total
+
+
+def _chain(ms: list[MetaOp], curves: dict[str, OpCurve], n: int) -> Chain:
+    chain = []
+    for m in ms:
+        k = _largest_within(curves[m.id], n)
+        if k == 0:
+            raise PlanInfeasible(f"{m.id}: no valid device count <= {n}")
+        chain.append((m.id, k))
+    return chain
+
+
+def optimus(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int) -> list[PlannedWave]:
+    """Task-level allocation by largest marginal gain; tasks run concurrently."""
+    tasks = [ms for ms in _by_task(graph) if ms]
+    counts = [_task_counts(ms, curves, num_devices) for ms in tasks]
+    if len(tasks) > num_devices or sum(c[0] for c in counts) > num_devices:
+        return _list_scheduled(tasks, curves, num_devices, graph)
+    alloc = [c[0] for c in counts]
+    free = num_devices - sum(alloc)
+    while free > 0:
+        best, best_gain = -1, -math.inf
+        for i, ms in enumerate(tasks):
+            higher = [n for n in counts[i] if n > alloc[i]]
+            if not higher or higher[0] - alloc[i] > free:
+                continue
+            nxt = higher[0]
+            gain = (_chain_ms(ms, curves, alloc[i]) - _chain_ms(ms, curves, nxt)) / (nxt - alloc[i])
+            if gain > best_gain:
+                best, best_gain = i, gain
+        if best < 0:
+            break
+        nxt = next(n for n in counts[best] if n > alloc[best])
+        free -= nxt - alloc[best]
+        alloc[best] = nxt
+    order = sorted(range(len(tasks)),
+                   key=lambda i: (-_chain_ms(tasks[i], curves, alloc[i]), tasks[i][0].task))
+    return concurrent([_chain(tasks[i], curves, alloc[i]) for i in order], curves, graph)
+
+
+def _list_scheduled(tasks: list[list[MetaOp]], curves: dict[str, OpCurve], num_devices: int,
+                    graph: MetaOpGraph) -> list[PlannedWave]:
+    """One device per task; longest task first onto the earliest-free device."""
+    order = sorted(tasks, key=lambda ms: (-_chain_ms(ms, curves, 1), ms[0].task))
+    busy_ms = [0.0] * num_devices
+    chains: list[Chain] = [[] for _ in range(num_devices)]
+    for ms in order:
+        d = min(range(num_devices), key=lambda k: (busy_ms[k], k))
+        busy_ms[d] += _chain_ms(ms, curves, 1)
+        chains[d].extend(_chain(ms, curves, 1))
+    return concurrent([c for c in chains if c], curves, graph)
+
+
+def _towers(ms: list[MetaOp]) -> tuple[list[list[MetaOp]], list[MetaOp]]:
+    """The task's modality towers (connected MetaOps before any join) and the joining part
+    (MetaOps with several inputs and everything after them)."""
+    ids = {m.id for m in ms}
+    joined: set[str] = set()
+    for m in ms:  # level order, so predecessors come first
+        if len(m.predecessors) > 1 or any(p in joined for p in m.predecessors):
+            joined.add(m.id)
+    rest = [m for m in ms if m.id not in joined]
+    parent = {m.id: m.id for m in rest}
+
+    def root(x: str) -> str:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for m in rest:
+        for p in m.predecessors:
+            if p in ids and p in parent:
+                parent[root(m.id)] = root(p)
+    groups: dict[str, list[MetaOp]] = {}
+    for m in rest:
+        groups.setdefault(root(m.id), []).append(m)
+    towers = sorted(groups.values(), key=lambda g: g[0].id)
+    return towers, [m for m in ms if m.id in joined]
+
+
+def _tower_sizes(towers: list[list[MetaOp]], curves: dict[str, OpCurve],
+                 num_devices: int) -> list[int] | None:
+    """Group sizes (sum <= N) minimizing the slowest tower: exhaustive over the counts where
+    a tower's time changes when that is small, else the slowest-first greedy."""
+    options = []
+    for t in towers:
+        cand = sorted({c for m in t for c in curves[m.id].counts[1:]})
+        useful = [n for n in cand if _chain_ms(t, curves, n) < math.inf]
+        if not useful:
+            return None
+        options.append(useful)
+    if math.prod(len(o) for o in options) <= _MAX_COMBINATIONS:
+        best: tuple[float, float, tuple[int, ...]] | None = None
+        for combo in itertools.product(*options):
+            if sum(combo) > num_devices:
+                continue
+            times = [_chain_ms(t, curves, n) for t, n in zip(towers, combo, strict=True)]
+            key = (max(times), sum(times), combo)
+            if best is None or key < best:
+                best = key
+        return list(best[2]) if best else None
+    sizes = [o[0] for o in options]
+    if sum(sizes) > num_devices:
+        return None
+    while True:
+        slowest = sorted(range(len(towers)),
+                         key=lambda i: (-_chain_ms(towers[i], curves, sizes[i]), i))
+        for i in slowest:
+            higher = [n for n in options[i] if n > sizes[i]]
+            if higher and sum(sizes) - sizes[i] + higher[0] <= num_devices:
+                sizes[i] = higher[0]
+                break
+        else:
+            return sizes
+
+
+def distmm(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int) -> list[PlannedWave]:
+    """Tasks in sequence; towers side by side, then the cross-modal MetaOps on all devices."""
+    waves: list[PlannedWave] = []
+    for ms in _by_task(graph):
+        towers, joined = _towers(ms)
+        sizes = _tower_sizes(towers, curves, num_devices) if len(towers) > 1 else None
+        if sizes is None:
+            waves.extend(_one_per_wave(ms, curves))
+            continue
+        chains = [_chain(t, curves, n) for t, n in zip(towers, sizes, strict=True)]
+        waves.extend(concurrent(chains, curves, graph))
+        waves.extend(_one_per_wave(joined, curves))
+    return waves

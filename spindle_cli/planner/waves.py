@@ -1,0 +1,150 @@
+"""Wavefront scheduling (the paper's Algorithm 1, §3.4): ASL-tuples -> waves, level by level.
+
+A wave is a set of MetaOp slices that run at the same time on disjoint device groups; device
+counts are fixed inside a wave and activations move only between waves. Per level, each wave:
+  1. proposes tuples first-fit, largest n first (then longest time), whose MetaOp's
+     predecessors are finished, at most one tuple per MetaOp;
+  2. extends idle devices: the admitted MetaOp with the most remaining time (at the wave's
+     counts) moves to its next valid count, until nothing fits;
+  3. aligns the wave to its shortest tuple: the others run as many whole operators as fit;
+  4. puts remainders back with their original n, and merges the wave into the previous one
+     when every slice of it repeats a (MetaOp, n) of that wave.
+Levels are concatenated. Ranks are chosen later (`placement.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from spindle_cli.planner.allocation import LevelAllocation, OpCurve
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slot:
+    """`num_ops` operators of a MetaOp on `n` devices inside one wave."""
+
+    metaop: str
+    n: int
+    num_ops: int
+    op_time_ms: float
+    """Per-operator time at n."""
+
+    @property
+    def time_ms(self) -> float:
+        """Time of the slot's operators."""
+        return self.num_ops * self.op_time_ms
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannedWave:
+    """A wave before placement: its level and slots (in proposal order)."""
+
+    level: int
+    slots: tuple[Slot, ...]
+
+    @property
+    def duration_ms(self) -> float:
+        """The longest slot."""
+        return max(s.time_ms for s in self.slots)
+
+
+def align(op_times_ms: list[float], num_ops: list[int]) -> list[int]:
+    """Operators each tuple runs when the wave is aligned to the shortest tuple: tuple i first
+    takes k_i = max(round(t_min / tau_i), 1) operators, the wave lasts max tau_i * k_i, then
+    every tuple runs as many whole operators as fit in that span (the shortest runs all)."""
+    t_min = min(t * k for t, k in zip(op_times_ms, num_ops, strict=True))
+    span = max(t * min(max(math.floor(t_min / t + 0.5), 1), k)
+               for t, k in zip(op_times_ms, num_ops, strict=True))
+    return [min(k, max(1, math.floor(span / t + _EPS))) for t, k in zip(op_times_ms, num_ops,
+                                                                        strict=True)]
+
+
+def merge_or_append(waves: list[PlannedWave], new: PlannedWave) -> None:
+    """Append `new`, or fold it into the previous wave of the same level when each of its
+    slots repeats a (MetaOp, n) of that wave (the previous slots just run more operators)."""
+    if waves and waves[-1].level == new.level:
+        prev = waves[-1]
+        keys = {(s.metaop, s.n): i for i, s in enumerate(prev.slots)}
+        if all((s.metaop, s.n) in keys for s in new.slots):
+            extra = {(s.metaop, s.n): s.num_ops for s in new.slots}
+            merged = tuple(
+                Slot(metaop=s.metaop, n=s.n, op_time_ms=s.op_time_ms,
+                     num_ops=s.num_ops + extra.get((s.metaop, s.n), 0))
+                for s in prev.slots
+            )
+            waves[-1] = PlannedWave(level=prev.level, slots=merged)
+            return
+    waves.append(new)
+
+
+@dataclass(slots=True)
+class _Pending:
+    metaop: str
+    n: int
+    num_ops: int
+
+
+def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devices: int,
+                   predecessors: dict[str, tuple[str, ...]], finished: set[str]) -> list[PlannedWave]:
+    """Algorithm 1 for one level. `finished` holds the MetaOps completed by earlier levels and
+    is updated with this level's MetaOps."""
+    pending = [_Pending(metaop=t.metaop, n=t.n, num_ops=t.num_ops)
+               for a in alloc.ops for t in a.tuples]
+    waves: list[PlannedWave] = []
+    while pending:
+        order = sorted(pending, key=lambda p: (-p.n, -p.num_ops * curves[p.metaop].time_at(p.n),
+                                               p.metaop))
+        free = num_devices
+        admitted: list[_Pending] = []
+        in_wave: set[str] = set()
+        for p in order:
+            if p.n <= free and p.metaop not in in_wave and all(
+                q in finished for q in predecessors[p.metaop]
+            ):
+                admitted.append(p)
+                in_wave.add(p.metaop)
+                free -= p.n
+        assert admitted, "no tuple fits in an empty wave"
+        counts = {p.metaop: p.n for p in admitted}
+        free = _extend(admitted, counts, pending, curves, free)
+        taus = [curves[p.metaop].time_at(counts[p.metaop]) for p in admitted]
+        ops = align(taus, [p.num_ops for p in admitted])
+        slots = tuple(Slot(metaop=p.metaop, n=counts[p.metaop], num_ops=k, op_time_ms=tau)
+                      for p, k, tau in zip(admitted, ops, taus, strict=True))
+        for p, k in zip(admitted, ops, strict=True):
+            p.num_ops -= k
+        pending = [p for p in pending if p.num_ops > 0]
+        left = {p.metaop for p in pending}
+        finished |= {p.metaop for p in admitted if p.metaop not in left}
+        merge_or_append(waves, PlannedWave(level=alloc.level, slots=slots))
+    return waves
+
+
+def _extend(admitted: list[_Pending], counts: dict[str, int], pending: list[_Pending],
+            curves: dict[str, OpCurve], free: int) -> int:
+    """Give idle devices to the admitted MetaOps with the most remaining time, one valid step
+    at a time; returns the devices still idle."""
+    while free > 0:
+        def remaining_ms(m: str) -> float:
+            oc = curves[m]
+            total = 0.0
+            for p in pending:
+                if p.metaop == m:
+                    n = counts[m] if any(a is p for a in admitted) else p.n
+                    total += p.num_ops * oc.time_at(n)
+            return total
+
+        ranked = sorted(admitted, key=lambda p: (-remaining_ms(p.metaop), p.metaop))
+        for p in ranked:
+            cur = counts[p.metaop]
+            nxt = curves[p.metaop].next_count(cur)
+            if nxt is not None and nxt - cur <= free:
+                counts[p.metaop] = nxt
+                free -= nxt - cur
+                break
+        else:
+            return free
+    return free
