@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from spindle_cli.artifacts.io import parse_artifact
 from spindle_cli.artifacts.model import ModelSpec
+from spindle_cli.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -94,3 +96,30 @@ def make_model() -> Callable[..., ModelSpec]:
         return obj
 
     return make
+
+
+@dataclass(frozen=True, slots=True)
+class CliResult:
+    """What one `spindle` invocation produced."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def spindle(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
+    """Run `spindle ARGS...` in-process through the real entry point (`cli.main`, which maps
+    errors to one line and an exit code) and capture stdout and stderr apart."""
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run

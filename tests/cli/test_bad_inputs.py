@@ -1,0 +1,232 @@
+"""Bad inputs through the CLI: each gives exactly one line `error: <file>: <field>: <problem>` on
+stderr (optionally followed by one `hint:` line), exit code 2, no traceback, nothing written.
+
+Files are written into a temporary working directory and named relatively, as a user would.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+Data = dict[str, Any]
+
+
+def _edit(fn: Callable[[Data], None]) -> Callable[[Data], Data]:
+    def apply(data: Data) -> Data:
+        data = copy.deepcopy(data)
+        fn(data)
+        return data
+
+    return apply
+
+
+def _step(data: Data, name: str, task: int = 0) -> Data:
+    (step,) = [s for s in data["tasks"][task]["steps"] if s["name"] == name]
+    return step
+
+
+def _cycle(d: Data) -> None:
+    # text_enc also consumes text_proj, which consumes text_enc
+    _step(d, "text_enc")["inputs"] = ["text_embed", "text_proj"]
+
+
+def _dangling_branch(d: Data) -> None:
+    d["tasks"][0]["steps"].append({"name": "extra", "module": "text_proj", "inputs": ["text_enc"]})
+
+
+# id -> (edit of the valid model, expected `error:` line after the file name)
+MODEL_CASES: dict[str, tuple[Callable[[Data], Data], str]] = {
+    "unknown-kind": (_edit(lambda d: d.update(kind="spaceship")), "kind: unknown kind "
+                     "'spaceship'"),
+    "newer-version": (_edit(lambda d: d.update(version=9)), "version: model version 9 is newer "
+                      "than this spindle reads (1)"),
+    "missing-field": (_edit(lambda d: d["tasks"][1].pop("batch_size")),
+                      "tasks[1].batch_size: missing required field"),
+    "extra-field": (_edit(lambda d: d["modules"]["text_enc"].update(dropout=0.1)),
+                    "modules.text_enc.dropout: unknown field"),
+    "wrong-type": (_edit(lambda d: d["modules"]["image_enc"].update(num_layers="two")),
+                   "modules.image_enc.num_layers: expected an integer, got a string"),
+    "negative-size": (_edit(lambda d: d["tasks"][0].update(batch_size=-8)),
+                      "tasks[0].batch_size: must be >= 1, got -8"),
+    "zero-hidden": (_edit(lambda d: d["modules"]["clip_loss"].update(hidden=0)),
+                    "modules.clip_loss.hidden: must be >= 1, got 0"),
+    "unknown-module": (_edit(lambda d: _step(d, "image_enc", 1).update(module="vision_enc")),
+                       "tasks[1].steps[4].module: unknown module 'vision_enc'"),
+    "cycle": (_edit(_cycle), "tasks[0].steps: cycle"),
+    "missing-task-input": (_edit(lambda d: _step(d, "image_embed").update(inputs=["audio"])),
+                           "tasks[0].steps[3].inputs[0]: unknown input or step 'audio'"),
+    "unused-input": (_edit(lambda d: d["tasks"][0]["inputs"].update(audio={"seq_len": 4})),
+                     "tasks[0].inputs.audio: input is not used by any step"),
+    "shape-mismatch": (_edit(lambda d: d["tasks"][0]["inputs"]["image"].update(dim=10)),
+                       "tasks[0].steps[3].inputs: feature width 10 != in_dim 12 of "
+                       "'image_embed'"),
+    "sequence-too-long": (_edit(lambda d: d["tasks"][0]["inputs"]["text"].update(seq_len=9)),
+                          "tasks[0].steps[0].inputs: sequence 9 exceeds max_seq_len 8"),
+    "duplicate-step": (_edit(lambda d: _step(d, "image_enc").update(name="text_enc")),
+                       "tasks[0].steps[4].name: duplicate step name 'text_enc'"),
+    "duplicate-task": (_edit(lambda d: d["tasks"][1].update(name="pairs")),
+                       "tasks[1].name: duplicate task name 'pairs'"),
+    "heads-not-dividing-hidden": (_edit(lambda d: d["modules"]["text_enc"].update(heads=3)),
+                                  "modules.text_enc.heads: hidden 16 is not divisible by 3"),
+    "branch-without-loss": (_edit(_dangling_branch),
+                            "tasks[0].steps[7]: output of 'extra' is not used"),
+    "unknown-task-in-set": (_edit(lambda d: d["task_sets"].update(two=["pairs", "solo"])),
+                            "task_sets.two[1]: unknown task 'solo'"),
+    "bad-choice": (_edit(lambda d: d["modules"]["text_proj"].update(pool="max")),
+                   "modules.text_proj.pool: must be one of 'cls', 'mean', got 'max'"),
+}
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _listing(directory: Path) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
+
+
+def _assert_one_line_error(result: Any, expected: str) -> None:
+    lines = result.stderr.splitlines()
+    assert result.exit_code == 2, result.stderr
+    assert result.stdout == "", result.stdout
+    assert "Traceback" not in result.stderr
+    assert len(lines) in (1, 2), f"expected one error line (and a hint), got:\n{result.stderr}"
+    assert lines[0].startswith("error: "), lines[0]
+    assert expected in lines[0], f"{expected!r} not in {lines[0]!r}"
+    if len(lines) == 2:
+        assert lines[1].startswith("hint: "), lines[1]
+
+
+@pytest.mark.parametrize("case", sorted(MODEL_CASES))
+def test_bad_model_file(case, small_model_data, workdir, spindle):
+    edit, problem = MODEL_CASES[case]
+    Path("m.yaml").write_text(yaml.safe_dump(edit(small_model_data), sort_keys=False))
+    before = _listing(workdir)
+    result = spindle("graph", "m.yaml", "-o", "g.yaml")
+    _assert_one_line_error(result, f"error: m.yaml: {problem}")
+    assert _listing(workdir) == before
+    again = spindle("validate", "m.yaml")
+    _assert_one_line_error(again, f"error: m.yaml: {problem}")
+
+
+# id -> (files to create, argv, expected `error:` line prefix)
+FILE_CASES: dict[str, tuple[dict[str, str], list[str], str]] = {
+    "malformed-yaml": ({"m.yaml": "kind: model\nmodules: {a: [1, 2}\n"},
+                       ["graph", "m.yaml", "-o", "g.yaml"], "error: m.yaml: invalid YAML at line 2"),
+    "malformed-json": ({"m.json": '{"kind": "model", "version": 1,,}'},
+                       ["graph", "m.json", "-o", "g.yaml"], "error: m.json: invalid JSON at line 1"),
+    "empty-file": ({"m.yaml": ""}, ["validate", "m.yaml"],
+                   "error: m.yaml: expected a mapping at the top level"),
+    "missing-file": ({}, ["graph", "absent.yaml", "-o", "g.yaml"],
+                     "error: absent.yaml: no such file"),
+    "directory-as-file": ({"d.yaml/x": ""}, ["show", "d.yaml"],
+                          "error: d.yaml: is a directory, expected a file"),
+    "bad-extension": ({"m.txt": "kind: model\n"}, ["validate", "m.txt"],
+                      "error: m.txt: unknown file extension"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FILE_CASES))
+def test_bad_file(case, workdir, spindle):
+    files, argv, expected = FILE_CASES[case]
+    for name, text in files.items():
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        Path(name).write_text(text)
+    before = _listing(workdir)
+    _assert_one_line_error(spindle(*argv), expected)
+    assert _listing(workdir) == before
+
+
+# Option errors on a valid model: id -> (argv after the model file, expected error line)
+OPTION_CASES: dict[str, tuple[list[str], str]] = {
+    "unknown-task": (["--tasks", "pairs,solo", "-o", "g.yaml"],
+                     "error: m.yaml: tasks: unknown task 'solo' in --tasks"),
+    "unknown-task-set": (["--task-set", "seven", "-o", "g.yaml"],
+                         "error: m.yaml: task_sets: unknown task set 'seven'"),
+    "tasks-and-task-set": (["--tasks", "pairs", "--task-set", "one", "-o", "g.yaml"],
+                           "error: --tasks and --task-set are mutually exclusive"),
+    "repeated-task": (["--tasks", "pairs,pairs", "-o", "g.yaml"],
+                      "error: task 'pairs' is selected twice"),
+    "output-dir-missing": (["-o", "out/g.yaml"],
+                           "error: out/g.yaml: output directory 'out' does not exist"),
+    "output-bad-extension": (["-o", "g.txt"], "error: g.txt: unknown file extension"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPTION_CASES))
+def test_bad_option(case, small_model_data, workdir, spindle):
+    argv, expected = OPTION_CASES[case]
+    Path("m.yaml").write_text(yaml.safe_dump(small_model_data, sort_keys=False))
+    before = _listing(workdir)
+    _assert_one_line_error(spindle("graph", "m.yaml", *argv), expected)
+    assert _listing(workdir) == before
+
+
+def test_wrong_kind_of_input(cluster_data, workdir, spindle):
+    Path("c.yaml").write_text(yaml.safe_dump(cluster_data, sort_keys=False))
+    result = spindle("graph", "c.yaml", "-o", "g.yaml")
+    _assert_one_line_error(result, "error: c.yaml: kind: expected a 'model' artifact, got "
+                                   "'cluster'")
+    assert not Path("g.yaml").exists()
+
+
+def test_show_option_for_another_kind(small_model_data, workdir, spindle):
+    Path("m.yaml").write_text(yaml.safe_dump(small_model_data, sort_keys=False))
+    result = spindle("show", "m.yaml", "--gantt", "g.svg")
+    _assert_one_line_error(result, "error: m.yaml: --gantt does not apply to a model artifact")
+    assert not Path("g.svg").exists()
+
+
+def test_newer_version_prints_a_hint(small_model_data, workdir, spindle):
+    Path("m.yaml").write_text(yaml.safe_dump(dict(small_model_data, version=2)))
+    lines = spindle("validate", "m.yaml").stderr.splitlines()
+    assert lines == ["error: m.yaml: version: model version 2 is newer than this spindle reads "
+                     "(1)", "hint: upgrade spindle or regenerate the file"]
+
+
+def test_long_errors_stay_on_one_line(small_model_data, workdir, spindle):
+    # A long path and a long problem must not be wrapped at the terminal width (80 columns
+    # when stderr is not a terminal): scripts and users grep for the single `error:` line.
+    deep = Path("a-rather-long-directory-name-for-models") / "and-a-nested-one-too"
+    deep.mkdir(parents=True)
+    path = deep / "model-with-a-long-name.yaml"
+    data = copy.deepcopy(small_model_data)
+    _step(data, "image_enc", 1)["module"] = "a_module_name_that_does_not_exist_anywhere"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = spindle("validate", str(path))
+    _assert_one_line_error(result, "unknown module 'a_module_name_that_does_not_exist_anywhere'")
+
+
+def test_validate_stops_at_the_first_invalid_file(small_model_data, workdir, spindle):
+    Path("good.yaml").write_text(yaml.safe_dump(small_model_data, sort_keys=False))
+    Path("bad.yaml").write_text("kind: model\nversion: 1\n")
+    result = spindle("validate", "good.yaml", "bad.yaml", "good.yaml")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == ["ok good.yaml (model)",
+                                          "error: bad.yaml: name: missing required field"]
+
+
+def test_end_to_end_exit_code_and_no_traceback(small_model_data, workdir):
+    # The same path through the installed entry point, in a fresh interpreter.
+    data = copy.deepcopy(small_model_data)
+    data["modules"]["text_enc"]["heads"] = 5
+    Path("m.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if k != "SPINDLE_DEBUG"}
+    proc = subprocess.run([sys.executable, "-m", "spindle_cli", "graph", "m.yaml", "-o", "g.yaml"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr == ("error: m.yaml: modules.text_enc.heads: hidden 16 is not divisible "
+                           "by 5\n")
+    assert not Path("g.yaml").exists()
