@@ -7,6 +7,7 @@ Two MetaOps of one task: `t/enc` (2 layers, level 0) feeds `t/head` (1 layer, le
 from __future__ import annotations
 
 from spindle_cli.artifacts import ClusterSpec, DeviceSpec, MetaOp, MetaOpGraph, Plan, Profile
+from spindle_cli.artifacts.base import InputRef
 from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.plan import LevelBound, ParamGroup, RankMemory, Slice, Transfer, Wave
 from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, MemoryModel
@@ -71,7 +72,7 @@ def profile(batch: int = BATCH) -> Profile:
 
 def plan(enc_ranks: tuple[int, ...] = (0, 1), head_ranks: tuple[int, ...] = (2, 3),
          *, enc_sync_bytes: int = 1_000_000_000, head_sync_bytes: int = 500_000_000,
-         static_bytes: int = 0) -> Plan:
+         static_bytes: int = 0, inputs: tuple[InputRef, ...] = ()) -> Plan:
     """Wave 0 runs t/enc on `enc_ranks`, wave 1 runs t/head on `head_ranks`; one transfer;
     one parameter group per module."""
     enc = Slice(id="w0.0", metaop="t/enc", first=0, last=2, ranks=enc_ranks, strategy="dp",
@@ -79,7 +80,7 @@ def plan(enc_ranks: tuple[int, ...] = (0, 1), head_ranks: tuple[int, ...] = (2, 
     head = Slice(id="w1.0", metaop="t/head", first=0, last=1, ranks=head_ranks, strategy="dp",
                  time_ms=3.0)
     return Plan(
-        **derived_header(Plan, []), model="toy", cluster="toy-2x2", planner="spindle",
+        **derived_header(Plan, list(inputs)), model="toy", cluster="toy-2x2", planner="spindle",
         num_devices=4, islands=((0, 1), (2, 3)),
         waves=(Wave(index=0, level=0, start_ms=0.0, duration_ms=12.0, slices=(enc,)),
                Wave(index=1, level=1, start_ms=12.0, duration_ms=3.0, slices=(head,))),

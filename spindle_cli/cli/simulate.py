@@ -1,0 +1,160 @@
+"""`spindle simulate PLAN [--json]`: simulate one training iteration of a plan.
+
+The graph, profile and cluster are the plan's own inputs (their paths are recorded in the
+plan); each must still hash to the recorded sha256, so a simulation never silently mixes a plan
+with inputs it was not made from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, sha256
+from spindle_cli.artifacts.base import Artifact
+from spindle_cli.cli._console import err, out
+from spindle_cli.cli.common import load_input
+from spindle_cli.cli.views import fmt_bytes, print_table
+from spindle_cli.errors import SpindleError
+from spindle_cli.planner import simulate as simulation
+from spindle_cli.planner.simulate import SimResult
+
+SUMMARY_FIELDS = (
+    "planner", "model", "cluster", "num_devices", "iteration_ms", "compute_ms", "forward_ms",
+    "backward_ms", "transfer_ms", "sync_ms", "idle_fraction", "transfer_fraction",
+    "lower_bound_ms", "planned_iteration_ms", "peak_memory_bytes", "transfer_bytes",
+    "inter_island_bytes",
+)
+"""Scalar fields of the --json object, in order."""
+
+
+def _input_path(recorded: str, plan_path: str) -> str:
+    # Paths are recorded as given on the command line: relative to where `spindle plan` ran,
+    # which is usually the current directory, else the plan's own directory.
+    if Path(recorded).exists():
+        return recorded
+    beside = Path(plan_path).parent / recorded
+    return str(beside) if beside.exists() else recorded
+
+
+def load_plan_inputs(plan: Plan, plan_path: str) -> tuple[MetaOpGraph, Profile, ClusterSpec]:
+    """The graph, profile and cluster a plan was made from, checked against its sha256s."""
+    loaded: list[Artifact] = []
+    for cls in (MetaOpGraph, Profile, ClusterSpec):
+        try:
+            ref = plan.input(cls.KIND)
+        except KeyError:
+            raise SpindleError(f"{plan_path}: inputs: no {cls.KIND!r} input recorded; "
+                               "the plan cannot be simulated") from None
+        path = _input_path(ref.path, plan_path)
+        obj = load_input(path, cls)
+        if sha256(obj) != ref.sha256:
+            raise SpindleError(
+                f"{plan_path}: inputs: {cls.KIND} {path} changed since the plan was made "
+                "(sha256 differs)", hint="re-run `spindle plan` on the current inputs",
+            )
+        loaded.append(obj)
+    graph, profile, cluster = loaded
+    assert isinstance(graph, MetaOpGraph) and isinstance(profile, Profile)
+    assert isinstance(cluster, ClusterSpec)
+    return graph, profile, cluster
+
+
+def simulate_file(plan_path: str) -> tuple[Plan, SimResult]:
+    """Load a plan and its inputs and simulate it."""
+    plan = load_input(plan_path, Plan)
+    graph, profile, cluster = load_plan_inputs(plan, plan_path)
+    return plan, simulation.simulate(plan, graph, profile, cluster)
+
+
+def summary(result: SimResult) -> dict[str, Any]:
+    """The --json object: the scalar fields, then per-rank, per-MetaOp and per-wave detail."""
+    data: dict[str, Any] = {name: getattr(result, name) for name in SUMMARY_FIELDS}
+    data["ranks"] = [
+        {"rank": r.rank, "busy_ms": r.busy_ms, "utilization": r.utilization,
+         "activation_bytes": r.activation_bytes, "peak_memory_bytes": r.peak_memory_bytes}
+        for r in result.ranks
+    ]
+    data["metaops"] = [
+        {"metaop": m.metaop, "module": m.module, "device_ms": m.device_ms, "mfu": m.mfu}
+        for m in result.metaops
+    ]
+    data["waves"] = [
+        {"index": w.index, "forward_start_ms": w.forward_start_ms,
+         "forward_end_ms": w.forward_end_ms, "forward_wait_ms": w.forward_wait_ms,
+         "backward_start_ms": w.backward_start_ms, "backward_end_ms": w.backward_end_ms,
+         "backward_wait_ms": w.backward_wait_ms}
+        for w in result.waves
+    ]
+    data["syncs"] = [
+        {"module": s.module, "first_layer": s.first_layer, "last_layer": s.last_layer,
+         "num_ranks": len(s.ranks), "bytes": s.bytes, "end_ms": s.end_ms}
+        for s in result.syncs
+    ]
+    return data
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole > 0 else "-"
+
+
+def print_report(result: SimResult, path: str) -> None:
+    """The rich breakdown: iteration, per-rank and per-MetaOp tables."""
+    r = result
+    out.print(f"{path}: {r.model} on {r.cluster} ({r.num_devices} devices), planner {r.planner}")
+    table = Table(title="one iteration")
+    table.add_column("part")
+    table.add_column("ms", justify="right")
+    table.add_column("share", justify="right")
+    rows = [("forward compute", r.forward_ms), ("backward compute", r.backward_ms),
+            ("inter-wave transfer (exposed)", r.transfer_ms), ("parameter sync", r.sync_ms)]
+    for name, ms in rows:
+        table.add_row(name, f"{ms:.2f}", _pct(ms, r.iteration_ms))
+    table.add_section()
+    table.add_row("iteration", f"{r.iteration_ms:.2f}", "100.0%")
+    table.add_row("relaxed optimum (sum of C*)", f"{r.lower_bound_ms:.2f}",
+                  f"x{r.iteration_ms / r.lower_bound_ms:.3f}" if r.lower_bound_ms > 0 else "-")
+    table.add_row("planner's estimate", f"{r.planned_iteration_ms:.2f}", "")
+    print_table(table)
+    out.print(f"idle: {100 * r.idle_fraction:.1f}% of device time; inter-wave bytes "
+              f"{fmt_bytes(r.transfer_bytes)} ({fmt_bytes(r.inter_island_bytes)} across "
+              f"islands); peak memory {fmt_bytes(r.peak_memory_bytes)}")
+
+    ranks = Table(title="per rank")
+    for col in ("rank", "busy ms", "utilization", "activations", "peak memory"):
+        ranks.add_column(col, justify="right")
+    for x in r.ranks:
+        ranks.add_row(str(x.rank), f"{x.busy_ms:.2f}", f"{100 * x.utilization:.1f}%",
+                      fmt_bytes(x.activation_bytes), fmt_bytes(x.peak_memory_bytes))
+    print_table(ranks)
+
+    metaops = Table(title="per MetaOp")
+    for col in ("MetaOp", "module", "device ms", "MFU"):
+        metaops.add_column(col, justify="left" if col in ("MetaOp", "module") else "right")
+    for m in r.metaops:
+        metaops.add_row(m.metaop, m.module, f"{m.device_ms:.2f}", f"{100 * m.mfu:.1f}%")
+    print_table(metaops)
+
+
+@click.command()
+@click.argument("plan_path", metavar="PLAN")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option("--gantt", default=None, metavar="SVG|PNG",
+              help="Also draw the simulated timeline as a Gantt chart.")
+def simulate(plan_path: str, as_json: bool, gantt: str | None) -> None:
+    """Simulate one training iteration of PLAN on its cluster."""
+    plan, result = simulate_file(plan_path)
+    if gantt is not None:
+        from spindle_cli.cli.views.gantt import write_gantt
+
+        write_gantt(plan, gantt, sim=result)
+        err.print(f"wrote {gantt}")
+    if as_json:
+        click.echo(json.dumps(summary(result), indent=2))
+    else:
+        print_report(result, plan_path)
+

@@ -1,0 +1,280 @@
+"""Pictures of a plan's timeline: a Gantt chart (SVG/PNG), utilization over time (the paper's
+Fig. 9) and a text Gantt for the terminal.
+
+Two timelines can be drawn. From the plan alone: each slice starts with its wave
+(`Wave.start_ms`) and lasts its planned forward+backward `time_ms`; transfers are drawn from the
+producer slice's end to the consumer wave's start; parameter sync is marked after the last wave
+(its duration is not in the plan). From a simulation (`sim=`): forward and backward bars at
+their simulated times, every point-to-point flow, and each parameter group's all-reduce.
+
+matplotlib is imported inside the drawing functions only (importing it costs ~0.3 s).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from spindle_cli.artifacts.plan import Plan
+from spindle_cli.errors import SpindleError
+from spindle_cli.planner.simulate import SimResult
+
+Phase = Literal["forward", "backward", "step", "sync"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bar:
+    """Work of one slice (or one sync group) on one rank."""
+
+    rank: int
+    start_ms: float
+    end_ms: float
+    key: str
+    """What the colour stands for: the module (or the MetaOp's step without a simulation)."""
+    label: str
+    phase: Phase
+    slice_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timeline:
+    """Everything a picture needs, in ms."""
+
+    num_ranks: int
+    end_ms: float
+    bars: tuple[Bar, ...]
+    boundaries: tuple[tuple[float, str], ...]
+    """Wave starts: (time, 'w<index>' or 'w<index>b' for backward)."""
+    flows: tuple[tuple[int, int, float, float], ...]
+    """(src rank, dst rank, start, end) of each transfer (forward and backward)."""
+    sync_start_ms: float | None
+
+
+def _label(metaop: str, first: int, last: int) -> str:
+    return f"{metaop} [{first}:{last})"
+
+
+def timeline(plan: Plan, sim: SimResult | None = None) -> Timeline:
+    """The timeline to draw: simulated when `sim` is given, else the plan's estimate."""
+    if sim is not None:
+        return _sim_timeline(plan, sim)
+    bars, flows = [], []
+    ends: dict[str, float] = {}
+    starts: dict[str, float] = {}
+    for w, s in plan.slices():
+        starts[s.id], ends[s.id] = w.start_ms, w.start_ms + s.time_ms
+        key = s.metaop.split("/", 1)[-1]
+        bars += [Bar(rank=r, start_ms=w.start_ms, end_ms=ends[s.id], key=key,
+                     label=_label(s.metaop, s.first, s.last), phase="step", slice_id=s.id)
+                 for r in s.ranks]
+    for t in plan.transfers:
+        flows.append((t.src_ranks[0], t.dst_ranks[0], ends[t.src], starts[t.dst]))
+    end_ms = max([w.start_ms + w.duration_ms for w in plan.waves], default=0.0)
+    return Timeline(
+        num_ranks=plan.num_devices, end_ms=end_ms, bars=tuple(bars),
+        boundaries=tuple((w.start_ms, f"w{w.index}") for w in plan.waves),
+        flows=tuple(flows), sync_start_ms=end_ms if plan.param_groups else None,
+    )
+
+
+def _sim_timeline(plan: Plan, sim: SimResult) -> Timeline:
+    bars = []
+    for s in sim.slices:
+        label = _label(s.metaop, s.first, s.last)
+        for r in s.ranks:
+            bars.append(Bar(rank=r, start_ms=s.forward_start_ms, end_ms=s.forward_end_ms,
+                            key=s.module, label=label, phase="forward", slice_id=s.slice_id))
+            bars.append(Bar(rank=r, start_ms=s.backward_start_ms, end_ms=s.backward_end_ms,
+                            key=s.module, label=label, phase="backward", slice_id=s.slice_id))
+    for g in sim.syncs:
+        if g.end_ms > g.start_ms:
+            label = f"sync {g.module}[{g.first_layer}:{g.last_layer})"
+            bars += [Bar(rank=r, start_ms=g.start_ms, end_ms=g.end_ms, key=g.module, label=label,
+                         phase="sync", slice_id=label) for r in g.ranks]
+    boundaries = [(w.forward_start_ms, f"w{w.index}") for w in sim.waves]
+    boundaries += [(w.backward_start_ms, f"w{w.index}b") for w in sim.waves]
+    flows = tuple((f.src_rank, f.dst_rank, f.start_ms, f.end_ms)
+                  for f in sim.flows if f.kind != "sync")
+    return Timeline(
+        num_ranks=plan.num_devices, end_ms=sim.iteration_ms, bars=tuple(bars),
+        boundaries=tuple(sorted(boundaries)), flows=flows,
+        sync_start_ms=sim.iteration_ms - sim.sync_ms if sim.syncs else None,
+    )
+
+
+def _colors(keys: list[str]) -> dict[str, Any]:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    return {k: cmap(i % 20) for i, k in enumerate(sorted(set(keys)))}
+
+
+def _save(fig: Any, path: str) -> None:
+    import matplotlib
+
+    # Written like an artifact: to a temp file beside the target, then renamed into place.
+    suffix = Path(path).suffix.lower()
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise SpindleError(f"{path}: output directory {str(parent)!r} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{Path(path).name}.", suffix=suffix)
+    os.close(fd)
+    try:
+        # No creation date in the metadata, so the same plan draws the same bytes.
+        meta = {"Date": None} if suffix == ".svg" else {"Software": None}
+        # A fixed salt makes the SVG's element ids (random by default) reproducible.
+        with matplotlib.rc_context({"svg.hashsalt": "spindle"}):
+            fig.savefig(tmp, format=suffix[1:], dpi=110, bbox_inches="tight", metadata=meta)
+        os.chmod(tmp, 0o644)  # mkstemp makes the file private; a picture is for sharing
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _check_image_path(path: str, allowed: tuple[str, ...]) -> None:
+    if Path(path).suffix.lower() not in allowed:
+        raise SpindleError(f"{path}: unknown image type (expected {' or '.join(allowed)})")
+
+
+def write_gantt(plan: Plan, path: str, *, sim: SimResult | None = None) -> None:
+    """Draw ranks x time: one bar per slice and rank coloured by module, labelled with the
+    MetaOp and operator range, wave boundaries, transfers and parameter sync."""
+    _check_image_path(path, (".svg", ".png"))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
+    from matplotlib.patches import Patch
+
+    tl = timeline(plan, sim)
+    colors = _colors([b.key for b in tl.bars])
+    height = min(max(3.0, 0.28 * tl.num_ranks + 1.5), 40.0)
+    fig, ax = plt.subplots(figsize=(14, height))
+    for b in tl.bars:
+        ax.barh(b.rank, b.end_ms - b.start_ms, left=b.start_ms, height=0.8,
+                color=colors[b.key], edgecolor="white" if b.phase != "sync" else "black",
+                linewidth=0.3, hatch="///" if b.phase in ("backward", "sync") else None)
+    _label_slices(ax, tl)
+    for t, name in tl.boundaries:
+        ax.axvline(t, color="grey", linestyle="--", linewidth=0.6)
+        ax.text(t, -0.9, name, fontsize=6, color="grey", ha="left", va="bottom")
+    if tl.flows:
+        segments = [((s, src), (e, dst)) for src, dst, s, e in tl.flows]
+        ax.add_collection(LineCollection(segments, colors="black", linewidths=0.4, alpha=0.35))
+    if tl.sync_start_ms is not None:
+        ax.axvline(tl.sync_start_ms, color="black", linewidth=1.0)
+        ax.text(tl.sync_start_ms, -0.9, "param sync", fontsize=7, ha="left", va="bottom")
+    ax.set_ylim(tl.num_ranks - 0.5, -1.2)
+    ax.set_yticks(range(0, tl.num_ranks, max(1, tl.num_ranks // 32)))
+    ax.set_xlim(0, max(tl.end_ms, 1e-9) * 1.02)
+    ax.set_ylabel("rank")
+    ax.set_xlabel("time (ms)")
+    src = "simulated" if sim is not None else "planned"
+    hatch = "; hatched: backward and sync" if sim is not None else ""
+    ax.set_title(f"{plan.model} on {plan.cluster} ({plan.num_devices} devices), planner "
+                 f"{plan.planner}: {src} timeline{hatch}; lines: transfers", fontsize=9)
+    handles = [Patch(color=c, label=k) for k, c in colors.items()]
+    ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              title="module" if sim is not None else "step", title_fontsize=7)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def _label_slices(ax: Any, tl: Timeline) -> None:
+    # One label per slice (forward bar, or the whole step), centred on its first rank run,
+    # and only where the bar is wide enough to hold some text.
+    seen: set[tuple[str, str]] = set()
+    span = max(tl.end_ms, 1e-9)
+    for b in tl.bars:
+        if b.phase not in ("forward", "step") or (b.slice_id, b.phase) in seen:
+            continue
+        seen.add((b.slice_id, b.phase))
+        if (b.end_ms - b.start_ms) / span < 0.03:
+            continue
+        ax.text((b.start_ms + b.end_ms) / 2, b.rank, b.label, fontsize=5, ha="center",
+                va="center", clip_on=True)
+
+
+def busy_series(tl: Timeline) -> tuple[list[float], dict[str, list[float]]]:
+    """Change points and, per colour key, the number of ranks computing from each point on."""
+    times = sorted({t for b in tl.bars if b.phase != "sync" for t in (b.start_ms, b.end_ms)})
+    keys = sorted({b.key for b in tl.bars if b.phase != "sync"})
+    series = {k: [0.0] * len(times) for k in keys}
+    index = {t: i for i, t in enumerate(times)}
+    for b in tl.bars:
+        if b.phase == "sync":
+            continue
+        for i in range(index[b.start_ms], index[b.end_ms]):
+            series[b.key][i] += 1
+    return times, series
+
+
+def write_utilization(plan: Plan, path: str, *, sim: SimResult | None = None) -> None:
+    """Utilization over time (like the paper's Fig. 9): the share of devices computing,
+    stacked by module, over one iteration."""
+    _check_image_path(path, (".svg", ".png"))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tl = timeline(plan, sim)
+    times, series = busy_series(tl)
+    colors = _colors(list(series))
+    fig, ax = plt.subplots(figsize=(12, 4))
+    if times:
+        ys = [[v / tl.num_ranks for v in series[k]] for k in series]
+        ax.stackplot(times, *ys, step="post", labels=list(series),
+                     colors=[colors[k] for k in series])
+        total = [sum(col) for col in zip(*ys, strict=True)]
+        mean = sum(b.end_ms - b.start_ms for b in tl.bars if b.phase != "sync") / (
+            tl.num_ranks * max(tl.end_ms, 1e-9))
+        ax.step(times, total, where="post", color="black", linewidth=0.8,
+                label=f"all (mean {100 * mean:.0f}%)")
+    ax.set_xlim(0, max(tl.end_ms, 1e-9))
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("time (ms)")
+    ax.set_ylabel("share of devices computing")
+    src = "simulated" if sim is not None else "planned"
+    ax.set_title(f"{plan.model} on {plan.cluster} ({plan.num_devices} devices), planner "
+                 f"{plan.planner}: {src} utilization", fontsize=9)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    _save(fig, path)
+    plt.close(fig)
+
+
+def text_gantt(plan: Plan, *, width: int = 100, sim: SimResult | None = None) -> str:
+    """A terminal Gantt: one row per rank, one character per time bucket; each module (step
+    without a simulation) has a letter, '.' is idle, '~' parameter sync; backward in
+    lower case when simulated."""
+    tl = timeline(plan, sim)
+    keys = sorted({b.key for b in tl.bars if b.phase != "sync"})
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    letters = {k: alphabet[i % len(alphabet)] for i, k in enumerate(keys)}
+    span = max(tl.end_ms, 1e-9)
+    grid = [["."] * width for _ in range(tl.num_ranks)]
+    # Paint each bucket by its midpoint, so bars shorter than a bucket may vanish but none
+    # is drawn wider than it is.
+    for b in tl.bars:
+        lo = round(b.start_ms / span * width)
+        hi = round(b.end_ms / span * width)
+        ch = "~" if b.phase == "sync" else letters[b.key]
+        if b.phase == "backward":
+            ch = ch.lower()
+        for i in range(lo, min(hi, width)):
+            grid[b.rank][i] = ch
+    marks = [" "] * width
+    for t, _ in tl.boundaries:
+        marks[min(round(t / span * width), width - 1)] = "|"
+    pad = len(str(tl.num_ranks - 1))
+    lines = [f"{'':>{pad + 2}}{''.join(marks)}  (| wave start; {span:.1f} ms in all)"]
+    lines += [f"r{r:>{pad}} {''.join(row)}" for r, row in enumerate(grid)]
+    lines.append("legend: " + ", ".join(f"{letters[k]}={k}" for k in keys)
+                 + (", ~=param sync" if any(b.phase == "sync" for b in tl.bars) else "")
+                 + (" (lower case: backward)" if sim is not None else ""))
+    return "\n".join(lines)

@@ -1,0 +1,94 @@
+"""Plan pictures: text Gantt, Gantt chart and utilization plot on the hand-built plan."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from spindle_cli.cli.views.gantt import (
+    busy_series,
+    text_gantt,
+    timeline,
+    write_gantt,
+    write_utilization,
+)
+from spindle_cli.errors import SpindleError
+from spindle_cli.planner.simulate import simulate
+
+_spec = importlib.util.spec_from_file_location(
+    "_sim_fixtures", Path(__file__).resolve().parents[1] / "planner" / "_sim_fixtures.py")
+assert _spec is not None and _spec.loader is not None
+fx = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fx)
+
+
+def sim():
+    return simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster())
+
+
+def test_planned_text_gantt_scales_slices_to_their_time():
+    # Wave 0: enc on ranks 0-1 for 12 ms; wave 1: head on ranks 2-3 for 3 ms; 15 ms in all.
+    lines = text_gantt(fx.plan(), width=60).splitlines()
+    rows = {line.split()[0]: line.split()[1] for line in lines[1:5]}
+    assert rows["r0"] == "A" * 48 + "." * 12
+    assert rows["r2"] == "." * 48 + "B" * 12
+    assert lines[-1] == "legend: A=enc, B=head"
+    # wave boundaries at 0 and 12 ms
+    assert [i for i, ch in enumerate(lines[0]) if ch == "|"][:2] == [3, 3 + 48]
+
+
+def test_simulated_text_gantt_shows_backward_and_sync():
+    text = text_gantt(fx.plan(), width=65, sim=sim())
+    rows = {line.split()[0]: line.split()[1] for line in text.splitlines()[1:5]}
+    # 65 ms over 65 characters: enc forward 0-4, backward 47-55, sync 55-65 on ranks 0-1.
+    assert rows["r0"] == "A" * 4 + "." * 43 + "a" * 8 + "~" * 10
+    assert rows["r2"] == "." * 24 + "B" + "bb" + "." * 28 + "~" * 5 + "." * 5
+    assert "~=param sync" in text
+
+
+def test_busy_series_counts_ranks_per_module():
+    times, series = busy_series(timeline(fx.plan(), sim()))
+    assert times == [0.0, 4.0, 24.0, 25.0, 27.0, 47.0, 55.0]
+    assert series["enc"] == [2, 0, 0, 0, 0, 2, 0]
+    assert series["head"] == [0, 0, 2, 2, 0, 0, 0]
+
+
+def test_planned_timeline_has_transfers_and_sync_marker():
+    tl = timeline(fx.plan())
+    assert tl.flows == ((0, 2, 12.0, 12.0),)
+    assert tl.sync_start_ms == 15.0
+    assert [name for _, name in tl.boundaries] == ["w0", "w1"]
+
+
+@pytest.mark.parametrize("name", ["g.svg", "g.png"])
+def test_gantt_files_by_extension(tmp_path, name):
+    path = tmp_path / name
+    write_gantt(fx.plan(), str(path), sim=sim())
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG") if name.endswith(".png") else b"<svg" in data[:2000]
+    # Deterministic: the same plan draws the same bytes.
+    write_gantt(fx.plan(), str(tmp_path / ("again" + path.suffix)), sim=sim())
+    assert (tmp_path / ("again" + path.suffix)).read_bytes() == data
+
+
+def test_svg_gantt_labels_slices_and_waves(tmp_path):
+    path = tmp_path / "g.svg"
+    write_gantt(fx.plan(), str(path))
+    svg = path.read_text()
+    assert "t/enc [0:2)" in svg and "w1" in svg and "param sync" in svg
+
+
+def test_utilization_plot(tmp_path):
+    path = tmp_path / "u.png"
+    write_utilization(fx.plan(), str(path), sim=sim())
+    assert path.read_bytes().startswith(b"\x89PNG")
+
+
+def test_bad_image_paths_are_user_errors(tmp_path):
+    with pytest.raises(SpindleError, match="unknown image type"):
+        write_gantt(fx.plan(), str(tmp_path / "g.jpg"))
+    with pytest.raises(SpindleError, match="does not exist"):
+        write_utilization(fx.plan(), str(tmp_path / "missing" / "u.png"))
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,110 @@
+"""`spindle simulate PLAN`: inputs loaded from the plan and checked, JSON and table output,
+one-line errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from spindle_cli.artifacts import input_ref, write_artifact
+from spindle_cli.cli import main
+
+_spec = importlib.util.spec_from_file_location(
+    "_sim_fixtures", Path(__file__).resolve().parents[1] / "planner" / "_sim_fixtures.py")
+assert _spec is not None and _spec.loader is not None
+fx = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fx)
+
+
+def write_case(tmp_path: Path, *, relative: bool = False) -> Path:
+    """graph, profile, cluster and a plan recording them; returns the plan's path."""
+    refs = []
+    for name, obj in (("graph.yaml", fx.graph()), ("profile.yaml", fx.profile()),
+                      ("cluster.yaml", fx.cluster())):
+        write_artifact(obj, str(tmp_path / name))
+        refs.append(input_ref(obj, name if relative else str(tmp_path / name)))
+    plan_path = tmp_path / "plan.yaml"
+    write_artifact(fx.plan(inputs=tuple(refs)), str(plan_path))
+    return plan_path
+
+
+def _run(args: list[str]):
+    # main() maps errors to exit codes with sys.exit, which CliRunner captures.
+    import click
+
+    @click.command(context_settings={"ignore_unknown_options": True})
+    @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+    def entry(argv):
+        main(list(argv))
+
+    return CliRunner().invoke(entry, args, catch_exceptions=False)
+
+
+def test_json_has_the_contract_fields_with_exact_values(tmp_path):
+    res = _run(["simulate", str(write_case(tmp_path)), "--json"])
+    assert res.exit_code == 0, res.output + res.stderr
+    data = json.loads(res.stdout)
+    for key in ("iteration_ms", "compute_ms", "transfer_ms", "sync_ms", "idle_fraction",
+                "lower_bound_ms", "planner", "num_devices", "peak_memory_bytes"):
+        assert key in data, key
+    assert data["iteration_ms"] == pytest.approx(65.0)
+    assert data["transfer_ms"] == pytest.approx(40.0)
+    assert data["sync_ms"] == pytest.approx(10.0)
+    assert data["planner"] == "spindle" and data["num_devices"] == 4
+    assert len(data["ranks"]) == 4 and len(data["waves"]) == 2
+
+
+def test_table_report_goes_to_stdout(tmp_path):
+    res = _run(["simulate", str(write_case(tmp_path))])
+    assert res.exit_code == 0, res.output + res.stderr
+    assert "iteration" in res.stdout and "65.00" in res.stdout
+    assert "per MetaOp" in res.stdout and "t/enc" in res.stdout
+
+
+def test_relative_input_paths_resolve_beside_the_plan(tmp_path):
+    res = _run(["simulate", str(write_case(tmp_path, relative=True)), "--json"])
+    assert res.exit_code == 0, res.output + res.stderr
+    assert json.loads(res.stdout)["iteration_ms"] == pytest.approx(65.0)
+
+
+def test_changed_input_is_a_one_line_error(tmp_path):
+    plan_path = write_case(tmp_path)
+    write_artifact(fx.cluster(latency_s=1e-3), str(tmp_path / "cluster.yaml"))
+    res = _run(["simulate", str(plan_path), "--json"])
+    assert res.exit_code == 2
+    assert res.stdout == ""
+    # NOTE: rich wraps stderr at 80 columns (cli/_console.py); compare the unwrapped text.
+    text = " ".join(res.stderr.split())
+    assert text.startswith("error: ") and "cluster" in text
+    assert "changed since the plan was made" in text
+    assert "Traceback" not in res.stderr
+
+
+def test_missing_input_is_a_one_line_error(tmp_path):
+    plan_path = write_case(tmp_path)
+    (tmp_path / "profile.yaml").unlink()
+    res = _run(["simulate", str(plan_path)])
+    assert res.exit_code == 2
+    text = " ".join(res.stderr.split())
+    assert text.startswith("error: ") and "no such file" in text
+    assert "Traceback" not in res.stderr
+
+
+def test_bad_gantt_extension_writes_nothing(tmp_path):
+    plan_path = write_case(tmp_path)
+    res = _run(["simulate", str(plan_path), "--gantt", str(tmp_path / "g.gif")])
+    assert res.exit_code == 2
+    assert "unknown image type" in res.stderr
+    assert not (tmp_path / "g.gif").exists()
+
+
+def test_gantt_of_the_simulated_timeline(tmp_path):
+    plan_path = write_case(tmp_path)
+    res = _run(["simulate", str(plan_path), "--json", "--gantt", str(tmp_path / "g.svg")])
+    assert res.exit_code == 0, res.stderr
+    assert (tmp_path / "g.svg").read_text().lstrip().startswith("<?xml")
+    json.loads(res.stdout)
