@@ -55,10 +55,23 @@ def inverse_n(curve: Curve, t_ms: float) -> float:
     return last.beta_ms * B / (t_ms - last.alpha_ms)
 
 
+def count_range(curve: Curve) -> tuple[int, float]:
+    """The device counts a curve may be used at, (lowest, highest), inclusive. The fitted pieces
+    end where profiling found no feasible strategy (out of memory, timed out, fewer samples than
+    data-parallel groups): a profiled point outside the pieces marks that side as closed. A side
+    without such a point stays open: the first piece extends down, the last piece up."""
+    lo, hi = curve.pieces[0].n_lo, curve.pieces[-1].n_hi
+    profiled = [p.num_devices for p in curve.points]
+    low = lo if any(c < lo for c in profiled) else 1
+    high: float = hi if any(c > hi for c in profiled) else math.inf
+    return low, high
+
+
 def is_valid(curve: Curve, n: int, *, uneven: bool = False) -> bool:
-    """Whether n devices is a practical allocation: data parallel needs n | B (any n <= B with
-    `uneven`); tensor parallel of degree t needs t | n and (n / t) | B."""
-    if n < 1:
+    """Whether n devices is a practical allocation: n inside `count_range`; data parallel needs
+    n | B (any n <= B with `uneven`); tensor parallel of degree t needs t | n and (n / t) | B."""
+    low, high = count_range(curve)
+    if n < max(1, low) or n > high:
         return False
     t = tp_degree(strategy(curve, n))
     if n % t:

@@ -1,0 +1,170 @@
+"""`spindle profile GRAPH --hardware HW -o PROFILE`: scaling curves, analytic or measured.
+
+`--hardware a800|h100|h200` models the device with a roofline (`planner/roofline.py`, pure and
+deterministic: the same graph gives a byte-identical profile). `--hardware local` measures one
+layer per signature and count with torch on this machine (`runtime/measure.py`), with a
+progress bar on stderr and a per-point cache, so an interrupted profile resumes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, input_ref, load, sha256
+from spindle_cli.artifacts.base import InputRef
+from spindle_cli.cli._console import err
+from spindle_cli.cli.common import emit, exit_with, load_input
+from spindle_cli.errors import SpindleError
+
+DEFAULT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def parse_counts(text: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4); SpindleError for anything but positive integers."""
+    counts = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise SpindleError(f"--counts: {part!r} is not a positive integer (in {text!r})")
+        counts.append(int(part))
+    return tuple(sorted(set(counts)))
+
+
+def default_counts(cluster: ClusterSpec | None) -> tuple[int, ...]:
+    """Powers of two up to the cluster's size (1..64 without a cluster)."""
+    top = cluster.num_devices if cluster is not None else DEFAULT_COUNTS[-1]
+    out, n = [], 1
+    while n <= top:
+        out.append(n)
+        n *= 2
+    return tuple(out)
+
+
+def graph_model(graph: MetaOpGraph, graph_path: str) -> tuple[ModelSpec, InputRef]:
+    """The model a graph was built from (its `inputs` entry), verified by hash. A relative
+    path is tried as written and then next to the graph file."""
+    try:
+        ref = graph.input("model")
+    except KeyError:
+        raise SpindleError(
+            f"{graph_path}: inputs: no model recorded; cannot build layers"
+        ) from None
+    candidates = [Path(ref.path), Path(graph_path).parent / ref.path]
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise SpindleError(f"{graph_path}: inputs: model file {ref.path!r} not found")
+    model = load(str(found), ModelSpec)
+    if sha256(model) != ref.sha256:
+        raise SpindleError(
+            f"{graph_path}: inputs: model {ref.path!r} changed since the graph was built "
+            "(sha256 mismatch)",
+            hint=f"regenerate the graph: spindle graph {ref.path} -o {graph_path}",
+        )
+    return model, input_ref(model, ref.path)
+
+
+@click.command()
+@click.argument("graph_path", metavar="GRAPH")
+@click.option("--hardware", required=True, metavar="HW",
+              help="local (measure with torch here), or an analytic model: a800, h100, h200.")
+@click.option("--cluster", "cluster_path", default=None, metavar="CLUSTER",
+              help="Cluster spec: island size and links for tensor parallelism, memory limit.")
+@click.option("--counts", default=None, metavar="1,2,4,...",
+              help="Device counts to profile (default: powers of two up to the cluster, or 64).")
+@click.option("--validate", is_flag=True,
+              help="Also profile held-out counts between them and record the fit error there.")
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Timed iterations per measured point (median kept).")
+@click.option("--no-cache", is_flag=True, help="Measure every point again (local only).")
+@click.option("-o", "--output", required=True, metavar="PROFILE",
+              help="Output file (.yaml, .yml or .json); '-' for stdout.")
+@click.option("--check", is_flag=True,
+              help="Compare with the existing output file instead of writing (exit 1 on drift).")
+def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: str | None,
+            validate: bool, repeats: int, no_cache: bool, output: str, check: bool) -> None:
+    """Scaling curves T(n) for every operator signature of GRAPH."""
+    from spindle_cli.planner import roofline
+
+    if hardware != "local" and hardware not in roofline.HARDWARE:
+        known = ", ".join(["local", *sorted(roofline.HARDWARE)])
+        raise SpindleError(f"--hardware: unknown hardware {hardware!r} (known: {known})")
+    fit_counts = parse_counts(counts) if counts is not None else None
+    graph = load_input(graph_path, MetaOpGraph)
+    cluster = load_input(cluster_path, ClusterSpec) if cluster_path else None
+    if fit_counts is None:
+        fit_counts = default_counts(cluster)
+    if cluster is not None and fit_counts[-1] > cluster.num_devices:
+        raise SpindleError(
+            f"--counts: {fit_counts[-1]} exceeds the {cluster.num_devices} devices of "
+            f"{cluster_path}"
+        )
+    inputs = [input_ref(graph, graph_path)]
+    if cluster is not None:
+        inputs.append(input_ref(cluster, cluster_path or ""))
+    if hardware == "local":
+        result = _measured(graph, graph_path, cluster, fit_counts, validate, repeats,
+                           no_cache, inputs)
+    else:
+        from spindle_cli.planner.profiling import analytic_profile
+
+        result = analytic_profile(graph, cluster, hardware=hardware, counts=fit_counts,
+                                  validate=validate, inputs=inputs)
+    exit_with(emit(result, output, check=check))
+
+
+def _measured(graph: MetaOpGraph, graph_path: str, cluster: ClusterSpec | None,
+              counts: tuple[int, ...], validate: bool, repeats: int, no_cache: bool,
+              inputs: list[InputRef]) -> Any:
+    from rich.progress import Progress
+
+    from spindle_cli.artifacts.profile import Fingerprint
+    from spindle_cli.planner import profiling
+    from spindle_cli.runtime import measure
+
+    model, model_ref = graph_model(graph, graph_path)
+    inputs.insert(1, model_ref)
+    target = measure.local_target()
+    settings = measure.Settings(
+        repeats=repeats,
+        memory_limit_bytes=cluster.device.memory_bytes if cluster is not None else None,
+    )
+    cache_dir = None if no_cache else measure.CACHE_DIR
+    links = profiling.local_links(cluster)
+    all_counts = sorted(counts + (profiling.heldout_counts(counts) if validate else ()))
+
+    def strategies(op: Any, n: int) -> list[str]:
+        spec = model.modules[op.module]
+        return profiling.local_strategies(op, n, links, measure.can_shard, spec)
+
+    jobs = profiling.plan_jobs(profiling.signature_ops(graph), all_counts, strategies)
+    points: dict[str, list[Any]] = {}
+    measured = cached = 0
+    with Progress(console=err, transient=False) as bar:
+        task = bar.add_task(f"profiling {len(jobs)} points", total=len(jobs))
+        for job in jobs:
+            if job.batch is None:
+                point = profiling.unrunnable_point(job)
+            else:
+                m, hit = measure.cached_measure(
+                    model.modules[job.op.module], job.op, job.num_devices, job.batch,
+                    job.strategy, target=target, settings=settings, cache_dir=cache_dir,
+                )
+                cached += hit
+                measured += not hit
+                point = profiling.measured_point(job, m, links, target.dtype_bytes)
+            points.setdefault(job.op.signature, []).append(point)
+            bar.advance(task)
+    err.print(f"{measured} point(s) measured, {cached} from the cache")
+    device_name = target.device_name
+    if any(p.strategy != "dp" for pts in points.values() for p in pts):
+        device_name += "; tensor-parallel collectives modelled from the cluster's links"
+    return profiling.assemble_profile(
+        graph, points, source="measured",
+        fingerprint=Fingerprint(hardware="local", device_name=device_name,
+                                torch_version=str(measure.torch.__version__),
+                                dtype=target.dtype_name),
+        counts=counts, validate=validate, inputs=inputs,
+    )

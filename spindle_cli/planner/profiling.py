@@ -1,0 +1,352 @@
+"""Building Profile artifacts: operator signatures -> profiled points -> fitted curves.
+
+The same assembly serves both sources. `analytic_profile` makes the points with the roofline
+model (pure, here); `spindle profile --hardware local` measures them with torch
+(`spindle_cli.runtime.measure`) and hands them to `assemble_profile`.
+
+How infeasible counts are expressed: every tried (count, strategy) is a point; a point that ran
+out of memory, timed out or had more data-parallel groups than samples is stored with
+feasible=false and a note, and is left out of the fit. The fit covers the longest run of
+consecutive profiled counts that starts at the first count with a feasible strategy; the first
+count after it with no feasible strategy ends the pieces, and `scaling.count_range` (hence
+`scaling.is_valid`) then closes the counts beyond. Held-out counts (`--validate`) are points
+at counts that are not in `Profile.counts`; they are never fitted, only compared.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from spindle_cli.artifacts.base import InputRef
+from spindle_cli.artifacts.cluster import ClusterSpec
+from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
+from spindle_cli.artifacts.io import derived_header
+from spindle_cli.artifacts.model import ModuleSpec
+from spindle_cli.artifacts.profile import (
+    Curve,
+    Fingerprint,
+    MemoryModel,
+    Profile,
+    ProfilePoint,
+    tp_degree,
+)
+from spindle_cli.errors import SpindleError
+from spindle_cli.planner import roofline
+from spindle_cli.planner.curves import Sample, fit_curve
+
+NO_SAMPLES_NOTE = "more data-parallel groups than samples"
+
+
+class Measurement(Protocol):
+    """What a measurement hands back (`spindle_cli.runtime.measure.Measurement`)."""
+
+    @property
+    def feasible(self) -> bool: ...
+    @property
+    def time_ms(self) -> float: ...
+    @property
+    def peak_memory_bytes(self) -> int: ...
+    @property
+    def note(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """One point to profile: an operator signature (by its representative MetaOp), a device
+    count and a strategy, with the per-group batch that implies."""
+
+    op: MetaOp
+    num_devices: int
+    strategy: str
+    batch: int | None
+    """ceil(B / groups); None when there are more groups than samples (never run)."""
+
+
+def signature_ops(graph: MetaOpGraph) -> list[MetaOp]:
+    """One representative MetaOp per signature (the first by id), sorted by signature."""
+    reps: dict[str, MetaOp] = {}
+    for m in sorted(graph.metaops, key=lambda m: m.id):
+        first = reps.setdefault(m.signature, m)
+        if first.batch_size != m.batch_size:
+            raise SpindleError(
+                f"MetaOps {first.id!r} and {m.id!r} share signature {m.signature!r} "
+                f"but have batch sizes {first.batch_size} and {m.batch_size}"
+            )
+    return [reps[s] for s in sorted(reps)]
+
+
+def check_counts(counts: Sequence[int]) -> tuple[int, ...]:
+    """Counts sorted and de-duplicated; SpindleError unless all are positive integers."""
+    if not counts:
+        raise SpindleError("no device counts to profile")
+    for c in counts:
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+            raise SpindleError(f"device counts must be positive integers, got {c!r}")
+    return tuple(sorted(set(counts)))
+
+
+def heldout_counts(counts: Sequence[int]) -> tuple[int, ...]:
+    """Validation counts: the midpoint of every pair of consecutive profiled counts that has
+    room for one (1,2,4,...,64 -> 3,6,12,24,48)."""
+    out = []
+    for lo, hi in zip(counts, counts[1:], strict=False):
+        mid = (lo + hi) // 2
+        if lo < mid < hi:
+            out.append(mid)
+    return tuple(out)
+
+
+def plan_jobs(
+    ops: Iterable[MetaOp],
+    counts: Sequence[int],
+    strategies: Callable[[MetaOp, int], list[str]],
+) -> list[Job]:
+    """Every (signature, count, strategy) to profile, in a stable order."""
+    jobs = []
+    for op in ops:
+        for n in counts:
+            for s in strategies(op, n):
+                batch = roofline.per_device_batch(op, n, s)
+                jobs.append(Job(op=op, num_devices=n, strategy=s, batch=batch))
+    return jobs
+
+
+def unrunnable_point(job: Job) -> ProfilePoint:
+    """The infeasible point of a job with more groups than samples."""
+    return ProfilePoint(
+        num_devices=job.num_devices,
+        strategy=job.strategy,
+        feasible=False,
+        time_ms=0.0,
+        peak_memory_bytes=0,
+        note=NO_SAMPLES_NOTE,
+    )
+
+
+def work_devices(batch_size: int, n: int, strategy: str) -> float:
+    """The (fractional) count whose B / n equals the per-device work a point really ran:
+    n * (B / groups) / ceil(B / groups); n itself when the groups divide B."""
+    groups = n // tp_degree(strategy)
+    return n * (batch_size / groups) / math.ceil(batch_size / groups)
+
+
+def _best(points: Iterable[ProfilePoint], batch_size: int) -> dict[int, Sample]:
+    """The fastest feasible strategy per count (ties: the first in profiling order)."""
+    best: dict[int, Sample] = {}
+    for p in points:
+        if not p.feasible:
+            continue
+        cur = best.get(p.num_devices)
+        if cur is None or p.time_ms < cur.time_ms:
+            best[p.num_devices] = Sample(
+                num_devices=p.num_devices,
+                time_ms=p.time_ms,
+                strategy=p.strategy,
+                work_devices=work_devices(batch_size, p.num_devices, p.strategy),
+            )
+    return best
+
+
+def fitted_run(counts: Sequence[int], best: dict[int, Sample]) -> list[Sample]:
+    """Samples of the consecutive profiled counts the fit covers (see the module docstring)."""
+    run: list[Sample] = []
+    for n in counts:
+        if n in best:
+            run.append(best[n])
+        elif run:
+            break
+    return run
+
+
+def build_curve(
+    op: MetaOp,
+    points: Sequence[ProfilePoint],
+    *,
+    counts: Sequence[int],
+    memory: MemoryModel,
+    validate: bool,
+) -> Curve:
+    """The fitted Curve of one signature from all of its points."""
+    fit_counts = set(counts)
+    best = _best(points, op.batch_size)
+    # Fitted counts are compared where the planner asks (at n); held-out ones at the work
+    # they really ran, which tests the interpolation rather than the ceil(B / n) rounding.
+    samples = [replace(s, work_devices=0.0) for s in fitted_run(counts, best)]
+    if not samples:
+        notes = sorted({p.note for p in points if p.note})
+        raise SpindleError(
+            f"signature {op.signature!r}: no feasible strategy at any profiled count"
+            + (f" ({'; '.join(notes)})" if notes else "")
+        )
+    heldout = [s for n, s in sorted(best.items()) if n not in fit_counts]
+    return fit_curve(
+        signature=op.signature,
+        batch_size=op.batch_size,
+        samples=samples,
+        points=tuple(sorted(points, key=lambda p: (p.num_devices, p.strategy))),
+        memory=memory,
+        heldout=heldout,
+        validated=validate,
+    )
+
+
+def assemble_profile(
+    graph: MetaOpGraph,
+    points: dict[str, list[ProfilePoint]],
+    *,
+    source: str,
+    fingerprint: Fingerprint,
+    counts: Sequence[int],
+    validate: bool,
+    inputs: Sequence[InputRef] = (),
+) -> Profile:
+    """A Profile from the points of every signature (keyed by signature)."""
+    curves = []
+    for op in signature_ops(graph):
+        curves.append(
+            build_curve(
+                op,
+                points.get(op.signature, []),
+                counts=counts,
+                memory=roofline.memory_model(op, graph.dtype_bytes),
+                validate=validate,
+            )
+        )
+    return Profile(
+        **derived_header(Profile, list(inputs)),
+        source=source,  # type: ignore[arg-type]
+        fingerprint=fingerprint,
+        counts=tuple(counts),
+        curves=tuple(curves),
+    )
+
+
+def analytic_profile(
+    graph: MetaOpGraph,
+    cluster: ClusterSpec | None,
+    *,
+    hardware: str,
+    counts: Sequence[int],
+    validate: bool = False,
+    inputs: Sequence[InputRef] = (),
+) -> Profile:
+    """Scaling curves from the roofline model of `hardware` ('a800', 'h100', 'h200'); the
+    cluster (optional) gives the island size and links for tensor parallelism."""
+    if hardware not in roofline.HARDWARE:
+        known = ", ".join(sorted(roofline.HARDWARE))
+        raise SpindleError(f"unknown hardware {hardware!r} (analytic models: {known}, or local)")
+    fit_counts = check_counts(counts)
+    if cluster is not None and fit_counts[-1] > cluster.num_devices:
+        raise SpindleError(
+            f"device count {fit_counts[-1]} exceeds the {cluster.num_devices} devices "
+            f"of cluster {cluster.name!r}"
+        )
+    device = roofline.HARDWARE[hardware]
+    links = roofline.links_for(device, cluster)
+    all_counts = sorted(fit_counts + (heldout_counts(fit_counts) if validate else ()))
+    memory_bytes = cluster.device.memory_bytes if cluster is not None else device.memory_bytes
+    dtype_bytes = graph.dtype_bytes
+
+    def strategies(op: MetaOp, n: int) -> list[str]:
+        return roofline.strategies(op, n, links.island_size)
+
+    points: dict[str, list[ProfilePoint]] = {}
+    for job in plan_jobs(signature_ops(graph), all_counts, strategies):
+        points.setdefault(job.op.signature, []).append(
+            _analytic_point(job, device, links, dtype_bytes, memory_bytes)
+        )
+    return assemble_profile(
+        graph,
+        points,
+        source="analytic",
+        fingerprint=Fingerprint(
+            hardware=hardware, device_name=device.name, torch_version="", dtype=graph.dtype
+        ),
+        counts=fit_counts,
+        validate=validate,
+        inputs=inputs,
+    )
+
+
+def _analytic_point(
+    job: Job, device: roofline.DeviceModel, links: roofline.Links, dtype_bytes: int, memory: int
+) -> ProfilePoint:
+    if job.batch is None:
+        return unrunnable_point(job)
+    t = tp_degree(job.strategy)
+    peak = roofline.peak_memory_bytes(job.op, job.batch, t, dtype_bytes)
+    if peak > memory:
+        return ProfilePoint(
+            num_devices=job.num_devices,
+            strategy=job.strategy,
+            feasible=False,
+            time_ms=0.0,
+            peak_memory_bytes=peak,
+            note=f"out of memory: needs {peak} of {memory} bytes",
+        )
+    time_s = roofline.operator_time_s(
+        job.op, job.batch, job.strategy, device=device, links=links, dtype_bytes=dtype_bytes
+    )
+    return ProfilePoint(
+        num_devices=job.num_devices,
+        strategy=job.strategy,
+        feasible=True,
+        time_ms=time_s * 1e3,
+        peak_memory_bytes=peak,
+    )
+
+
+def local_links(cluster: ClusterSpec | None) -> roofline.Links | None:
+    """The island links measured tensor-parallel points are charged with (None: no cluster,
+    so data parallel only)."""
+    if cluster is None:
+        return None
+    return roofline.Links(
+        island_size=cluster.island_size,
+        bandwidth_bytes_per_s=cluster.intra_island_bandwidth_bytes_per_s,
+        latency_s=cluster.link_latency_s,
+    )
+
+
+def local_strategies(
+    op: MetaOp,
+    n: int,
+    links: roofline.Links | None,
+    can_shard: Callable[[ModuleSpec, int], bool],
+    spec: ModuleSpec,
+) -> list[str]:
+    """Strategies to measure at n: data parallel, and tensor parallel where the cluster has
+    islands and the layer's heads and MLP split evenly."""
+    island = links.island_size if links is not None else 1
+    return [
+        s
+        for s in roofline.strategies(op, n, island)
+        if s == "dp" or can_shard(spec, tp_degree(s))
+    ]
+
+
+def measured_point(
+    job: Job,
+    m: Measurement,
+    links: roofline.Links | None,
+    dtype_bytes: int,
+) -> ProfilePoint:
+    """A ProfilePoint from one measurement plus the tensor-parallel collectives the strategy
+    implies, taken from the cluster's link model (one process cannot measure them)."""
+    t = tp_degree(job.strategy)
+    time_ms = m.time_ms
+    if m.feasible and t > 1:
+        assert links is not None and job.batch is not None
+        out_bytes = job.batch * job.op.out_seq_len * job.op.out_width * dtype_bytes
+        time_ms += 4 * roofline.allreduce_s(out_bytes, t, links) * 1e3
+    return ProfilePoint(
+        num_devices=job.num_devices,
+        strategy=job.strategy,
+        feasible=m.feasible,
+        time_ms=time_ms,
+        peak_memory_bytes=m.peak_memory_bytes,
+        note=m.note,
+    )

@@ -1,0 +1,313 @@
+"""Measuring one operator with torch: forward+backward time and peak memory of one layer at
+the per-device slice shape (`spindle profile --hardware local`).
+
+- One layer from `runtime.layers.build_layer` at batch ceil(B / groups); data parallel needs
+  nothing else. Tensor parallel of degree t runs the Megatron-style shard of a transformer
+  layer (QKV, attention heads and MLP split t ways, LayerNorms replicated): the collectives are
+  NOT measured here; the caller adds them from the cluster's link model.
+- Warm-up iterations, then `repeats` timed iterations; the median is kept. CUDA events time
+  the GPU, `time.perf_counter` the CPU.
+- Out of memory (CUDA OOM, or the estimate above the memory limit on the CPU, where nothing
+  stops the host from swapping) and timeouts (a warm-up iteration slower than the budget) give
+  an infeasible measurement, never an exception.
+- Peak memory: on CUDA the allocator's peak; on the CPU, which has no allocator statistics,
+  the bytes of parameters and gradients plus the activations autograd saves for backward
+  (counted with saved-tensor hooks) and the input; both plus the Adam state the real step
+  would hold (not allocated here).
+- A per-point cache under `.spindle-cache/profile/` (keyed by signature, count, strategy,
+  per-device batch, repeats, torch version, device and dtype) lets an interrupted profile
+  resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spindle_cli.artifacts.graph import MetaOp
+from spindle_cli.artifacts.model import ModuleSpec
+from spindle_cli.artifacts.profile import tp_degree
+from spindle_cli.runtime.layers import build_layer
+
+CACHE_DIR = Path(".spindle-cache") / "profile"
+DATA_KINDS = ("embedding", "patch_embed")
+"""Layer kinds whose inputs are task data (no gradient flows back into them)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measurement:
+    """One measured (count, strategy) point, before any communication time is added."""
+
+    feasible: bool
+    time_ms: float
+    peak_memory_bytes: int
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """How to measure."""
+
+    repeats: int = 5
+    warmup: int = 2
+    timeout_s: float = 10.0
+    """Budget per point: a warm-up iteration slower than this makes the point infeasible."""
+    memory_limit_bytes: int | None = None
+    """CPU only: skip (infeasible) a point whose estimated memory exceeds this."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """Where measurements run."""
+
+    device: torch.device
+    device_name: str
+    dtype: torch.dtype
+    dtype_name: str
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element of the measuring dtype."""
+        return 4 if self.dtype_name == "fp32" else 2
+
+
+def local_target(*, cpu_threads: int = 1) -> Target:
+    """CUDA device 0 in bf16 when present, else the CPU in fp32 (bf16 matmuls on a CPU are
+    emulated and would not represent training speed) with `cpu_threads` intra-op threads (this
+    sets torch's process-wide thread count). One thread by default: a CPU rank of the
+    `local-cpu` cluster is one process per core, and an OpenMP pool that spins on a core shared
+    with another process makes small-op timings swing by 50x."""
+    if torch.cuda.is_available():
+        dev = torch.device("cuda", 0)
+        return Target(
+            device=dev,
+            device_name=torch.cuda.get_device_name(dev),
+            dtype=torch.bfloat16,
+            dtype_name="bf16",
+        )
+    torch.set_num_threads(cpu_threads)
+    return Target(
+        device=torch.device("cpu"),
+        device_name=f"cpu ({torch.get_num_threads()} threads)",
+        dtype=torch.float32,
+        dtype_name="fp32",
+    )
+
+
+class ShardedTransformerLayer(nn.Module):
+    """The per-device part of a transformer layer under tensor parallelism of degree t
+    (Megatron-LM column-parallel QKV/fc1, row-parallel out/fc2), without the all-reduces."""
+
+    def __init__(self, spec: ModuleSpec, t: int, causal: bool) -> None:
+        super().__init__()
+        h = spec.hidden
+        self.heads = spec.heads // t
+        self.head_dim = h // spec.heads
+        self.causal = causal
+        width = self.heads * self.head_dim
+        self.ln1 = nn.LayerNorm(h)
+        self.qkv = nn.Linear(h, 3 * width)
+        self.out = nn.Linear(width, h)
+        self.ln2 = nn.LayerNorm(h)
+        self.fc1 = nn.Linear(h, spec.ffn // t)
+        self.fc2 = nn.Linear(spec.ffn // t, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        width = self.heads * self.head_dim
+        q, k, v = self.qkv(self.ln1(x)).split(width, dim=-1)
+        shape = (b, s, self.heads, self.head_dim)
+        q, k, v = (z.reshape(shape).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        x = x + self.out(a.transpose(1, 2).reshape(b, s, width))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+def can_shard(spec: ModuleSpec, t: int) -> bool:
+    """Whether a layer of `spec` splits t ways (transformer layers with heads and ffn
+    divisible by t)."""
+    kinds = ("transformer_encoder", "transformer_decoder")
+    return spec.kind in kinds and spec.heads % t == 0 and spec.ffn % t == 0
+
+
+def _layer(spec: ModuleSpec, strategy: str) -> nn.Module:
+    t = tp_degree(strategy)
+    if t == 1:
+        return build_layer(spec)
+    return ShardedTransformerLayer(spec, t, causal=spec.kind == "transformer_decoder")
+
+
+def _inputs(spec: ModuleSpec, op: MetaOp, batch: int, target: Target) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    dev, dtype = target.device, target.dtype
+    grad = op.layer_kind not in DATA_KINDS
+    if op.layer_kind == "embedding":
+        ids = torch.randint(0, spec.vocab_size, (batch, op.seq_len), generator=gen)
+        return [ids.to(dev)]
+    if op.layer_kind == "contrastive_loss":
+        return [
+            torch.randn(batch, op.in_width, generator=gen).to(dev, dtype).requires_grad_()
+            for _ in range(2)
+        ]
+    x = torch.randn(batch, op.seq_len, op.in_width, generator=gen).to(dev, dtype)
+    x.requires_grad_(grad)
+    if op.layer_kind == "lm_loss":
+        targets = torch.randint(0, spec.vocab_size, (batch, spec.target_len), generator=gen)
+        return [x, targets.to(dev)]
+    return [x]
+
+
+def _adam_bytes(num_params: int, dtype_name: str) -> int:
+    """fp32 master weights and two moments for 16-bit training; the moments alone in fp32."""
+    return num_params * (8 if dtype_name == "fp32" else 12)
+
+
+def _estimate_bytes(op: MetaOp, batch: int, t: int, dtype_name: str) -> int:
+    elem = 4 if dtype_name == "fp32" else 2
+    params = op.params_per_layer / t
+    return int(params * 2 * elem + _adam_bytes(int(params), dtype_name)
+               + op.stash_bytes_per_sample * batch)
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(e)
+
+
+def measure(
+    spec: ModuleSpec, op: MetaOp, batch: int, strategy: str, *, target: Target,
+    settings: Settings,
+) -> Measurement:
+    """Forward+backward of one layer at `batch` samples per group under `strategy`."""
+    t = tp_degree(strategy)
+    cuda = target.device.type == "cuda"
+    if not cuda and settings.memory_limit_bytes is not None:
+        need = _estimate_bytes(op, batch, t, target.dtype_name)
+        if need > settings.memory_limit_bytes:
+            return Measurement(
+                feasible=False, time_ms=0.0, peak_memory_bytes=need,
+                note=f"out of memory: needs about {need} of {settings.memory_limit_bytes} bytes",
+            )
+    try:
+        return _run(spec, op, batch, strategy, target=target, settings=settings)
+    except (RuntimeError, MemoryError) as e:
+        if not _is_oom(e):
+            raise
+        if cuda:
+            torch.cuda.empty_cache()
+        return Measurement(feasible=False, time_ms=0.0, peak_memory_bytes=0,
+                           note="out of memory")
+
+
+def _run(
+    spec: ModuleSpec, op: MetaOp, batch: int, strategy: str, *, target: Target,
+    settings: Settings,
+) -> Measurement:
+    cuda = target.device.type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(target.device)
+    layer = _layer(spec, strategy).to(target.device, target.dtype)
+    params = list(layer.parameters())
+    inputs = _inputs(spec, op, batch, target)
+    out_grad: list[torch.Tensor] = []
+    saved_bytes = 0
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        nonlocal saved_bytes
+        saved_bytes += x.numel() * x.element_size()
+        return x
+
+    def step() -> None:
+        nonlocal saved_bytes
+        for p in params:
+            p.grad = None
+        for x in inputs:
+            x.grad = None
+        saved_bytes = 0
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            y = layer(*inputs)
+        if y.dim() == 0:
+            y.backward()
+            return
+        if not out_grad:
+            out_grad.append(torch.ones_like(y))
+        y.backward(out_grad[0])
+
+    for _ in range(settings.warmup + 1):
+        start = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize(target.device)
+        if time.perf_counter() - start > settings.timeout_s:
+            return Measurement(
+                feasible=False, time_ms=0.0, peak_memory_bytes=0,
+                note=f"timed out: one iteration took over {settings.timeout_s:g} s",
+            )
+    times_ms = []
+    for _ in range(settings.repeats):
+        if cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            step()
+            end.record()
+            torch.cuda.synchronize(target.device)
+            times_ms.append(begin.elapsed_time(end))
+        else:
+            start = time.perf_counter()
+            step()
+            times_ms.append((time.perf_counter() - start) * 1e3)
+    num_params = sum(p.numel() for p in params)
+    adam = _adam_bytes(num_params, target.dtype_name)
+    if cuda:
+        peak = torch.cuda.max_memory_allocated(target.device) + adam
+    else:
+        tensors = sum(p.numel() * p.element_size() for p in params) * 2
+        tensors += sum(x.numel() * x.element_size() for x in inputs)
+        peak = tensors + saved_bytes + adam
+    return Measurement(feasible=True, time_ms=statistics.median(times_ms), peak_memory_bytes=peak)
+
+
+def cache_key(op: MetaOp, n: int, batch: int, strategy: str, *, target: Target,
+              settings: Settings) -> str:
+    """The file name of a point in the cache."""
+    fields = {
+        "signature": op.signature, "num_devices": n, "batch": batch, "strategy": strategy,
+        "repeats": settings.repeats, "warmup": settings.warmup, "torch": str(torch.__version__),
+        "device": target.device_name, "dtype": target.dtype_name,
+    }
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    return f"{digest[:32]}.json"
+
+
+def cached_measure(
+    spec: ModuleSpec, op: MetaOp, n: int, batch: int, strategy: str, *, target: Target,
+    settings: Settings, cache_dir: Path | None,
+) -> tuple[Measurement, bool]:
+    """`measure`, through the cache when `cache_dir` is given; returns (result, from cache)."""
+    if cache_dir is None:
+        return measure(spec, op, batch, strategy, target=target, settings=settings), False
+    path = cache_dir / cache_key(op, n, batch, strategy, target=target, settings=settings)
+    try:
+        return Measurement(**json.loads(path.read_text(encoding="utf-8"))), True
+    except (OSError, ValueError, TypeError):
+        # A missing, truncated or stale entry is simply measured again (it is a cache).
+        pass
+    result = measure(spec, op, batch, strategy, target=target, settings=settings)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(result), sort_keys=True), encoding="utf-8")
+    tmp.replace(path)
+    return result, False
+
+
+def with_extra_ms(m: Measurement, extra_ms: float) -> Measurement:
+    """A feasible measurement plus communication time the count implies."""
+    return replace(m, time_ms=m.time_ms + extra_ms) if m.feasible else m
