@@ -1,0 +1,113 @@
+"""Training data: seeded synthetic batches per task and input, and the hook for a user dataset.
+
+A data source answers `rows(task, name, step, lo, hi)`: rows [lo, hi) of the global batch of
+`task` at training step `step` for the data item `name`, which is a task input name or
+`targets_name(loss_step)` for the targets of an `lm_loss` step. Asking by row range lets each
+rank load only the samples of its slice, and makes the data position of a run just its step
+number (what a checkpoint records).
+
+Shapes (what the executor checks): token ids `[rows, seq_len]` int64; features
+`[rows, seq_len, dim]` in the run's dtype; targets `[rows, target_len]` int64.
+
+A user dataset is a `module:function` (`--dataset`), called as `function(model, seed)` and
+returning an object with that `rows` method.
+"""
+
+from __future__ import annotations
+
+import importlib
+import zlib
+from typing import Protocol
+
+import torch
+
+from spindle_cli.artifacts.model import ModelSpec, TaskSpec
+from spindle_cli.errors import SpindleError
+
+
+class DataSource(Protocol):
+    """Where training samples come from."""
+
+    def rows(self, task: str, name: str, step: int, lo: int, hi: int) -> torch.Tensor:
+        """Rows [lo, hi) of data item `name` of `task` at training step `step`."""
+        ...
+
+
+def targets_name(loss_step: str) -> str:
+    """The data item holding the targets of an `lm_loss` step."""
+    return f"{loss_step}:targets"
+
+
+def item_shape(model: ModelSpec, task: TaskSpec, name: str) -> tuple[tuple[int, ...], bool]:
+    """Per-sample shape of a data item and whether it holds integer ids."""
+    if name in task.inputs:
+        spec = task.inputs[name]
+        return ((spec.seq_len, spec.dim), False) if spec.dim else ((spec.seq_len,), True)
+    step = name.removesuffix(":targets")
+    module = next(model.modules[s.module] for s in task.steps if s.name == step)
+    return (module.target_len,), True
+
+
+def _vocab(model: ModelSpec, task: TaskSpec, name: str) -> int:
+    """Vocabulary of the module that consumes token ids `name` (or scores targets `name`)."""
+    if name in task.inputs:
+        step = next(s for s in task.steps if name in s.inputs)
+        return model.modules[step.module].vocab_size
+    step_name = name.removesuffix(":targets")
+    return model.modules[next(s.module for s in task.steps if s.name == step_name)].vocab_size
+
+
+def data_items(model: ModelSpec, task: TaskSpec) -> list[str]:
+    """Every data item of a task: its inputs, then the targets of its lm_loss steps."""
+    items = list(task.inputs)
+    items += [targets_name(s.name) for s in task.steps if model.modules[s.module].kind == "lm_loss"]
+    return items
+
+
+class SyntheticData:
+    """Random token ids and Gaussian features, a pure function of (seed, task, item, step).
+
+    Each call draws the whole global batch and returns the asked rows, so every rank sees the
+    same samples whatever the split. Seeds use crc32, not `hash()`, which differs per process.
+    """
+
+    def __init__(self, model: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> None:
+        self.model = model
+        self.seed = seed
+        self.dtype = dtype
+        self._cache: dict[tuple[str, str, int], torch.Tensor] = {}
+
+    def rows(self, task: str, name: str, step: int, lo: int, hi: int) -> torch.Tensor:
+        key = (task, name, step)
+        if key not in self._cache:
+            if len(self._cache) > 64:
+                self._cache.clear()
+            self._cache[key] = self._draw(task, name, step)
+        return self._cache[key][lo:hi]
+
+    def _draw(self, task_name: str, name: str, step: int) -> torch.Tensor:
+        task = self.model.task(task_name)
+        shape, is_ids = item_shape(self.model, task, name)
+        gen = torch.Generator().manual_seed(
+            zlib.crc32(f"{self.seed}/{task_name}/{name}/{step}".encode())
+        )
+        if is_ids:
+            return torch.randint(0, _vocab(self.model, task, name), (task.batch_size, *shape),
+                                 generator=gen)
+        return torch.randn((task.batch_size, *shape), generator=gen, dtype=self.dtype)
+
+
+def load_data_source(spec: str | None, model: ModelSpec, seed: int,
+                     dtype: torch.dtype = torch.float32) -> DataSource:
+    """The synthetic data (spec None) or a user dataset `module:function`."""
+    if spec is None:
+        return SyntheticData(model, seed, dtype)
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SpindleError(f"--dataset {spec!r}: expected 'module:function'")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise SpindleError(f"--dataset {spec!r}: {e}") from None
+    source: DataSource = factory(model, seed)
+    return source

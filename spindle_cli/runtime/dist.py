@@ -1,0 +1,78 @@
+"""Process-group lifecycle: backend choice, init with a timeout, teardown.
+
+gloo on CPU (activations stay on the CPU), nccl when CUDA is present (one GPU per rank,
+eager communicator init so batched P2P reuses it). Rendezvous comes from the environment that
+torchrun sets (`env://`) or from an explicit store (the test harness's file store).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from spindle_cli.errors import SpindleError
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Collective and P2P timeout: a rank that stops answering fails its peers after this long."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class World:
+    """This process's place in the run."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    device: torch.device
+
+
+def resolve_backend(backend: str) -> str:
+    """'auto' -> nccl when CUDA is available, else gloo; refuse nccl without CUDA."""
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise SpindleError("--backend nccl needs CUDA, and no GPU is visible")
+    if backend not in ("gloo", "nccl"):
+        raise SpindleError(f"unknown backend {backend!r} (expected auto, gloo or nccl)")
+    return backend
+
+
+def init(backend: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+         store: dist.Store | None = None, rank: int | None = None,
+         world_size: int | None = None) -> World:
+    """Initialize the default process group. Without `store`, rank and size come from torchrun's
+    environment variables."""
+    backend = resolve_backend(backend)
+    if rank is None:
+        rank = int(os.environ["RANK"])
+        world_size = int(os.environ["WORLD_SIZE"])
+    assert world_size is not None
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timeout, device_id=device, store=store,
+                                rank=rank, world_size=world_size)
+    else:
+        device = torch.device("cpu")
+        # one intra-op thread per rank: ranks share the host's cores (28x faster at 8 ranks on
+        # 2 cores, runtime-design.md §5); torchrun already sets OMP_NUM_THREADS=1.
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        dist.init_process_group("gloo", timeout=timeout, store=store, rank=rank,
+                                world_size=world_size)
+    return World(rank=rank, world_size=world_size, local_rank=local_rank,
+                 local_world_size=local_world, backend=backend, device=device)
+
+
+def teardown() -> None:
+    """Destroy the default group (and every subgroup) if one exists."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,330 @@
+"""The wave executor: one training step of a plan on this rank.
+
+Forward, wave by wave: first the boundary (every transfer into the wave: one
+`batch_isend_irecv` per rank with its messages in the plan's canonical order, local copies for
+same-rank pieces; a received activation becomes a leaf, so autograd stops at slice
+boundaries), then the rank's slice of the wave. Backward, waves in reverse: the slice's backward
+from its loss or from the gradients its consumers sent, then the boundary backward (the same
+messages with roles swapped). Then one flat bucket per distinct holder rank set is
+all-reduced (SUM) in sorted order, and AdamW steps.
+
+Every rank walks the same global sequence of boundaries and collectives, and each one involves
+only ranks that all reach it, so the schedule cannot deadlock (runtime-design.md §2.2).
+
+Loss normalization: a task's loss on a rank is its share of the task's mean loss (local rows /
+global batch for per-sample losses), so the summed gradients equal the single-process gradient
+of the sum over tasks of each task's mean loss. The contrastive loss couples all samples: every
+rank of its slice gathers the whole batch of both embeddings, computes the full loss, keeps the
+gradient of its own rows, and adds 1/n of the temperature's gradient (the all-reduce sums n).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from spindle_cli.artifacts.model import ModelSpec
+from spindle_cli.artifacts.plan import Plan
+from spindle_cli.errors import RuntimeFailure
+from spindle_cli.runtime.data import DataSource, item_shape, targets_name
+from spindle_cli.runtime.dist import World
+from spindle_cli.runtime.groups import Groups
+from spindle_cli.runtime.model import LayerKey, build_layers, make_optimizer, named_parameters
+from spindle_cli.runtime.program import Program, SliceProgram, rows_of
+from spindle_cli.runtime.trace import Tracer
+
+
+class ShapeMismatch(RuntimeFailure):
+    """A tensor did not have the shape the plan and model imply."""
+
+
+@dataclass(slots=True)
+class Bucket:
+    """The gradients of every parameter held by exactly `ranks`, as views of one flat tensor."""
+
+    ranks: tuple[int, ...]
+    group: dist.ProcessGroup | None
+    flat: torch.Tensor
+
+
+@dataclass(slots=True)
+class StepState:
+    """Tensors alive during one step."""
+
+    recv: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Transfer index -> received activation (a leaf) on a consumer rank."""
+    out: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Slice id -> its output (with graph) on a producer rank."""
+    grad_out: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Slice id -> gradient of its output, summed over its consumers."""
+    loss: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = field(default_factory=dict)
+    """Loss slice id -> (scaled loss, gathered leaves for a contrastive loss)."""
+    task_loss: dict[str, float] = field(default_factory=dict)
+    """This rank's share of each task's loss."""
+
+
+def _shape(t: torch.Tensor) -> list[int]:
+    return list(t.shape)
+
+
+class Executor:
+    """The rank's layers, buckets and optimizer, and the step loop over the plan."""
+
+    def __init__(self, plan: Plan, program: Program, model: ModelSpec, world: World,
+                 groups: Groups, data: DataSource, *, seed: int, lr: float,
+                 dtype: torch.dtype, tracer: Tracer | None = None) -> None:
+        self.plan = plan
+        self.program = program
+        self.model = model
+        self.world = world
+        self.rank = world.rank
+        self.groups = groups
+        self.data = data
+        self.dtype = dtype
+        self.tracer = tracer or Tracer(enabled=False, rank=world.rank)
+        me = self.rank
+        self.my_slices = [[sp for sp in program.slices if sp.wave == w and me in sp.slice.ranks]
+                          for w in range(program.num_waves)]
+        wave_of = {sp.slice.id: sp.wave for sp in program.slices}
+        self.into_wave: list[list[int]] = [[] for _ in range(program.num_waves)]
+        for ti, t in enumerate(plan.transfers):
+            self.into_wave[wave_of[t.dst]].append(ti)
+        keys = [(m, i) for (m, i), ranks in program.holders.items() if me in ranks]
+        self.layers: dict[LayerKey, nn.Module] = build_layers(
+            model, keys, seed=seed, dtype=dtype, device=world.device)
+        self.buckets = self._make_buckets()
+        self.named = named_parameters(self.layers)
+        self.optimizer = make_optimizer([p for _, p in self.named], lr)
+
+    def _make_buckets(self) -> list[Bucket]:
+        by_set: dict[tuple[int, ...], list[nn.Parameter]] = {}
+        for key, ranks in self.program.holders.items():
+            if key in self.layers:
+                by_set.setdefault(ranks, []).extend(self.layers[key].parameters())
+        buckets = []
+        for ranks in sorted(by_set):
+            params = by_set[ranks]
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=self.dtype,
+                               device=self.world.device)
+            offset = 0
+            for p in params:
+                # autograd accumulates in place into an existing .grad, so backward fills the
+                # bucket directly (the DDP gradient_as_bucket_view idea)
+                p.grad = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+            buckets.append(Bucket(ranks=ranks, group=self.groups.get(ranks), flat=flat))
+        return buckets
+
+    # ---- one step -------------------------------------------------------------------------
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """Forward, backward, gradient sync and AdamW for training step `step`; returns the
+        loss of every task (the same on every rank)."""
+        for b in self.buckets:
+            b.flat.zero_()
+        st = StepState()
+        for w in range(self.program.num_waves):
+            with self.tracer.span("send/recv", "comm", step=step, wave=w, phase="forward"):
+                self._forward_boundary(w, st)
+            with self.tracer.span("compute", "compute", step=step, wave=w, phase="forward"):
+                for sp in self.my_slices[w]:
+                    self._forward_slice(sp, st, step)
+        for w in reversed(range(self.program.num_waves)):
+            with self.tracer.span("compute", "compute", step=step, wave=w, phase="backward"):
+                for sp in self.my_slices[w]:
+                    self._backward_slice(sp, st)
+            with self.tracer.span("send/recv", "comm", step=step, wave=w, phase="backward"):
+                self._backward_boundary(w, st)
+        with self.tracer.span("sync", "sync", step=step):
+            for b in self.buckets:
+                if b.group is not None:
+                    dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=b.group)
+            losses = self._reduce_losses(st)
+        with self.tracer.span("optimizer", "compute", step=step):
+            self.optimizer.step()
+        return losses
+
+    def _reduce_losses(self, st: StepState) -> dict[str, float]:
+        tasks = self.program.tasks
+        vec = torch.tensor([st.task_loss.get(t, 0.0) for t in tasks], dtype=torch.float64,
+                           device=self.world.device)
+        if self.world.world_size > 1:
+            dist.all_reduce(vec, op=dist.ReduceOp.SUM)
+        return dict(zip(tasks, vec.tolist(), strict=True))
+
+    # ---- slices ---------------------------------------------------------------------------
+
+    def _load(self, sp: SliceProgram, name: str, step: int, lo: int, hi: int) -> torch.Tensor:
+        task = self.model.task(sp.metaop.task)
+        shape, is_ids = item_shape(self.model, task, name)
+        x = self.data.rows(task.name, name, step, lo, hi)
+        want = [hi - lo, *shape]
+        if _shape(x) != want or (x.dtype == torch.int64) != is_ids:
+            kind = "int64 token ids" if is_ids else "float features"
+            raise ShapeMismatch(f"data {task.name}/{name} at step {step}, rows [{lo}, {hi}): "
+                                f"got {x.dtype} {_shape(x)}, expected {kind} {want}")
+        return x.to(self.world.device, dtype=None if is_ids else self.dtype)
+
+    def _forward_slice(self, sp: SliceProgram, st: StepState, step: int) -> None:
+        m = sp.metaop
+        lo, hi = rows_of(m.batch_size, sp.slice.ranks, self.rank)
+        if sp.data_inputs:
+            ins = [self._load(sp, name, step, lo, hi) for name in sp.data_inputs]
+        else:
+            ins = [st.recv[ti] for ti in sp.in_transfers]
+        first = self.layers[(m.module, sp.layers[0])]
+        if sp.kind == "contrastive_loss":
+            full = [self._gather(x, sp) for x in ins]
+            loss = first(*full)
+            st.loss[sp.slice.id] = (loss, full)
+            if self.rank == sp.slice.ranks[0]:
+                st.task_loss[m.task] = st.task_loss.get(m.task, 0.0) + loss.item()
+            return
+        if sp.kind == "lm_loss":
+            if hi > lo:
+                targets = self._load(sp, targets_name(m.step), step, lo, hi)
+                loss = first(ins[0], targets) * ((hi - lo) / m.batch_size)
+                st.loss[sp.slice.id] = (loss, [])
+                st.task_loss[m.task] = st.task_loss.get(m.task, 0.0) + loss.item()
+            return
+        if hi == lo:
+            out = torch.empty((0, *sp.out_shape), dtype=self.dtype, device=self.world.device)
+        else:
+            out = first(*ins)
+            for i in sp.layers[1:]:
+                out = self.layers[(m.module, i)](out)
+        if _shape(out) != [hi - lo, *sp.out_shape]:
+            raise ShapeMismatch(f"slice {sp.slice.id} ({m.id}) produced {_shape(out)}, "
+                                f"expected {[hi - lo, *sp.out_shape]}")
+        st.out[sp.slice.id] = out
+
+    def _gather(self, x: torch.Tensor, sp: SliceProgram) -> torch.Tensor:
+        """The whole batch of `x` from every rank of the slice, as a new leaf."""
+        ranks = sp.slice.ranks
+        batch = sp.metaop.batch_size
+        if len(ranks) == 1:
+            return x.detach().clone().requires_grad_(True)
+        # all_gather needs equal sizes: pad every piece to the largest split
+        width = math.ceil(batch / len(ranks))
+        padded = torch.zeros((width, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        padded[: x.shape[0]] = x.detach()
+        pieces = [torch.empty_like(padded) for _ in ranks]
+        dist.all_gather(pieces, padded, group=self.groups[ranks])
+        rows = [hi - lo for lo, hi in
+                (rows_of(batch, ranks, r) for r in ranks)]
+        return torch.cat([p[:n] for p, n in zip(pieces, rows, strict=True)]).requires_grad_(True)
+
+    def _backward_slice(self, sp: SliceProgram, st: StepState) -> None:
+        sid = sp.slice.id
+        if sp.kind == "contrastive_loss":
+            loss, full = st.loss[sid]
+            layer = self.layers[(sp.metaop.module, sp.layers[0])]
+            params = list(layer.parameters())
+            grads = torch.autograd.grad(loss, [*full, *params])
+            lo, hi = rows_of(sp.metaop.batch_size, sp.slice.ranks, self.rank)
+            for ti, g in zip(sp.in_transfers, grads[: len(full)], strict=True):
+                st.recv[ti].grad = g[lo:hi].contiguous()
+            n = len(sp.slice.ranks)
+            for p, g in zip(params, grads[len(full):], strict=True):
+                assert p.grad is not None
+                p.grad.add_(g, alpha=1.0 / n)
+            return
+        if sp.kind == "lm_loss":
+            if sid in st.loss:
+                st.loss[sid][0].backward()
+            return
+        out = st.out[sid]
+        grad = st.grad_out.get(sid)
+        if out.numel() and out.requires_grad and grad is not None:
+            torch.autograd.backward(out, grad)
+
+    # ---- boundaries -----------------------------------------------------------------------
+
+    def _run_ops(self, ops: list[dist.P2POp]) -> None:
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+    def _forward_boundary(self, w: int, st: StepState) -> None:
+        ops: list[dist.P2POp] = []
+        local: list[tuple[torch.Tensor, torch.Tensor]] = []
+        me = self.rank
+        for ti in self.into_wave[w]:
+            t = self.plan.transfers[ti]
+            batch = self.program.slice(t.dst).metaop.batch_size
+            out, a = None, 0
+            if me in t.src_ranks:
+                out = st.out[t.src].detach()
+                a = rows_of(batch, t.src_ranks, me)[0]
+            buf, c = None, 0
+            if me in t.dst_ranks:
+                c, e = rows_of(batch, t.dst_ranks, me)
+                buf = torch.empty((e - c, *self.program.transfer_shapes[ti]), dtype=self.dtype,
+                                  device=self.world.device)
+                st.recv[ti] = buf
+            for msg in self.program.transfer_messages[ti]:
+                if msg.src == me and msg.dst == me:
+                    assert out is not None and buf is not None
+                    local.append((buf[msg.lo - c:msg.hi - c], out[msg.lo - a:msg.hi - a]))
+                elif msg.src == me:
+                    assert out is not None
+                    ops.append(dist.P2POp(dist.isend, out[msg.lo - a:msg.hi - a].contiguous(),
+                                          msg.dst))
+                elif msg.dst == me:
+                    assert buf is not None
+                    ops.append(dist.P2POp(dist.irecv, buf[msg.lo - c:msg.hi - c], msg.src))
+        self._run_ops(ops)
+        for dst, src in local:
+            dst.copy_(src)
+        for ti in self.into_wave[w]:
+            if ti in st.recv:
+                st.recv[ti].requires_grad_(True)
+
+    def _backward_boundary(self, w: int, st: StepState) -> None:
+        ops: list[dist.P2POp] = []
+        local: list[tuple[torch.Tensor, torch.Tensor]] = []
+        received: list[tuple[str, torch.Tensor]] = []
+        me = self.rank
+        for ti in self.into_wave[w]:
+            t = self.plan.transfers[ti]
+            batch = self.program.slice(t.dst).metaop.batch_size
+            grad, c = None, 0
+            if me in t.dst_ranks:
+                leaf = st.recv[ti]
+                grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                c = rows_of(batch, t.dst_ranks, me)[0]
+            gbuf, a = None, 0
+            if me in t.src_ranks:
+                a, b = rows_of(batch, t.src_ranks, me)
+                gbuf = torch.zeros((b - a, *self.program.transfer_shapes[ti]), dtype=self.dtype,
+                                   device=self.world.device)
+                received.append((t.src, gbuf))
+            for msg in self.program.transfer_messages[ti]:
+                if msg.src == me and msg.dst == me:
+                    assert grad is not None and gbuf is not None
+                    local.append((gbuf[msg.lo - a:msg.hi - a], grad[msg.lo - c:msg.hi - c]))
+                elif msg.dst == me:
+                    assert grad is not None
+                    ops.append(dist.P2POp(dist.isend, grad[msg.lo - c:msg.hi - c].contiguous(),
+                                          msg.src))
+                elif msg.src == me:
+                    assert gbuf is not None
+                    ops.append(dist.P2POp(dist.irecv, gbuf[msg.lo - a:msg.hi - a], msg.dst))
+        self._run_ops(ops)
+        for dst, src in local:
+            dst.copy_(src)
+        for sid, g in received:
+            # fan-out: a producer feeding several consumers sums their gradients
+            st.grad_out[sid] = st.grad_out[sid] + g if sid in st.grad_out else g
+        for ti in self.into_wave[w]:
+            st.recv.pop(ti, None)
+
+    # ---- state ----------------------------------------------------------------------------
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        """This rank's parameters by `module.layer.param` name (detached copies)."""
+        return {n: p.detach().clone() for n, p in self.named}

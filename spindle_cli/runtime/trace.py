@@ -1,0 +1,71 @@
+"""Chrome trace events (open in Perfetto or chrome://tracing) of a run: per rank, per wave, the
+compute, send/recv and sync spans, plus measured vs predicted iteration time.
+
+Each rank records its own spans with a monotonic clock; the file has one process per rank
+("pid" = rank). Clocks of different processes are not aligned, so spans are shown relative to
+each rank's first step start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+class Tracer:
+    """Collects complete ("X") events of one rank; a no-op when disabled."""
+
+    def __init__(self, *, enabled: bool, rank: int) -> None:
+        self.enabled = enabled
+        self.rank = rank
+        self.events: list[dict[str, Any]] = []
+        self._origin_ns = time.perf_counter_ns()
+
+    @contextmanager
+    def span(self, name: str, category: str, **args: Any) -> Iterator[None]:
+        """Record the enclosed block as one span."""
+        if not self.enabled:
+            yield
+            return
+        start = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            end = time.perf_counter_ns()
+            label = name if "wave" not in args else f"{name} w{args['wave']}"
+            if "phase" in args:
+                label += f" {args['phase'][:3]}"
+            self.events.append({
+                "name": label, "cat": category, "ph": "X", "pid": self.rank, "tid": 0,
+                "ts": (start - self._origin_ns) / 1e3, "dur": (end - start) / 1e3, "args": args,
+            })
+
+
+def trace_document(rank_events: list[list[dict[str, Any]]], summary: dict[str, Any]) -> dict[str, Any]:
+    """The Chrome trace JSON object: every rank's events, process names and the summary."""
+    events: list[dict[str, Any]] = []
+    for rank, evs in enumerate(rank_events):
+        events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
+                       "args": {"name": f"rank {rank}"}})
+        events.extend(evs)
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": summary}
+
+
+def write_json(document: dict[str, Any], path: str) -> None:
+    """Write JSON atomically (temp file in the target directory + rename)."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
