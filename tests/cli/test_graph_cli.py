@@ -1,0 +1,123 @@
+"""`spindle graph`: output files, stdout, --check, task selection and dtype."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from spindle_cli.artifacts import MetaOpGraph, ModelSpec, input_ref, load
+from spindle_cli.cli import cli
+from spindle_cli.planner.graph import build_graph
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = sorted((REPO / "models").glob("*.yaml"))
+
+
+@pytest.fixture
+def model_path(small_model_data, tmp_path, monkeypatch) -> Path:
+    # relative names, as a user types them (and short enough to print unwrapped)
+    monkeypatch.chdir(tmp_path)
+    path = Path("m.yaml")
+    path.write_text(yaml.safe_dump(small_model_data, sort_keys=False))
+    return path
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def _said(stderr: str) -> str:
+    """Messages for people, with line wrapping undone (the console wraps at its width)."""
+    return " ".join(stderr.split())
+
+
+def test_graph_writes_the_contracted_graph(model_path, tmp_path):
+    out = Path("g.yaml")
+    result = _invoke("graph", str(model_path), "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+    assert f"wrote {out}" in _said(result.stderr)
+    model = load(str(model_path), ModelSpec)
+    graph = load(str(out), MetaOpGraph)
+    assert graph == build_graph(model, inputs=[input_ref(model, str(model_path))])
+    assert graph.tasks == ("pairs", "pairs_big")
+    assert graph.inputs[0].sha256 == input_ref(model, str(model_path)).sha256
+
+
+def test_stdout_output_is_yaml_data_only(model_path, tmp_path):
+    result = _invoke("graph", str(model_path), "-o", "-")
+    assert result.exit_code == 0, result.stderr
+    data = yaml.safe_load(result.stdout)
+    assert data["kind"] == "metaop_graph"
+    assert "wrote" not in result.stderr
+    out = Path("g.yaml")
+    _invoke("graph", str(model_path), "-o", str(out))
+    assert out.read_text() == result.stdout
+
+
+def test_output_is_byte_identical_across_runs_and_formats(model_path, tmp_path):
+    a, b, j = tmp_path / "a.yaml", tmp_path / "b.yaml", tmp_path / "g.json"
+    for out in (a, b, j):
+        assert _invoke("graph", str(model_path), "-o", str(out)).exit_code == 0
+    assert a.read_bytes() == b.read_bytes()
+    assert load(str(j), MetaOpGraph) == load(str(a), MetaOpGraph)
+
+
+def test_check_compares_and_never_writes(model_path, tmp_path):
+    out = Path("g.yaml")
+    missing = _invoke("graph", str(model_path), "-o", str(out), "--check")
+    assert missing.exit_code == 1 and not out.exists()
+    _invoke("graph", str(model_path), "-o", str(out))
+    fresh = _invoke("graph", str(model_path), "-o", str(out), "--check")
+    assert fresh.exit_code == 0, fresh.stderr
+    assert "up to date" in _said(fresh.stderr)
+    stale_text = out.read_text().replace("batch_size: 8", "batch_size: 9", 1)
+    out.write_text(stale_text)
+    stale = _invoke("graph", str(model_path), "-o", str(out), "--check")
+    assert stale.exit_code == 1
+    assert "out of date" in _said(stale.stderr)
+    assert out.read_text() == stale_text
+
+
+def test_task_selection_and_task_sets(model_path):
+    one = yaml.safe_load(_invoke("graph", str(model_path), "--tasks", "pairs_big", "-o",
+                                 "-").stdout)
+    assert one["tasks"] == ["pairs_big"]
+    assert {m["task"] for m in one["metaops"]} == {"pairs_big"}
+    named = yaml.safe_load(_invoke("graph", str(model_path), "--task-set", "one", "-o",
+                                   "-").stdout)
+    assert named["tasks"] == ["pairs"]
+    spaced = yaml.safe_load(_invoke("graph", str(model_path), "--tasks", "pairs_big, pairs",
+                                    "-o", "-").stdout)
+    assert spaced["tasks"] == ["pairs", "pairs_big"]
+
+
+def test_dtype_sets_activation_bytes(model_path):
+    graphs = {
+        dtype: yaml.safe_load(_invoke("graph", str(model_path), "--dtype", dtype, "-o",
+                                      "-").stdout)
+        for dtype in ("bf16", "fp32")
+    }
+    enc = {d: next(m for m in g["metaops"] if m["id"] == "pairs/text_enc")
+           for d, g in graphs.items()}
+    assert graphs["fp32"]["dtype"] == "fp32"
+    assert enc["fp32"]["activation_out_bytes"] == 2 * enc["bf16"]["activation_out_bytes"]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_graph_works_on_every_shipped_model(path, tmp_path):
+    out = Path("g.yaml")
+    result = _invoke("graph", str(path), "-o", str(out))
+    assert result.exit_code == 0, result.stderr
+    graph = load(str(out), MetaOpGraph)
+    model = load(str(path), ModelSpec)
+    assert graph.model == model.name
+    assert len(graph.metaops) == sum(len(t.steps) for t in model.tasks)
+    for name in model.task_sets:
+        sub = _invoke("graph", str(path), "--task-set", name, "-o", str(tmp_path / "s.yaml"))
+        assert sub.exit_code == 0, sub.stderr
+        assert load(str(tmp_path / "s.yaml"), MetaOpGraph).tasks == tuple(
+            t.name for t in model.tasks if t.name in model.task_sets[name])

@@ -1,0 +1,110 @@
+"""`spindle validate` and `spindle show` on every kind they can see."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from spindle_cli.artifacts import ModelSpec, input_ref, load, load_artifact, write_artifact
+from spindle_cli.cli import cli
+from spindle_cli.cli.views import VIEW_MODULES, fmt_count
+from spindle_cli.planner.costs import module_params
+from spindle_cli.planner.graph import build_graph
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = sorted(
+    p for folder in ("models", "clusters", "profiles", "plans")
+    for p in (REPO / folder).rglob("*") if p.suffix in (".yaml", ".yml", ".json")
+)
+
+
+def _has_view(kind: str) -> bool:
+    return importlib.util.find_spec(f"spindle_cli.cli.views.{VIEW_MODULES[kind]}") is not None
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def files(small_model_data, cluster_data, tmp_path, monkeypatch) -> dict[str, str]:
+    """A model, a cluster (as JSON) and a graph, under short relative names."""
+    monkeypatch.chdir(tmp_path)
+    Path("m.yaml").write_text(yaml.safe_dump(small_model_data, sort_keys=False))
+    Path("c.json").write_text(json.dumps(cluster_data))
+    model = load("m.yaml", ModelSpec)
+    write_artifact(build_graph(model, inputs=[input_ref(model, "m.yaml")]), "g.yaml")
+    return {"model": "m.yaml", "cluster": "c.json", "metaop_graph": "g.yaml"}
+
+
+def test_validate_reports_each_file_and_kind(files):
+    result = _invoke("validate", *files.values())
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [f"ok {path} ({kind})" for kind, path in files.items()]
+
+
+def test_show_model_lists_modules_params_and_tasks(files, small_model_data):
+    result = _invoke("show", files["model"])
+    assert result.exit_code == 0, result.stderr
+    model = load(files["model"], ModelSpec)
+    total = sum(module_params(m) for m in model.modules.values())
+    assert f"total parameters: {fmt_count(total)} ({total:,})" in result.stdout
+    for name, module in model.modules.items():
+        row = next(line for line in result.stdout.splitlines() if f" {name} " in line)
+        assert module.kind in row and fmt_count(module_params(module)) in row
+    task_rows = [line for line in result.stdout.splitlines() if " pairs_big " in line]
+    assert task_rows and " 8 " in task_rows[0]  # batch size of pairs_big
+    assert "task set one: pairs" in result.stdout
+
+
+def test_show_cluster_prints_sizes_and_bandwidths(files):
+    result = _invoke("show", files["cluster"])
+    assert result.exit_code == 0, result.stderr
+    text = result.stdout
+    assert "8 = 2 nodes x 4" in text
+    assert "4 of 2 devices" in text
+    assert "16.0 GiB" in text
+    assert "100.0 GB/s (800 Gb/s)" in text  # intra-island
+    assert "12.5 GB/s (100 Gb/s)" in text  # inter-node
+
+
+def test_show_graph_lists_metaops_by_level(files):
+    result = _invoke("show", files["metaop_graph"])
+    assert result.exit_code == 0, result.stderr
+    graph = load_artifact(files["metaop_graph"])
+    lines = result.stdout.splitlines()
+    row_of = {m.id: next(i for i, line in enumerate(lines) if f" {m.id} " in line)
+              for m in graph.metaops}
+    for m in graph.metaops:
+        for p in m.predecessors:
+            assert row_of[p] < row_of[m.id], (p, m.id)
+    enc = graph.metaop("pairs/text_enc")
+    row = lines[row_of[enc.id]]
+    assert f" {enc.num_layers} " in row and f"{enc.flops_per_layer / 1e9:.3g}" in row
+    assert f"{len(graph.metaops)} MetaOps on {graph.num_levels} MetaLevels" in result.stdout
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(REPO)) for p in SHIPPED])
+def test_validate_and_show_every_shipped_artifact(path):
+    kind = load_artifact(str(path)).kind
+    checked = _invoke("validate", str(path))
+    assert checked.exit_code == 0, checked.stderr
+    if not _has_view(kind):
+        pytest.skip(f"no view for {kind} yet (spindle_cli/cli/views/{VIEW_MODULES[kind]}.py)")
+    shown = _invoke("show", str(path))
+    assert shown.exit_code == 0, shown.stderr
+    assert shown.stdout.strip()
+
+
+def test_show_rejects_options_of_other_kinds(files, spindle):
+    for option in (["--plot", "p.png"], ["--text-gantt"], ["--utilization", "u.png"]):
+        result = spindle("show", files["metaop_graph"], *option)
+        assert result.exit_code == 2
+        assert result.stderr.startswith(f"error: g.yaml: {option[0]} does not apply")
+        assert not Path(option[-1]).exists()
