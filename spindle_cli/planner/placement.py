@@ -40,6 +40,11 @@ class SliceSpec:
     n: int
     strategy: str
 
+    @property
+    def num_ops(self) -> int:
+        """Operators in the slice."""
+        return self.last - self.first
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Flow:
@@ -106,7 +111,15 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
         def heaviest_in(i: int, wi: int = wi) -> int:
             return max((f.bytes for f in incoming.get((wi, i), [])), default=0)
 
-        order = sorted(range(len(wave)), key=lambda i: (-wave[i].n, -heaviest_in(i), i))
+        def per_rank_stash(i: int, wave: list[SliceSpec] = wave) -> float:
+            s = wave[i]
+            return s.metaop.stash_bytes_per_sample * s.metaop.batch_size * s.num_ops / s.n
+
+        if wi in memory_first:
+            # largest per-rank load first (LPT) balances memory best
+            order = sorted(range(len(wave)), key=lambda i: (-per_rank_stash(i), i))
+        else:
+            order = sorted(range(len(wave)), key=lambda i: (-wave[i].n, -heaviest_in(i), i))
         for i in order:
             s = wave[i]
             used = ledger.used()
@@ -171,10 +184,14 @@ def _choose(score: np.ndarray, n: int, island_size: int) -> Ranks:
 
 def _failure(wi: int, s: SliceSpec, free: np.ndarray, used: np.ndarray, need: np.ndarray,
              cap: float) -> _Failure:
-    avail = np.where(free, cap - used, -np.inf)
-    if not free.any():
-        return _Failure(wave=wi, message=f"wave {wi}: no free rank left for {_describe(s)}")
-    r = int(np.argmax(avail - need))
+    """Name the rank that stops the slice: among the free ranks ordered by how well the slice
+    fits, the first one it cannot fit on (the slice needs n of them)."""
+    if int(free.sum()) < s.n:
+        return _Failure(wave=wi, message=f"wave {wi}: fewer than {s.n} free ranks left for "
+                                         f"{_describe(s)}")
+    slack = np.where(free, cap - used - need, -np.inf)
+    order = np.argsort(-slack, kind="stable")
+    r = int(next(int(k) for k in order if slack[k] < 0))
     return _Failure(
         wave=wi,
         message=(f"out of memory placing {_describe(s)} in wave {wi}: rank {r} needs "

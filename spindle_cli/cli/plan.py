@@ -1,0 +1,46 @@
+"""`spindle plan GRAPH PROFILE --cluster C -o PLAN`: waves and placement for a graph."""
+
+from __future__ import annotations
+
+import click
+
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, input_ref
+from spindle_cli.cli._console import err
+from spindle_cli.cli.common import emit, exit_with, load_input
+from spindle_cli.errors import SpindleError
+
+
+@click.command()
+@click.argument("graph_path", metavar="GRAPH")
+@click.argument("profile_path", metavar="PROFILE")
+@click.option("--cluster", "cluster_path", required=True, metavar="CLUSTER",
+              help="Cluster spec file (clusters/<name>.yaml).")
+@click.option("--planner", type=click.Choice(["spindle", "sequential", "optimus", "distmm"]),
+              default="spindle", show_default=True, help="Scheduler (the others are baselines).")
+@click.option("--placement", type=click.Choice(["island", "sequential"]), default="island",
+              show_default=True, help="Rank placement (sequential: the naive ablation).")
+@click.option("--uneven-splits", is_flag=True,
+              help="Allow data-parallel counts that do not divide the batch.")
+@click.option("-o", "--output", default="-", show_default=True, metavar="PLAN",
+              help="Output file (.yaml, .yml or .json); '-' for stdout.")
+@click.option("--check", is_flag=True,
+              help="Re-plan in memory and compare with PLAN (exit 1 on drift, writes nothing).")
+def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, placement: str,
+         uneven_splits: bool, output: str, check: bool) -> None:
+    """Plan the waves of GRAPH on a cluster using PROFILE's scaling curves."""
+    from spindle_cli.planner.api import PlanOptions, make_plan
+
+    if check and output == "-":
+        raise SpindleError("--check needs the plan file to compare with (-o PLAN)")
+    graph = load_input(graph_path, MetaOpGraph)
+    profile = load_input(profile_path, Profile)
+    cluster = load_input(cluster_path, ClusterSpec)
+    options = PlanOptions(planner=planner, placement=placement, uneven_splits=uneven_splits)
+    inputs = (input_ref(graph, graph_path), input_ref(profile, profile_path),
+              input_ref(cluster, cluster_path))
+    result = make_plan(graph, profile, cluster, options=options, inputs=inputs)
+    gap = result.estimated_iteration_ms / result.lower_bound_ms if result.lower_bound_ms else 1.0
+    err.print(f"{planner}: {len(result.waves)} waves, estimated iteration "
+              f"{result.estimated_iteration_ms:.2f} ms, {gap:.3f}x of C* "
+              f"{result.lower_bound_ms:.2f} ms")
+    exit_with(emit(result, output, check=check))
