@@ -15,10 +15,11 @@ What is modelled (and what is not):
 - Inter-wave transfers. Each plan Transfer moves `bytes` (forward activations; the same bytes
   of gradients flow back). Rows are split between producer and consumer ranks by the overlap
   of their `split_rows` ranges; pieces that stay on one rank are free. A flow leaves when its
-  producing slice finishes, costs one message latency, and then shares bandwidth: every rank
-  has one send and one receive port per link type (NVLink inside an island, the NIC between
-  islands), and a port carrying k flows gives each bandwidth/k; a flow moves at the rate of
-  its slower port. Transfers overlap with compute (copy engines), but a wave waits for them.
+  producing slice finishes, costs one message latency, and then shares bandwidth with the
+  flows in flight: each rank has an NVLink port inside its island, each node one NIC between
+  nodes (see `_Network`); a port carrying k flows gives each bandwidth/k and a flow moves at
+  the rate of its slower port. Transfers overlap with compute (copy engines), but a wave
+  waits for them.
 - Parameter synchronization. After the last backward wave every ParamGroup all-reduces its
   gradients with a ring over its ranks (ascending): each rank sends 2(p-1)/p * bytes to its
   ring successor, with 2(p-1) message latencies; the group finishes with its slowest link.
@@ -239,12 +240,17 @@ def row_flows(
 
 
 class _Network:
-    """Fluid simulation of point-to-point flows sharing per-rank ports (internal state of one
+    """Fluid simulation of point-to-point flows sharing ports (internal state of one
     `simulate` call).
 
-    Port p of a flow: (rank, direction, link type); a port carrying k flows gives each
-    capacity/k, and a flow moves at the smaller of its two port shares. Rates are recomputed
-    whenever a flow starts or ends.
+    Ports: inside an island each rank has an NVLink send and receive port at the intra-island
+    bandwidth. Between nodes a flow goes through its nodes' NICs: one send and one receive
+    port per node whose capacity is the per-device inter-node bandwidth times the devices of
+    the node (the cluster spec quotes the node's link divided by its devices), so one rank
+    talking across nodes alone gets the whole link and eight at once get an eighth each.
+    Between islands of one node, each rank has its own port at the inter-node rate. A port
+    carrying k flows gives each capacity/k; a flow moves at the smaller of its two port
+    shares. Rates are recomputed whenever a flow starts or ends.
     """
 
     def __init__(self, cluster: ClusterSpec) -> None:
@@ -253,28 +259,36 @@ class _Network:
         self.ready_s: list[float] = []
         self.remaining: list[float] = []
         self.ports: list[tuple[int, int]] = []
-        self.capacity: list[float] = []
         self.end_s: list[float] = []
         self.live: set[int] = set()
-        self._port_index: dict[tuple[int, str, bool], int] = {}
+        self._port_index: dict[tuple[str, int, str], int] = {}
         self._port_capacity: list[float] = []
 
-    def _port(self, rank: int, direction: str, intra: bool) -> int:
-        key = (rank, direction, intra)
+    def _port(self, link: str, where: int, direction: str) -> int:
+        key = (link, where, direction)
         if key not in self._port_index:
             self._port_index[key] = len(self._port_capacity)
             c = self.cluster
-            self._port_capacity.append(
-                c.intra_island_bandwidth_bytes_per_s if intra
-                else c.inter_node_bandwidth_bytes_per_s
-            )
+            capacity = {
+                "nvlink": c.intra_island_bandwidth_bytes_per_s,
+                "nic": c.inter_node_bandwidth_bytes_per_s * c.devices_per_node,
+                "island": c.inter_node_bandwidth_bytes_per_s,
+            }[link]
+            self._port_capacity.append(capacity)
         return self._port_index[key]
+
+    def _ports(self, src: int, dst: int) -> tuple[int, int]:
+        c = self.cluster
+        if c.island_of(src) == c.island_of(dst):
+            return self._port("nvlink", src, "out"), self._port("nvlink", dst, "in")
+        if c.node_of(src) != c.node_of(dst):
+            return self._port("nic", c.node_of(src), "out"), self._port("nic", c.node_of(dst), "in")
+        return self._port("island", src, "out"), self._port("island", dst, "in")
 
     def add(self, src: int, dst: int, num_bytes: float, start_s: float, latency_s: float) -> int:
         """Register a flow that may start at `start_s`; returns its id."""
         assert start_s >= self.now_s - 1e-12, "a flow cannot start in the simulated past"
-        intra = self.cluster.island_of(src) == self.cluster.island_of(dst)
-        self.ports.append((self._port(src, "out", intra), self._port(dst, "in", intra)))
+        self.ports.append(self._ports(src, dst))
         self.ready_s.append(start_s + latency_s)
         self.remaining.append(float(num_bytes))
         self.end_s.append(math.nan)

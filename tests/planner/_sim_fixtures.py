@@ -15,11 +15,12 @@ from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, Memory
 BATCH = 4
 
 
-def cluster(*, latency_s: float = 0.0) -> ClusterSpec:
-    """2 nodes x 2 devices, one island per node: NVLink 100 GB/s, network 10 GB/s."""
+def cluster(*, latency_s: float = 0.0, num_nodes: int = 2) -> ClusterSpec:
+    """2 nodes x 2 devices (or 1 x 4), one island per node: NVLink 100 GB/s per device,
+    network 10 GB/s per device (a 20 GB/s NIC per 2-device node)."""
     return ClusterSpec(
-        kind="cluster", version=1, name="toy-2x2", num_nodes=2, devices_per_node=2,
-        island_size=2,
+        kind="cluster", version=1, name="toy-2x2", num_nodes=num_nodes,
+        devices_per_node=4 // num_nodes, island_size=4 // num_nodes,
         device=DeviceSpec(name="toy", memory_bytes=80 * 2**30, peak_flops=1e12,
                           memory_bandwidth_bytes_per_s=1e12),
         intra_island_bandwidth_bytes_per_s=100e9, inter_node_bandwidth_bytes_per_s=10e9,

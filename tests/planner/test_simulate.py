@@ -1,6 +1,7 @@
 """The simulator on hand-built plans with exact expected times (see _sim_fixtures for the
 numbers: enc 2 layers x 3 ms/sample, head 1 layer x 1.5 ms/sample, batch 4, a 400 MB
-activation, NVLink 100 GB/s inside each 2-rank island, 10 GB/s between islands)."""
+activation, NVLink 100 GB/s per rank inside each 2-rank island (one per node), a 20 GB/s NIC
+per node)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,16 @@ from spindle_cli.errors import SpindleError
 from spindle_cli.planner.simulate import row_flows, simulate, split_rows
 
 
-def run(plan=None, *, latency_s: float = 0.0, batch: int = fx.BATCH):
+def run(plan=None, *, latency_s: float = 0.0, batch: int = fx.BATCH, num_nodes: int = 2):
     return simulate(plan or fx.plan(), fx.graph(batch), fx.profile(batch),
-                    fx.cluster(latency_s=latency_s))
+                    fx.cluster(latency_s=latency_s, num_nodes=num_nodes))
 
 
 def test_two_waves_one_transfer_one_sync_group_exact_times():
     r = run()
     # enc on 2 ranks: 2 layers x 3 ms x 4/2 samples = 12 ms -> forward 4, backward 8.
     # head on 2 ranks: 1 layer x 1.5 ms x 2 samples = 3 ms -> forward 1, backward 2.
-    # Activations: 200 MB from rank 0 -> 2 and 1 -> 3 across islands at 10 GB/s = 20 ms.
+    # Activations: 200 MB from rank 0 -> 2 and 1 -> 3 share node 0's 20 GB/s NIC: 20 ms.
     w0, w1 = r.waves
     assert (w0.forward_start_ms, w0.forward_end_ms) == pytest.approx((0.0, 4.0))
     assert (w1.forward_start_ms, w1.forward_end_ms) == pytest.approx((24.0, 25.0))
@@ -79,14 +80,29 @@ def test_intra_island_transfer_uses_nvlink_bandwidth():
     assert r.sync_ms == 0.0
 
 
-def test_a_rank_sending_two_flows_shares_its_port():
-    # enc on rank 0 alone sends rows [0,2) to rank 2 and [2,4) to rank 3 at the same time:
-    # both 200 MB flows share rank 0's network port, 5 GB/s each -> 40 ms (not 20).
-    r = run(fx.plan(enc_ranks=(0,), head_ranks=(2, 3), enc_sync_bytes=0, head_sync_bytes=0))
+def test_a_rank_sending_two_flows_shares_its_nvlink_port():
+    # One 4-rank island. enc on rank 0 alone sends rows [0,2) to rank 1 and [2,4) to rank 2
+    # at once: both 200 MB flows share rank 0's 100 GB/s port -> 4 ms (not 2).
+    no_sync = {"enc_sync_bytes": 0, "head_sync_bytes": 0}
+    r = run(fx.plan(enc_ranks=(0,), head_ranks=(1, 2), **no_sync), num_nodes=1)
     acts = [f for f in r.flows if f.kind == "activation"]
     assert len(acts) == 2
-    assert all(f.end_ms - f.start_ms == pytest.approx(40.0) for f in acts)
-    assert r.waves[1].forward_wait_ms == pytest.approx(40.0)
+    assert all(f.end_ms - f.start_ms == pytest.approx(4.0) for f in acts)
+    # From two ranks (0 -> 1 and 3 -> 2) each flow has a port of its own: 2 ms.
+    r = run(fx.plan(enc_ranks=(0, 3), head_ranks=(1, 2), **no_sync), num_nodes=1)
+    assert r.waves[1].forward_wait_ms == pytest.approx(2.0)
+
+
+def test_the_node_nic_is_shared_by_every_flow_leaving_the_node():
+    no_sync = {"enc_sync_bytes": 0, "head_sync_bytes": 0}
+    # Alone, one 400 MB flow 0 -> 2 gets the whole 20 GB/s NIC: 20 ms.
+    r = run(fx.plan(enc_ranks=(0,), head_ranks=(2,), **no_sync))
+    assert r.waves[1].forward_wait_ms == pytest.approx(20.0)
+    # 0 -> 2 and 0 -> 3 (200 MB each) share it: 10 GB/s each, also 20 ms.
+    r = run(fx.plan(enc_ranks=(0,), head_ranks=(2, 3), **no_sync))
+    acts = [f for f in r.flows if f.kind == "activation"]
+    assert len(acts) == 2
+    assert all(f.end_ms - f.start_ms == pytest.approx(20.0) for f in acts)
 
 
 def test_message_latency_is_added_per_flow():
@@ -143,3 +159,18 @@ def test_unknown_metaop_is_a_user_error():
     g = dataclasses.replace(g, metaops=g.metaops[:1], num_levels=1)
     with pytest.raises(SpindleError, match="t/head"):
         simulate(fx.plan(), g, fx.profile(), fx.cluster())
+
+
+def test_ring_all_reduce_runs_at_its_slowest_link():
+    # enc and head both on all 4 ranks: compute 2 x 3 ms x 1 + 1.5 ms x 1 = 7.5 ms, no
+    # transfers. Ring 0->1->2->3->0 over 400 MB: each rank sends 2(p-1)/p x 400 MB = 600 MB;
+    # the cross-node edges 1->2 and 3->0 each have a NIC to themselves: 600 MB / 20 GB/s = 30 ms.
+    everyone = (0, 1, 2, 3)
+    r = run(fx.plan(enc_ranks=everyone, head_ranks=everyone, enc_sync_bytes=400_000_000,
+                    head_sync_bytes=0))
+    assert r.compute_ms == pytest.approx(7.5)
+    assert r.transfer_ms == 0.0
+    assert r.sync_ms == pytest.approx(30.0)
+    ring = sorted((f.src_rank, f.dst_rank, f.bytes) for f in r.flows if f.kind == "sync")
+    assert ring == [(0, 1, 600_000_000), (1, 2, 600_000_000), (2, 3, 600_000_000),
+                    (3, 0, 600_000_000)]
