@@ -1,0 +1,122 @@
+"""The allocator: relaxed optimum C* by bisection and the bi-point split (paper §3.3)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from plan_builders import alpha_beta_curve, curve, graph, metaop, profile, two_point_curve
+
+from spindle_cli.planner import scaling
+from spindle_cli.planner.allocation import n_lin, op_curve, op_time_ms
+from spindle_cli.planner.api import allocate, op_curves
+
+C_MS = 100.0
+
+
+def worked_example():
+    """The paper's Fig. 5a: N = 4, MetaOps with L = 8, 12, 6 and n* = 1.9, 1.5, 0.6.
+
+    With B = 2 the valid counts are {1, 2}. Curves are chosen so that, at C* = 100 ms, the
+    interpolated speedups give exactly those n*: MetaOp 1 has T(1) = C/4 and T(2) = 0.9C/7.6
+    (so its tuples are 7.6 ops on 2 and 0.4 on 1), MetaOp 2 has T(1) = C/7.2 and
+    T(2) = C/16.8 (the text's numbers), MetaOp 3 has T(1) = C/10 (6 ops fill 0.6 C on 1)."""
+    g = graph([metaop("a/m1", layers=8, batch=2), metaop("b/m2", layers=12, batch=2),
+               metaop("c/m3", layers=6, batch=2)])
+    p = profile([two_point_curve("a/m1", 2, C_MS / 4, 0.9 * C_MS / 7.6),
+                 two_point_curve("b/m2", 2, C_MS / 7.2, C_MS / 16.8),
+                 two_point_curve("c/m3", 2, C_MS / 10, C_MS / 16)])
+    return g, p
+
+
+def test_worked_example_relaxed_optimum_and_n_star():
+    g, p = worked_example()
+    [level] = allocate(g, op_curves(g, p, 4), 4)
+    assert level.c_star_ms == pytest.approx(C_MS, rel=1e-9)
+    stars = {a.metaop: a.n_star for a in level.ops}
+    assert stars == pytest.approx({"a/m1": 1.9, "b/m2": 1.5, "c/m3": 0.6}, rel=1e-9)
+    assert sum(stars.values()) == pytest.approx(4.0)
+
+
+def test_worked_example_tuples_before_and_after_rounding():
+    g, p = worked_example()
+    [level] = allocate(g, op_curves(g, p, 4), 4)
+    by_id = {a.metaop: a for a in level.ops}
+    a1, a2, a3 = by_id["a/m1"], by_id["b/m2"], by_id["c/m3"]
+    assert (a1.n_hi, a1.n_lo) == (2, 1)
+    assert (a1.ops_hi, a1.ops_lo) == pytest.approx((7.6, 0.4), rel=1e-9)
+    assert (a2.n_hi, a2.n_lo) == (2, 1)
+    assert (a2.ops_hi, a2.ops_lo) == pytest.approx((8.4, 3.6), rel=1e-9)
+    assert (a3.n_hi, a3.n_lo) == (1, 0)  # the dummy lower tuple
+    assert (a3.ops_hi, a3.ops_lo) == pytest.approx((6.0, 0.0), abs=1e-9)
+    rounded = {a.metaop: [(t.n, t.num_ops) for t in a.tuples] for a in level.ops}
+    assert rounded == {"a/m1": [(2, 8)], "b/m2": [(2, 8), (1, 4)], "c/m3": [(1, 6)]}
+
+
+def test_bisection_bracket_and_balance_on_alpha_beta_curves():
+    # three MetaOps with linear speedup (alpha = 0): n* is proportional to work, C* = W / N
+    g = graph([metaop("a/x", layers=4, batch=64), metaop("b/y", layers=2, batch=64),
+               metaop("c/z", layers=2, batch=64)])
+    p = profile([alpha_beta_curve("a/x", 64, 0.0, 1.0), alpha_beta_curve("b/y", 64, 0.0, 1.0),
+                 alpha_beta_curve("c/z", 64, 0.0, 1.0)])
+    [level] = allocate(g, op_curves(g, p, 8), 8)
+    work = (4 + 2 + 2) * 64.0
+    assert level.c_star_ms == pytest.approx(work / 8, rel=1e-9)
+    stars = {a.metaop: a.n_star for a in level.ops}
+    assert stars == pytest.approx({"a/x": 4.0, "b/y": 2.0, "c/z": 2.0}, rel=1e-9)
+    # n* on a valid count: one tuple with every operator
+    assert all(len(a.tuples) == 1 and a.tuples[0].num_ops == m.num_layers
+               for a, m in zip(level.ops, [g.metaop(a.metaop) for a in level.ops], strict=True))
+
+
+def test_rounding_keeps_every_operator_and_valid_counts():
+    g = graph([metaop("a/x", layers=7, batch=12), metaop("b/y", layers=5, batch=12),
+               metaop("c/z", layers=3, batch=12)])
+    p = profile([alpha_beta_curve("a/x", 12, 0.5, 1.0), alpha_beta_curve("b/y", 12, 0.2, 0.7),
+                 alpha_beta_curve("c/z", 12, 0.1, 0.3)])
+    curves = op_curves(g, p, 8)
+    [level] = allocate(g, curves, 8)
+    for a in level.ops:
+        m = g.metaop(a.metaop)
+        assert sum(t.num_ops for t in a.tuples) == m.num_layers
+        assert a.n_lo <= a.n_star + 1e-9 <= a.n_hi + 2e-9
+        for t in a.tuples:
+            assert t.n in curves[m.id].counts and 12 % t.n == 0 and t.n <= 8
+    # the continuous allocation uses the whole cluster
+    assert sum(a.n_star for a in level.ops) == pytest.approx(8.0, rel=1e-6)
+
+
+def test_n_lin_is_infinite_beyond_the_largest_valid_count():
+    m = metaop("a/x", layers=2, batch=4)
+    c = alpha_beta_curve("a/x", 4, 1.0, 1.0)
+    oc = op_curve(m, c, 16, scaling.valid_counts(c, 16))
+    assert oc.counts == (0, 1, 2, 4)
+    assert n_lin(oc, 2 * scaling.time_ms(c, 4)) <= 4.0
+    assert math.isinf(n_lin(oc, 2 * scaling.time_ms(c, 4) * 0.99))
+
+
+def test_level_with_too_few_valid_counts_leaves_devices_idle():
+    # batch 2 caps the MetaOp at 2 devices; on 8 devices C* is its time at 2
+    g = graph([metaop("a/x", layers=3, batch=2)])
+    p = profile([alpha_beta_curve("a/x", 2, 1.0, 2.0)])
+    [level] = allocate(g, op_curves(g, p, 8), 8)
+    assert level.c_star_ms == pytest.approx(3 * (1.0 + 2.0 * 2 / 2), rel=1e-9)
+    assert [(t.n, t.num_ops) for t in level.ops[0].tuples] == [(2, 3)]
+
+
+def test_uneven_splits_allow_any_count_and_charge_the_largest_share():
+    c = alpha_beta_curve("a/x", 10, 0.0, 1.0)
+    assert scaling.valid_counts(c, 8) == [1, 2, 5]
+    assert scaling.valid_counts(c, 8, uneven=True) == list(range(1, 9))
+    # 10 rows on 4 devices: the slowest device has ceil(10 / 4) = 3 rows
+    assert op_time_ms(c, 4, uneven=True) == pytest.approx(3.0)
+    assert op_time_ms(c, 5, uneven=True) == pytest.approx(2.0)
+
+
+def test_tensor_parallel_counts_must_be_multiples_of_the_degree():
+    c = curve("a/x", 8, [(1, 2, 0.0, 1.0, "dp"), (2, 64, 0.5, 0.9, "tp2")])
+    m = metaop("a/x", layers=2, batch=8)
+    oc = op_curve(m, c, 16, scaling.valid_counts(c, 16))
+    # n = 2 is still the dp piece; above, tp2 needs even n with (n / 2) | 8: 6 is not valid
+    assert oc.counts == (0, 1, 2, 4, 8, 16)
+    assert [scaling.strategy(c, n) for n in oc.counts[1:]] == ["dp", "dp", "tp2", "tp2", "tp2"]

@@ -1,0 +1,96 @@
+"""Placement (islands, flows, memory, backtracking) and the memory ledger."""
+
+from __future__ import annotations
+
+import pytest
+from plan_builders import cluster, graph, metaop
+
+from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner.memory import Ledger, rows_per_rank, split_rows, state_bytes_per_param
+from spindle_cli.planner.placement import Flow, SliceSpec, place
+
+
+def spec(m, first, last, n, strategy="dp"):
+    return SliceSpec(metaop=m, first=first, last=last, n=n, strategy=strategy)
+
+
+def test_split_rows_gives_the_first_groups_one_extra_row():
+    assert split_rows(10, 4) == [3, 3, 2, 2]
+    assert rows_per_rank(10, 8, "tp2") == [3, 3, 3, 3, 2, 2, 2, 2]
+    assert state_bytes_per_param("bf16") == (2, 2, 12)
+    assert state_bytes_per_param("fp32") == (4, 4, 8)
+
+
+def test_ledger_counts_one_replica_per_rank_and_every_stash():
+    a = metaop("t1/enc", layers=4, batch=8, module="enc", params=100, stash=10)
+    b = metaop("t2/enc", layers=4, batch=4, module="enc", params=100, stash=10)
+    g = graph([a, b])
+    led = Ledger(g, 4)
+    led.commit(a, 0, 4, (0, 1), "dp")
+    led.commit(b, 0, 2, (1, 2), "dp")  # rank 1 already holds layers 0-1 of enc
+    table = {m.rank: m for m in led.table()}
+    assert table[0].param_bytes == 4 * 100 * 2 and table[0].optimizer_bytes == 4 * 100 * 12
+    assert table[1].param_bytes == 4 * 100 * 2
+    assert table[2].param_bytes == 2 * 100 * 2
+    assert table[3].total_bytes == 0
+    assert table[0].activation_bytes == 10 * 4 * 4  # 4 rows x 4 operators
+    assert table[1].activation_bytes == 10 * 4 * 4 + 10 * 2 * 2
+    assert led.used()[1] == table[1].total_bytes
+    # need() charges only the layers a rank does not hold yet, plus the stash
+    need = led.need(b, 2, 4, 2, "dp")
+    assert need[1] == pytest.approx(10 * 2 * 2)
+    assert need[2] == pytest.approx(2 * 100 * 16 + 10 * 2 * 2)
+    assert need[3] == pytest.approx(2 * 100 * 16 + 10 * 2 * 2)
+
+
+def test_a_slice_that_fits_an_island_stays_inside_one():
+    g = graph([metaop("t/a", layers=2, batch=8), metaop("t/b", layers=2, batch=8)])
+    c = cluster(num_nodes=2, per_node=4)
+    waves = [[spec(g.metaop("t/a"), 0, 2, 2), spec(g.metaop("t/b"), 0, 2, 4)]]
+    [[ra, rb]], _ = place(waves, [], g, c)
+    assert len({r // 4 for r in rb}) == 1
+    assert len({r // 4 for r in ra}) == 1
+    assert not set(ra) & set(rb)
+
+
+def test_the_consumer_lands_on_its_producers_ranks():
+    a = metaop("t/a", layers=2, batch=8, act_bytes=1 << 20)
+    g = graph([a, metaop("t/other", layers=2, batch=8)])
+    c = cluster(num_nodes=2, per_node=4)
+    waves = [[spec(g.metaop("t/other"), 0, 1, 4), spec(a, 0, 1, 2)],
+             [spec(a, 1, 2, 2), spec(g.metaop("t/other"), 1, 2, 4)]]
+    flows = [Flow(src=(0, 1), dst=(1, 0), bytes=1 << 20), Flow(src=(0, 0), dst=(1, 1), bytes=1)]
+    ranks, _ = place(waves, flows, g, c)
+    assert ranks[1][0] == ranks[0][1]
+    assert ranks[1][1] == ranks[0][0]
+
+
+def test_sequential_placement_uses_consecutive_ranks_in_slot_order():
+    g = graph([metaop("t/a", layers=2, batch=8), metaop("t/b", layers=2, batch=8)])
+    c = cluster(num_nodes=2, per_node=4)
+    waves = [[spec(g.metaop("t/a"), 0, 2, 2), spec(g.metaop("t/b"), 0, 2, 4)]]
+    ranks, _ = place(waves, [], g, c, mode="sequential")
+    assert ranks == [[(0, 1), (2, 3, 4, 5)]]
+
+
+def test_locality_gives_way_to_memory_when_a_rank_would_overflow():
+    # two 1-rank slices of one MetaOp: locality wants the second on the first's rank, but the
+    # two stashes do not fit on one rank, so the wave is re-placed memory-first
+    a = metaop("t/a", layers=2, batch=4, params=0, stash=100, act_bytes=1 << 20)
+    g = graph([a])
+    c = cluster(num_nodes=1, per_node=2, memory_bytes=600)
+    waves = [[spec(a, 0, 1, 1)], [spec(a, 1, 2, 1)]]
+    flows = [Flow(src=(0, 0), dst=(1, 0), bytes=1 << 20)]
+    ranks, ledger = place(waves, flows, g, c)
+    assert ranks[0][0] != ranks[1][0]
+    assert max(m.total_bytes for m in ledger.table()) <= 600
+
+
+def test_infeasible_placement_names_the_rank_and_the_bytes():
+    a = metaop("t/a", layers=2, batch=4, params=0, stash=100)
+    g = graph([a])
+    c = cluster(num_nodes=1, per_node=2, memory_bytes=300)
+    with pytest.raises(PlanInfeasible, match=r"rank \d needs 400 bytes more but only 300 bytes"):
+        place([[spec(a, 0, 1, 1)]], [], g, c)
+    with pytest.raises(PlanInfeasible, match=r"rank 0 needs 400 bytes more but only 300 bytes"):
+        place([[spec(a, 0, 1, 1)]], [], g, c, mode="sequential")

@@ -1,0 +1,87 @@
+"""Wavefront scheduling (Algorithm 1): propose, extend, align, remainders, merge."""
+
+from __future__ import annotations
+
+from plan_builders import alpha_beta_curve, graph, metaop, profile
+from test_allocation import worked_example
+
+from spindle_cli.planner.allocation import LevelAllocation, OpAllocation, Tuple
+from spindle_cli.planner.api import allocate, op_curves, spindle_waves
+from spindle_cli.planner.waves import PlannedWave, Slot, align, merge_or_append, schedule_level
+
+
+def test_align_matches_the_papers_wave_two():
+    # MetaOps 1, 2, 4 offer 9, 14 and 3 operators; MetaOp 4's tuple is the shortest, so the
+    # wave lasts its 3 operators and MetaOps 1 and 2 run 1 and 2 operators (8 and 13 remain)
+    assert align([2.5, 1.4, 1.0], [9, 14, 3]) == [1, 2, 3]
+
+
+def test_align_runs_the_shortest_tuple_completely():
+    ops = align([1.0, 3.0, 0.7], [4, 10, 50])
+    assert ops[0] == 4
+    # t_min = 4; k = round(4 / 3) = 1 and round(4 / 0.7) = 6, so the span is 6 * 0.7 = 4.2;
+    # then floor(4.2 / 3) = 1 and floor(4.2 / 0.7) = 6
+    assert ops == [4, 1, 6]
+
+
+def test_merge_folds_a_repeating_wave_into_the_previous_one():
+    w1 = PlannedWave(level=0, slots=(Slot(metaop="a/x", n=2, num_ops=3, op_time_ms=1.0),
+                                     Slot(metaop="b/y", n=2, num_ops=1, op_time_ms=2.0)))
+    w2 = PlannedWave(level=0, slots=(Slot(metaop="b/y", n=2, num_ops=2, op_time_ms=2.0),))
+    waves = [w1]
+    merge_or_append(waves, w2)
+    assert len(waves) == 1
+    assert [(s.metaop, s.num_ops) for s in waves[0].slots] == [("a/x", 3), ("b/y", 3)]
+    w3 = PlannedWave(level=0, slots=(Slot(metaop="b/y", n=1, num_ops=1, op_time_ms=3.0),))
+    merge_or_append(waves, w3)  # another n: a new wave
+    assert len(waves) == 2
+    w4 = PlannedWave(level=1, slots=(Slot(metaop="b/y", n=1, num_ops=1, op_time_ms=3.0),))
+    merge_or_append(waves, w4)  # never across levels
+    assert len(waves) == 3
+
+
+def test_worked_example_waves():
+    g, p = worked_example()
+    curves = op_curves(g, p, 4)
+    waves = spindle_waves(g, curves, allocate(g, curves, 4), 4)
+    got = [[(s.metaop, s.n, s.num_ops) for s in w.slots] for w in waves]
+    # wave 0: the two 2-device tuples; aligned to MetaOp 2's 8 operators on 2 devices
+    assert got[0] == [("a/m1", 2, 4), ("b/m2", 2, 8)]
+    # wave 1: MetaOp 1's remainder keeps n = 2; MetaOps 3 and 2's lower tuple take 1 each
+    assert got[1] == [("a/m1", 2, 4), ("c/m3", 1, 5), ("b/m2", 1, 3)]
+    # wave 2: two devices would idle, so both remainders are extended to 2 devices
+    assert got[2] == [("b/m2", 2, 1), ("c/m3", 2, 1)]
+    for w in waves:
+        assert sum(s.n for s in w.slots) <= 4
+        assert w.duration_ms == max(s.time_ms for s in w.slots)
+
+
+def test_extension_gives_idle_devices_to_the_longest_remaining_work():
+    g = graph([metaop("a/big", layers=8, batch=8), metaop("b/small", layers=1, batch=8)])
+    p = profile([alpha_beta_curve("a/big", 8, 0.0, 1.0), alpha_beta_curve("b/small", 8, 0.0, 1.0)])
+    curves = op_curves(g, p, 8)
+    alloc = LevelAllocation(level=0, c_star_ms=1.0, ops=(
+        OpAllocation(metaop="a/big", n_star=2, n_lo=2, n_hi=2, ops_lo=0, ops_hi=8,
+                     tuples=(Tuple(metaop="a/big", n=2, num_ops=8),)),
+        OpAllocation(metaop="b/small", n_star=2, n_lo=2, n_hi=2, ops_lo=0, ops_hi=1,
+                     tuples=(Tuple(metaop="b/small", n=2, num_ops=1),)),
+    ))
+    waves = schedule_level(alloc, curves, 8, {"a/big": (), "b/small": ()}, set())
+    first = {s.metaop: s.n for s in waves[0].slots}
+    # 4 devices idle after proposing 2 + 2: a/big has the most remaining time and goes to 4;
+    # it cannot reach 8 with the 2 left, so b/small takes them
+    assert first == {"a/big": 4, "b/small": 4}
+    # the remainder of a/big comes back with its original n = 2, then is extended again
+    assert sum(s.num_ops for w in waves for s in w.slots if s.metaop == "a/big") == 8
+
+
+def test_successors_wait_for_their_predecessors():
+    g = graph([metaop("t/a", layers=2, batch=4), metaop("t/b", layers=3, batch=4),
+               metaop("t/c", level=1, layers=2, batch=4, preds=("t/a", "t/b"))])
+    p = profile([alpha_beta_curve(s, 4, 0.1, 1.0) for s in ("t/a", "t/b", "t/c")])
+    curves = op_curves(g, p, 4)
+    waves = spindle_waves(g, curves, allocate(g, curves, 4), 4)
+    last_pred = max(i for i, w in enumerate(waves) for s in w.slots if s.metaop in ("t/a", "t/b"))
+    first_c = min(i for i, w in enumerate(waves) for s in w.slots if s.metaop == "t/c")
+    assert first_c > last_pred
+    assert [w.level for w in waves] == sorted(w.level for w in waves)
