@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect as pyinspect
 from typing import Any
 
@@ -23,10 +24,13 @@ def validate(files: tuple[str, ...]) -> None:
         err.print(f"ok {path} ({obj.kind})")
 
 
-def _view(kind: str) -> Any:
+def _view(kind: str, path: str) -> Any:
     """The `show` function of the view module for an artifact kind."""
-    module = importlib.import_module(f"spindle_cli.cli.views.{VIEW_MODULES[kind]}")
-    return module.show
+    name = f"spindle_cli.cli.views.{VIEW_MODULES[kind]}"
+    if importlib.util.find_spec(name) is None:
+        raise SpindleError(f"{path}: no summary for {kind} artifacts in this spindle version",
+                           hint=f"spindle validate {path} checks it")
+    return importlib.import_module(name).show
 
 
 @click.command()
@@ -41,7 +45,7 @@ def show(path: str, plot: str | None, gantt: str | None, utilization: str | None
     given = {"plot": plot, "gantt": gantt, "utilization": utilization, "text_gantt": text_gantt}
     options = {name: value for name, value in given.items() if value not in (None, False)}
     obj = load_artifact(path)
-    view = _view(obj.kind)
+    view = _view(obj.kind, path)
     accepted = pyinspect.signature(view).parameters
     for name in options:
         if name not in accepted:

@@ -109,7 +109,7 @@ def test_dtype_sets_activation_bytes(model_path):
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_graph_works_on_every_shipped_model(path, tmp_path):
-    out = Path("g.yaml")
+    out = tmp_path / "g.yaml"
     result = _invoke("graph", str(path), "-o", str(out))
     assert result.exit_code == 0, result.stderr
     graph = load(str(out), MetaOpGraph)

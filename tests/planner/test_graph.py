@@ -154,6 +154,19 @@ def test_metaops_sorted_by_level_then_id_and_inputs_recorded(make_model):
     assert g.inputs == (ref,)
 
 
+def test_a_split_step_gets_numbered_metaops(make_model, monkeypatch):
+    # With no two layers of the same type, every layer is its own MetaOp: ids get '#k', each
+    # piece covers one layer of the module and depends on the previous one.
+    monkeypatch.setattr("spindle_cli.planner.graph._same_type", lambda a, b: False)
+    g = build_graph(make_model(MODULES, [_task("t", CHAIN)]))
+    pieces = [g.metaop(f"t/enc#{k}") for k in range(3)]
+    assert [(m.first_layer, m.num_layers, m.level) for m in pieces] == [(0, 1, 1), (1, 1, 2),
+                                                                        (2, 1, 3)]
+    assert [m.predecessors for m in pieces] == [("t/embed",), ("t/enc#0",), ("t/enc#1",)]
+    assert g.metaop("t/loss").predecessors == ("t/enc#2",)
+    assert g.metaop("t/embed").id == "t/embed"  # one piece: no suffix
+
+
 def _op(step: str, layer: int, *, module: str = "m", seq: int = 4) -> Operator:
     shape = Shape("sequence", seq, 8)
     return Operator(task="t", step=step, module=module, layer=layer, batch_size=2,
