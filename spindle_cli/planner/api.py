@@ -174,7 +174,9 @@ def _slice_specs(graph: MetaOpGraph, curves: dict[str, OpCurve],
 
 
 def _flows(graph: MetaOpGraph, specs: list[list[SliceSpec]]) -> list[Flow]:
-    """Every activation flow, in the canonical order of docs/CONTRACTS.md."""
+    """Every activation flow, in the canonical order of docs/CONTRACTS.md: by consumer slice;
+    for one consumer the flow from the MetaOp's previous slice, then one per predecessor in
+    `MetaOp.predecessors` order (the order the consumer concatenates its inputs)."""
     by_id = {m.id: m for m in graph.metaops}
     first_slice: dict[str, tuple[int, int]] = {}
     last_slice: dict[str, tuple[int, int]] = {}
@@ -202,7 +204,7 @@ def _flows(graph: MetaOpGraph, specs: list[list[SliceSpec]]) -> list[Flow]:
                     if src[0] >= wi:
                         raise AssertionError(f"{s.metaop.id} starts before predecessor {p} ends")
                     here.append(Flow(src=src, dst=key, bytes=pm.activation_out_bytes))
-            flows.extend(sorted(here, key=lambda f: f.src))
+            flows.extend(here)
     return flows
 
 

@@ -1,0 +1,198 @@
+"""make_plan: the plan's contract (docs/CONTRACTS.md), determinism, errors, golden plans.
+
+Golden plans live in tests/data/plan-<case>/ (graph.yaml, profile.yaml, cluster.yaml,
+expected_plan.yaml). They change only through the explicit, reviewed step
+    python tests/planner/test_api.py --regenerate
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
+
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, load, rendered_for
+from spindle_cli.artifacts.io import input_ref, render, write_artifact
+from spindle_cli.errors import PlanInfeasible, SpindleError
+from spindle_cli.planner.api import PlanOptions, make_plan
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+CASES = sorted(p.name for p in DATA.glob("plan-*") if (p / "expected_plan.yaml").is_file())
+
+
+def multitask():
+    """Two tasks, three levels, a shared module, on 2 nodes x 4 devices."""
+    ms = [
+        metaop("t1/img", layers=6, batch=8, module="vit", act_bytes=8 << 20),
+        metaop("t1/txt", layers=4, batch=8, module="bert", act_bytes=2 << 20),
+        metaop("t2/txt", layers=4, batch=4, module="bert", act_bytes=1 << 20),
+        metaop("t1/head", level=1, layers=2, batch=8, module="head", preds=("t1/img", "t1/txt")),
+        metaop("t2/head", level=1, layers=2, batch=4, module="head", preds=("t2/txt",)),
+        metaop("t1/loss", level=2, layers=1, batch=8, module="loss", preds=("t1/head",)),
+    ]
+    curves = [alpha_beta_curve(m.id, m.batch_size, 0.2, 1.0 + i * 0.3) for i, m in enumerate(ms)]
+    return graph(ms), profile(curves), cluster(num_nodes=2, per_node=4)
+
+
+def check_contract(plan, g):
+    """The invariants every consumer of a plan relies on."""
+    seen = {m.id: [] for m in g.metaops}
+    wave_of = {}
+    for w in plan.waves:
+        used = set()
+        for s in w.slices:
+            assert not used & set(s.ranks)
+            used |= set(s.ranks)
+            seen[s.metaop].append((s.first, s.last, w.index))
+            wave_of[s.id] = w.index
+    for m in g.metaops:
+        ranges = seen[m.id]
+        assert ranges[0][0] == 0 and ranges[-1][1] == m.num_layers
+        for (_, last, wa), (first, _, wb) in zip(ranges, ranges[1:], strict=False):
+            assert first == last and wb > wa
+        for p in m.predecessors:
+            assert seen[p][-1][2] < ranges[0][2]
+    keys = [(wave_of[t.dst], int(t.dst.split(".")[1])) for t in plan.transfers]
+    assert keys == sorted(keys)
+    assert plan.estimated_iteration_ms == pytest.approx(sum(w.duration_ms for w in plan.waves))
+    assert plan.lower_bound_ms == pytest.approx(sum(lv.lower_bound_ms for lv in plan.levels))
+
+
+def test_plan_contract_and_transfers():
+    g, p, c = multitask()
+    plan = make_plan(g, p, c)
+    check_contract(plan, g)
+    assert plan.options == {"planner": "spindle", "placement": "island", "uneven_splits": "false"}
+    assert plan.islands == ((0, 1, 2, 3), (4, 5, 6, 7))
+    by_id = {s.id: s for _, s in plan.slices()}
+    # one transfer per predecessor into t1/head's first slice, in predecessor order
+    head_first = next(s for _, s in plan.slices() if s.metaop == "t1/head")
+    into_head = [t for t in plan.transfers if t.dst == head_first.id]
+    assert [by_id[t.src].metaop for t in into_head] == ["t1/img", "t1/txt"]
+    assert [t.bytes for t in into_head] == [8 << 20, 2 << 20]
+    for t in plan.transfers:
+        assert t.src_ranks == by_id[t.src].ranks and t.dst_ranks == by_id[t.dst].ranks
+
+
+def test_param_groups_union_the_ranks_of_every_task():
+    g, p, c = multitask()
+    plan = make_plan(g, p, c)
+    for grp in plan.param_groups:
+        for layer in range(grp.first_layer, grp.last_layer):
+            holders = set()
+            for _, s in plan.slices():
+                m = g.metaop(s.metaop)
+                if m.module == grp.module and m.first_layer + s.first <= layer < m.first_layer + s.last:
+                    holders |= set(s.ranks)
+            assert holders == set(grp.ranks)
+    bert = [grp for grp in plan.param_groups if grp.module == "bert"]
+    assert sum(grp.last_layer - grp.first_layer for grp in bert) == 4
+
+
+def test_memory_table_matches_the_slices():
+    g, p, c = multitask()
+    plan = make_plan(g, p, c)
+    assert [m.rank for m in plan.memory] == list(range(8))
+    act = [0] * 8
+    for _, s in plan.slices():
+        m = g.metaop(s.metaop)
+        rows = [m.batch_size // len(s.ranks) + (1 if i < m.batch_size % len(s.ranks) else 0)
+                for i in range(len(s.ranks))]
+        for r, k in zip(s.ranks, rows, strict=True):
+            act[r] += m.stash_bytes_per_sample * k * (s.last - s.first)
+    assert [m.activation_bytes for m in plan.memory] == act
+
+
+def test_plans_are_byte_identical_across_runs():
+    g, p, c = multitask()
+    for planner in ("spindle", "sequential", "optimus", "distmm"):
+        a = make_plan(g, p, c, options=PlanOptions(planner=planner))
+        b = make_plan(g, p, c, options=PlanOptions(planner=planner))
+        assert render(a, "yaml") == render(b, "yaml")
+
+
+def test_missing_curve_names_the_signature_and_the_profile():
+    g, p, c = multitask()
+    short = profile([cv for cv in p.curves if cv.signature != "t2/head"])
+    ref = input_ref(short, "profiles/x.yaml")
+    with pytest.raises(SpindleError, match=r"profiles/x.yaml has no curve for signature 't2/head'"):
+        make_plan(g, short, c, inputs=(ref,))
+
+
+def test_a_metaop_without_a_valid_count_is_infeasible():
+    g = graph([metaop("t/a", layers=1, batch=4)])
+    p = profile([alpha_beta_curve("t/a", 4, 0.0, 1.0)])
+    # the only piece is tp4, which needs at least 4 devices
+    from plan_builders import curve
+
+    p = profile([curve("t/a", 4, [(1, 64, 0.0, 1.0, "tp4")])])
+    with pytest.raises(PlanInfeasible, match="no valid device count <= 2"):
+        make_plan(g, p, cluster(per_node=2))
+
+
+def test_uneven_splits_are_recorded_and_never_worse_here():
+    g = graph([metaop("t/a", layers=6, batch=6), metaop("u/b", layers=2, batch=6)])
+    p = profile([alpha_beta_curve("t/a", 6, 0.0, 1.0), alpha_beta_curve("u/b", 6, 0.0, 1.0)])
+    c = cluster(per_node=8)
+    even = make_plan(g, p, c)
+    uneven = make_plan(g, p, c, options=PlanOptions(uneven_splits=True))
+    assert uneven.options["uneven_splits"] == "true"
+    # with n | 6 only 1, 2, 3, 6 are usable; 8 devices allow 6 + 2 either way, but uneven
+    # splits also let the relaxed optimum use every count
+    assert uneven.estimated_iteration_ms <= even.estimated_iteration_ms + 1e-9
+    check_contract(uneven, g)
+
+
+def _case_inputs(case: str):
+    d = DATA / case
+    return (load(str(d / "graph.yaml"), MetaOpGraph), load(str(d / "profile.yaml"), Profile),
+            load(str(d / "cluster.yaml"), ClusterSpec))
+
+
+def _case_plan(case: str):
+    g, p, c = _case_inputs(case)
+    rel = f"tests/data/{case}"
+    inputs = (input_ref(g, f"{rel}/graph.yaml"), input_ref(p, f"{rel}/profile.yaml"),
+              input_ref(c, f"{rel}/cluster.yaml"))
+    return g, make_plan(g, p, c, inputs=inputs)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_golden_plan(case):
+    g, plan = _case_plan(case)
+    check_contract(plan, g)
+    expected = (DATA / case / "expected_plan.yaml").read_text(encoding="utf-8")
+    assert rendered_for(plan, "expected_plan.yaml") == expected, (
+        f"{case}: the plan changed; review and run python tests/planner/test_api.py --regenerate"
+    )
+
+
+def test_golden_cases_exist():
+    assert len(CASES) >= 2
+
+
+def _write_inputs(case: str, g, p, c) -> None:
+    d = DATA / case
+    d.mkdir(parents=True, exist_ok=True)
+    for name, obj in (("graph", g), ("profile", p), ("cluster", c)):
+        write_artifact(obj, str(d / f"{name}.yaml"))
+
+
+def regenerate() -> None:
+    """Rewrite the hand-built golden inputs and every expected plan."""
+    from test_allocation import worked_example
+
+    g, p = worked_example()
+    _write_inputs("plan-worked-example", g, p, cluster(per_node=4, name="n4"))
+    _write_inputs("plan-two-node-multitask", *multitask())
+    for case in sorted(p.name for p in DATA.glob("plan-*")):
+        _, plan = _case_plan(case)
+        write_artifact(plan, str(DATA / case / "expected_plan.yaml"))
+        print(f"wrote tests/data/{case}/expected_plan.yaml")
+
+
+if __name__ == "__main__" and "--regenerate" in sys.argv:
+    sys.path.insert(0, str(Path(__file__).parent))
+    regenerate()

@@ -1,0 +1,74 @@
+"""Baselines in the plan format: sequential, optimus, distmm (our notes §11)."""
+
+from __future__ import annotations
+
+import pytest
+from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
+
+from spindle_cli.planner.api import PlanOptions, make_plan
+
+
+def two_tasks():
+    # task a: 8 operators of 4 / n ms; task b: 2 operators of 4 / n ms (B = 4: counts 1, 2, 4)
+    g = graph([metaop("a/x", layers=8, batch=4), metaop("b/y", layers=2, batch=4)])
+    p = profile([alpha_beta_curve("a/x", 4, 0.0, 1.0), alpha_beta_curve("b/y", 4, 0.0, 1.0)])
+    return g, p
+
+
+def test_sequential_runs_every_metaop_on_the_whole_cluster_in_task_order():
+    g = graph([metaop("a/x", layers=3, batch=6), metaop("a/z", level=1, layers=1, batch=6,
+                                                         preds=("a/x",)),
+               metaop("b/y", layers=2, batch=8)])
+    p = profile([alpha_beta_curve("a/x", 6, 0.5, 1.0), alpha_beta_curve("a/z", 6, 0.1, 1.0),
+                 alpha_beta_curve("b/y", 8, 0.2, 2.0)])
+    plan = make_plan(g, p, cluster(per_node=4), options=PlanOptions(planner="sequential"))
+    got = [[(s.metaop, len(s.ranks), s.first, s.last) for s in w.slices] for w in plan.waves]
+    # B = 6 on 4 devices: the largest valid count is 3; B = 8 can use all 4
+    assert got == [[("a/x", 3, 0, 3)], [("a/z", 3, 0, 1)], [("b/y", 4, 0, 2)]]
+    expected = 3 * (0.5 + 6 / 3) + (0.1 + 6 / 3) + 2 * (0.2 + 2.0 * 8 / 4)
+    assert plan.estimated_iteration_ms == pytest.approx(expected)
+
+
+def test_optimus_gives_devices_by_largest_marginal_gain():
+    g, p = two_tasks()
+    plan = make_plan(g, p, cluster(per_node=4), options=PlanOptions(planner="optimus"))
+    sizes = {s.metaop: len(s.ranks) for _, s in plan.slices()}
+    # from (1, 1): a gains (32 - 16) / 1 > b's (8 - 4) / 1, so a -> 2; a's next step (4)
+    # needs 2 more devices but only 1 is left, so b -> 2
+    assert sizes == {"a/x": 2, "b/y": 2}
+    # both tasks run concurrently: the iteration is the longer task, 8 x 4 / 2 = 16 ms
+    assert plan.estimated_iteration_ms == pytest.approx(16.0)
+    assert plan.waves[0].slices[0].ranks != plan.waves[0].slices[1].ranks
+
+
+def test_optimus_list_schedules_more_tasks_than_devices():
+    g = graph([metaop("a/x", layers=4, batch=4), metaop("b/y", layers=2, batch=4),
+               metaop("c/z", layers=2, batch=4)])
+    p = profile([alpha_beta_curve(s, 4, 0.0, 1.0) for s in ("a/x", "b/y", "c/z")])
+    plan = make_plan(g, p, cluster(per_node=2), options=PlanOptions(planner="optimus"))
+    assert all(len(s.ranks) == 1 for _, s in plan.slices())
+    # a (16 ms) on one device; b then c (8 + 8 ms) on the other
+    assert plan.estimated_iteration_ms == pytest.approx(16.0)
+
+
+def test_distmm_balances_towers_then_runs_the_join_on_all_devices():
+    g = graph([metaop("t/a", layers=3, batch=4), metaop("t/b", layers=1, batch=4),
+               metaop("t/c", level=1, layers=1, batch=4, preds=("t/a", "t/b"))])
+    p = profile([alpha_beta_curve(s, 4, 0.0, 1.0) for s in ("t/a", "t/b", "t/c")])
+    plan = make_plan(g, p, cluster(per_node=4), options=PlanOptions(planner="distmm"))
+    sizes = {s.metaop: len(s.ranks) for _, s in plan.slices()}
+    # (2, 2) and (2, 1) both give a slowest tower of 3 x 4 / 2 = 6 ms; (2, 2) has less total
+    assert sizes == {"t/a": 2, "t/b": 2, "t/c": 4}
+    towers = [w for w in plan.waves if any(s.metaop == "t/a" for s in w.slices)]
+    assert {s.metaop for s in towers[0].slices} == {"t/a", "t/b"}
+    assert plan.waves[-1].slices[0].metaop == "t/c"
+
+
+@pytest.mark.parametrize("planner", ["spindle", "sequential", "optimus", "distmm"])
+def test_every_planner_reports_the_same_relaxed_bound(planner):
+    g, p = two_tasks()
+    plan = make_plan(g, p, cluster(per_node=4), options=PlanOptions(planner=planner))
+    assert plan.planner == planner
+    # both MetaOps scale linearly: C* = total work / N = (32 + 8) / 4
+    assert plan.lower_bound_ms == pytest.approx(10.0, rel=1e-9)
+    assert plan.estimated_iteration_ms >= plan.lower_bound_ms - 1e-9
