@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -324,6 +325,22 @@ class Executor:
             st.recv.pop(ti, None)
 
     # ---- state ----------------------------------------------------------------------------
+
+    def state(self, step: int) -> dict[str, Any]:
+        """What a checkpoint keeps of this rank: parameters, optimizer state, completed steps."""
+        return {"step": step, "params": self.parameters(),
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore `state()` output (the same plan on the same rank)."""
+        params = dict(self.named)
+        if set(state["params"]) != set(params):
+            raise RuntimeFailure(f"checkpoint holds parameters {sorted(state['params'])[:3]}..., "
+                                 f"this rank runs {sorted(params)[:3]}...")
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(state["params"][name])
+        self.optimizer.load_state_dict(state["optimizer"])
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """This rank's parameters by `module.layer.param` name (detached copies)."""

@@ -1,0 +1,79 @@
+"""Atomic distributed checkpoints: every rank's layers and optimizer state, the step, the data
+position.
+
+Layout: `DIR/step-000004/{rank-00000.pt, ..., manifest.json}`. Ranks write into a hidden
+`DIR/.step-000004.tmp/`; after a barrier (every rank's file is complete) rank 0 writes the
+manifest and renames the directory, and a second barrier makes every rank wait for it. A crash
+anywhere before the rename leaves only the hidden directory, which `latest` ignores, so a
+checkpoint directory without a hidden prefix is always complete. The checkpoint directory must
+be shared by all nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from spindle_cli.errors import SpindleError
+
+MANIFEST = "manifest.json"
+
+
+def step_dir(directory: str, step: int) -> Path:
+    """Where the checkpoint taken after `step` completed steps lives."""
+    return Path(directory) / f"step-{step:06d}"
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[str, Any],
+         meta: dict[str, Any]) -> None:
+    """Collective: write this rank's `state` for `step` completed steps; rank 0 commits."""
+    final = step_dir(directory, step)
+    tmp = final.with_name(f".{final.name}.tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    _atomic_torch_save(state, tmp / f"rank-{rank:05d}.pt")
+    if world_size > 1:
+        dist.barrier()
+    if rank == 0:
+        manifest = {"step": step, "data_position": step, "world_size": world_size, **meta}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    if world_size > 1:
+        dist.barrier()
+
+
+def latest(directory: str) -> Path | None:
+    """The newest complete checkpoint under `directory`, or None."""
+    root = Path(directory)
+    if not root.is_dir():
+        return None
+    done = sorted(p for p in root.glob("step-*") if (p / MANIFEST).is_file())
+    return done[-1] if done else None
+
+
+def load(path: Path, *, rank: int, world_size: int, meta: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(completed steps, this rank's state) of a checkpoint; SpindleError when it was taken by
+    a different run configuration."""
+    manifest = json.loads((path / MANIFEST).read_text())
+    if manifest["world_size"] != world_size:
+        raise SpindleError(f"{path}: checkpoint of {manifest['world_size']} ranks, this run has "
+                           f"{world_size}")
+    for key, value in meta.items():
+        if manifest.get(key) != value:
+            raise SpindleError(f"{path}: checkpoint was taken with {key}={manifest.get(key)!r}, "
+                               f"this run has {value!r}")
+    state: dict[str, Any] = torch.load(path / f"rank-{rank:05d}.pt", weights_only=True)
+    return int(manifest["step"]), state

@@ -1,0 +1,78 @@
+"""Loading what a run needs and checking it against the world, before any collective.
+
+The plan names its graph in `inputs`, and the graph names its model; both are verified by
+sha256 so a run never trains a model other than the one the plan was made for. Pure Python (no
+torch): `spindle run` calls it before launching workers, and every worker calls it again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Plan, load, sha256
+from spindle_cli.artifacts.base import DerivedArtifact
+from spindle_cli.errors import ArtifactError, SpindleError
+from spindle_cli.runtime.program import PlanError, Program, build_program
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunInputs:
+    """A plan with the graph and model it was made from."""
+
+    plan_path: str
+    plan: Plan
+    graph: MetaOpGraph
+    model: ModelSpec
+    program: Program
+
+
+def resolve_input(owner: DerivedArtifact, owner_path: str, kind: str) -> str:
+    try:
+        index = [r.kind for r in owner.inputs].index(kind)
+    except ValueError:
+        raise ArtifactError(owner_path, "inputs", f"names no {kind} input") from None
+    ref = owner.inputs[index]
+    # paths are recorded as given on the command line: try the working directory, then the
+    # directory of the file that records them
+    for candidate in (Path(ref.path), Path(owner_path).parent / ref.path):
+        if candidate.is_file():
+            return str(candidate)
+    raise ArtifactError(owner_path, f"inputs[{index}].path", f"{kind} file {ref.path!r} not found")
+
+
+def _verified(owner: DerivedArtifact, owner_path: str, kind: str, cls: type) -> tuple[str, object]:
+    path = resolve_input(owner, owner_path, kind)
+    obj = load(path, cls)
+    index = [r.kind for r in owner.inputs].index(kind)
+    if sha256(obj) != owner.inputs[index].sha256:
+        raise ArtifactError(owner_path, f"inputs[{index}].sha256",
+                            f"{path} changed since this file was made (sha256 mismatch)",
+                            hint=f"regenerate {owner_path}")
+    return path, obj
+
+
+def load_run_inputs(plan_path: str) -> RunInputs:
+    """Load and cross-check the plan, its graph and its model."""
+    plan = load(plan_path, Plan)
+    graph_path, graph = _verified(plan, plan_path, "metaop_graph", MetaOpGraph)
+    assert isinstance(graph, MetaOpGraph)
+    _, model = _verified(graph, graph_path, "model", ModelSpec)
+    assert isinstance(model, ModelSpec)
+    return RunInputs(plan_path=plan_path, plan=plan, graph=graph, model=model,
+                     program=build_program(plan, graph, model))
+
+
+def check_world(plan: Plan, world_size: int, *, rank: int | None = None,
+                memory_bytes: int | None = None) -> None:
+    """Refuse a plan that does not fit the world: its size, and (with `rank` and
+    `memory_bytes`) the rank's estimated memory."""
+    if world_size != plan.num_devices:
+        raise SpindleError(f"the plan needs {plan.num_devices} ranks, the run has {world_size}",
+                           hint=f"use --nproc-per-node x --nnodes = {plan.num_devices}")
+    if rank is None or memory_bytes is None:
+        return
+    need = next((m.total_bytes for m in plan.memory if m.rank == rank), 0)
+    if need > memory_bytes:
+        raise PlanError(f"rank {rank} needs an estimated {need / 2**30:.2f} GiB, its device has "
+                        f"{memory_bytes / 2**30:.2f} GiB")

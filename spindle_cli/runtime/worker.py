@@ -1,0 +1,240 @@
+"""The per-rank entry point: `python -m spindle_cli.runtime.worker PLAN [options]`, started by
+`spindle run` through torch's elastic launcher or directly by `torchrun`.
+
+Every rank loads and checks the plan against the world before the first collective, trains
+with the wave executor, prints each step's loss on rank 0 (stdout), checkpoints and writes the
+trace. A failing rank prints one line `error: rank R: cause` on stderr, records the same line
+for the launcher (torchelastic error file) and exits non-zero; its peers then fail too (their
+next message to it errors, or the process-group timeout expires).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Plan, Profile, load, sha256
+from spindle_cli.errors import SpindleError
+from spindle_cli.runtime import checkpoint
+from spindle_cli.runtime import dist as rdist
+from spindle_cli.runtime.data import load_data_source
+from spindle_cli.runtime.executor import Executor
+from spindle_cli.runtime.groups import make_groups
+from spindle_cli.runtime.inputs import check_world, load_run_inputs, resolve_input
+from spindle_cli.runtime.program import Program
+from spindle_cli.runtime.trace import Tracer, trace_document, write_json
+
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainOptions:
+    """How to train (what `spindle run` passes on)."""
+
+    steps: int
+    """Total training steps (a resumed run continues up to this step)."""
+    seed: int = 0
+    lr: float = 1e-3
+    dtype: str = "fp32"
+    dataset: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    trace_path: str | None = None
+    predicted_ms: float | None = None
+    """Predicted iteration time for the trace summary (default: the plan's estimate)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class TrainResult:
+    """What one rank saw: the losses of the steps it ran and its final parameters."""
+
+    start_step: int
+    losses: list[dict[str, float]] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _meta(plan: Plan, opts: TrainOptions) -> dict[str, Any]:
+    """What a checkpoint must agree on with the run resuming from it."""
+    return {"plan_sha256": sha256(plan), "seed": opts.seed, "dtype": opts.dtype,
+            "dataset": opts.dataset or "synthetic"}
+
+
+def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
+          world: rdist.World, opts: TrainOptions,
+          log: Callable[[str], None] | None = None) -> TrainResult:
+    """Train on this rank (the default process group is initialized)."""
+    dtype = DTYPES[opts.dtype]
+    groups = make_groups(program, world.rank)
+    data = load_data_source(opts.dataset, model, opts.seed, dtype)
+    tracer = Tracer(enabled=opts.trace_path is not None, rank=world.rank)
+    ex = Executor(plan, program, model, world, groups, data, seed=opts.seed, lr=opts.lr,
+                  dtype=dtype, tracer=tracer)
+    meta = _meta(plan, opts)
+    start = 0
+    if opts.resume:
+        assert opts.checkpoint_dir is not None
+        found = checkpoint.latest(opts.checkpoint_dir)
+        if found is not None:
+            start, state = checkpoint.load(found, rank=world.rank, world_size=world.world_size,
+                                           meta=meta)
+            ex.load_state(state)
+            if log:
+                log(f"resumed from {found} at step {start}")
+    result = TrainResult(start_step=start)
+    for step in range(start, opts.steps):
+        t0 = time.perf_counter()
+        losses = ex.train_step(step)
+        result.step_ms.append((time.perf_counter() - t0) * 1e3)
+        result.losses.append(losses)
+        if log:
+            per_task = "  ".join(f"{t} {v:.6f}" for t, v in losses.items())
+            log(f"step {step + 1}/{opts.steps}  loss {sum(losses.values()):.6f}  ({per_task})")
+        done = step + 1
+        if opts.checkpoint_dir and opts.checkpoint_every and (
+                done % opts.checkpoint_every == 0 or done == opts.steps):
+            checkpoint.save(opts.checkpoint_dir, done, rank=world.rank,
+                            world_size=world.world_size, state=ex.state(done), meta=meta)
+    if opts.trace_path is not None:
+        _write_trace(tracer, result, plan, world, opts)
+    result.params = ex.parameters()
+    return result
+
+
+def measured_iteration_ms(step_ms: list[float]) -> float:
+    """Median step time, leaving out the first step (warm-up) when there are others."""
+    times = step_ms[1:] if len(step_ms) > 1 else step_ms
+    return statistics.median(times) if times else 0.0
+
+
+def _write_trace(tracer: Tracer, result: TrainResult, plan: Plan, world: rdist.World,
+                 opts: TrainOptions) -> None:
+    gathered: list[Any] = [None] * world.world_size
+    if world.world_size > 1:
+        dist.all_gather_object(gathered, (tracer.events, result.step_ms))
+    else:
+        gathered = [(tracer.events, result.step_ms)]
+    if world.rank != 0:
+        return
+    # the iteration ends when the slowest rank ends it: take the slowest rank's median
+    measured = max(measured_iteration_ms(ms) for _, ms in gathered)
+    predicted = opts.predicted_ms if opts.predicted_ms is not None else plan.estimated_iteration_ms
+    summary = {"planner": plan.planner, "num_ranks": world.world_size, "backend": world.backend,
+               "steps": len(result.step_ms), "measured_iteration_ms": measured,
+               "predicted_iteration_ms": predicted,
+               "measured_over_predicted": measured / predicted if predicted > 0 else None}
+    assert opts.trace_path is not None
+    write_json(trace_document([evs for evs, _ in gathered], summary), opts.trace_path)
+    print(f"trace: {opts.trace_path}  measured {measured:.2f} ms/iteration, predicted "
+          f"{predicted:.2f} ms", file=sys.stderr)
+
+
+def predicted_iteration_ms(plan_path: str, plan: Plan, graph: MetaOpGraph) -> float:
+    """The simulator's iteration time for the plan when its profile and cluster files are at
+    hand, else the plan's own estimate."""
+    from spindle_cli.planner.simulate import simulate
+    try:
+        profile = load(resolve_input(plan, plan_path, "profile"), Profile)
+        cluster = load(resolve_input(plan, plan_path, "cluster"), ClusterSpec)
+    except SpindleError:
+        return plan.estimated_iteration_ms
+    return simulate(plan, graph, profile, cluster).iteration_ms
+
+
+def _device_memory_bytes(world: rdist.World) -> int:
+    if world.device.type == "cuda":
+        return int(torch.cuda.get_device_properties(world.device).total_memory)
+    # CPU ranks of one node share its RAM
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // world.local_world_size
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m spindle_cli.runtime.worker")
+    p.add_argument("plan")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument("--timeout-s", type=float, default=rdist.DEFAULT_TIMEOUT_S)
+    p.add_argument("--dataset", default=None)
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--trace", default=None)
+    return p.parse_args(argv)
+
+
+def _is_peer_failure(e: BaseException) -> bool:
+    """Errors a rank sees because ANOTHER rank failed (the root cause is elsewhere)."""
+    text = str(e)
+    return isinstance(e, (dist.DistError, RuntimeError)) and any(
+        s in text for s in ("Connection closed by peer", "Connection reset", "Timed out",
+                            "timed out", "Broken pipe", "connectFullMesh"))
+
+
+def _report_failure(rank: int, e: BaseException) -> int:
+    if isinstance(e, SpindleError):
+        cause, code, secondary = str(e), e.exit_code, False
+    elif _is_peer_failure(e):
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        cause, code, secondary = f"lost a peer rank ({first})", 1, True
+    else:
+        cause, code, secondary = f"{type(e).__name__}: {e}", 1, False
+    line = f"rank {rank}: {cause}"
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    if os.environ.get("SPINDLE_DEBUG") == "1":
+        traceback.print_exception(e)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        with open(error_file, "w") as f:
+            json.dump({"message": line, "timestamp": int(time.time()),
+                       "spindle": {"rank": rank, "secondary": secondary}}, f)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one rank; returns the process exit code."""
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        inputs = load_run_inputs(args.plan)
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        check_world(inputs.plan, world_size)
+        if args.resume and not args.checkpoint_dir:
+            raise SpindleError("--resume needs --checkpoint-dir")
+        world = rdist.init(args.backend, timeout_s=args.timeout_s)
+        try:
+            check_world(inputs.plan, world.world_size, rank=world.rank,
+                        memory_bytes=_device_memory_bytes(world))
+            predicted = (predicted_iteration_ms(args.plan, inputs.plan, inputs.graph)
+                         if args.trace and world.rank == 0 else None)
+            opts = TrainOptions(steps=args.steps, seed=args.seed, lr=args.lr, dtype=args.dtype,
+                                dataset=args.dataset, checkpoint_dir=args.checkpoint_dir,
+                                checkpoint_every=args.checkpoint_every, resume=args.resume,
+                                trace_path=args.trace, predicted_ms=predicted)
+            log = (lambda line: print(line, flush=True)) if world.rank == 0 else None
+            train(inputs.plan, inputs.graph, inputs.model, inputs.program, world, opts, log)
+        finally:
+            rdist.teardown()
+    except BaseException as e:  # noqa: BLE001 - every failure becomes one line and an exit code
+        if isinstance(e, SystemExit):
+            raise
+        return _report_failure(rank, e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Measuring one operator with torch (runtime/measure.py): real timings, infeasible points
+instead of crashes, the tensor-parallel shard, and the per-point cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from spindle_cli.artifacts import MetaOpGraph, ModelSpec, load
+from spindle_cli.planner.graph import build_graph
+from spindle_cli.runtime import measure
+from spindle_cli.runtime.layers import build_layer
+
+
+@pytest.fixture(scope="module")
+def tiny(request: pytest.FixtureRequest) -> tuple[ModelSpec, MetaOpGraph]:
+    model = load(str(request.config.rootpath / "models" / "tiny-clip.yaml"), ModelSpec)
+    return model, build_graph(model, tasks=["text_vision"])
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+FAST = measure.Settings(repeats=2, warmup=1)
+
+
+def test_every_layer_kind_of_the_tiny_model_measures(tiny):
+    model, graph = tiny
+    target = measure.local_target()
+    assert target.device.type in ("cpu", "cuda")
+    kinds = set()
+    for op in graph.metaops:
+        m = measure.measure(model.modules[op.module], op, 4, "dp", target=target, settings=FAST)
+        assert m.feasible and m.note == ""
+        assert m.time_ms > 0
+        assert m.peak_memory_bytes > 0
+        kinds.add(op.layer_kind)
+    assert kinds >= {"embedding", "patch_embed", "transformer_encoder", "projection",
+                     "contrastive_loss"}
+
+
+def test_more_samples_keep_more_activations(tiny):
+    model, graph = tiny
+    op = graph.metaop("text_vision/vision_enc")
+    target = measure.local_target()
+    spec = model.modules[op.module]
+    small = measure.measure(spec, op, 1, "dp", target=target, settings=FAST)
+    large = measure.measure(spec, op, 8, "dp", target=target, settings=FAST)
+    assert large.peak_memory_bytes > small.peak_memory_bytes
+
+
+def test_timeouts_and_memory_limits_give_infeasible_points(tiny):
+    model, graph = tiny
+    op = graph.metaop("text_vision/vision_enc")
+    spec = model.modules[op.module]
+    target = measure.local_target()
+    slow = measure.measure(spec, op, 4, "dp", target=target,
+                           settings=measure.Settings(timeout_s=0.0))
+    assert not slow.feasible and slow.note.startswith("timed out")
+    if target.device.type == "cpu":
+        full = measure.measure(spec, op, 4, "dp", target=target,
+                               settings=measure.Settings(memory_limit_bytes=1000))
+        assert not full.feasible and full.note.startswith("out of memory")
+
+
+def test_an_oom_inside_torch_is_a_point_not_a_crash(tiny, monkeypatch):
+    model, graph = tiny
+    op = graph.metaop("text_vision/vision_enc")
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(measure, "_run", oom)
+    m = measure.measure(model.modules[op.module], op, 4, "dp", target=measure.local_target(),
+                        settings=FAST)
+    assert not m.feasible and m.note == "out of memory"
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(measure, "_run", bug)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        measure.measure(model.modules[op.module], op, 4, "dp", target=measure.local_target(),
+                        settings=FAST)
+
+
+def test_the_tensor_parallel_shard_holds_a_t_th_of_the_matrices(make_model):
+    model = make_model(
+        {"enc": {"kind": "transformer_encoder", "hidden": 64, "heads": 4, "ffn": 256},
+         "embed": {"kind": "embedding", "hidden": 64, "vocab_size": 50, "max_seq_len": 8},
+         "proj": {"kind": "projection", "in_dim": 64, "hidden": 16},
+         "loss": {"kind": "contrastive_loss", "hidden": 16}},
+        [{"name": "t", "batch_size": 4, "inputs": {"a": {"seq_len": 8}, "b": {"seq_len": 8}},
+          "steps": [{"name": "ea", "module": "embed", "inputs": ["a"]},
+                    {"name": "xa", "module": "enc", "inputs": ["ea"]},
+                    {"name": "pa", "module": "proj", "inputs": ["xa"]},
+                    {"name": "eb", "module": "embed", "inputs": ["b"]},
+                    {"name": "pb", "module": "proj", "inputs": ["eb"]},
+                    {"name": "l", "module": "loss", "inputs": ["pa", "pb"]}]}],
+    )
+    spec = model.modules["enc"]
+    full = build_layer(spec)
+    shard = measure.ShardedTransformerLayer(spec, 2, causal=False)
+    weights = ("qkv", "out", "fc1", "fc2")
+    for name in weights:
+        assert getattr(shard, name).weight.numel() * 2 == getattr(full, name).weight.numel()
+    x = torch.randn(2, 8, 64)
+    assert shard(x).shape == full(x).shape
+    assert measure.can_shard(spec, 2) and measure.can_shard(spec, 4)
+    assert not measure.can_shard(spec, 8)
+    assert not measure.can_shard(model.modules["proj"], 2)
+    graph = build_graph(model)
+    op = graph.metaop("t/xa")
+    m = measure.measure(spec, op, 4, "tp2", target=measure.local_target(), settings=FAST)
+    assert m.feasible and m.time_ms > 0
+
+
+def test_the_cache_answers_the_second_time(tiny, tmp_path: Path, monkeypatch):
+    model, graph = tiny
+    op = graph.metaop("text_vision/text_enc")
+    spec = model.modules[op.module]
+    target = measure.local_target()
+    calls = []
+    real = measure.measure
+
+    def counted(*args, **kwargs):
+        calls.append(args[2:4])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "measure", counted)
+    first, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                                        cache_dir=tmp_path)
+    assert not hit and calls == [(4, "dp")]
+    again, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                                        cache_dir=tmp_path)
+    assert hit and again == first and len(calls) == 1
+    # another count, strategy or repeat setting is another point
+    measure.cached_measure(spec, op, 4, 2, "dp", target=target, settings=FAST,
+                           cache_dir=tmp_path)
+    measure.cached_measure(spec, op, 2, 4, "dp", target=target,
+                           settings=measure.Settings(repeats=3, warmup=1), cache_dir=tmp_path)
+    assert len(calls) == 3
+    # a damaged entry is measured again, not trusted
+    for f in tmp_path.glob("*.json"):
+        f.write_text("{not json")
+    _, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                                    cache_dir=tmp_path)
+    assert not hit and len(calls) == 4
+    _, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                                    cache_dir=None)
+    assert not hit and len(calls) == 5
