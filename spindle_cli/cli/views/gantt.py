@@ -112,7 +112,8 @@ def _colors(keys: list[str]) -> dict[str, Any]:
     return {k: cmap(i % 20) for i, k in enumerate(sorted(set(keys)))}
 
 
-def _save(fig: Any, path: str) -> None:
+def save_figure(fig: Any, path: str) -> None:
+    """Save a matplotlib figure atomically and reproducibly (PNG or SVG by extension)."""
     import matplotlib
 
     # Written like an artifact: to a temp file beside the target, then renamed into place.
@@ -181,7 +182,7 @@ def write_gantt(plan: Plan, path: str, *, sim: SimResult | None = None) -> None:
     handles = [Patch(color=c, label=k) for k, c in colors.items()]
     ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0),
               title="module" if sim is not None else "step", title_fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -244,7 +245,7 @@ def write_utilization(plan: Plan, path: str, *, sim: SimResult | None = None) ->
     ax.set_title(f"{plan.model} on {plan.cluster} ({plan.num_devices} devices), planner "
                  f"{plan.planner}: {src} utilization", fontsize=9)
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 

@@ -1,0 +1,314 @@
+"""`spindle bench [--json] [--out DIR] [--quick] [--dynamic]`: the paper's evaluation on
+simulated clusters, with the paper's numbers beside ours.
+
+Tables go to stdout, progress to stderr. `--out DIR` writes bench.csv, bench.json, bench.md
+(the tables as markdown) and PNG charts (Figs. 8, 10, 11, 12, plus a Gantt chart and the
+utilization of one Spindle plan); with `--dynamic`, dynamic.csv/json/md instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from spindle_cli.artifacts import ClusterSpec, ModelSpec
+from spindle_cli.cli._console import err, out
+from spindle_cli.cli.common import load_input
+from spindle_cli.cli.views import print_table
+from spindle_cli.errors import SpindleError
+from spindle_cli.planner import bench as lib
+from spindle_cli.planner import paper_numbers
+
+PLANNER_ORDER = ("spindle", "optimus", "distmm", "sequential")
+GANTT_CASE = ("multitask-clip", 4, 16)
+"""The configuration whose Spindle plan is drawn into --out (the paper's Fig. 9 case)."""
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _cell(row: lib.BenchRow | None, paper: bool = True) -> str:
+    if row is None or row.iteration_ms is None:
+        return "failed"
+    text = f"{row.iteration_ms:.1f} x{_num(row.speedup_vs_sequential, '.2f')}"
+    if paper and row.paper_speedup is not None:
+        text += f" ({row.paper_speedup:.2f})"
+    return text
+
+
+def _configs(rows: list[lib.BenchRow]) -> list[tuple[str, int, int]]:
+    return list(dict.fromkeys((r.model, r.num_tasks, r.num_devices) for r in rows))
+
+
+def _find(rows: list[lib.BenchRow], key: tuple[str, int, int], planner: str,
+          placement: str = "island") -> lib.BenchRow | None:
+    return next((r for r in rows if (r.model, r.num_tasks, r.num_devices) == key
+                 and r.planner == planner and r.placement in (placement, "-")), None)
+
+
+def speedup_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]]:
+    """Fig. 8: iteration ms and speedup over sequential (paper's speedup over DeepSpeed)."""
+    header = ["model", "tasks", "GPUs", "optimum ms", *PLANNER_ORDER]
+    body = []
+    for key in _configs(rows):
+        opt = _find(rows, key, lib.OPTIMUM)
+        body.append([key[0], str(key[1]), str(key[2]),
+                     _num(opt.iteration_ms if opt else None, ".1f"),
+                     *(_cell(_find(rows, key, p)) for p in PLANNER_ORDER)])
+    return header, body
+
+
+def detail_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]]:
+    """Figs. 10-12: Spindle's gap to the optimum, transfer shares, sync, planning time."""
+    header = ["model", "tasks", "GPUs", "gap (iter/C*)", "compute/C*", "transfer island",
+              "transfer seq-place", "sync ms", "plan s (max)"]
+    body = []
+    for key in _configs(rows):
+        sp, seq = _find(rows, key, "spindle"), _find(rows, key, "spindle", "sequential")
+
+        def share(r: lib.BenchRow | None) -> str:
+            if r is None or r.transfer_fraction is None:
+                return "failed"
+            paper = f" ({100 * r.paper_transfer_share:.1f}%)" if r.paper_transfer_share else ""
+            return f"{100 * r.transfer_fraction:.1f}%{paper}"
+
+        seconds = [r.plan_seconds for r in rows
+                   if (r.model, r.num_tasks, r.num_devices) == key and r.plan_seconds is not None]
+        body.append([key[0], str(key[1]), str(key[2]),
+                     _num(sp.gap_to_optimum if sp else None, ".3f"),
+                     _num(sp.compute_gap if sp else None, ".3f"),
+                     share(sp), share(seq), _num(sp.sync_ms if sp else None, ".1f"),
+                     _num(max(seconds) if seconds else None, ".3f")])
+    return header, body
+
+
+def _rich(title: str, header: list[str], body: list[list[str]]) -> Table:
+    table = Table(title=title)
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for line in body:
+        table.add_row(*line)
+    return table
+
+
+def _markdown(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(line) + " |" for line in body]
+    return "\n".join(lines) + "\n"
+
+
+def _failures(rows: list[lib.BenchRow]) -> list[str]:
+    return [f"{r.model} {r.num_tasks} tasks @{r.num_devices} {r.planner}/{r.placement}: {r.error}"
+            for r in rows if r.error]
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a text file atomically (temp file beside it, then rename)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _csv(records: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(records[0]) if records else [],
+                            lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return buf.getvalue()
+
+
+def _load_world(models_dir: str, clusters_dir: str, configs: list[lib.BenchConfig],
+                ) -> tuple[dict[str, ModelSpec], dict[str, ClusterSpec]]:
+    models = {m: load_input(str(Path(models_dir) / f"{m}.yaml"), ModelSpec)
+              for m in dict.fromkeys(c.model for c in configs)}
+    clusters = {c: load_input(str(Path(clusters_dir) / f"{c}.yaml"), ClusterSpec)
+                for c in dict.fromkeys(c.cluster for c in configs)}
+    return models, clusters
+
+
+def _bar_chart(path: Path, title: str, ylabel: str, groups: list[str],
+               series: dict[str, list[float | None]], *, reference: float | None = None,
+               percent: bool = False) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from spindle_cli.cli.views.gantt import save_figure
+
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.9 * len(groups) + 3), 4.2))
+    width = 0.8 / max(len(series), 1)
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ys = [float("nan") if v is None else (100 * v if percent else v) for v in values]
+        ax.bar(xs, ys, width=width, label=name)
+    if reference is not None:
+        ax.axhline(reference, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    save_figure(fig, str(path))
+    plt.close(fig)
+
+
+def _charts(rows: list[lib.BenchRow], out_dir: Path) -> None:
+    keys = _configs(rows)
+    groups = [f"{m} {k}t @{n}" for m, k, n in keys]
+
+    def col(planner: str, field: str, placement: str = "island") -> list[float | None]:
+        found = [_find(rows, k, planner, placement) for k in keys]
+        return [getattr(r, field) if r is not None else None for r in found]
+
+    _bar_chart(out_dir / "fig8_speedup.png",
+               "Speedup over sequential (Megatron/DeepSpeed-style), simulated (cf. paper Fig. 8)",
+               "speedup", groups,
+               {p: col(p, "speedup_vs_sequential") for p in PLANNER_ORDER}
+               | {"paper: spindle vs DeepSpeed": col("spindle", "paper_speedup")},
+               reference=1.0)
+    _bar_chart(out_dir / "fig10_transfer.png",
+               "Inter-wave transfer share of the iteration (cf. paper Fig. 10)", "% of iteration",
+               groups, {"island placement": col("spindle", "transfer_fraction"),
+                        "sequential placement": col("spindle", "transfer_fraction", "sequential")},
+               percent=True)
+    _bar_chart(out_dir / "fig11_gap.png",
+               "Spindle over the relaxed optimum C* (cf. paper Fig. 11: <= 1.07)", "x C*", groups,
+               {"iteration / C*": col("spindle", "gap_to_optimum"),
+                "compute / C*": col("spindle", "compute_gap")},
+               reference=paper_numbers.FIG11_MAX_GAP)
+    _bar_chart(out_dir / "fig12_plan_time.png", "Planning time (cf. paper Fig. 12: < 3 s)",
+               "seconds", groups, {p: col(p, "plan_seconds") for p in PLANNER_ORDER})
+
+
+def _gantt(models: dict[str, ModelSpec], clusters: dict[str, ClusterSpec],
+           configs: list[lib.BenchConfig], out_dir: Path) -> None:
+    from spindle_cli.cli.views.gantt import write_gantt, write_utilization
+    from spindle_cli.planner.graph import build_graph
+
+    cfg = next((c for c in configs
+                if (c.model, c.num_tasks, c.num_devices) == GANTT_CASE), configs[0])
+    cluster = clusters[cfg.cluster]
+    graph = build_graph(models[cfg.model], tasks=cfg.tasks(models[cfg.model]))
+    try:
+        plan, sim, _ = lib.plan_and_simulate(graph, lib.profile_for(graph, cluster), cluster,
+                                             "spindle", "island")
+    except SpindleError as e:
+        err.print(f"no Gantt chart: {e}")
+        return
+    write_gantt(plan, str(out_dir / "gantt.png"), sim=sim)
+    write_utilization(plan, str(out_dir / "utilization.png"), sim=sim)
+
+
+def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
+                out_dir: Path | None) -> None:
+    configs = lib.matrix(quick=quick)
+    models, clusters = _load_world(models_dir, clusters_dir, configs)
+    rows: list[lib.BenchRow] = []
+    for cfg in configs:
+        err.print(f"bench: {cfg.model} {cfg.num_tasks} tasks on {cfg.num_devices} devices")
+        rows += lib.run_config(models[cfg.model], clusters[cfg.cluster], cfg)
+    records = [dataclasses.asdict(r) for r in rows]
+    fig8, detail = speedup_table(rows), detail_table(rows)
+    if as_json:
+        click.echo(json.dumps(records, indent=2))
+    else:
+        print_table(_rich("iteration ms x speedup over sequential (paper's speedup over "
+                          "DeepSpeed)", *fig8))
+        print_table(_rich("spindle: gap to optimum, inter-wave transfer share with island vs "
+                          "sequential placement (paper), planning time", *detail))
+        for line in _failures(rows):
+            out.print(f"failed: {line}")
+    if out_dir is not None:
+        out_dir.mkdir(exist_ok=True)
+        write_text(out_dir / "bench.json", json.dumps(records, indent=2) + "\n")
+        write_text(out_dir / "bench.csv", _csv(records))
+        failures = "".join(f"- {line}\n" for line in _failures(rows))
+        write_text(out_dir / "bench.md",
+                   "## Iteration time (ms) and speedup over `sequential` "
+                   "(paper's speedup over DeepSpeed in parentheses)\n\n" + _markdown(*fig8)
+                   + "\n## Spindle: gap to the relaxed optimum, inter-wave transfer share "
+                   "(paper in parentheses), planning time\n\n" + _markdown(*detail)
+                   + ("\n## Configurations that could not be planned\n\n" + failures
+                      if failures else ""))
+        _charts(rows, out_dir)
+        _gantt(models, clusters, configs, out_dir)
+        err.print(f"wrote {out_dir}/bench.{{csv,json,md}} and charts")
+
+
+def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
+                 out_dir: Path | None) -> None:
+    cluster_name = lib.CLUSTERS[32]
+    model = load_input(str(Path(models_dir) / "multitask-clip.yaml"), ModelSpec)
+    cluster = load_input(str(Path(clusters_dir) / f"{cluster_name}.yaml"), ClusterSpec)
+    err.print(f"bench --dynamic: multitask-clip task sets {' -> '.join(lib.DYNAMIC_SCHEDULE)} "
+              f"on {cluster_name}")
+    rows = lib.run_dynamic(model, cluster)
+    totals = lib.dynamic_totals(rows)
+    records = [dataclasses.asdict(r) for r in rows]
+    header = ["planner", *(f"phase {i}: {s} tasks" for i, s in enumerate(lib.DYNAMIC_SCHEDULE)),
+              "training s", "replanning s", "total s"]
+    body = []
+    for t in totals:
+        phases = [r for r in rows if r.planner == t.planner]
+        body.append([t.planner, *(_num(r.iteration_ms, ".1f") + " ms" if r.iteration_ms
+                                  else "failed" for r in phases),
+                     _num(t.train_s, ".2f"), _num(t.replan_s, ".3f"), _num(t.total_s, ".2f")])
+    if as_json:
+        click.echo(json.dumps(records, indent=2))
+    else:
+        print_table(_rich(f"dynamic task sets, {rows[0].iterations} iterations per phase",
+                          header, body))
+        for r in rows:
+            if r.error:
+                out.print(f"failed: {r.planner} phase {r.phase}: {r.error}")
+    if out_dir is not None:
+        out_dir.mkdir(exist_ok=True)
+        write_text(out_dir / "dynamic.json", json.dumps(records, indent=2) + "\n")
+        write_text(out_dir / "dynamic.csv", _csv(records))
+        write_text(out_dir / "dynamic.md", _markdown(header, body))
+        err.print(f"wrote {out_dir}/dynamic.{{csv,json,md}}")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON list.")
+@click.option("--out", "out_dir", default=None, metavar="DIR",
+              help="Write CSV, JSON, markdown and PNG charts into DIR (created if missing).")
+@click.option("--quick", is_flag=True, help="Three configurations instead of the whole matrix.")
+@click.option("--dynamic", is_flag=True,
+              help="Run the dynamic task-set schedule instead of the matrix.")
+@click.option("--models-dir", default="models", show_default=True, help="Model specs.")
+@click.option("--clusters-dir", default="clusters", show_default=True, help="Cluster specs.")
+def bench(as_json: bool, out_dir: str | None, quick: bool, dynamic: bool, models_dir: str,
+          clusters_dir: str) -> None:
+    """Reproduce the paper's evaluation on simulated a800 clusters."""
+    target = None
+    if out_dir is not None:
+        target = Path(out_dir)
+        if target.exists() and not target.is_dir():
+            raise SpindleError(f"--out {out_dir}: exists and is not a directory")
+        if not target.parent.is_dir():
+            raise SpindleError(f"--out {out_dir}: parent directory does not exist")
+    if dynamic:
+        if quick:
+            raise SpindleError("--quick applies to the matrix, not to --dynamic")
+        _run_dynamic(models_dir, clusters_dir, as_json, target)
+    else:
+        _run_matrix(models_dir, clusters_dir, quick, as_json, target)

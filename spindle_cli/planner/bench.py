@@ -1,0 +1,271 @@
+"""The evaluation matrix of the paper (Figs. 8, 10, 11, 12) and dynamic task sets, as rows of
+data: every configuration is graph -> analytic profile -> plan (each planner) -> simulate.
+
+Pure apart from reading the clock: models and clusters come in as objects, and nothing is
+printed or written (the `spindle bench` command does that).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from spindle_cli.artifacts.cluster import ClusterSpec
+from spindle_cli.artifacts.graph import MetaOpGraph
+from spindle_cli.artifacts.model import ModelSpec
+from spindle_cli.artifacts.plan import Plan
+from spindle_cli.artifacts.profile import Profile
+from spindle_cli.errors import SpindleError
+from spindle_cli.planner import paper_numbers
+from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves
+from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.profiling import analytic_profile
+from spindle_cli.planner.simulate import SimResult, simulate
+
+HARDWARE = "a800"
+"""Analytic device model of every profile (the paper's cluster)."""
+
+CLUSTERS = {8: "a800-1x8", 16: "a800-2x8", 32: "a800-4x8", 64: "a800-8x8", 256: "a800-32x8"}
+"""Device count -> the shipped cluster spec it runs on."""
+
+VARIANTS: tuple[tuple[str, str], ...] = (
+    ("spindle", "island"),
+    ("spindle", "sequential"),
+    ("sequential", "island"),
+    ("optimus", "island"),
+    ("distmm", "island"),
+)
+"""(planner, placement) of every plan made per configuration; spindle with sequential
+placement is the Fig. 10 ablation."""
+
+OPTIMUM = "optimum"
+"""Planner name of the relaxed-optimum row (sum over MetaLevels of C*, compute only)."""
+
+DYNAMIC_SCHEDULE = ("4", "7", "10", "7")
+"""Task sets of multitask-clip that follow each other in `--dynamic`."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchConfig:
+    """One cell of the matrix: a model's task set on a cluster size."""
+
+    model: str
+    task_set: str | None
+    """Name in the model's task_sets; None for all of its tasks."""
+    num_tasks: int
+    num_devices: int
+
+    @property
+    def cluster(self) -> str:
+        """Name of the cluster spec."""
+        return CLUSTERS[self.num_devices]
+
+    def tasks(self, model: ModelSpec) -> list[str] | None:
+        """The task names to build the graph from."""
+        return None if self.task_set is None else list(model.task_sets[self.task_set])
+
+
+def matrix(*, quick: bool = False) -> list[BenchConfig]:
+    """The paper's evaluation matrix (Fig. 8), or a three-cell sample with `quick`."""
+    if quick:
+        return [BenchConfig(model="multitask-clip", task_set="4", num_tasks=4, num_devices=16),
+                BenchConfig(model="ofasys", task_set="7", num_tasks=7, num_devices=16),
+                BenchConfig(model="qwen-val", task_set=None, num_tasks=3, num_devices=32)]
+    cells = [BenchConfig(model="multitask-clip", task_set=str(k), num_tasks=k, num_devices=n)
+             for k in (4, 7, 10) for n in (8, 16, 32)]
+    cells += [BenchConfig(model="ofasys", task_set=str(k), num_tasks=k, num_devices=n)
+              for k in (4, 7) for n in (8, 16, 32)]
+    cells += [BenchConfig(model="qwen-val", task_set=None, num_tasks=3, num_devices=n)
+              for n in (32, 64)]
+    cells += [BenchConfig(model=m, task_set=None, num_tasks=3, num_devices=256)
+              for m in ("qwen-val-30b", "qwen-val-70b")]
+    return cells
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchRow:
+    """One planner on one configuration. Measured fields are None when planning failed
+    (`error` says why)."""
+
+    model: str
+    num_tasks: int
+    num_devices: int
+    cluster: str
+    planner: str
+    placement: str
+    iteration_ms: float | None
+    """Simulated iteration (for `optimum`: the relaxed optimum itself)."""
+    speedup_vs_sequential: float | None
+    lower_bound_ms: float | None
+    """Relaxed optimum sum of C* (compute only)."""
+    gap_to_optimum: float | None
+    """iteration_ms / lower_bound_ms."""
+    compute_gap: float | None
+    """Simulated compute (wave durations) / lower_bound_ms: the schedule's own gap."""
+    compute_ms: float | None
+    transfer_ms: float | None
+    sync_ms: float | None
+    transfer_fraction: float | None
+    """Exposed inter-wave transfer time / iteration time."""
+    inter_island_bytes: int | None
+    peak_memory_bytes: int | None
+    planned_iteration_ms: float | None
+    plan_seconds: float | None
+    paper_speedup: float | None
+    """The paper's speedup over DeepSpeed for this planner and cell (Fig. 8), if any."""
+    paper_transfer_share: float | None
+    """The paper's inter-wave share for spindle with this placement (Fig. 10), if any."""
+    error: str = ""
+
+
+def profile_for(graph: MetaOpGraph, cluster: ClusterSpec) -> Profile:
+    """Analytic a800 curves at every power of two up to the cluster size."""
+    n = cluster.num_devices
+    counts = [2**i for i in range(n.bit_length()) if 2**i <= n]
+    return analytic_profile(graph, cluster, hardware=HARDWARE, counts=counts)
+
+
+def lower_bound_ms(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> float:
+    """The relaxed optimum of the allocator: the sum over MetaLevels of C*."""
+    curves = op_curves(graph, profile, cluster.num_devices)
+    return sum(a.c_star_ms for a in allocate(graph, curves, cluster.num_devices))
+
+
+def plan_and_simulate(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
+                      planner: str, placement: str) -> tuple[Plan, SimResult, float]:
+    """Plan with one planner, simulate the plan; returns the planning time in seconds too."""
+    start = time.perf_counter()
+    plan = make_plan(graph, profile, cluster,
+                     options=PlanOptions(planner=planner, placement=placement))
+    seconds = time.perf_counter() - start
+    return plan, simulate(plan, graph, profile, cluster), seconds
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> list[BenchRow]:
+    """Every variant's row plus the optimum's, for one configuration."""
+    graph = build_graph(model, tasks=config.tasks(model))
+    profile = profile_for(graph, cluster)
+    try:
+        bound: float | None = lower_bound_ms(graph, profile, cluster)
+    except SpindleError:
+        bound = None
+    results: list[tuple[str, str, SimResult | None, float | None, str]] = []
+    for planner, placement in VARIANTS:
+        try:
+            _, sim, seconds = plan_and_simulate(graph, profile, cluster, planner, placement)
+            results.append((planner, placement, sim, seconds, ""))
+        except SpindleError as e:
+            results.append((planner, placement, None, None, str(e)))
+    baseline = next((s.iteration_ms for p, pl, s, _, _ in results
+                     if p == "sequential" and s is not None), None)
+    key = (config.model, config.num_tasks, config.num_devices)
+    rows = []
+    for planner, placement, sim, seconds, error in results:
+        it = sim.iteration_ms if sim else None
+        rows.append(BenchRow(
+            model=config.model, num_tasks=config.num_tasks, num_devices=config.num_devices,
+            cluster=cluster.name, planner=planner, placement=placement, iteration_ms=it,
+            speedup_vs_sequential=_ratio(baseline, it), lower_bound_ms=bound,
+            gap_to_optimum=_ratio(it, bound),
+            compute_gap=_ratio(sim.compute_ms, bound) if sim else None,
+            compute_ms=sim.compute_ms if sim else None,
+            transfer_ms=sim.transfer_ms if sim else None,
+            sync_ms=sim.sync_ms if sim else None,
+            transfer_fraction=sim.transfer_fraction if sim else None,
+            inter_island_bytes=sim.inter_island_bytes if sim else None,
+            peak_memory_bytes=sim.peak_memory_bytes if sim else None,
+            planned_iteration_ms=sim.planned_iteration_ms if sim else None,
+            plan_seconds=seconds,
+            paper_speedup=paper_numbers.speedup(*key, planner) if placement == "island" else None,
+            paper_transfer_share=paper_numbers.transfer_share(*key, placement)
+            if planner == "spindle" else None,
+            error=error,
+        ))
+    rows.append(BenchRow(
+        model=config.model, num_tasks=config.num_tasks, num_devices=config.num_devices,
+        cluster=cluster.name, planner=OPTIMUM, placement="-", iteration_ms=bound,
+        speedup_vs_sequential=_ratio(baseline, bound), lower_bound_ms=bound,
+        gap_to_optimum=1.0 if bound else None, compute_gap=1.0 if bound else None,
+        compute_ms=bound, transfer_ms=None, sync_ms=None, transfer_fraction=None,
+        inter_island_bytes=None, peak_memory_bytes=None, planned_iteration_ms=None,
+        plan_seconds=None, paper_speedup=None, paper_transfer_share=None,
+        error="" if bound is not None else "no relaxed optimum (no valid allocation)",
+    ))
+    return rows
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DynamicRow:
+    """One phase of the dynamic schedule under one planner."""
+
+    planner: str
+    phase: int
+    task_set: str
+    num_tasks: int
+    iterations: int
+    iteration_ms: float | None
+    phase_ms: float | None
+    """iterations x iteration_ms."""
+    replan_seconds: float | None
+    """Time to make the new plan when the task set changed (make_plan only: graphs and
+    curves are prepared offline)."""
+    error: str = ""
+
+
+def run_dynamic(model: ModelSpec, cluster: ClusterSpec, *,
+                schedule: tuple[str, ...] = DYNAMIC_SCHEDULE,
+                iterations_per_phase: int = 100,
+                planners: tuple[str, ...] = ("spindle", "sequential", "optimus", "distmm"),
+                ) -> list[DynamicRow]:
+    """Train `iterations_per_phase` iterations on each task set in turn, replanning at each
+    change, under every planner."""
+    prepared = []
+    for name in schedule:
+        graph = build_graph(model, tasks=list(model.task_sets[name]))
+        prepared.append((name, graph, profile_for(graph, cluster)))
+    rows = []
+    for planner in planners:
+        for phase, (name, graph, profile) in enumerate(prepared):
+            try:
+                _, sim, seconds = plan_and_simulate(graph, profile, cluster, planner, "island")
+            except SpindleError as e:
+                rows.append(DynamicRow(planner=planner, phase=phase, task_set=name,
+                                       num_tasks=len(graph.tasks), iterations=iterations_per_phase,
+                                       iteration_ms=None, phase_ms=None, replan_seconds=None,
+                                       error=str(e)))
+                continue
+            rows.append(DynamicRow(
+                planner=planner, phase=phase, task_set=name, num_tasks=len(graph.tasks),
+                iterations=iterations_per_phase, iteration_ms=sim.iteration_ms,
+                phase_ms=sim.iteration_ms * iterations_per_phase, replan_seconds=seconds))
+    return rows
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DynamicTotal:
+    """The whole dynamic schedule under one planner."""
+
+    planner: str
+    train_s: float | None
+    """Simulated training time of every phase; None when a phase could not be planned."""
+    replan_s: float
+    total_s: float | None
+
+
+def dynamic_totals(rows: list[DynamicRow]) -> list[DynamicTotal]:
+    """Sum each planner's phases (training + replanning)."""
+    out = []
+    for planner in dict.fromkeys(r.planner for r in rows):
+        mine = [r for r in rows if r.planner == planner]
+        replan = sum(r.replan_seconds or 0.0 for r in mine)
+        if any(r.phase_ms is None for r in mine):
+            out.append(DynamicTotal(planner=planner, train_s=None, replan_s=replan, total_s=None))
+            continue
+        train = sum(r.phase_ms or 0.0 for r in mine) / 1e3
+        out.append(DynamicTotal(planner=planner, train_s=train, replan_s=replan,
+                                total_s=train + replan))
+    return out
