@@ -1,0 +1,68 @@
+"""Property tests over random multi-task graphs and curves: every planner's plan schedules
+every operator exactly once, respects dependencies, never uses a rank twice in a wave, uses
+valid counts, and keeps memory within capacity, or fails with PlanInfeasible."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
+from test_api import check_contract
+
+from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner import scaling
+from spindle_cli.planner.api import PlanOptions, make_plan
+
+
+@st.composite
+def problems(draw):
+    num_tasks = draw(st.integers(1, 4))
+    metaops, curves = [], []
+    for t in range(num_tasks):
+        batch = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16]))
+        width = draw(st.integers(1, 3))
+        encoders = []
+        for e in range(width):
+            mid = f"t{t}/enc{e}"
+            # tasks share encoder modules by index, so parameters are shared across tasks
+            metaops.append(metaop(mid, layers=draw(st.integers(1, 6)), batch=batch,
+                                  module=f"enc{e}", params=draw(st.integers(0, 5000)),
+                                  stash=draw(st.integers(0, 500))))
+            encoders.append(mid)
+        depth = draw(st.integers(0, 2))
+        prev = tuple(encoders)
+        for d in range(depth):
+            mid = f"t{t}/head{d}"
+            metaops.append(metaop(mid, level=d + 1, layers=draw(st.integers(1, 4)), batch=batch,
+                                  preds=prev, module=f"head{d}", params=draw(st.integers(0, 500))))
+            prev = (mid,)
+    for m in metaops:
+        curves.append(alpha_beta_curve(m.id, m.batch_size, draw(st.floats(0.0, 2.0)),
+                                       draw(st.floats(0.01, 5.0))))
+    nodes = draw(st.integers(1, 3))
+    per_node = draw(st.sampled_from([1, 2, 4]))
+    memory = draw(st.sampled_from([10**5, 10**6, 10**9]))
+    return graph(metaops), profile(curves), cluster(num_nodes=nodes, per_node=per_node,
+                                                   memory_bytes=memory)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.sampled_from(["spindle", "sequential", "optimus", "distmm"]),
+       st.sampled_from(["island", "sequential"]), st.booleans())
+def test_plans_are_valid_or_infeasible(problem, planner, placement, uneven):
+    g, p, c = problem
+    options = PlanOptions(planner=planner, placement=placement, uneven_splits=uneven)
+    try:
+        plan = make_plan(g, p, c, options=options)
+    except PlanInfeasible as e:
+        assert "rank" in str(e) and "bytes" in str(e)
+        return
+    check_contract(plan, g)
+    for _, s in plan.slices():
+        curve = p.curve(g.metaop(s.metaop).signature)
+        assert scaling.is_valid(curve, len(s.ranks), uneven=uneven)
+        assert len(s.ranks) <= c.num_devices
+    for m in plan.memory:
+        assert m.total_bytes <= c.device.memory_bytes
+    assert plan.estimated_iteration_ms >= plan.lower_bound_ms * (1 - 1e-9)
