@@ -1,0 +1,172 @@
+"""`spindle profile`: analytic and measured profiles through the CLI, --check, the cache, and
+bad inputs (one line `error: ...` on stderr, exit 2, no output file)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Profile, input_ref, load, write_artifact
+from spindle_cli.cli import main
+from spindle_cli.planner import scaling
+from spindle_cli.planner.graph import build_graph
+
+
+def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(args)
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, repo_root: Path) -> Path:
+    """A working directory holding the tiny model and its graph (model path absolute, so the
+    graph finds its model from anywhere); the measure cache lands here too."""
+    model_path = tmp_path / "tiny-clip.yaml"
+    model_path.write_text((repo_root / "models" / "tiny-clip.yaml").read_text())
+    model = load(str(model_path), ModelSpec)
+    graph = build_graph(model, tasks=["text_vision"], inputs=[input_ref(model, str(model_path))])
+    write_artifact(graph, str(tmp_path / "graph.yaml"))
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    yield tmp_path
+    os.chdir(cwd)
+
+
+def test_analytic_profile_is_written_and_checked(workdir, repo_root, capsys):
+    cluster = str(repo_root / "clusters" / "a800-8x8.yaml")
+    args = ["profile", "graph.yaml", "--hardware", "a800", "--cluster", cluster,
+            "--counts", "1,2,4,8", "--validate", "-o", "p.yaml"]
+    code, out, err = _run(args, capsys)
+    assert code == 0, err
+    assert out == ""
+    profile = load("p.yaml", Profile)
+    graph = load("graph.yaml", MetaOpGraph)
+    assert profile.counts == (1, 2, 4, 8)
+    assert [r.kind for r in profile.inputs] == ["metaop_graph", "cluster"]
+    assert {c.signature for c in profile.curves} == {m.signature for m in graph.metaops}
+    assert all(c.heldout_rel_error is not None for c in profile.curves)
+    first = Path("p.yaml").read_bytes()
+
+    code, _, err = _run([*args, "--check"], capsys)
+    assert code == 0 and "up to date" in err
+    _run(args, capsys)
+    assert Path("p.yaml").read_bytes() == first  # byte-identical regeneration
+
+    Path("p.yaml").write_text(first.decode().replace("counts:", "counts:  "))
+    code, _, err = _run([*args, "--check"], capsys)
+    assert code == 1 and "out of date" in err
+
+
+def test_profile_to_stdout(workdir, capsys):
+    code, out, _ = _run(["profile", "graph.yaml", "--hardware", "h200", "--counts", "1,2",
+                         "-o", "-"], capsys)
+    assert code == 0
+    assert out.startswith("kind: profile\n")
+
+
+@pytest.fixture
+def torch_threads():
+    """Measuring sets torch's process-wide thread count; give the next tests theirs back."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_measured_profile_resumes_from_the_cache(workdir, capsys, torch_threads):
+    args = ["profile", "graph.yaml", "--hardware", "local", "--counts", "1,2,4,16",
+            "--repeats", "1", "-o", "m.yaml"]
+    code, _, err = _run(args, capsys)
+    assert code == 0, err
+    graph = load("graph.yaml", MetaOpGraph)
+    signatures = {m.signature for m in graph.metaops}
+    # contrastive loss runs at every count; the other layers cannot split 8 samples 16 ways
+    runnable = 3 * (len(signatures) - 1) + 4
+    assert f"{runnable} point(s) measured, 0 from the cache" in err
+    profile = load("m.yaml", Profile)
+    assert profile.source == "measured"
+    assert profile.fingerprint.hardware == "local" and profile.fingerprint.torch_version
+    for curve in profile.curves:
+        assert all(p.time_ms > 0 for p in curve.points if p.feasible)
+        if not curve.signature.startswith("contrastive_loss"):
+            assert not scaling.is_valid(curve, 16)
+    assert len(list(Path(".spindle-cache/profile").glob("*.json"))) == runnable
+
+    code, _, err = _run(args, capsys)
+    assert code == 0
+    assert f"0 point(s) measured, {runnable} from the cache" in err
+
+    code, _, err = _run([*args, "--no-cache"], capsys)
+    assert code == 0
+    assert f"{runnable} point(s) measured, 0 from the cache" in err
+
+
+def test_measured_profile_refuses_a_changed_model(workdir, capsys):
+    model = Path("tiny-clip.yaml")
+    model.write_text(model.read_text().replace("batch_size: 8", "batch_size: 16", 1))
+    code, out, err = _run(["profile", "graph.yaml", "--hardware", "local", "-o", "m.yaml"],
+                          capsys)
+    assert code == 2
+    assert err.startswith("error: graph.yaml: inputs: model") and "sha256 mismatch" in err
+    assert not Path("m.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--counts", "0,2"], "error: --counts: '0' is not a positive integer"),
+        (["--counts", "1,two"], "error: --counts: 'two' is not a positive integer"),
+        (["--counts", "1,,2"], "error: --counts: '' is not a positive integer"),
+        (["--counts", "-4"], "error: --counts: '-4' is not a positive integer"),
+        (["--hardware", "tpu"], "error: --hardware: unknown hardware 'tpu'"),
+        (["--counts", "1,128", "--cluster", "CLUSTER"], "error: --counts: 128 exceeds the 64"),
+    ],
+)
+def test_bad_options(workdir, repo_root, capsys, extra, message):
+    extra = [str(repo_root / "clusters" / "a800-8x8.yaml") if a == "CLUSTER" else a
+             for a in extra]
+    args = ["profile", "graph.yaml", "--hardware", "a800", *extra, "-o", "p.yaml"]
+    code, out, err = _run(args, capsys)
+    assert code == 2
+    assert err.startswith(message), err
+    assert len(err.strip().splitlines()) == 1, err
+    assert out == ""
+    assert not Path("p.yaml").exists()
+
+
+def test_bad_graph_files(workdir, capsys):
+    Path("broken.yaml").write_text("kind: metaop_graph\nversion: 1\nmodel: [\n")
+    Path("model-as-graph.yaml").write_text(Path("tiny-clip.yaml").read_text())
+    cases = {
+        "missing.yaml": "error: missing.yaml: no such file",
+        "broken.yaml": "error: broken.yaml: invalid YAML",
+        "model-as-graph.yaml": "error: model-as-graph.yaml: kind: expected a 'metaop_graph'",
+    }
+    for path, message in cases.items():
+        code, _, err = _run(["profile", path, "--hardware", "a800", "-o", "p.yaml"], capsys)
+        assert code == 2, path
+        assert err.startswith(message), err
+        assert not Path("p.yaml").exists()
+
+
+def test_subprocess_error_has_no_traceback(workdir):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "spindle_cli", "profile", "graph.yaml", "--hardware", "a800",
+         "--counts", "x", "-o", "p.yaml"],
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: --counts: 'x' is not a positive integer (in 'x')"
+    ]
+    assert "Traceback" not in proc.stderr
