@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from plan_builders import alpha_beta_curve, graph, metaop, profile
 from test_allocation import worked_example
 
@@ -85,3 +86,31 @@ def test_successors_wait_for_their_predecessors():
     first_c = min(i for i, w in enumerate(waves) for s in w.slots if s.metaop == "t/c")
     assert first_c > last_pred
     assert [w.level for w in waves] == sorted(w.level for w in waves)
+
+
+def test_exact_packing_of_tuples():
+    from spindle_cli.planner.exact import exact_packing_ms
+
+    # two 2-device tuples side by side, then the 4-device one
+    assert exact_packing_ms([("a", 2, 10.0), ("b", 2, 10.0), ("c", 4, 5.0)], 4) == \
+        pytest.approx(15.0)
+    # 3 + 2 devices cannot run together on 4
+    assert exact_packing_ms([("a", 3, 10.0), ("b", 2, 10.0)], 4) == pytest.approx(20.0)
+    # two tuples of one MetaOp never overlap, even with devices to spare
+    assert exact_packing_ms([("a", 2, 10.0), ("a", 2, 10.0)], 4) == pytest.approx(20.0)
+    # four 1-device jobs on 2 devices: 4 + 2 | 3 + 3
+    assert exact_packing_ms([("a", 1, 4.0), ("b", 1, 3.0), ("c", 1, 3.0), ("d", 1, 2.0)], 2) == \
+        pytest.approx(6.0)
+
+
+def test_the_exact_packing_of_the_rounded_tuples_is_at_least_c_star():
+    from spindle_cli.planner.exact import exact_packing_ms
+
+    g, p = worked_example()
+    curves = op_curves(g, p, 4)
+    [level] = allocate(g, curves, 4)
+    tuples = [(t.metaop, t.n, t.num_ops * curves[t.metaop].time_at(t.n))
+              for a in level.ops for t in a.tuples]
+    best = exact_packing_ms(tuples, 4)
+    assert best is not None
+    assert level.c_star_ms <= best + 1e-6
