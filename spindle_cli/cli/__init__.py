@@ -68,15 +68,19 @@ def main(argv: list[str] | None = None) -> Any:
     """Entry point: run the CLI and map errors to one line and an exit code."""
     from spindle_cli.cli._console import err
 
+    def say(line: str) -> None:
+        # One unwrapped line per message: CI logs and scripts grep these.
+        sys.stderr.write(line + "\n")
+
     debug = os.environ.get("SPINDLE_DEBUG") == "1"
     try:
         return cli.main(args=argv, prog_name="spindle", standalone_mode=False)
     except SpindleError as e:
         if debug:
             raise
-        err.print(f"error: {e}")
+        say(f"error: {e}")
         if e.hint:
-            err.print(f"hint: {e.hint}")
+            say(f"hint: {e.hint}")
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
@@ -84,7 +88,7 @@ def main(argv: list[str] | None = None) -> Any:
         e.show()
         sys.exit(2)
     except click.Abort:
-        err.print("error: aborted")
+        say("error: aborted")
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> Any:
         if debug:
             err.print_exception(show_locals=True)
         else:
-            err.print(
+            say(
                 f"internal error: {sys.exc_info()[1]!r} (a bug in spindle; "
                 "rerun with SPINDLE_DEBUG=1 for the traceback)"
             )
