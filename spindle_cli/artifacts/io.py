@@ -27,6 +27,9 @@ PRODUCER = f"spindle {__version__}"
 
 _REGISTRY: dict[str, type[Artifact]] = {}
 
+_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""The safe loader, backed by libyaml where PyYAML was built with it."""
+
 
 def register(cls: type[A]) -> type[A]:
     """Class decorator: make an artifact kind loadable by `load_artifact`."""
@@ -66,6 +69,12 @@ def read_data(path: str) -> Any:
             return json.loads(text)
         except json.JSONDecodeError as e:
             raise ArtifactError(path, "", f"invalid JSON at line {e.lineno}: {e.msg}") from None
+    try:
+        # libyaml parses large profiles ~6x faster; on an error, the pure-Python parser is
+        # asked again because its messages name the offending token.
+        return yaml.load(text, Loader=_FAST_LOADER)
+    except yaml.YAMLError:
+        pass
     try:
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:

@@ -20,7 +20,7 @@ from spindle_cli.artifacts import (
     sha256,
     write_artifact,
 )
-from spindle_cli.artifacts.io import derived_header, parse_artifact
+from spindle_cli.artifacts.io import derived_header, parse_artifact, read_data
 from spindle_cli.errors import ArtifactError
 from spindle_cli.planner.graph import build_graph
 
@@ -157,3 +157,10 @@ def test_derived_artifacts_record_producer_and_input_hashes(model, tmp_path):
     data = json.loads(out.read_text())
     assert data["inputs"] == [{"kind": "model", "path": str(path), "sha256": ref.sha256}]
     assert load(str(out), MetaOpGraph) == graph
+
+
+def test_fast_yaml_parser_reads_the_same_data(repo_root):
+    # read_data parses with libyaml when available; the data must equal the reference parser's
+    for path in sorted((repo_root / "models").glob("*.yaml")) + sorted(
+            (repo_root / "clusters").glob("*.yaml")):
+        assert read_data(str(path)) == yaml.safe_load(path.read_text()), path
