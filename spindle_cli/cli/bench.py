@@ -255,12 +255,12 @@ def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
 
 def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
                  out_dir: Path | None) -> None:
-    cluster_name = lib.CLUSTERS[32]
-    model = load_input(str(Path(models_dir) / "multitask-clip.yaml"), ModelSpec)
+    cluster_name = lib.CLUSTERS[lib.DYNAMIC_DEVICES]
+    model = load_input(str(Path(models_dir) / f"{lib.DYNAMIC_MODEL}.yaml"), ModelSpec)
     cluster = load_input(str(Path(clusters_dir) / f"{cluster_name}.yaml"), ClusterSpec)
-    err.print(f"bench --dynamic: multitask-clip task sets {' -> '.join(lib.DYNAMIC_SCHEDULE)} "
-              f"on {cluster_name}")
-    rows = lib.run_dynamic(model, cluster)
+    err.print(f"bench --dynamic: {lib.DYNAMIC_MODEL} task sets "
+              f"{' -> '.join(lib.DYNAMIC_SCHEDULE)} on {cluster_name}")
+    rows = lib.run_dynamic(model, cluster, schedule=lib.DYNAMIC_SCHEDULE)
     totals = lib.dynamic_totals(rows)
     records = [dataclasses.asdict(r) for r in rows]
     header = ["planner", *(f"phase {i}: {s} tasks" for i, s in enumerate(lib.DYNAMIC_SCHEDULE)),

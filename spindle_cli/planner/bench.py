@@ -41,8 +41,11 @@ placement is the Fig. 10 ablation."""
 OPTIMUM = "optimum"
 """Planner name of the relaxed-optimum row (sum over MetaLevels of C*, compute only)."""
 
+DYNAMIC_MODEL = "multitask-clip"
 DYNAMIC_SCHEDULE = ("4", "7", "10", "7")
-"""Task sets of multitask-clip that follow each other in `--dynamic`."""
+"""Task sets of DYNAMIC_MODEL that follow each other in `--dynamic`."""
+DYNAMIC_DEVICES = 32
+"""Cluster size of `--dynamic`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

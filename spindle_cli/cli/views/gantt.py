@@ -160,7 +160,7 @@ def write_gantt(plan: Plan, path: str, *, sim: SimResult | None = None) -> None:
         ax.barh(b.rank, b.end_ms - b.start_ms, left=b.start_ms, height=0.8,
                 color=colors[b.key], edgecolor="white" if b.phase != "sync" else "black",
                 linewidth=0.3, hatch="///" if b.phase in ("backward", "sync") else None)
-    _label_slices(ax, tl)
+    _label_slices(ax, tl, width_px=12 * 110)
     for t, name in tl.boundaries:
         ax.axvline(t, color="grey", linestyle="--", linewidth=0.6)
         ax.text(t, -0.9, name, fontsize=6, color="grey", ha="left", va="bottom")
@@ -186,19 +186,23 @@ def write_gantt(plan: Plan, path: str, *, sim: SimResult | None = None) -> None:
     plt.close(fig)
 
 
-def _label_slices(ax: Any, tl: Timeline) -> None:
-    # One label per slice (forward bar, or the whole step), centred on its first rank run,
-    # and only where the bar is wide enough to hold some text.
+def _label_slices(ax: Any, tl: Timeline, width_px: float) -> None:
+    # One label per slice (forward bar, or the whole step) on its first rank, in the longest
+    # form that fits inside the bar (full, step + range, range), or none.
     seen: set[tuple[str, str]] = set()
     span = max(tl.end_ms, 1e-9)
+    char_px = 3.8  # width of one character at fontsize 5 and the figure's dpi
     for b in tl.bars:
         if b.phase not in ("forward", "step") or (b.slice_id, b.phase) in seen:
             continue
         seen.add((b.slice_id, b.phase))
-        if (b.end_ms - b.start_ms) / span < 0.03:
-            continue
-        ax.text((b.start_ms + b.end_ms) / 2, b.rank, b.label, fontsize=5, ha="center",
-                va="center", clip_on=True)
+        room = (b.end_ms - b.start_ms) / span * width_px
+        metaop, _, rng = b.label.partition(" ")
+        forms = (b.label, f"{metaop.split('/')[-1]} {rng}", rng)
+        text = next((f for f in forms if len(f) * char_px < room), None)
+        if text is not None:
+            ax.text((b.start_ms + b.end_ms) / 2, b.rank, text, fontsize=5, ha="center",
+                    va="center", clip_on=True)
 
 
 def busy_series(tl: Timeline) -> tuple[list[float], dict[str, list[float]]]:

@@ -1,0 +1,107 @@
+"""`spindle bench`: JSON rows, files written to --out, one-line errors. The matrix is cut
+down to one tiny configuration (monkeypatched) so the command runs in seconds."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from spindle_cli.cli import main
+from spindle_cli.planner import bench as lib
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = lib.BenchConfig(model="tiny-clip", task_set="2", num_tasks=2, num_devices=8)
+ROW_KEYS = ("model", "num_tasks", "num_devices", "planner", "iteration_ms",
+            "speedup_vs_sequential", "lower_bound_ms", "transfer_fraction", "plan_seconds")
+
+
+def run(args: list[str]):
+    @click.command(context_settings={"ignore_unknown_options": True})
+    @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+    def entry(argv):
+        main(list(argv))
+
+    return CliRunner().invoke(entry, args, catch_exceptions=False)
+
+
+@pytest.fixture
+def tiny_matrix(monkeypatch):
+    monkeypatch.setattr(lib, "matrix", lambda quick=False: [TINY])
+
+
+def repo_dirs() -> list[str]:
+    return ["--models-dir", str(REPO / "models"), "--clusters-dir", str(REPO / "clusters")]
+
+
+def test_json_is_a_list_of_rows(tiny_matrix):
+    res = run(["bench", "--json", *repo_dirs()])
+    assert res.exit_code == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert [r["planner"] for r in rows] == [p for p, _ in lib.VARIANTS] + [lib.OPTIMUM]
+    for r in rows:
+        for key in ROW_KEYS:
+            assert key in r, key
+        assert (r["model"], r["num_tasks"], r["num_devices"]) == ("tiny-clip", 2, 8)
+    assert "bench: tiny-clip" in res.stderr  # progress goes to stderr
+
+
+def test_tables_on_stdout(tiny_matrix):
+    res = run(["bench", *repo_dirs()])
+    assert res.exit_code == 0, res.stderr
+    assert "speedup over sequential" in res.stdout and "tiny-clip" in res.stdout
+
+
+def test_out_dir_gets_csv_json_markdown_and_charts(tiny_matrix, tmp_path):
+    out = tmp_path / "bench"
+    res = run(["bench", "--out", str(out), "--json", *repo_dirs()])
+    assert res.exit_code == 0, res.stderr
+    rows = json.loads((out / "bench.json").read_text())
+    assert rows == json.loads(res.stdout)
+    with (out / "bench.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [r["planner"] for r in table] == [r["planner"] for r in rows]
+    assert "| tiny-clip | 2 | 8 |" in (out / "bench.md").read_text()
+    for name in ("fig8_speedup.png", "fig10_transfer.png", "fig11_gap.png",
+                 "fig12_plan_time.png", "gantt.png", "utilization.png"):
+        assert (out / name).read_bytes().startswith(b"\x89PNG"), name
+
+
+def test_dynamic_reports_each_planner(monkeypatch, tmp_path):
+    monkeypatch.setattr(lib, "DYNAMIC_MODEL", "tiny-clip")
+    monkeypatch.setattr(lib, "DYNAMIC_SCHEDULE", ("2", "2"))
+    monkeypatch.setattr(lib, "DYNAMIC_DEVICES", 8)
+    res = run(["bench", "--dynamic", "--json", "--out", str(tmp_path / "d"), *repo_dirs()])
+    assert res.exit_code == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert {r["planner"] for r in rows} == {"spindle", "sequential", "optimus", "distmm"}
+    assert all(r["phase_ms"] == pytest.approx(r["iterations"] * r["iteration_ms"])
+               for r in rows if not r["error"])
+    assert "replanning s" in (tmp_path / "d" / "dynamic.md").read_text()
+
+
+def test_missing_models_dir_is_a_one_line_error(tiny_matrix, tmp_path):
+    out = tmp_path / "bench"
+    res = run(["bench", "--out", str(out), "--models-dir", str(tmp_path / "nowhere"),
+               "--clusters-dir", str(REPO / "clusters")])
+    assert res.exit_code == 2
+    assert " ".join(res.stderr.split()).startswith("error: ")
+    assert "no such file" in res.stderr and "Traceback" not in res.stderr
+    assert not out.exists()
+
+
+def test_out_that_is_a_file_is_a_user_error(tmp_path):
+    target = tmp_path / "file"
+    target.write_text("x")
+    res = run(["bench", "--out", str(target)])
+    assert res.exit_code == 2 and "not a directory" in res.stderr
+    assert target.read_text() == "x"
+
+
+def test_quick_with_dynamic_is_refused():
+    res = run(["bench", "--dynamic", "--quick"])
+    assert res.exit_code == 2 and "--quick" in res.stderr

@@ -1,0 +1,145 @@
+"""The evaluation matrix and dynamic task sets as data (spindle_cli.planner.bench)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
+from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner import bench as lib
+from spindle_cli.planner import paper_numbers
+from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.simulate import simulate
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def model(name: str) -> ModelSpec:
+    return load(str(REPO / "models" / f"{name}.yaml"), ModelSpec)
+
+
+def cluster(name: str) -> ClusterSpec:
+    return load(str(REPO / "clusters" / f"{name}.yaml"), ClusterSpec)
+
+
+def test_matrix_is_the_papers_evaluation():
+    cells = {(c.model, c.num_tasks, c.num_devices) for c in lib.matrix()}
+    assert len(cells) == 9 + 6 + 2 + 2
+    assert ("multitask-clip", 10, 32) in cells and ("ofasys", 7, 8) in cells
+    assert ("qwen-val", 3, 64) in cells and ("qwen-val-70b", 3, 256) in cells
+    assert {(c.model, c.num_tasks, c.num_devices) for c in lib.matrix(quick=True)} <= cells
+
+
+def test_every_cell_has_a_shipped_cluster_and_task_set_of_its_size():
+    for cfg in lib.matrix():
+        assert cluster(cfg.cluster).num_devices == cfg.num_devices
+        m = model(cfg.model)
+        tasks = cfg.tasks(m)
+        assert len(tasks if tasks is not None else m.tasks) == cfg.num_tasks
+
+
+CLIP4 = lib.BenchConfig(model="multitask-clip", task_set="4", num_tasks=4, num_devices=16)
+
+
+@pytest.fixture(scope="module")
+def clip4_rows():
+    return lib.run_config(model("multitask-clip"), cluster("a800-2x8"), CLIP4)
+
+
+def test_rows_cover_every_variant_and_the_optimum(clip4_rows):
+    got = [(r.planner, r.placement) for r in clip4_rows]
+    assert got == [*lib.VARIANTS, (lib.OPTIMUM, "-")]
+    assert all(r.cluster == "a800-2x8" and r.num_devices == 16 for r in clip4_rows)
+
+
+def test_speedups_are_relative_to_the_simulated_sequential_plan(clip4_rows):
+    seq = next(r for r in clip4_rows if r.planner == "sequential")
+    if seq.iteration_ms is None:
+        pytest.skip(f"sequential could not be planned: {seq.error}")
+    assert seq.speedup_vs_sequential == pytest.approx(1.0)
+    for r in clip4_rows:
+        if r.iteration_ms is not None:
+            assert r.speedup_vs_sequential == pytest.approx(seq.iteration_ms / r.iteration_ms)
+
+
+def test_rows_agree_with_a_direct_simulation(clip4_rows):
+    m, c = model("multitask-clip"), cluster("a800-2x8")
+    graph = build_graph(m, tasks=list(m.task_sets["4"]))
+    profile = lib.profile_for(graph, c)
+    plan, sim, seconds = lib.plan_and_simulate(graph, profile, c, "spindle", "island")
+    row = clip4_rows[0]
+    assert row.iteration_ms == pytest.approx(simulate(plan, graph, profile, c).iteration_ms)
+    assert row.iteration_ms == pytest.approx(sim.iteration_ms)
+    assert row.transfer_fraction == pytest.approx(sim.transfer_ms / sim.iteration_ms)
+    assert row.gap_to_optimum == pytest.approx(sim.iteration_ms / row.lower_bound_ms)
+    assert seconds > 0
+
+
+def test_optimum_row_is_the_relaxed_lower_bound(clip4_rows):
+    opt = clip4_rows[-1]
+    assert opt.iteration_ms == opt.lower_bound_ms and opt.lower_bound_ms > 0
+    for r in clip4_rows[:-1]:
+        assert r.lower_bound_ms == opt.lower_bound_ms
+        if r.compute_ms is not None:
+            # No schedule computes faster than the relaxed optimum.
+            assert r.compute_ms >= opt.lower_bound_ms * (1 - 1e-6)
+
+
+def test_paper_numbers_sit_beside_the_matching_rows(clip4_rows):
+    by = {(r.planner, r.placement): r for r in clip4_rows}
+    assert by["spindle", "island"].paper_speedup == 1.22
+    assert by["sequential", "island"].paper_speedup == 1.0
+    assert by["optimus", "island"].paper_speedup == 1.00
+    assert by["spindle", "sequential"].paper_speedup is None
+    # Fig. 10 has no 4-task CLIP bar.
+    assert by["spindle", "island"].paper_transfer_share is None
+
+
+def test_planning_failures_become_rows_with_the_reason(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PlanInfeasible("out of memory (test)")
+
+    monkeypatch.setattr(lib, "make_plan", refuse)
+    rows = lib.run_config(model("tiny-clip"), cluster("a800-1x8"),
+                          lib.BenchConfig(model="tiny-clip", task_set="2", num_tasks=2,
+                                          num_devices=8))
+    failed = rows[:-1]
+    assert all(r.iteration_ms is None and r.error == "out of memory (test)" for r in failed)
+    assert all(r.speedup_vs_sequential is None for r in rows)
+    assert rows[-1].planner == lib.OPTIMUM and rows[-1].iteration_ms > 0
+
+
+def test_dynamic_schedule_replans_every_phase():
+    rows = lib.run_dynamic(model("tiny-clip"), cluster("a800-1x8"), schedule=("2", "2"),
+                           iterations_per_phase=10, planners=("spindle", "sequential"))
+    assert [(r.planner, r.phase) for r in rows] == [
+        ("spindle", 0), ("spindle", 1), ("sequential", 0), ("sequential", 1)]
+    for r in rows:
+        assert r.error == "" and r.num_tasks == 2
+        assert r.phase_ms == pytest.approx(10 * r.iteration_ms)
+        assert r.replan_seconds > 0
+    totals = {t.planner: t for t in lib.dynamic_totals(rows)}
+    sp = [r for r in rows if r.planner == "spindle"]
+    assert totals["spindle"].train_s == pytest.approx(sum(r.phase_ms for r in sp) / 1e3)
+    assert totals["spindle"].total_s == pytest.approx(
+        totals["spindle"].train_s + sum(r.replan_seconds for r in sp))
+
+
+def test_dynamic_total_is_unknown_when_a_phase_failed():
+    ok = lib.DynamicRow(planner="p", phase=0, task_set="4", num_tasks=4, iterations=1,
+                        iteration_ms=5.0, phase_ms=5.0, replan_seconds=0.5)
+    bad = lib.DynamicRow(planner="p", phase=1, task_set="7", num_tasks=7, iterations=1,
+                         iteration_ms=None, phase_ms=None, replan_seconds=None, error="x")
+    (total,) = lib.dynamic_totals([ok, bad])
+    assert total.train_s is None and total.total_s is None and total.replan_s == 0.5
+
+
+def test_paper_number_lookup():
+    assert paper_numbers.speedup("multitask-clip", 10, 32, "spindle") == 1.71
+    assert paper_numbers.speedup("ofasys", 7, 8, "distmm") == 1.07
+    assert paper_numbers.speedup("qwen-val-70b", 3, 256, "optimus") is None
+    assert paper_numbers.speedup("tiny-clip", 2, 8, "spindle") is None
+    assert paper_numbers.transfer_share("multitask-clip", 10, 16, "sequential") == 0.27
+    assert paper_numbers.transfer_share("qwen-val", 3, 32, "island") == 0.017
