@@ -170,3 +170,42 @@ def test_subprocess_error_has_no_traceback(workdir):
         "error: --counts: 'x' is not a positive integer (in 'x')"
     ]
     assert "Traceback" not in proc.stderr
+
+
+def test_show_prints_each_curve_and_plots(workdir, capsys):
+    code, _, err = _run(["profile", "graph.yaml", "--hardware", "a800", "--counts", "1,2,4,8,16",
+                         "--validate", "-o", "p.yaml"], capsys)
+    assert code == 0, err
+    profile = load("p.yaml", Profile)
+    code, out, err = _run(["show", "p.yaml", "--plot", "curves.png"], capsys)
+    assert code == 0, err
+    assert out.startswith("profile p.yaml: analytic on a800")
+    for curve in profile.curves:
+        assert curve.signature in out
+    lines = out.splitlines()
+    assert sum(line.startswith("  speedup ") for line in lines) == len(profile.curves)
+    assert "(held out)" in out
+    assert "more data-parallel groups than samples" in out  # B = 8 cannot split 16 ways
+    assert any(bar in out for bar in "▁▂▃▄▅▆▇█")
+    assert Path("curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "wrote curves.png" in err
+
+    code, _, err = _run(["show", "p.yaml", "--plot", "nowhere/curves.png"], capsys)
+    assert code == 2
+    assert err.startswith("error: --plot: output directory 'nowhere' does not exist")
+    code, _, err = _run(["show", "p.yaml", "--gantt", "g.svg"], capsys)
+    assert code == 2 and "--gantt does not apply to a profile" in err
+
+
+def test_sparkline_and_names():
+    from spindle_cli.cli.views.profile import short_name, sparkline
+
+    assert sparkline([1.0, 2.0, 3.0]) == "▁▅█"
+    assert sparkline([2.0, 2.0]) == "▁▁"
+    assert sparkline([]) == ""
+    assert sparkline([1.0, 2.0, 4.0, 8.0], 0.0, 8.0) == "▂▃▅█"
+    assert sparkline([1.0, 1.0, 1.0], 0.0, 4.0) == "▃▃▃"
+    assert short_name("transformer_encoder|hidden=32|heads=4|batch=8|seq=12|dtype=bf16") == (
+        "transformer_encoder hidden=32 batch=8 seq=12"
+    )
+    assert short_name("opaque") == "opaque"
