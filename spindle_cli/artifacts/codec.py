@@ -210,6 +210,16 @@ def json_schema(cls: type, *, title: str | None = None) -> dict[str, Any]:
     return schema
 
 
+def _bounded(prop: dict[str, Any]) -> dict[str, Any] | None:
+    """The sub-schema numeric bounds apply to: the number itself, the items of a list, or the
+    non-null branch of an optional field (where `from_data` checks them too)."""
+    if "anyOf" in prop:
+        prop = prop["anyOf"][0]
+    if prop.get("type") == "array":
+        prop = prop["items"]
+    return prop if prop.get("type") in ("integer", "number") else None
+
+
 def _schema_for(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
     origin = get_origin(tp)
     if _is_optional(tp):
@@ -238,8 +248,8 @@ def _schema_for(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
                 md = f.metadata
                 if "doc" in md:
                     prop["description"] = md["doc"]
-                target = prop if "type" in prop and prop["type"] != "array" else prop.get("items")
-                if isinstance(target, dict):
+                target = _bounded(prop)
+                if target is not None:
                     for key, kw in (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum")):
                         if key in md:
                             target[kw] = md[key]

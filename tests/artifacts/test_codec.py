@@ -11,7 +11,14 @@ import pytest
 import yaml
 
 from spindle_cli.artifacts import ClusterSpec, ModelSpec, input_ref
-from spindle_cli.artifacts.codec import FLOAT_DIGITS, canonical_float, from_data, to_data
+from spindle_cli.artifacts.codec import (
+    FLOAT_DIGITS,
+    canonical_float,
+    from_data,
+    json_schema,
+    meta,
+    to_data,
+)
 from spindle_cli.artifacts.io import parse_artifact, render
 from spindle_cli.errors import FieldError
 from spindle_cli.planner.graph import build_graph
@@ -114,3 +121,23 @@ def test_integers_are_accepted_for_float_fields(cluster_data):
     cluster_data["device"]["peak_flops"] = 10**14
     obj = from_data(ClusterSpec, cluster_data)
     assert type(obj.device.peak_flops) is float
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Bounded:
+    """A record with bounds on an optional number and on list items."""
+
+    error: float | None = dataclasses.field(default=None, metadata=meta("an error", ge=0))
+    counts: tuple[int, ...] = dataclasses.field(metadata=meta("device counts", ge=1))
+
+
+def test_schema_bounds_match_the_loader_for_optional_and_list_fields():
+    props = json_schema(_Bounded)["properties"]
+    assert props["error"]["anyOf"][0] == {"type": "number", "minimum": 0}
+    assert props["counts"]["items"] == {"type": "integer", "minimum": 1}
+    assert "counts" in json_schema(_Bounded)["required"]
+    with pytest.raises(FieldError, match="must be >= 0"):
+        from_data(_Bounded, {"error": -1.0, "counts": [1]})
+    with pytest.raises(FieldError, match="must be >= 1"):
+        from_data(_Bounded, {"counts": [2, 0]})
+    assert from_data(_Bounded, {"counts": [2]}).error is None
