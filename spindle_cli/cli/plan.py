@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, input_ref
@@ -32,6 +34,9 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
 
     if check and output == "-":
         raise SpindleError("--check needs the plan file to compare with (-o PLAN)")
+    if output != "-" and Path(output).suffix.lower() not in (".yaml", ".yml", ".json"):
+        # fail before planning, not after
+        raise SpindleError(f"{output}: unknown file extension (expected .yaml, .yml or .json)")
     graph = load_input(graph_path, MetaOpGraph)
     profile = load_input(profile_path, Profile)
     cluster = load_input(cluster_path, ClusterSpec)

@@ -1,0 +1,101 @@
+"""`spindle explain PLAN METAOP`: how the plan treats one MetaOp: its scaling curve, n*, the
+two bi-point tuples (before and after rounding), the waves it ran in, and its level's gap to
+C* and to the exact packing of the level's tuples (small levels).
+
+The graph, profile and cluster are read from the paths recorded in the plan's `inputs` (as
+written, then relative to the plan file) and must still hash to the recorded sha256.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+import click
+from rich.table import Table
+
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load, sha256
+from spindle_cli.artifacts.base import Artifact
+from spindle_cli.cli._console import out
+from spindle_cli.cli.common import load_input
+from spindle_cli.cli.views import print_table
+from spindle_cli.errors import SpindleError
+
+A = TypeVar("A", bound=Artifact)
+
+
+def recorded_input(plan: Plan, plan_path: str, kind: str, cls: type[A]) -> A:
+    """The plan's input of `kind`, found and verified by hash."""
+    try:
+        ref = plan.input(kind)
+    except KeyError:
+        raise SpindleError(f"{plan_path}: inputs: no {kind} recorded") from None
+    candidates = [Path(ref.path), Path(plan_path).parent / ref.path]
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise SpindleError(f"{plan_path}: inputs: {kind} file {ref.path!r} not found")
+    obj = load(str(found), cls)
+    if sha256(obj) != ref.sha256:
+        raise SpindleError(f"{plan_path}: inputs: {kind} {ref.path!r} changed since the plan "
+                           "was made", hint="re-run spindle plan")
+    return obj
+
+
+@click.command()
+@click.argument("plan_path", metavar="PLAN")
+@click.argument("metaop_id", metavar="METAOP")
+def explain(plan_path: str, metaop_id: str) -> None:
+    """Explain the allocation and the waves of one MetaOp of PLAN."""
+    from spindle_cli.planner import scaling
+    from spindle_cli.planner.api import allocate, op_curves
+    from spindle_cli.planner.exact import exact_packing_ms
+
+    plan = load_input(plan_path, Plan)
+    graph = recorded_input(plan, plan_path, "metaop_graph", MetaOpGraph)
+    profile = recorded_input(plan, plan_path, "profile", Profile)
+    cluster = recorded_input(plan, plan_path, "cluster", ClusterSpec)
+    ids = [m.id for m in graph.metaops]
+    if metaop_id not in ids:
+        near = [i for i in ids if metaop_id.split("/")[-1] in i][:5]
+        hint = f"did you mean {', '.join(near)}?" if near else f"{len(ids)} MetaOps in the graph"
+        raise SpindleError(f"{plan_path}: no MetaOp {metaop_id!r}", hint=hint)
+    m = graph.metaop(metaop_id)
+    uneven = plan.options.get("uneven_splits") == "true"
+    curves = op_curves(graph, profile, plan.num_devices, uneven=uneven)
+    oc = curves[m.id]
+    out.print(f"{m.id}: {m.num_layers} x {m.layer_kind} of module {m.module} (layers "
+              f"{m.first_layer}-{m.first_layer + m.num_layers}), batch {m.batch_size}, "
+              f"level {m.level}; signature {m.signature}")
+    table = Table(title="scaling curve at the valid device counts")
+    for col in ("n", "strategy", "T(n) ms/op", "L*T(n) ms", "speedup"):
+        table.add_column(col, justify="right")
+    for n, t, s in zip(oc.counts[1:], oc.times_ms[1:], oc.speedups[1:], strict=True):
+        table.add_row(str(n), scaling.strategy(oc.curve, n), f"{t:.4f}",
+                      f"{m.num_layers * t:.3f}", f"{s:.2f}")
+    print_table(table)
+    [level] = [a for a in allocate(graph, curves, plan.num_devices) if a.level == m.level]
+    a = next(x for x in level.ops if x.metaop == m.id)
+    out.print(f"level {m.level}: C* = {level.c_star_ms:.3f} ms; n* = {a.n_star:.3f} "
+              f"(between valid counts {a.n_lo} and {a.n_hi})")
+    lo = "dummy (n = 0)" if a.n_lo == 0 else f"({a.n_lo}, {a.ops_lo:.2f})"
+    out.print(f"tuples before rounding (n, ops): ({a.n_hi}, {a.ops_hi:.2f}), {lo}")
+    out.print("tuples after rounding: "
+              + ", ".join(f"({t.n}, {t.num_ops})" for t in a.tuples))
+    waves = Table(title="waves running it")
+    for col in ("wave", "start ms", "wave ms", "ops", "ranks", "strategy", "slice ms"):
+        waves.add_column(col, justify="right")
+    for w, s in plan.slices():
+        if s.metaop == m.id:
+            waves.add_row(str(w.index), f"{w.start_ms:.3f}", f"{w.duration_ms:.3f}",
+                          f"{s.first}-{s.last}", ",".join(map(str, s.ranks)), s.strategy,
+                          f"{s.time_ms:.3f}")
+    print_table(waves)
+    planned = next((lv.estimated_ms for lv in plan.levels if lv.level == m.level), 0.0)
+    tuples = [(t.metaop, t.n, t.num_ops * curves[t.metaop].time_at(t.n))
+              for x in level.ops for t in x.tuples]
+    best = exact_packing_ms(tuples, cluster.num_devices)
+    line = f"level {m.level} planned {planned:.3f} ms = {planned / level.c_star_ms:.3f}x C*"
+    if best is not None:
+        line += (f"; exact packing of its {len(tuples)} tuples {best:.3f} ms "
+                 f"({best / level.c_star_ms:.3f}x C*, greedy {planned / best:.3f}x of it)")
+    out.print(line)

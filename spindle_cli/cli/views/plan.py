@@ -1,0 +1,96 @@
+"""`spindle show PLAN`: the waves, per-rank memory and the gap to the relaxed optimum C*."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from spindle_cli.artifacts.plan import Plan
+from spindle_cli.cli._console import err, out
+from spindle_cli.cli.views import fmt_bytes, print_table
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    """Compact rank list: 0-7,12."""
+    parts, start = [], ranks[0]
+    for a, b in zip(ranks, [*ranks[1:], None], strict=True):
+        if b is None or b != a + 1:
+            parts.append(str(start) if start == a else f"{start}-{a}")
+            if b is not None:
+                start = b
+    return ",".join(parts)
+
+
+def gap(plan: Plan) -> float:
+    """Estimated iteration / sum of the levels' C* (1.0 for an empty bound)."""
+    return plan.estimated_iteration_ms / plan.lower_bound_ms if plan.lower_bound_ms else 1.0
+
+
+def wave_table(plan: Plan) -> Table:
+    """One row per slice, grouped by wave."""
+    table = Table(title="waves")
+    for col in ("wave", "level", "start ms", "ms", "MetaOp", "ops", "ranks", "strategy",
+                "slice ms"):
+        table.add_column(col, justify="right" if col not in ("MetaOp", "ranks", "strategy")
+                         else "left")
+    for w in plan.waves:
+        for i, s in enumerate(w.slices):
+            head = i == 0
+            table.add_row(str(w.index) if head else "", str(w.level) if head else "",
+                          f"{w.start_ms:.2f}" if head else "",
+                          f"{w.duration_ms:.2f}" if head else "", s.metaop,
+                          f"{s.first}-{s.last}", _ranks(s.ranks), s.strategy, f"{s.time_ms:.2f}")
+        table.add_section()
+    return table
+
+
+def memory_table(plan: Plan, capacity_bytes: int | None = None) -> Table:
+    """Per-rank memory by category."""
+    table = Table(title="memory per rank")
+    for col in ("rank", "params", "grads", "optimizer", "activations", "total"):
+        table.add_column(col, justify="right")
+    for m in plan.memory:
+        table.add_row(str(m.rank), fmt_bytes(m.param_bytes), fmt_bytes(m.grad_bytes),
+                      fmt_bytes(m.optimizer_bytes), fmt_bytes(m.activation_bytes),
+                      fmt_bytes(m.total_bytes))
+    return table
+
+
+def level_table(plan: Plan) -> Table:
+    """C* and the planned time of every MetaLevel."""
+    table = Table(title="levels: planned time vs relaxed optimum C*")
+    for col in ("level", "C* ms", "planned ms", "gap"):
+        table.add_column(col, justify="right")
+    for lv in plan.levels:
+        ratio = lv.estimated_ms / lv.lower_bound_ms if lv.lower_bound_ms else 1.0
+        table.add_row(str(lv.level), f"{lv.lower_bound_ms:.3f}", f"{lv.estimated_ms:.3f}",
+                      f"{ratio:.3f}x")
+    return table
+
+
+def show(obj: Plan, path: str, *, gantt: str | None = None, utilization: str | None = None,
+         text_gantt: bool = False) -> None:
+    """Print the plan's summary, wave table, level gaps and memory; optionally charts."""
+    moved = sum(t.bytes for t in obj.transfers if t.src_ranks != t.dst_ranks)
+    out.print(f"plan of {obj.model} on {obj.cluster} ({path}): planner {obj.planner}, "
+              f"options {', '.join(f'{k}={v}' for k, v in obj.options.items())}")
+    out.print(f"{obj.num_devices} ranks in {len(obj.islands)} island(s), {len(obj.waves)} waves, "
+              f"{len(obj.transfers)} transfers ({fmt_bytes(moved)} between different ranks), "
+              f"{len(obj.param_groups)} parameter groups")
+    out.print(f"estimated iteration {obj.estimated_iteration_ms:.2f} ms; relaxed optimum C* "
+              f"{obj.lower_bound_ms:.2f} ms; gap {gap(obj):.3f}x")
+    print_table(wave_table(obj))
+    print_table(level_table(obj))
+    print_table(memory_table(obj))
+    peak = max(obj.memory, key=lambda m: (m.total_bytes, -m.rank))
+    out.print(f"peak memory: rank {peak.rank}, {fmt_bytes(peak.total_bytes)}")
+    if gantt or utilization or text_gantt:
+        from spindle_cli.cli.views import gantt as charts
+
+        if gantt:
+            charts.write_gantt(obj, gantt)
+            err.print(f"wrote {gantt}")
+        if utilization:
+            charts.write_utilization(obj, utilization)
+            err.print(f"wrote {utilization}")
+        if text_gantt:
+            out.print(charts.text_gantt(obj))

@@ -1,0 +1,142 @@
+"""`spindle plan`, `spindle diff`, `spindle explain` and `spindle show PLAN` through the CLI."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from spindle_cli.artifacts import Plan, load
+from spindle_cli.cli import cli
+
+CASE = Path(__file__).resolve().parents[1] / "data" / "plan-two-node-multitask"
+
+
+@pytest.fixture()
+def case(tmp_path, monkeypatch):
+    """The golden case's inputs copied into a temporary working directory."""
+    for name in ("graph", "profile", "cluster"):
+        shutil.copy(CASE / f"{name}.yaml", tmp_path / f"{name}.yaml")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def invoke(*args):
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result
+
+
+def plan_args(*extra):
+    return ["plan", "graph.yaml", "profile.yaml", "--cluster", "cluster.yaml", *extra]
+
+
+def test_plan_writes_a_plan_with_its_inputs(case):
+    r = invoke(*plan_args("-o", "plan.yaml"))
+    assert r.exit_code == 0, r.output
+    plan = load("plan.yaml", Plan)
+    assert [i.kind for i in plan.inputs] == ["metaop_graph", "profile", "cluster"]
+    assert [i.path for i in plan.inputs] == ["graph.yaml", "profile.yaml", "cluster.yaml"]
+    assert plan.options["planner"] == "spindle"
+
+
+def test_plan_to_stdout_is_yaml_only(case):
+    r = subprocess.run(["spindle", *plan_args("-o", "-")], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("kind: plan\n")
+    assert "estimated iteration" in r.stderr
+
+
+def test_check_detects_drift_and_writes_nothing(case):
+    assert invoke(*plan_args("-o", "plan.yaml")).exit_code == 0
+    before = Path("plan.yaml").read_text()
+    assert invoke(*plan_args("-o", "plan.yaml", "--check")).exit_code == 0
+    r = invoke(*plan_args("--planner", "sequential", "-o", "plan.yaml", "--check"))
+    assert r.exit_code == 1
+    assert Path("plan.yaml").read_text() == before
+    r = invoke(*plan_args("-o", "missing.yaml", "--check"))
+    assert r.exit_code == 1 and not Path("missing.yaml").exists()
+
+
+@pytest.mark.parametrize("planner", ["sequential", "optimus", "distmm"])
+def test_baseline_planners_and_options(case, planner):
+    r = invoke(*plan_args("--planner", planner, "--placement", "sequential", "--uneven-splits",
+                          "-o", f"{planner}.yaml"))
+    assert r.exit_code == 0, r.output
+    plan = load(f"{planner}.yaml", Plan)
+    assert plan.options == {"planner": planner, "placement": "sequential",
+                            "uneven_splits": "true"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plan", "nope.yaml", "profile.yaml", "--cluster", "cluster.yaml", "-o", "p.yaml"],
+     "nope.yaml: no such file"),
+    (["plan", "profile.yaml", "profile.yaml", "--cluster", "cluster.yaml", "-o", "p.yaml"],
+     "expected a 'metaop_graph' artifact"),
+    (["plan", "graph.yaml", "profile.yaml", "--cluster", "graph.yaml", "-o", "p.yaml"],
+     "expected a 'cluster' artifact"),
+    (["plan", "graph.yaml", "profile.yaml", "--cluster", "cluster.yaml", "-o", "p.txt"],
+     "unknown file extension"),
+])
+def test_bad_input_is_one_line_exit_2_and_no_output(case, args, message):
+    r = subprocess.run(["spindle", *args], capture_output=True, text=True, check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: ") and message in r.stderr.replace("\n", "")
+    assert "Traceback" not in r.stderr
+    assert not Path("p.yaml").exists() and not Path("p.txt").exists()
+
+
+def test_infeasible_memory_is_a_clean_error(case):
+    text = Path("cluster.yaml").read_text().replace("memory_bytes: 85899345920",
+                                                    "memory_bytes: 1000")
+    Path("small.yaml").write_text(text)
+    r = subprocess.run(["spindle", "plan", "graph.yaml", "profile.yaml", "--cluster",
+                        "small.yaml", "-o", "p.yaml"], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 2
+    flat = r.stderr.replace("\n", "")
+    assert flat.startswith("error: out of memory") and "bytes are available" in flat
+    assert not Path("p.yaml").exists()
+
+
+def test_diff_is_semantic(case):
+    invoke(*plan_args("-o", "a.yaml"))
+    invoke(*plan_args("-o", "b.yaml"))
+    invoke(*plan_args("--planner", "sequential", "-o", "c.yaml"))
+    r = invoke("diff", "a.yaml", "b.yaml")
+    assert r.exit_code == 0 and "same plan" in r.output
+    r = invoke("diff", "a.yaml", "c.yaml")
+    assert r.exit_code == 1
+    assert "planner: spindle -> sequential" in r.output
+    assert "allocation t1/img:" in r.output
+    assert "estimated iteration:" in r.output
+
+
+def test_explain_shows_n_star_tuples_and_waves(case):
+    invoke(*plan_args("-o", "plan.yaml"))
+    r = invoke("explain", "plan.yaml", "t1/img")
+    assert r.exit_code == 0, r.output
+    assert "n* =" in r.output and "tuples before rounding" in r.output
+    assert "waves running it" in r.output
+    r = subprocess.run(["spindle", "explain", "plan.yaml", "t1/nope"], capture_output=True,
+                       text=True, check=False)
+    assert r.returncode == 2 and "no MetaOp 't1/nope'" in r.stderr
+
+
+def test_explain_refuses_changed_inputs(case):
+    invoke(*plan_args("-o", "plan.yaml"))
+    text = Path("cluster.yaml").read_text().replace("name: test", "name: other")
+    Path("cluster.yaml").write_text(text)
+    r = subprocess.run(["spindle", "explain", "plan.yaml", "t1/img"], capture_output=True,
+                       text=True, check=False)
+    assert r.returncode == 2 and "changed since the plan was made" in r.stderr
+
+
+def test_show_plan(case):
+    invoke(*plan_args("-o", "plan.yaml"))
+    r = invoke("show", "plan.yaml")
+    assert r.exit_code == 0, r.output
+    assert "gap" in r.output and "memory per rank" in r.output and "waves" in r.output
