@@ -40,7 +40,7 @@ class Tracer:
             end = time.perf_counter_ns()
             label = name if "wave" not in args else f"{name} w{args['wave']}"
             if "phase" in args:
-                label += f" {args['phase'][:3]}"
+                label += " fwd" if args["phase"] == "forward" else " bwd"
             self.events.append({
                 "name": label, "cat": category, "ph": "X", "pid": self.rank, "tid": 0,
                 "ts": (start - self._origin_ns) / 1e3, "dur": (end - start) / 1e3, "args": args,

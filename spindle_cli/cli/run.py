@@ -1,0 +1,130 @@
+"""`spindle run PLAN --nproc-per-node N`: train a plan with torch.distributed, wave by wave.
+
+Checks the plan, its graph and model (sha256) and the world size here, before launching, so
+bad input is a one-line error with exit code 2 and no process starts. Then starts the workers
+(`python -m spindle_cli.runtime.worker`) through torch's elastic launcher with torchrun's
+semantics; on a cluster, the same worker runs under a plain `torchrun` on every node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import click
+
+from spindle_cli.cli._console import err
+from spindle_cli.errors import RuntimeFailure, SpindleError
+
+
+@click.command()
+@click.argument("plan_path", metavar="PLAN")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), required=True,
+              help="Worker processes (ranks) on this node.")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Number of nodes (each runs `spindle run` with its --node-rank).")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
+              help="This node's index (multi-node runs).")
+@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+              help="Rendezvous endpoint shared by all nodes (multi-node runs).")
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Training steps (a resumed run continues up to this step).")
+@click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
+              show_default=True, help="auto: nccl when CUDA is present, else gloo.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the initialization and the synthetic data.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3,
+              show_default=True, help="AdamW learning rate.")
+@click.option("--dtype", type=click.Choice(["fp32", "fp64"]), default="fp32",
+              show_default=True, help="Parameter and activation dtype.")
+@click.option("--dataset", default=None, metavar="MODULE:FUNCTION",
+              help="User dataset factory, called as FUNCTION(model, seed) (default: synthetic).")
+@click.option("--trace", "trace_path", default=None, metavar="FILE.json",
+              help="Write a Chrome trace (per rank, per wave) with measured vs predicted time.")
+@click.option("--checkpoint-dir", default=None, metavar="DIR",
+              help="Where checkpoints go (shared by all nodes).")
+@click.option("--checkpoint-every", type=click.IntRange(min=1), default=None, metavar="K",
+              help="Checkpoint every K steps (and at the end).")
+@click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in DIR.")
+@click.option("--timeout-s", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Collective/P2P timeout: a silent rank fails the run after this long.")
+def run(plan_path: str, nproc_per_node: int, nnodes: int, node_rank: int,
+        rdzv_endpoint: str | None, steps: int, backend: str, seed: int, lr: float, dtype: str,
+        dataset: str | None, trace_path: str | None, checkpoint_dir: str | None,
+        checkpoint_every: int | None, resume: bool, timeout_s: float) -> None:
+    """Train PLAN (made by `spindle plan`) on NPROC_PER_NODE x NNODES ranks and print the loss
+    of every step."""
+    from spindle_cli.runtime.dist import resolve_backend
+    from spindle_cli.runtime.inputs import check_world, load_run_inputs
+
+    inputs = load_run_inputs(plan_path)
+    check_world(inputs.plan, nproc_per_node * nnodes)
+    resolve_backend(backend)
+    if (checkpoint_every or resume) and not checkpoint_dir:
+        raise SpindleError("--checkpoint-every and --resume need --checkpoint-dir")
+    if trace_path is not None and not Path(trace_path).resolve().parent.is_dir():
+        raise SpindleError(f"--trace {trace_path}: directory does not exist")
+    if nnodes > 1 and rdzv_endpoint is None:
+        raise SpindleError("a multi-node run needs --rdzv-endpoint HOST:PORT")
+    worker_args = [plan_path, "--steps", str(steps), "--seed", str(seed), "--lr", repr(lr),
+                   "--dtype", dtype, "--backend", backend, "--timeout-s", repr(timeout_s)]
+    for flag, value in (("--dataset", dataset), ("--trace", trace_path),
+                        ("--checkpoint-dir", checkpoint_dir)):
+        if value is not None:
+            worker_args += [flag, value]
+    if checkpoint_every:
+        worker_args += ["--checkpoint-every", str(checkpoint_every)]
+    if resume:
+        worker_args.append("--resume")
+    if nnodes == 1 and rdzv_endpoint is None:
+        launch = ["--standalone"]
+    else:
+        launch = ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-backend",
+                  "c10d", "--rdzv-endpoint", str(rdzv_endpoint)]
+    argv = [*launch, "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0",
+            "-m", "spindle_cli.runtime.worker", *worker_args]
+    err.print(f"spindle run: {inputs.plan.planner} plan, {len(inputs.plan.waves)} waves, "
+              f"{inputs.plan.num_devices} ranks, {steps} steps")
+    _launch(argv)
+
+
+def _launch(argv: list[str]) -> None:
+    """torchrun with `argv`; a failed worker becomes a RuntimeFailure naming its rank."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args
+    from torch.distributed.run import run as torchrun
+
+    if Path("/sys/class/net/lo").exists():
+        # gloo binds to the hostname's address, which some containers cannot bind; a
+        # single-node run can always use the loopback interface
+        if "--standalone" in argv:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # torchrun warns when it sets this default itself
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # the elastic agent logs every worker's exit at WARNING; the workers print their own errors
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    try:
+        torchrun(parse_args(argv))
+    except ChildFailedError as e:
+        raise RuntimeFailure(f"run failed: {_root_cause(e)}") from None
+
+
+def _root_cause(e: object) -> str:
+    """The first failure that is not just a rank losing its peer, as one line."""
+    failures = getattr(e, "failures", {})
+    if not failures:
+        return "a worker failed"
+
+    def secondary(rank: int) -> bool:
+        data = failures[rank].error_file_data
+        return bool(isinstance(data, dict) and data.get("spindle", {}).get("secondary"))
+
+    rank = min(failures, key=lambda r: (secondary(r), failures[r].timestamp, r))
+    f = failures[rank]
+    message = f.message if isinstance(f.message, str) else ""
+    if message and message.startswith("rank "):
+        return message
+    if f.exitcode < 0:
+        return f"rank {rank} was killed by signal {-f.exitcode} ({f.signal_name()})"
+    return f"rank {rank} exited with code {f.exitcode}"

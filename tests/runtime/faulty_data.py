@@ -1,0 +1,37 @@
+"""User-dataset hooks for the failure tests (imported by worker processes via --dataset)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from spindle_cli.artifacts.model import ModelSpec
+from spindle_cli.runtime.data import SyntheticData
+
+
+class CrashOnRankOne(SyntheticData):
+    """Synthetic data, but rank 1 raises when it loads data for training step 1."""
+
+    def rows(self, task: str, name: str, step: int, lo: int, hi: int) -> torch.Tensor:
+        if step == 1 and os.environ.get("RANK") == "1":
+            raise OSError("disk read failed (injected)")
+        return super().rows(task, name, step, lo, hi)
+
+
+class NarrowFeaturesOnRankZero(SyntheticData):
+    """Synthetic data whose feature inputs lose a column on rank 0."""
+
+    def rows(self, task: str, name: str, step: int, lo: int, hi: int) -> torch.Tensor:
+        x = super().rows(task, name, step, lo, hi)
+        if x.dim() == 3 and os.environ.get("RANK") == "0":
+            return x[..., :-1]
+        return x
+
+
+def crash_on_rank_one(model: ModelSpec, seed: int) -> CrashOnRankOne:
+    return CrashOnRankOne(model, seed)
+
+
+def narrow_features_on_rank_zero(model: ModelSpec, seed: int) -> NarrowFeaturesOnRankZero:
+    return NarrowFeaturesOnRankZero(model, seed)

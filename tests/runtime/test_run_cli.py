@@ -1,0 +1,141 @@
+"""`spindle run`: the real launcher end to end, refusals before launch, a crashing rank."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from spindle_cli.artifacts import ClusterSpec, ModelSpec, input_ref, load, write_artifact
+from spindle_cli.cli import main
+from spindle_cli.planner.api import PlanOptions, make_plan
+from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.profiling import analytic_profile
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+def write_plan_files(tmp: Path, cluster_name: str = "local-cpu-2") -> Path:
+    """graph.yaml, profile.yaml and plan.yaml for tiny-clip under `tmp`, as `spindle plan`
+    would write them."""
+    model_path = str(REPO / "models" / "tiny-clip.yaml")
+    model = load(model_path, ModelSpec)
+    graph = build_graph(model, dtype="fp32", inputs=[input_ref(model, model_path)])
+    cluster_path = str(REPO / "clusters" / f"{cluster_name}.yaml")
+    cluster = load(cluster_path, ClusterSpec)
+    profile = analytic_profile(graph, cluster, hardware="a800", counts=[1, 2])
+    graph_path, profile_path = str(tmp / "graph.yaml"), str(tmp / "profile.yaml")
+    write_artifact(graph, graph_path)
+    write_artifact(profile, profile_path)
+    plan = make_plan(graph, profile, cluster, options=PlanOptions(planner="spindle"),
+                     inputs=(input_ref(graph, graph_path), input_ref(profile, profile_path),
+                             input_ref(cluster, cluster_path)))
+    write_artifact(plan, str(tmp / "plan.yaml"))
+    return tmp / "plan.yaml"
+
+
+def spindle(*args: str, timeout_s: float = 150) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])}
+    return subprocess.run([sys.executable, "-m", "spindle_cli", *args], capture_output=True,
+                          text=True, timeout=timeout_s, env=env)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
+    plan = write_plan_files(tmp_path)
+    trace = tmp_path / "trace.json"
+    r = spindle("run", str(plan), "--nproc-per-node", "2", "--steps", "2", "--trace", str(trace))
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("step ")]
+    assert [ln.split()[1] for ln in lines] == ["1/2", "2/2"], r.stdout
+    assert all(float(ln.split()[3]) > 0 for ln in lines)
+    doc = json.loads(trace.read_text())
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    assert {e["cat"] for e in spans} >= {"compute", "comm", "sync"}
+    waves = {e["args"]["wave"] for e in spans if "wave" in e["args"]}
+    assert waves and min(waves) == 0
+    summary = doc["otherData"]
+    assert summary["measured_iteration_ms"] > 0 and summary["predicted_iteration_ms"] > 0
+
+
+def invoke(*args: str) -> object:
+    """`spindle ARGS` in-process through `main` (error mapping and exit codes included)."""
+    import click
+
+    @click.command(context_settings={"ignore_unknown_options": True})
+    @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
+    def entry(argv: tuple[str, ...]) -> None:
+        main(list(argv))
+
+    return CliRunner().invoke(entry, list(args), catch_exceptions=False)
+
+
+def _one_line_error(result: object) -> str:
+    stderr = getattr(result, "stderr", "")
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    assert len(errors) == 1, stderr
+    assert "Traceback" not in stderr
+    return errors[0]
+
+
+def test_tensor_parallel_plan_is_refused_before_launch(tmp_path: Path) -> None:
+    plan_path = write_plan_files(tmp_path)
+    from spindle_cli.artifacts import Plan
+
+    plan = load(str(plan_path), Plan)
+    w0 = plan.waves[0]
+    tp_slice = dataclasses.replace(w0.slices[0], strategy="tp2")
+    waves = (dataclasses.replace(w0, slices=(tp_slice, *w0.slices[1:])), *plan.waves[1:])
+    write_artifact(dataclasses.replace(plan, waves=waves), str(tmp_path / "tp.yaml"))
+    result = invoke("run", str(tmp_path / "tp.yaml"), "--nproc-per-node", "2")
+    assert result.exit_code == 2
+    assert "tensor parallel" in _one_line_error(result)
+
+
+def test_world_size_mismatch_is_refused(tmp_path: Path) -> None:
+    plan_path = write_plan_files(tmp_path)
+    result = invoke("run", str(plan_path), "--nproc-per-node", "3")
+    assert result.exit_code == 2
+    assert "needs 2 ranks" in _one_line_error(result)
+
+
+def test_changed_graph_is_refused(tmp_path: Path) -> None:
+    plan_path = write_plan_files(tmp_path)
+    model = load(str(REPO / "models" / "tiny-clip.yaml"), ModelSpec)
+    write_artifact(build_graph(model, dtype="bf16"), str(tmp_path / "graph.yaml"))
+    result = invoke("run", str(plan_path), "--nproc-per-node", "2")
+    assert result.exit_code == 2
+    assert "sha256" in _one_line_error(result)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_crashing_rank_fails_every_rank_and_leaves_no_partial_checkpoint(tmp_path: Path) -> None:
+    plan = write_plan_files(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    r = spindle("run", str(plan), "--nproc-per-node", "2", "--steps", "3", "--timeout-s", "30",
+                "--dataset", "faulty_data:crash_on_rank_one", "--checkpoint-dir", str(ckpt),
+                "--checkpoint-every", "1")
+    assert r.returncode == 1, r.stderr
+    assert "error: rank 1: OSError: disk read failed (injected)" in r.stderr
+    # the launcher's one-line summary names the root cause, not the peer that lost rank 1
+    assert r.stderr.strip().splitlines()[-1] == \
+        "error: run failed: rank 1: OSError: disk read failed (injected)"
+    assert "Traceback" not in r.stderr
+    # step 1 was checkpointed before the crash in step 2; nothing else is complete
+    done = sorted(p.name for p in ckpt.iterdir() if not p.name.startswith("."))
+    assert done == ["step-000001"]
+    assert sorted(p.name for p in (ckpt / "step-000001").iterdir()) == \
+        ["manifest.json", "rank-00000.pt", "rank-00001.pt"]
