@@ -64,11 +64,11 @@ def load_plan_inputs(plan: Plan, plan_path: str) -> tuple[MetaOpGraph, Profile, 
     return graph, profile, cluster
 
 
-def simulate_file(plan_path: str) -> tuple[Plan, SimResult]:
+def simulate_file(plan_path: str, *, overlap_sync: bool = True) -> tuple[Plan, SimResult]:
     """Load a plan and its inputs and simulate it."""
     plan = load_input(plan_path, Plan)
     graph, profile, cluster = load_plan_inputs(plan, plan_path)
-    return plan, simulation.simulate(plan, graph, profile, cluster)
+    return plan, simulation.simulate(plan, graph, profile, cluster, overlap_sync=overlap_sync)
 
 
 def summary(result: SimResult) -> dict[str, Any]:
@@ -145,9 +145,13 @@ def print_report(result: SimResult, path: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("--gantt", default=None, metavar="SVG|PNG",
               help="Also draw the simulated timeline as a Gantt chart.")
-def simulate(plan_path: str, as_json: bool, gantt: str | None) -> None:
+@click.option("--sync-after-backward", is_flag=True,
+              help="Start every gradient all-reduce after the last backward wave (default: "
+                   "as soon as the group's last backward slice is done).")
+def simulate(plan_path: str, as_json: bool, gantt: str | None,
+             sync_after_backward: bool) -> None:
     """Simulate one training iteration of PLAN on its cluster."""
-    plan, result = simulate_file(plan_path)
+    plan, result = simulate_file(plan_path, overlap_sync=not sync_after_backward)
     if gantt is not None:
         from spindle_cli.cli.views.gantt import write_gantt
 

@@ -20,10 +20,13 @@ What is modelled (and what is not):
   nodes (see `_Network`); a port carrying k flows gives each bandwidth/k and a flow moves at
   the rate of its slower port. Transfers overlap with compute (copy engines), but a wave
   waits for them.
-- Parameter synchronization. After the last backward wave every ParamGroup all-reduces its
-  gradients with a ring over its ranks (ascending): each rank sends 2(p-1)/p * bytes to its
-  ring successor, with 2(p-1) message latencies; the group finishes with its slowest link.
-  Groups run concurrently and share ports like transfers do.
+- Parameter synchronization. Every ParamGroup all-reduces its gradients with a ring over its
+  ranks (ascending): each rank sends 2(p-1)/p * bytes to its ring successor, with 2(p-1)
+  message latencies; the group finishes with its slowest link. A group starts when the last
+  backward slice of its layers is done (overlapping the rest of the backward pass, like DDP's
+  gradient buckets), or after the last backward wave with `overlap_sync=False`. Groups run
+  concurrently and share ports with each other and with transfers. Only the sync that
+  outlasts the backward pass adds to the iteration.
 - Memory. Parameters, gradients and optimizer state per rank are the plan's estimate; the
   activations stashed for backward are simulated: every slice keeps stash_bytes_per_sample *
   rows * layers on each rank until its backward, so a rank peaks at the end of the forward pass.
@@ -369,8 +372,27 @@ def _check_inputs(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Clu
             raise SpindleError(f"the profile has no curve for MetaOp {s.metaop!r}") from None
 
 
-def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> SimResult:
-    """Simulate one training iteration of `plan` (see the module docstring for the model)."""
+def _group_slices(plan: Plan, graph: MetaOpGraph) -> list[list[str]]:
+    """For each ParamGroup, the slices that compute gradients of its layers."""
+    out: list[list[str]] = [[] for _ in plan.param_groups]
+    for _, s in plan.slices():
+        m = graph.metaop(s.metaop)
+        lo, hi = m.first_layer + s.first, m.first_layer + s.last
+        for gi, g in enumerate(plan.param_groups):
+            if g.module == m.module and lo < g.last_layer and g.first_layer < hi:
+                out[gi].append(s.id)
+    return out
+
+
+def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
+             overlap_sync: bool = True) -> SimResult:
+    """Simulate one training iteration of `plan` (see the module docstring for the model).
+
+    With `overlap_sync` (the default) a parameter group's all-reduce starts as soon as the
+    last backward slice of its layers has finished, overlapping the rest of the backward pass,
+    as data-parallel frameworks (PyTorch DDP, DeepSpeed) do with gradient buckets; without it
+    every group starts after the last backward wave.
+    """
     _check_inputs(plan, graph, profile, cluster)
     costs = _slice_costs(plan, graph, profile)
     latency_s = cluster.link_latency_s
@@ -392,6 +414,24 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
         if backward:
             return row_flows(t.bytes, dst.ranks, dst.strategy, src.ranks, src.strategy, rows)
         return row_flows(t.bytes, src.ranks, src.strategy, dst.ranks, dst.strategy, rows)
+
+    sync_ids: dict[int, list[int]] = {}
+    sync_start_ms: dict[int, float] = {}
+
+    def issue_sync(gi: int, start_ms: float) -> None:
+        g = plan.param_groups[gi]
+        p = len(g.ranks)
+        ring = [(g.ranks[k], g.ranks[(k + 1) % p], round(2 * (p - 1) / p * g.bytes))
+                for k in range(p)] if p > 1 and g.bytes > 0 else []
+        label = f"{g.module}[{g.first_layer}:{g.last_layer}]"
+        sync_start_ms[gi] = start_ms
+        sync_ids[gi] = issue("sync", label, ring, start_ms, 2 * (p - 1) * latency_s)
+
+    group_slices = _group_slices(plan, graph)
+    ready_in_wave: dict[int, list[int]] = {}
+    for gi, ids in enumerate(group_slices):
+        if ids:
+            ready_in_wave.setdefault(min(costs[i].wave for i in ids), []).append(gi)
 
     into_wave: dict[int, list[int]] = {}
     out_of_wave: dict[int, list[int]] = {}
@@ -432,30 +472,31 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
             t = plan.transfers[i]
             bwd_flows[i] = issue("gradient", f"{t.dst}->{t.src}", pieces(i, True),
                                  starts[t.dst][3], latency_s)
+        if overlap_sync:
+            for gi in ready_in_wave.get(w.index, []):
+                issue_sync(gi, max(starts[i][3] for i in group_slices[gi]))
         bwd_timing[w.index] = (start_ms, end_ms, start_ms - now_ms)
         now_ms = end_ms
     backward_end_ms = now_ms
 
-    sync_ids: list[list[int]] = []
-    for g in plan.param_groups:
-        p = len(g.ranks)
-        ring = [(g.ranks[k], g.ranks[(k + 1) % p], round(2 * (p - 1) / p * g.bytes))
-                for k in range(p)] if p > 1 and g.bytes > 0 else []
-        label = f"{g.module}[{g.first_layer}:{g.last_layer}]"
-        sync_ids.append(issue("sync", label, ring, backward_end_ms, 2 * (p - 1) * latency_s))
-    sync_end_s = [net.finish(ids) if ids else backward_end_ms / 1e3 for ids in sync_ids]
-    iteration_ms = max([backward_end_ms] + [e * 1e3 for e in sync_end_s])
+    for gi in range(len(plan.param_groups)):
+        if gi not in sync_ids:
+            issue_sync(gi, backward_end_ms)
+    sync_end_ms = [max(net.finish(sync_ids[gi]) * 1e3, sync_start_ms[gi]) if sync_ids[gi]
+                   else sync_start_ms[gi] for gi in range(len(plan.param_groups))]
+    iteration_ms = max([backward_end_ms, *sync_end_ms])
 
     return _result(plan, graph, profile, cluster, costs, starts, net, flow_meta,
-                   fwd_timing, bwd_timing, sync_end_s, backward_end_ms, iteration_ms)
+                   fwd_timing, bwd_timing, sync_start_ms, sync_end_ms, backward_end_ms,
+                   iteration_ms)
 
 
 def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             costs: dict[str, _SliceCost], starts: dict[str, list[float]], net: _Network,
             flow_meta: list[tuple[FlowKind, str, int, int, int]],
             fwd_timing: list[tuple[float, float, float]],
-            bwd_timing: dict[int, tuple[float, float, float]], sync_end_s: list[float],
-            backward_end_ms: float, iteration_ms: float) -> SimResult:
+            bwd_timing: dict[int, tuple[float, float, float]], sync_start_ms: dict[int, float],
+            sync_end_ms: list[float], backward_end_ms: float, iteration_ms: float) -> SimResult:
     waves = tuple(
         WaveTiming(index=w.index, forward_start_ms=fwd_timing[w.index][0],
                    forward_end_ms=fwd_timing[w.index][1], forward_wait_ms=fwd_timing[w.index][2],
@@ -512,8 +553,9 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     moved = [f for f in flows if f.kind != "sync"]
     syncs = tuple(
         SyncTiming(module=g.module, first_layer=g.first_layer, last_layer=g.last_layer,
-                   ranks=g.ranks, bytes=g.bytes, start_ms=backward_end_ms, end_ms=e * 1e3)
-        for g, e in zip(plan.param_groups, sync_end_s, strict=True)
+                   ranks=g.ranks, bytes=g.bytes, start_ms=sync_start_ms[gi],
+                   end_ms=sync_end_ms[gi])
+        for gi, g in enumerate(plan.param_groups)
     )
     total_busy = sum(busy)
     return SimResult(

@@ -42,9 +42,10 @@ def test_planned_text_gantt_scales_slices_to_their_time():
 def test_simulated_text_gantt_shows_backward_and_sync():
     text = text_gantt(fx.plan(), width=65, sim=sim())
     rows = {line.split()[0]: line.split()[1] for line in text.splitlines()[1:5]}
-    # 65 ms over 65 characters: enc forward 0-4, backward 47-55, sync 55-65 on ranks 0-1.
+    # 65 ms over 65 characters: enc forward 0-4, backward 47-55, sync 55-65 on ranks 0-1;
+    # head forward 24-25, backward 25-27, sync 27-32 on ranks 2-3.
     assert rows["r0"] == "A" * 4 + "." * 43 + "a" * 8 + "~" * 10
-    assert rows["r2"] == "." * 24 + "B" + "bb" + "." * 28 + "~" * 5 + "." * 5
+    assert rows["r2"] == "." * 24 + "B" + "bb" + "~" * 5 + "." * 33
     assert "~=param sync" in text
 
 

@@ -29,10 +29,12 @@ def test_two_waves_one_transfer_one_sync_group_exact_times():
     assert (w1.forward_start_ms, w1.forward_end_ms) == pytest.approx((24.0, 25.0))
     assert (w1.backward_start_ms, w1.backward_end_ms) == pytest.approx((25.0, 27.0))
     assert (w0.backward_start_ms, w0.backward_end_ms) == pytest.approx((47.0, 55.0))
-    # Ring all-reduce of 1 GB over 2 ranks: 2(p-1)/p * 1 GB = 1 GB at 100 GB/s = 10 ms.
+    # Ring all-reduce of 1 GB over 2 ranks: 2(p-1)/p * 1 GB = 1 GB at 100 GB/s = 10 ms, once
+    # enc's backward is done. head's 0.5 GB (5 ms) starts when head's backward ends, on
+    # NVLink ports the gradient transfer (on the NICs) does not use.
     enc_sync, head_sync = r.syncs
     assert (enc_sync.start_ms, enc_sync.end_ms) == pytest.approx((55.0, 65.0))
-    assert head_sync.end_ms == pytest.approx(60.0)
+    assert (head_sync.start_ms, head_sync.end_ms) == pytest.approx((27.0, 32.0))
     assert r.iteration_ms == pytest.approx(65.0)
     assert r.compute_ms == pytest.approx(15.0)
     assert r.forward_ms == pytest.approx(5.0)
@@ -42,6 +44,13 @@ def test_two_waves_one_transfer_one_sync_group_exact_times():
     assert r.idle_fraction == pytest.approx(1 - (12 + 12 + 3 + 3) / (4 * 65.0))
     assert r.transfer_fraction == pytest.approx(40 / 65)
     assert r.lower_bound_ms == 7.5 and r.planned_iteration_ms == 15.0
+
+
+def test_sync_after_backward_when_not_overlapped():
+    r = simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster(), overlap_sync=False)
+    enc_sync, head_sync = r.syncs
+    assert (head_sync.start_ms, head_sync.end_ms) == pytest.approx((55.0, 60.0))
+    assert r.iteration_ms == pytest.approx(65.0)
 
 
 def test_breakdown_adds_up_to_iteration():
@@ -64,9 +73,15 @@ def test_same_rank_transfer_is_free():
     r = run(fx.plan(enc_ranks=(0, 1), head_ranks=(0, 1)))
     assert [f for f in r.flows if f.kind != "sync"] == []
     assert r.transfer_ms == 0.0
-    # 15 ms compute, then both groups sync on ranks (0, 1): they share each rank's NVLink
-    # port, so 1 GB and 0.5 GB flows go at 50 GB/s until the small one ends at 10 ms, then
-    # the rest of the big one at 100 GB/s: 0.5 GB / 100 GB/s = 5 ms more.
+    # Forward: enc 0-4, head 4-5; backward: head 5-7, enc 7-15. head's 0.5 GB sync runs
+    # 7-12 under enc's backward; enc's 1 GB sync 15-25 at 100 GB/s.
+    assert (r.syncs[1].start_ms, r.syncs[1].end_ms) == pytest.approx((7.0, 12.0))
+    assert r.iteration_ms == pytest.approx(25.0)
+    assert r.sync_ms == pytest.approx(10.0)
+    # Both after the backward pass, they share each rank's NVLink port: 50 GB/s each until
+    # the small one ends at 10 ms, then the rest of the big one at 100 GB/s: 5 ms more.
+    r = simulate(fx.plan(enc_ranks=(0, 1), head_ranks=(0, 1)), fx.graph(), fx.profile(),
+                 fx.cluster(), overlap_sync=False)
     assert r.syncs[1].end_ms == pytest.approx(15.0 + 10.0)
     assert r.iteration_ms == pytest.approx(15.0 + 15.0)
 
