@@ -63,8 +63,9 @@ def _commands(tmp: Path) -> dict[str, list[list[str]]]:
     if (CLI / "profile.py").exists():
         commands["profile"] = [graph, profile]
         if (CLI / "plan.py").exists():
-            commands["plan"] = [graph, profile, ["plan", str(tmp / "g.yaml"), str(tmp / "p.yaml"),
-                                                 "--cluster", CLUSTER, "-o", str(tmp / "plan.yaml")]]
+            plan = ["plan", str(tmp / "g.yaml"), str(tmp / "p.yaml"), "--cluster", CLUSTER,
+                    "-o", str(tmp / "plan.yaml")]
+            commands["plan"] = [graph, profile, plan]
     return commands
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from spindle_cli.artifacts import ModelSpec, input_ref
+from spindle_cli.cli._console import err
 from spindle_cli.cli.common import emit, exit_with, load_input
 from spindle_cli.errors import SpindleError
 
@@ -35,7 +36,8 @@ def _selected_tasks(model: ModelSpec, path: str, tasks: str | None,
 
 @click.command()
 @click.argument("model_path", metavar="MODEL")
-@click.option("--tasks", default=None, metavar="A,B,C", help="Comma-separated tasks (default: all).")
+@click.option("--tasks", default=None, metavar="A,B,C",
+              help="Comma-separated tasks (default: all).")
 @click.option("--task-set", default=None, metavar="NAME", help="A task set named in the model.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16",
               show_default=True, help="Activation and parameter dtype.")
@@ -52,4 +54,6 @@ def graph(model_path: str, tasks: str | None, task_set: str | None, dtype: str, 
     selected = _selected_tasks(model, model_path, tasks, task_set)
     result = build_graph(model, tasks=selected, dtype=dtype,
                          inputs=[input_ref(model, model_path)])
+    err.print(f"{model.name}: {len(result.tasks)} tasks -> {len(result.metaops)} MetaOps on "
+              f"{result.num_levels} MetaLevels")
     exit_with(emit(result, output, check=check))

@@ -11,8 +11,8 @@ import yaml
 
 from spindle_cli.artifacts import (
     PRODUCER,
-    ModelSpec,
     MetaOpGraph,
+    ModelSpec,
     input_ref,
     load,
     load_artifact,

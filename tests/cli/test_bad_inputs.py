@@ -123,9 +123,11 @@ def test_bad_model_file(case, small_model_data, workdir, spindle):
 # id -> (files to create, argv, expected `error:` line prefix)
 FILE_CASES: dict[str, tuple[dict[str, str], list[str], str]] = {
     "malformed-yaml": ({"m.yaml": "kind: model\nmodules: {a: [1, 2}\n"},
-                       ["graph", "m.yaml", "-o", "g.yaml"], "error: m.yaml: invalid YAML at line 2"),
+                       ["graph", "m.yaml", "-o", "g.yaml"],
+                       "error: m.yaml: invalid YAML at line 2"),
     "malformed-json": ({"m.json": '{"kind": "model", "version": 1,,}'},
-                       ["graph", "m.json", "-o", "g.yaml"], "error: m.json: invalid JSON at line 1"),
+                       ["graph", "m.json", "-o", "g.yaml"],
+                       "error: m.json: invalid JSON at line 1"),
     "empty-file": ({"m.yaml": ""}, ["validate", "m.yaml"],
                    "error: m.yaml: expected a mapping at the top level"),
     "missing-file": ({}, ["graph", "absent.yaml", "-o", "g.yaml"],

@@ -5,8 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from spindle_cli.artifacts.cluster import ClusterSpec
-from spindle_cli.cli._console import out
-from spindle_cli.cli.views import print_table, fmt_bytes, fmt_rate
+from spindle_cli.cli.views import fmt_bytes, fmt_rate, print_table
 
 
 def show(obj: ClusterSpec, path: str) -> None:

@@ -6,7 +6,7 @@ from rich.table import Table
 
 from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.cli._console import out
-from spindle_cli.cli.views import print_table, fmt_bytes, fmt_count
+from spindle_cli.cli.views import fmt_bytes, fmt_count, print_table
 
 
 def show(obj: MetaOpGraph, path: str) -> None:

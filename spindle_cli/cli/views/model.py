@@ -6,7 +6,7 @@ from rich.table import Table
 
 from spindle_cli.artifacts.model import ModelSpec, ModuleSpec
 from spindle_cli.cli._console import out
-from spindle_cli.cli.views import print_table, fmt_count
+from spindle_cli.cli.views import fmt_count, print_table
 from spindle_cli.planner.costs import module_params
 
 
