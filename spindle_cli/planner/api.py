@@ -6,6 +6,7 @@ The plan's semantics (slices, transfers, parameter groups) are fixed in docs/CON
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from spindle_cli.artifacts.base import InputRef
@@ -26,7 +27,7 @@ from spindle_cli.planner import baselines, scaling
 from spindle_cli.planner.allocation import LevelAllocation, OpCurve, allocate_level, op_curve
 from spindle_cli.planner.memory import state_bytes_per_param
 from spindle_cli.planner.placement import Flow, Ranks, SliceSpec, place
-from spindle_cli.planner.waves import PlannedWave, schedule_level
+from spindle_cli.planner.waves import ROUNDINGS, SORT_RULES, PlannedWave, schedule_level
 
 PLANNERS = ("spindle", "sequential", "optimus", "distmm")
 PLACEMENTS = ("island", "sequential")
@@ -92,12 +93,23 @@ def allocate(graph: MetaOpGraph, curves: dict[str, OpCurve],
 
 def spindle_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[LevelAllocation],
                   num_devices: int) -> list[PlannedWave]:
-    """Algorithm 1 on every level, concatenated."""
+    """Algorithm 1 on every level, concatenated. Each level is scheduled with every proposal
+    order of SORT_RULES and alignment rounding of ROUNDINGS, and the shortest schedule is kept
+    (the first on ties): the variants are cheap and no single one wins on every level."""
     preds = {m.id: m.predecessors for m in graph.metaops}
     finished: set[str] = set()
     waves: list[PlannedWave] = []
     for a in allocs:
-        waves.extend(schedule_level(a, curves, num_devices, preds, finished))
+        best: list[PlannedWave] | None = None
+        for rule, rounding in itertools.product(SORT_RULES, ROUNDINGS):
+            trial = schedule_level(a, curves, num_devices, preds, set(finished), sort_rule=rule,
+                                   rounding=rounding)
+            if best is None or (sum(w.duration_ms for w in trial)
+                                < sum(w.duration_ms for w in best) - 1e-9):
+                best = trial
+        assert best is not None
+        finished |= {m.id for m in graph.metaops if m.level == a.level}
+        waves.extend(best)
     return waves
 
 

@@ -51,12 +51,14 @@ class PlannedWave:
         return max(s.time_ms for s in self.slots)
 
 
-def align(op_times_ms: list[float], num_ops: list[int]) -> list[int]:
+def align(op_times_ms: list[float], num_ops: list[int], *, rounding: str = "nearest") -> list[int]:
     """Operators each tuple runs when the wave is aligned to the shortest tuple: tuple i first
-    takes k_i = max(round(t_min / tau_i), 1) operators, the wave lasts max tau_i * k_i, then
-    every tuple runs as many whole operators as fit in that span (the shortest runs all)."""
+    takes k_i = max(round(t_min / tau_i), 1) operators ('nearest'; 'down' rounds down so the
+    span stays t_min unless an operator is longer), the wave lasts max tau_i * k_i, then every
+    tuple runs as many whole operators as fit in that span (the shortest runs all)."""
     t_min = min(t * k for t, k in zip(op_times_ms, num_ops, strict=True))
-    span = max(t * min(max(math.floor(t_min / t + 0.5), 1), k)
+    half = 0.5 if rounding == "nearest" else _EPS
+    span = max(t * min(max(math.floor(t_min / t + half), 1), k)
                for t, k in zip(op_times_ms, num_ops, strict=True))
     return [min(k, max(1, math.floor(span / t + _EPS))) for t, k in zip(op_times_ms, num_ops,
                                                                         strict=True)]
@@ -87,16 +89,33 @@ class _Pending:
     num_ops: int
 
 
+SORT_RULES = ("bigN_bigT", "bigT")
+"""Proposal orders (the public code's names): largest n first then longest time, or longest
+time first then largest n."""
+ROUNDINGS = ("nearest", "down")
+"""How `align` rounds the operators of the non-shortest tuples."""
+
+
+def _proposal_key(rule: str, curves: dict[str, OpCurve]):  # type: ignore[no-untyped-def]
+    def time_ms(p: _Pending) -> float:
+        return p.num_ops * curves[p.metaop].time_at(p.n)
+
+    if rule == "bigT":
+        return lambda p: (-time_ms(p), -p.n, p.metaop)
+    return lambda p: (-p.n, -time_ms(p), p.metaop)
+
+
 def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devices: int,
-                   predecessors: dict[str, tuple[str, ...]], finished: set[str]) -> list[PlannedWave]:
+                   predecessors: dict[str, tuple[str, ...]], finished: set[str],
+                   *, sort_rule: str = "bigN_bigT", rounding: str = "nearest") -> list[PlannedWave]:
     """Algorithm 1 for one level. `finished` holds the MetaOps completed by earlier levels and
     is updated with this level's MetaOps."""
     pending = [_Pending(metaop=t.metaop, n=t.n, num_ops=t.num_ops)
                for a in alloc.ops for t in a.tuples]
+    key = _proposal_key(sort_rule, curves)
     waves: list[PlannedWave] = []
     while pending:
-        order = sorted(pending, key=lambda p: (-p.n, -p.num_ops * curves[p.metaop].time_at(p.n),
-                                               p.metaop))
+        order = sorted(pending, key=key)
         free = num_devices
         admitted: list[_Pending] = []
         in_wave: set[str] = set()
@@ -111,7 +130,7 @@ def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devic
         counts = {p.metaop: p.n for p in admitted}
         free = _extend(admitted, counts, pending, curves, free)
         taus = [curves[p.metaop].time_at(counts[p.metaop]) for p in admitted]
-        ops = align(taus, [p.num_ops for p in admitted])
+        ops = align(taus, [p.num_ops for p in admitted], rounding=rounding)
         slots = tuple(Slot(metaop=p.metaop, n=counts[p.metaop], num_ops=k, op_time_ms=tau)
                       for p, k, tau in zip(admitted, ops, taus, strict=True))
         for p, k in zip(admitted, ops, strict=True):
