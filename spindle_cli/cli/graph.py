@@ -54,6 +54,8 @@ def graph(model_path: str, tasks: str | None, task_set: str | None, dtype: str, 
     selected = _selected_tasks(model, model_path, tasks, task_set)
     result = build_graph(model, tasks=selected, dtype=dtype,
                          inputs=[input_ref(model, model_path)])
+    code = emit(result, output, check=check)
+    # after emit, so that a bad output path leaves a single error line
     err.print(f"{model.name}: {len(result.tasks)} tasks -> {len(result.metaops)} MetaOps on "
               f"{result.num_levels} MetaLevels")
-    exit_with(emit(result, output, check=check))
+    exit_with(code)
