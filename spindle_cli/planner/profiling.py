@@ -10,7 +10,8 @@ feasible=false and a note, and is left out of the fit. The fit covers the longes
 consecutive profiled counts that starts at the first count with a feasible strategy; the first
 count after it with no feasible strategy ends the pieces, and `scaling.count_range` (hence
 `scaling.is_valid`) then closes the counts beyond. Held-out counts (`--validate`) are points
-at counts that are not in `Profile.counts`; they are never fitted, only compared.
+at counts that are not in `Profile.counts`; they are never fitted, only compared, at the
+per-device work they ran and after the same monotone clean-up as the fit.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from spindle_cli.artifacts.profile import (
     tp_degree,
 )
 from spindle_cli.errors import SpindleError
-from spindle_cli.planner import roofline
+from spindle_cli.planner import roofline, scaling
 from spindle_cli.planner.curves import Sample, fit_curve
 
 NO_SAMPLES_NOTE = "more data-parallel groups than samples"
@@ -181,16 +182,60 @@ def build_curve(
             f"signature {op.signature!r}: no feasible strategy at any profiled count"
             + (f" ({'; '.join(notes)})" if notes else "")
         )
-    heldout = [s for n, s in sorted(best.items()) if n not in fit_counts]
     return fit_curve(
         signature=op.signature,
         batch_size=op.batch_size,
         samples=samples,
         points=tuple(sorted(points, key=lambda p: (p.num_devices, p.strategy))),
         memory=memory,
-        heldout=heldout,
+        heldout=_heldout(best, fit_counts, samples),
         validated=validate,
     )
+
+
+def _heldout(best: dict[int, Sample], fit_counts: set[int], fitted: list[Sample]) -> list[Sample]:
+    """Held-out samples, after the same monotone clean-up as the fit: held-out counts test the
+    interpolation, so one slower than a smaller profiled count is compared with that count's
+    time (what the clean-up costs at the profiled counts themselves shows in max_rel_error)."""
+    out = []
+    for n, s in sorted(best.items()):
+        if n not in fit_counts:
+            before = [f.time_ms for f in fitted if f.num_devices < n]
+            out.append(replace(s, time_ms=min([s.time_ms, *before])))
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldoutError:
+    """The fit's error at one held-out count."""
+
+    num_devices: int
+    strategy: str
+    """The fastest strategy measured at this count."""
+    piece_strategy: str
+    """The strategy of the piece the count falls in (the fit interpolates that one)."""
+    rel_error: float
+
+
+def heldout_errors(curve: Curve, counts: Sequence[int]) -> list[HeldoutError]:
+    """Per held-out count of a validated curve, the error that `heldout_rel_error` is the
+    maximum of (counts outside the fitted range are skipped)."""
+    best = _best(curve.points, curve.batch_size)
+    fitted = [replace(s, work_devices=0.0) for s in fitted_run(counts, best)]
+    lo, hi = curve.pieces[0].n_lo, curve.pieces[-1].n_hi
+    out = []
+    for s in _heldout(best, set(counts), fitted):
+        if lo <= s.num_devices <= hi:
+            predicted = scaling.time_ms(curve, s.compare_at)
+            out.append(
+                HeldoutError(
+                    num_devices=s.num_devices,
+                    strategy=s.strategy,
+                    piece_strategy=scaling.strategy(curve, s.num_devices),
+                    rel_error=abs(predicted - s.time_ms) / s.time_ms,
+                )
+            )
+    return out
 
 
 def assemble_profile(

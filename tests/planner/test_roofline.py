@@ -41,8 +41,10 @@ def test_vision_encoder_scales_better_than_text_encoder(clip_graph):
     assert vision.batch_size == text.batch_size
     for n in (8, 32, 64):
         assert _speedup(vision, n) > _speedup(text, n)
-    # the vision encoder is close to linear at 8 devices, and nothing beats linear
-    assert 0.9 * 8 < _speedup(vision, 8) <= 8
+    # the gap is large (257 patches of width 1280 against 77 tokens of width 1024), and
+    # nothing beats linear scaling
+    assert _speedup(vision, 8) > 1.5 * _speedup(text, 8)
+    assert _speedup(vision, 8) <= 8
 
 
 def test_small_work_is_launch_bound(clip_graph):
