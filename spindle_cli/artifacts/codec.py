@@ -16,6 +16,7 @@ dict[str, X] (serialized with sorted keys) and X | None.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -152,12 +153,17 @@ def _check_bounds(field: dataclasses.Field[Any], value: Any, path: str) -> None:
             raise FieldError(path, f"must be <= {md['le']}, got {v}")
 
 
+@functools.cache
+def _layout(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+    # Resolving type hints is costly and a profile holds thousands of records of a few classes.
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+
+
 def from_data(cls: type[T], data: Any, path: str = "") -> T:
     """Build and validate a dataclass from plain data; raise FieldError with the full path."""
     if not isinstance(data, dict):
         raise FieldError(path, f"expected a mapping, got {_actual(data)}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints, fields = _layout(cls)
     unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
         raise FieldError(_join(path, str(unknown[0])), "unknown field")
@@ -210,6 +216,10 @@ def json_schema(cls: type, *, title: str | None = None) -> dict[str, Any]:
     return schema
 
 
+_BOUND_KEYWORDS = (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum"))
+"""Field-metadata bound -> JSON Schema keyword."""
+
+
 def _bounded(prop: dict[str, Any]) -> dict[str, Any] | None:
     """The sub-schema numeric bounds apply to: the number itself, the items of a list, or the
     non-null branch of an optional field (where `from_data` checks them too)."""
@@ -250,7 +260,7 @@ def _schema_for(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
                     prop["description"] = md["doc"]
                 target = _bounded(prop)
                 if target is not None:
-                    for key, kw in (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum")):
+                    for key, kw in _BOUND_KEYWORDS:
                         if key in md:
                             target[kw] = md[key]
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:

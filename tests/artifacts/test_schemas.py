@@ -9,11 +9,10 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-import yaml
 
-from spindle_cli.artifacts import ModelSpec, input_ref, load, load_artifact
+from spindle_cli.artifacts import ModelSpec, input_ref, load
 from spindle_cli.artifacts.codec import to_data
-from spindle_cli.artifacts.io import kinds
+from spindle_cli.artifacts.io import kinds, parse_artifact, read_data
 from spindle_cli.artifacts.schema import main, schema_files, stale_schemas, write_schemas
 from spindle_cli.planner.graph import build_graph
 
@@ -67,9 +66,8 @@ def test_schemas_are_valid_draft_2020_12(kind):
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(REPO)) for p in SHIPPED])
 def test_every_shipped_artifact_validates(path):
-    obj = load_artifact(str(path))
-    data = yaml.safe_load(path.read_text()) if path.suffix != ".json" else json.loads(
-        path.read_text())
+    data = read_data(str(path))
+    obj = parse_artifact(data, str(path))
     _validator(obj.kind).validate(data)
 
 
