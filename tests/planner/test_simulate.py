@@ -6,11 +6,16 @@ per node)."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import _sim_fixtures as fx
 import pytest
 
+from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.errors import SpindleError
+from spindle_cli.planner.api import PlanOptions, make_plan
+from spindle_cli.planner.bench import profile_for
+from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.simulate import row_flows, simulate, split_rows
 
 
@@ -189,3 +194,24 @@ def test_ring_all_reduce_runs_at_its_slowest_link():
     ring = sorted((f.src_rank, f.dst_rank, f.bytes) for f in r.flows if f.kind == "sync")
     assert ring == [(0, 1, 600_000_000), (1, 2, 600_000_000), (2, 3, 600_000_000),
                     (3, 0, 600_000_000)]
+
+
+@pytest.mark.parametrize("planner", ["spindle", "sequential", "optimus", "distmm"])
+def test_simulated_compute_matches_the_planners_estimate(planner):
+    # The planner's slice times and the simulator's both come from the profile's curves; on
+    # even splits they must agree slice by slice, and communication only adds to them.
+    repo = Path(__file__).resolve().parents[2]
+    model = load(str(repo / "models" / "multitask-clip.yaml"), ModelSpec)
+    cluster = load(str(repo / "clusters" / "a800-2x8.yaml"), ClusterSpec)
+    graph = build_graph(model, tasks=list(model.task_sets["4"]))
+    profile = profile_for(graph, cluster)
+    plan = make_plan(graph, profile, cluster, options=PlanOptions(planner=planner))
+    r = simulate(plan, graph, profile, cluster)
+    for timing, (_, planned) in zip(r.slices, plan.slices(), strict=True):
+        ran = (timing.forward_end_ms - timing.forward_start_ms
+               + timing.backward_end_ms - timing.backward_start_ms)
+        assert ran == pytest.approx(planned.time_ms, rel=1e-9), timing.slice_id
+    assert r.compute_ms == pytest.approx(plan.estimated_iteration_ms, rel=1e-9)
+    assert r.iteration_ms >= r.compute_ms
+    assert r.compute_ms + r.transfer_ms + r.sync_ms == pytest.approx(r.iteration_ms)
+    assert 0.0 <= r.idle_fraction < 1.0
