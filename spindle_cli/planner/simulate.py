@@ -259,11 +259,14 @@ class _Network:
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster
         self.now_s = 0.0
-        self.ready_s: list[float] = []
-        self.remaining: list[float] = []
-        self.ports: list[tuple[int, int]] = []
-        self.end_s: list[float] = []
-        self.live: set[int] = set()
+        self.num_flows = 0
+        # Per flow, grown by doubling: when it may start, bytes left, its two ports, its end.
+        self.ready_s = np.empty(256)
+        self.end_s = np.full(256, np.nan)
+        self._remaining = np.empty(256)
+        self._ports = np.empty((256, 2), dtype=np.int64)
+        self._live = np.empty(0, dtype=np.int64)
+        self._new: list[int] = []
         self._port_index: dict[tuple[str, int, str], int] = {}
         self._port_capacity: list[float] = []
 
@@ -280,7 +283,7 @@ class _Network:
             self._port_capacity.append(capacity)
         return self._port_index[key]
 
-    def _ports(self, src: int, dst: int) -> tuple[int, int]:
+    def _ports_of(self, src: int, dst: int) -> tuple[int, int]:
         c = self.cluster
         if c.island_of(src) == c.island_of(dst):
             return self._port("nvlink", src, "out"), self._port("nvlink", dst, "in")
@@ -291,50 +294,57 @@ class _Network:
     def add(self, src: int, dst: int, num_bytes: float, start_s: float, latency_s: float) -> int:
         """Register a flow that may start at `start_s`; returns its id."""
         assert start_s >= self.now_s - 1e-12, "a flow cannot start in the simulated past"
-        self.ports.append(self._ports(src, dst))
-        self.ready_s.append(start_s + latency_s)
-        self.remaining.append(float(num_bytes))
-        self.end_s.append(math.nan)
-        self.live.add(len(self.ready_s) - 1)
-        return len(self.ready_s) - 1
+        i = self.num_flows
+        if i == len(self.ready_s):
+            grow = len(self.ready_s)
+            self.ready_s = np.concatenate([self.ready_s, np.empty(grow)])
+            self.end_s = np.concatenate([self.end_s, np.full(grow, np.nan)])
+            self._remaining = np.concatenate([self._remaining, np.empty(grow)])
+            self._ports = np.concatenate([self._ports, np.empty((grow, 2), dtype=np.int64)])
+        self._ports[i] = self._ports_of(src, dst)
+        self.ready_s[i] = start_s + latency_s
+        self._remaining[i] = num_bytes
+        self._new.append(i)
+        self.num_flows += 1
+        return i
 
     def finish(self, ids: list[int]) -> float:
         """Advance until every flow in `ids` is done; returns the last one's end time."""
-        pending = [i for i in ids if math.isnan(self.end_s[i])]
-        while pending:
+        if not ids:
+            return 0.0
+        index = np.array(ids, dtype=np.int64)
+        while np.isnan(self.end_s[index]).any():
             self._step()
-            pending = [i for i in pending if math.isnan(self.end_s[i])]
-        return max((self.end_s[i] for i in ids), default=0.0)
+        return float(self.end_s[index].max())
 
     def _step(self) -> None:
-        live = sorted(self.live)
-        active = [i for i in live if self.ready_s[i] <= self.now_s]
-        waiting = [self.ready_s[i] for i in live if self.ready_s[i] > self.now_s]
-        next_start = min(waiting, default=math.inf)
-        for i in active:
-            if self.remaining[i] <= 0:
-                self.end_s[i] = self.now_s
-                self.live.discard(i)
-        active = [i for i in active if self.remaining[i] > 0]
-        if not active:
+        if self._new:
+            self._live = np.concatenate([self._live, np.array(self._new, dtype=np.int64)])
+            self._new.clear()
+        ids = self._live
+        ready = self.ready_s[ids]
+        started = ready <= self.now_s
+        next_start = float(ready[~started].min()) if not started.all() else math.inf
+        active = ids[started]
+        if active.size == 0:
             self.now_s = next_start
             return
-        ports = np.array([self.ports[i] for i in active])
+        ports = self._ports[active]
         cap = np.array(self._port_capacity)
         load = np.bincount(ports.ravel(), minlength=len(cap))
         share = cap / np.maximum(load, 1)
         rate = np.minimum(share[ports[:, 0]], share[ports[:, 1]])
-        rem = np.array([self.remaining[i] for i in active])
+        rem = self._remaining[active]
         dt = min(float(np.min(rem / rate)), next_start - self.now_s)
         rem = rem - rate * dt
         self.now_s += dt
         # A flow within a relative 1e-9 of done ends now (float rounding of equal-rate flows).
         done = rem <= 1e-9 * np.maximum(rate * dt, 1.0)
-        for k, i in enumerate(active):
-            self.remaining[i] = 0.0 if done[k] else float(rem[k])
-            if done[k]:
-                self.end_s[i] = self.now_s
-                self.live.discard(i)
+        self._remaining[active] = np.where(done, 0.0, rem)
+        self.end_s[active[done]] = self.now_s
+        keep = np.ones(ids.size, dtype=bool)
+        keep[np.flatnonzero(started)[done]] = False
+        self._live = ids[keep]
 
 
 @dataclass(frozen=True, slots=True)
@@ -547,7 +557,7 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
 
     flows = tuple(
         FlowTiming(kind=kind, label=label, src_rank=src, dst_rank=dst, bytes=num_bytes,
-                   start_ms=(net.ready_s[i] * 1e3), end_ms=net.end_s[i] * 1e3)
+                   start_ms=float(net.ready_s[i]) * 1e3, end_ms=float(net.end_s[i]) * 1e3)
         for i, (kind, label, src, dst, num_bytes) in enumerate(flow_meta)
     )
     moved = [f for f in flows if f.kind != "sync"]
