@@ -39,6 +39,18 @@ def op_time_ms(curve: Curve, n: int, *, uneven: bool = False) -> float:
     return scaling.time_ms(curve, b * n / (rows * groups))
 
 
+def valid_counts(curve: Curve, max_n: int, *, uneven: bool = False) -> list[int]:
+    """`scaling.valid_counts`, without testing every n: a valid n is t * g with t the
+    tensor-parallel degree of some piece and g | B (g <= B with uneven splits), so only those
+    candidates go through `scaling.is_valid` (4096-device clusters have few divisors of B)."""
+    b = curve.batch_size
+    groups = range(1, min(b, max_n) + 1) if uneven else [g for g in range(1, min(b, max_n) + 1)
+                                                          if b % g == 0]
+    degrees = {tp_degree(p.strategy) for p in curve.pieces}
+    candidates = sorted({t * g for t in degrees for g in groups if t * g <= max_n})
+    return [n for n in candidates if scaling.is_valid(curve, n, uneven=uneven)]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpCurve:
     """A MetaOp's scaling curve restricted to its valid device counts (0 is the dummy)."""

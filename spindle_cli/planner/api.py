@@ -24,7 +24,13 @@ from spindle_cli.artifacts.plan import (
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import PlanInfeasible, SpindleError
 from spindle_cli.planner import baselines, scaling
-from spindle_cli.planner.allocation import LevelAllocation, OpCurve, allocate_level, op_curve
+from spindle_cli.planner.allocation import (
+    LevelAllocation,
+    OpCurve,
+    allocate_level,
+    op_curve,
+    valid_counts,
+)
 from spindle_cli.planner.memory import state_bytes_per_param
 from spindle_cli.planner.placement import Flow, Ranks, SliceSpec, place
 from spindle_cli.planner.waves import ROUNDINGS, SORT_RULES, PlannedWave, schedule_level
@@ -70,7 +76,7 @@ def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven:
                 hint="profile the same graph (spindle profile GRAPH ...)",
             ) from None
         if m.signature not in counts_cache:
-            counts_cache[m.signature] = scaling.valid_counts(curve, num_devices, uneven=uneven)
+            counts_cache[m.signature] = valid_counts(curve, num_devices, uneven=uneven)
         oc = op_curve(m, curve, num_devices, counts_cache[m.signature], uneven=uneven)
         if len(oc.counts) == 1:
             raise PlanInfeasible(

@@ -172,13 +172,15 @@ def _choose(score: np.ndarray, n: int, island_size: int) -> Ranks:
             return tuple(sorted(int(best * island_size + j) for j in order[best, :n]))
     usable = np.isfinite(ranked).sum(axis=1)
     totals = np.where(np.isfinite(ranked), ranked, 0.0).sum(axis=1)
-    islands = sorted(range(len(usable)), key=lambda k: (-int(usable[k]), -float(totals[k]), k))
+    # islands with the most usable ranks first, then the best total score, then index
+    islands = np.lexsort((np.arange(len(usable)), -totals, -usable))
+    taken = np.cumsum(usable[islands])
+    last = int(np.searchsorted(taken, n))
     chosen: list[int] = []
-    for k in islands:
-        for j in range(int(usable[k])):
-            if len(chosen) == n:
-                break
-            chosen.append(int(k * island_size + order[k, j]))
+    for k in islands[: last + 1]:
+        k = int(k)
+        want = min(int(usable[k]), n - len(chosen))
+        chosen.extend(int(k * island_size + j) for j in order[k, :want])
     return tuple(sorted(chosen))
 
 

@@ -14,6 +14,7 @@ Levels are concatenated. Ranks are chosen later (`placement.py`).
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -144,26 +145,27 @@ def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devic
 
 def _extend(admitted: list[_Pending], counts: dict[str, int], pending: list[_Pending],
             curves: dict[str, OpCurve], free: int) -> int:
-    """Give idle devices to the admitted MetaOps with the most remaining time, one valid step
-    at a time; returns the devices still idle."""
-    while free > 0:
-        def remaining_ms(m: str) -> float:
-            oc = curves[m]
-            total = 0.0
-            for p in pending:
-                if p.metaop == m:
-                    n = counts[m] if any(a is p for a in admitted) else p.n
-                    total += p.num_ops * oc.time_at(n)
-            return total
+    """Give idle devices to the admitted MetaOps with the most remaining time (at the wave's
+    counts), one valid step at a time; returns the devices still idle. A MetaOp whose next step
+    does not fit never will (free devices only shrink), so it leaves the heap."""
+    ids = {id(p) for p in admitted}
+    rest: dict[str, float] = {}
+    for p in pending:
+        if id(p) not in ids:
+            rest[p.metaop] = rest.get(p.metaop, 0.0) + p.num_ops * curves[p.metaop].time_at(p.n)
+    ops = {p.metaop: p.num_ops for p in admitted}
 
-        ranked = sorted(admitted, key=lambda p: (-remaining_ms(p.metaop), p.metaop))
-        for p in ranked:
-            cur = counts[p.metaop]
-            nxt = curves[p.metaop].next_count(cur)
-            if nxt is not None and nxt - cur <= free:
-                counts[p.metaop] = nxt
-                free -= nxt - cur
-                break
-        else:
-            return free
+    def remaining_ms(m: str) -> float:
+        return rest.get(m, 0.0) + ops[m] * curves[m].time_at(counts[m])
+
+    heap = [(-remaining_ms(p.metaop), p.metaop) for p in admitted]
+    heapq.heapify(heap)
+    while free > 0 and heap:
+        _, m = heapq.heappop(heap)
+        cur = counts[m]
+        nxt = curves[m].next_count(cur)
+        if nxt is not None and nxt - cur <= free:
+            counts[m] = nxt
+            free -= nxt - cur
+            heapq.heappush(heap, (-remaining_ms(m), m))
     return free

@@ -120,3 +120,18 @@ def test_tensor_parallel_counts_must_be_multiples_of_the_degree():
     # n = 2 is still the dp piece; above, tp2 needs even n with (n / 2) | 8: 6 is not valid
     assert oc.counts == (0, 1, 2, 4, 8, 16)
     assert [scaling.strategy(c, n) for n in oc.counts[1:]] == ["dp", "dp", "tp2", "tp2", "tp2"]
+
+
+@pytest.mark.parametrize("batch", [1, 6, 12, 64, 96, 1000])
+@pytest.mark.parametrize("uneven", [False, True])
+def test_fast_valid_counts_match_scaling(batch, uneven):
+    from spindle_cli.planner.allocation import valid_counts
+
+    curves = [
+        alpha_beta_curve("a", batch, 0.1, 1.0),
+        curve("b", batch, [(1, 4, 0.0, 1.0, "dp"), (4, 16, 0.5, 0.9, "tp2"),
+                           (16, 64, 0.6, 0.8, "tp4")]),
+        curve("c", batch, [(2, 8, 0.0, 1.0, "tp2")]),
+    ]
+    for c in curves:
+        assert valid_counts(c, 48, uneven=uneven) == scaling.valid_counts(c, 48, uneven=uneven)

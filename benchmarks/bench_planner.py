@@ -1,0 +1,234 @@
+"""Quality and speed of the planner (`spindle plan`), against the targets of issue 4. Prints
+figures and ratios; asserts nothing (run: python benchmarks/bench_planner.py [--quick]).
+
+1. Estimated makespan / sum of C* for multitask-clip 4/7/10 tasks on 16 and 32 devices
+   (target <= 1.03), with and without --uneven-splits, the baselines' ratios and Spindle's
+   speedup over each, and, per level small enough for the MILP, the exact packing of the
+   level's rounded tuples (how much of the gap is the discretization, how much the greedy).
+2. Placement ablation: island-aware vs sequential placement, inter-wave bytes that leave a
+   rank / cross islands and, when the simulator is available, the share of the iteration
+   spent waiting for transfers.
+3. Planning time: multitask-clip 10 tasks on 64 devices (target < 0.3 s) and a synthetic
+   4096-device, 100-task model (target < 10 s).
+
+Profiles are analytic (a800 roofline, counts 1..64 on a800-8x8), built in-process, so the
+figures do not depend on the committed files.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Profile, input_ref, load
+from spindle_cli.artifacts.cluster import DeviceSpec
+from spindle_cli.artifacts.graph import MetaOp
+from spindle_cli.artifacts.io import derived_header
+from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, MemoryModel
+from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves
+from spindle_cli.planner.exact import MAX_TUPLES, exact_packing_ms
+from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.profiling import analytic_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+COUNTS_64 = (1, 2, 4, 8, 16, 32, 64)
+BASELINES = ("sequential", "optimus", "distmm")
+
+
+def clip(task_set: str) -> tuple[MetaOpGraph, Profile]:
+    spec = load(str(ROOT / "models" / "multitask-clip.yaml"), ModelSpec)
+    graph = build_graph(spec, tasks=list(spec.task_sets[task_set]),
+                        inputs=[input_ref(spec, "models/multitask-clip.yaml")])
+    cluster = cluster_file("a800-8x8")
+    return graph, analytic_profile(graph, cluster, hardware="a800", counts=COUNTS_64)
+
+
+def cluster_file(name: str) -> ClusterSpec:
+    return load(str(ROOT / "clusters" / f"{name}.yaml"), ClusterSpec)
+
+
+def _ratio(plan) -> float:  # type: ignore[no-untyped-def]
+    return plan.estimated_iteration_ms / plan.lower_bound_ms
+
+
+def exact_levels(graph: MetaOpGraph, profile: Profile, n: int) -> str:
+    """'level: exact/C* greedy/exact' for the levels the MILP can solve."""
+    curves = op_curves(graph, profile, n)
+    plan = make_plan(graph, profile, cluster_for(n))
+    planned = {lv.level: lv.estimated_ms for lv in plan.levels}
+    parts = []
+    for a in allocate(graph, curves, n):
+        tuples = [(t.metaop, t.n, t.num_ops * curves[t.metaop].time_at(t.n))
+                  for x in a.ops for t in x.tuples]
+        if len(tuples) > MAX_TUPLES or a.c_star_ms < 1.0:
+            continue  # tiny levels (embeddings, losses) do not move the total
+        best = exact_packing_ms(tuples, n, time_limit_s=20)
+        if best is None:
+            parts.append(f"L{a.level}: MILP not solved in 20 s ({len(tuples)} tuples)")
+        else:
+            parts.append(f"L{a.level}: exact {best / a.c_star_ms:.3f}x C*, greedy "
+                         f"{planned[a.level] / best:.3f}x exact")
+    return "; ".join(parts) or f"no level with <= {MAX_TUPLES} tuples"
+
+
+def cluster_for(n: int) -> ClusterSpec:
+    return cluster_file({16: "a800-2x8", 32: "a800-4x8", 64: "a800-8x8"}[n])
+
+
+def quality(quick: bool) -> None:
+    print("== 1. makespan / sum C* (target <= 1.03) ==")
+    print(f"{'case':<16}{'spindle':>9}{'uneven':>9}"
+          + "".join(f"{b:>12}" for b in BASELINES) + "   speedup vs " + "/".join(BASELINES))
+    for task_set in ("4", "7", "10"):
+        graph, profile = clip(task_set)
+        for n in (16, 32):
+            row = f"clip-{task_set:>2} @ {n:<4}  "
+            try:
+                sp = make_plan(graph, profile, cluster_for(n))
+            except PlanInfeasible as e:
+                print(f"{row}spindle infeasible: {e}")
+                continue
+            un = make_plan(graph, profile, cluster_for(n), options=PlanOptions(uneven_splits=True))
+            row += f"{_ratio(sp):>9.3f}{_ratio(un):>9.3f}"
+            speed = []
+            for b in BASELINES:
+                try:
+                    bp = make_plan(graph, profile, cluster_for(n), options=PlanOptions(planner=b))
+                    row += f"{_ratio(bp):>12.3f}"
+                    speed.append(f"{bp.estimated_iteration_ms / sp.estimated_iteration_ms:.2f}x")
+                except PlanInfeasible:
+                    row += f"{'OOM':>12}"
+                    speed.append("OOM")
+            print(row + "   " + " / ".join(speed))
+            if not quick:
+                print(f"    {exact_levels(graph, profile, n)}")
+
+
+def ablation() -> None:
+    print("== 2. placement ablation (island-aware vs sequential) ==")
+    try:
+        from spindle_cli.planner.simulate import simulate
+    except ImportError:
+        simulate = None  # type: ignore[assignment]
+    for task_set, n in (("4", 16), ("4", 32), ("10", 32)):
+        graph, profile = clip(task_set)
+        cluster = cluster_for(n)
+        row = [f"clip-{task_set} @ {n}:"]
+        for placement in ("island", "sequential"):
+            try:
+                plan = make_plan(graph, profile, cluster, options=PlanOptions(placement=placement))
+            except PlanInfeasible as e:
+                row.append(f"{placement}: infeasible ({str(e)[:60]}...)")
+                continue
+            moved = sum(t.bytes for t in plan.transfers if t.src_ranks != t.dst_ranks)
+            text = f"{placement}: {moved / 2**30:.2f} GiB leave their ranks"
+            if simulate is not None:
+                sim = simulate(plan, graph, profile, cluster)
+                text += (f", {sim.inter_island_bytes / 2**30:.2f} GiB cross islands (sim), "
+                         f"transfer wait {sim.transfer_fraction:.1%} of {sim.iteration_ms:.1f} ms")
+            row.append(text)
+        print("  ".join(row))
+
+
+def synthetic(num_tasks: int, num_nodes: int, seed: int = 0) -> tuple[MetaOpGraph, Profile,
+                                                                          ClusterSpec]:
+    """Tasks of 2-3 towers (embed, encoder, projection) joined by a loss; alpha-beta curves."""
+    rng = random.Random(seed)
+    metaops, curves = [], []
+    for t in range(num_tasks):
+        batch = rng.choice([256, 512, 768, 1024, 2048])
+        towers = []
+        for e in range(rng.choice([2, 3])):
+            mod = f"mod{rng.randrange(12)}"
+            prev: tuple[str, ...] = ()
+            for lvl, (step, layers) in enumerate(((f"{mod}_embed", 1),
+                                                  (f"{mod}_enc", rng.randint(6, 32)),
+                                                  (f"{mod}_proj", 1))):
+                mid = f"task{t}/{step}#{e}"
+                metaops.append(MetaOp(
+                    id=mid, task=f"task{t}", step=f"{step}#{e}", module=step,
+                    layer_kind="transformer_encoder", first_layer=0, num_layers=layers,
+                    batch_size=batch, seq_len=128, in_width=768, out_seq_len=128, out_width=768,
+                    level=lvl, predecessors=prev, signature=mid, flops_per_layer=1e12,
+                    params_per_layer=7_000_000 if "enc" in step else 100_000,
+                    activation_in_bytes=batch * 196608, activation_out_bytes=batch * 196608,
+                    stash_bytes_per_sample=4096))
+                alpha, beta = rng.uniform(0.05, 0.5), rng.uniform(0.01, 0.2)
+                curves.append(Curve(
+                    signature=mid, batch_size=batch, points=(),
+                    pieces=(CurvePiece(n_lo=1, n_hi=1 << 16, alpha_ms=alpha, beta_ms=beta,
+                                       strategy="dp"),),
+                    memory=MemoryModel(param_bytes=0, grad_bytes=0, optimizer_bytes=0,
+                                       activation_bytes_per_sample=0),
+                    max_rel_error=0.0))
+                prev = (mid,)
+            towers.append(prev[0])
+        mid = f"task{t}/loss"
+        metaops.append(MetaOp(
+            id=mid, task=f"task{t}", step="loss", module="loss", layer_kind="contrastive_loss",
+            first_layer=0, num_layers=1, batch_size=batch, seq_len=1, in_width=768,
+            out_seq_len=0, out_width=0, level=3, predecessors=tuple(towers), signature=mid,
+            flops_per_layer=1e9, params_per_layer=1, activation_in_bytes=0,
+            activation_out_bytes=0, stash_bytes_per_sample=16))
+        curves.append(Curve(
+            signature=mid, batch_size=batch, points=(),
+            pieces=(CurvePiece(n_lo=1, n_hi=1 << 16, alpha_ms=0.05, beta_ms=0.001,
+                               strategy="dp"),),
+            memory=MemoryModel(param_bytes=0, grad_bytes=0, optimizer_bytes=0,
+                               activation_bytes_per_sample=0),
+            max_rel_error=0.0))
+    metaops.sort(key=lambda m: (m.level, m.id))
+    graph = MetaOpGraph(**derived_header(MetaOpGraph, []), model="synthetic",
+                        tasks=tuple(f"task{t}" for t in range(num_tasks)), dtype="bf16",
+                        num_levels=4, metaops=tuple(metaops))
+    profile = Profile(**derived_header(Profile, []), source="analytic",
+                      fingerprint=Fingerprint(hardware="synthetic", device_name="synthetic",
+                                              torch_version="", dtype="bf16"),
+                      counts=(1,), curves=tuple(sorted(curves, key=lambda c: c.signature)))
+    cluster = ClusterSpec(
+        kind="cluster", version=1, name=f"synthetic-{num_nodes}x8", num_nodes=num_nodes,
+        devices_per_node=8, island_size=8,
+        device=DeviceSpec(name="A800-80GB", memory_bytes=80 * 2**30, peak_flops=3.12e14,
+                          memory_bandwidth_bytes_per_s=2.0e12),
+        intra_island_bandwidth_bytes_per_s=2.0e11, inter_node_bandwidth_bytes_per_s=2.5e10)
+    return graph, profile, cluster
+
+
+def _time(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def speed() -> None:
+    print("== 3. planning time ==")
+    graph, profile = clip("10")
+    cluster = cluster_file("a800-8x8")
+    t = _time(lambda: make_plan(graph, profile, cluster), 5)
+    plan = make_plan(graph, profile, cluster)
+    print(f"clip-10 @ 64: {t:.3f} s (target < 0.3 s; median of 5); {len(plan.waves)} waves, "
+          f"makespan/C* {_ratio(plan):.3f}")
+    graph, profile, cluster = synthetic(100, 512)
+    t0 = time.perf_counter()
+    plan = make_plan(graph, profile, cluster)
+    t = time.perf_counter() - t0
+    print(f"synthetic 100 tasks ({len(graph.metaops)} MetaOps) @ {cluster.num_devices}: "
+          f"{t:.2f} s (target < 10 s); {len(plan.waves)} waves, makespan/C* {_ratio(plan):.3f}")
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    quality(quick)
+    ablation()
+    speed()
+
+
+if __name__ == "__main__":
+    main()
