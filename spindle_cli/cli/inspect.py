@@ -21,7 +21,8 @@ def validate(files: tuple[str, ...]) -> None:
     """Validate artifact files of any kind; stop at the first invalid one."""
     for path in files:
         obj = load_artifact(path)
-        err.print(f"ok {path} ({obj.kind})")
+        # one unwrapped line per file, like the error lines, so scripts can grep them
+        err.print(f"ok {path} ({obj.kind})", soft_wrap=True)
 
 
 def _view(kind: str, path: str) -> Any:

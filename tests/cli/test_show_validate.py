@@ -108,3 +108,13 @@ def test_show_rejects_options_of_other_kinds(files, spindle):
         assert result.exit_code == 2
         assert result.stderr.startswith(f"error: g.yaml: {option[0]} does not apply")
         assert not Path(option[-1]).exists()
+
+
+def test_validate_lines_are_not_wrapped(small_model_data, tmp_path):
+    deep = tmp_path / ("a-directory-name-long-enough-to-pass-eighty-columns-" * 2)
+    deep.mkdir()
+    path = deep / "m.yaml"
+    path.write_text(yaml.safe_dump(small_model_data, sort_keys=False))
+    result = _invoke("validate", str(path))
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == f"ok {path} (model)\n"
