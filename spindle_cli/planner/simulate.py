@@ -380,6 +380,11 @@ def _check_inputs(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Clu
             profile.curve(graph.metaop(s.metaop).signature)
         except KeyError:
             raise SpindleError(f"the profile has no curve for MetaOp {s.metaop!r}") from None
+    wave_of = {s.id: w.index for w, s in plan.slices()}
+    for i, t in enumerate(plan.transfers):
+        if wave_of[t.src] >= wave_of[t.dst]:
+            raise SpindleError(f"plan transfers[{i}]: {t.src} -> {t.dst} does not go to a "
+                               "later wave")
 
 
 def _group_slices(plan: Plan, graph: MetaOpGraph) -> list[list[str]]:

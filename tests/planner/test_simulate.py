@@ -174,6 +174,14 @@ def test_mismatched_cluster_is_a_user_error():
         simulate(fx.plan(), fx.graph(), fx.profile(), small)
 
 
+def test_transfer_to_an_earlier_wave_is_a_user_error():
+    plan = fx.plan()
+    t = dataclasses.replace(plan.transfers[0], src="w1.0", dst="w0.0")
+    with pytest.raises(SpindleError, match="later wave"):
+        simulate(dataclasses.replace(plan, transfers=(t,)), fx.graph(), fx.profile(),
+                 fx.cluster())
+
+
 def test_unknown_metaop_is_a_user_error():
     g = fx.graph()
     g = dataclasses.replace(g, metaops=g.metaops[:1], num_levels=1)
