@@ -102,8 +102,8 @@ def _launch(argv: list[str]) -> None:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # torchrun warns when it sets this default itself
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # the elastic agent logs every worker's exit at WARNING; the workers print their own errors
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    # the elastic agent logs every worker's exit; the workers print their own one-line errors
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         torchrun(parse_args(argv))
     except ChildFailedError as e:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -189,7 +190,8 @@ def _report_failure(rank: int, e: BaseException) -> int:
     if isinstance(e, SpindleError):
         cause, code, secondary = str(e), e.exit_code, False
     elif _is_peer_failure(e):
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        # gloo prefixes a source location and appends advice; keep the sentence between
+        first = re.sub(r"^\[[^\]]*\]\s*", "", str(e).strip().splitlines()[0]).split(". ")[0]
         cause, code, secondary = f"lost a peer rank ({first})", 1, True
     else:
         cause, code, secondary = f"{type(e).__name__}: {e}", 1, False

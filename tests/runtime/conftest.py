@@ -12,5 +12,5 @@ def pytest_configure() -> None:
     # the in-process reference training: one thread (with 2 on a shared 2-core host it is
     # 15x slower)
     torch.set_num_threads(1)
-    mp.set_forkserver_preload(["torch", "torch.distributed"])
+    mp.set_forkserver_preload(["torch", "torch.distributed", "spindle_cli.runtime.worker"])
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

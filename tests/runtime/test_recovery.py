@@ -1,0 +1,96 @@
+"""Checkpoint/resume and failures inside the run, on gloo ranks through the harness."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from harness import RanksFailed, run_distributed
+from plans import hand_plan
+
+from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Plan, load
+from spindle_cli.planner.graph import build_graph
+
+pytestmark = pytest.mark.dist
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def train_rank(rank: int, world: int, plan: Plan, graph: MetaOpGraph, model: ModelSpec,
+               opts_kwargs: dict[str, Any]) -> tuple[int, list[dict[str, float]], dict]:
+    import torch as t
+
+    from spindle_cli.runtime.dist import World
+    from spindle_cli.runtime.program import build_program
+    from spindle_cli.runtime.worker import TrainOptions, train
+
+    w = World(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
+              backend="gloo", device=t.device("cpu"))
+    result = train(plan, graph, model, build_program(plan, graph, model), w,
+                   TrainOptions(seed=3, lr=1e-2, **opts_kwargs))
+    return result.start_step, result.losses, result.params
+
+
+@pytest.fixture(scope="module")
+def setup() -> tuple[Plan, MetaOpGraph, ModelSpec]:
+    model = load(str(REPO / "models" / "tiny-clip.yaml"), ModelSpec)
+    graph = build_graph(model, dtype="fp32")
+    place = {m.id: [(0, m.num_layers, ((0,), (1,), (0, 1))[i % 3])]
+             for i, m in enumerate(graph.metaops)}
+    return hand_plan(graph, place, 2), graph, model
+
+
+@pytest.mark.timeout(120)
+def test_resumed_run_ends_with_the_same_parameters(setup: Any, tmp_path: Path) -> None:
+    plan, graph, model = setup
+    straight = run_distributed(train_rank, 2, plan, graph, model, {"steps": 4})
+    ckpt = str(tmp_path / "ckpt")
+    first = run_distributed(train_rank, 2, plan, graph, model,
+                            {"steps": 2, "checkpoint_dir": ckpt, "checkpoint_every": 1})
+    assert sorted(p.name for p in Path(ckpt).iterdir()) == ["step-000001", "step-000002"]
+    resumed = run_distributed(train_rank, 2, plan, graph, model,
+                              {"steps": 4, "checkpoint_dir": ckpt, "resume": True})
+    for rank in range(2):
+        start, losses, params = resumed[rank]
+        assert start == 2
+        # the data position is restored too: steps 3 and 4 see the same batches
+        assert first[rank][1] + losses == straight[rank][1]
+        assert params.keys() == straight[rank][2].keys()
+        for name, value in params.items():
+            assert torch.equal(value, straight[rank][2][name]), name
+
+
+@pytest.mark.timeout(120)
+def test_resume_refuses_a_checkpoint_of_another_run(setup: Any, tmp_path: Path) -> None:
+    plan, graph, model = setup
+    ckpt = str(tmp_path / "ckpt")
+    run_distributed(train_rank, 2, plan, graph, model,
+                    {"steps": 1, "checkpoint_dir": ckpt, "checkpoint_every": 1})
+    with pytest.raises(RanksFailed) as info:
+        run_distributed(train_rank, 2, plan, graph, model,
+                        {"steps": 2, "checkpoint_dir": ckpt, "resume": True, "dtype": "fp64"})
+    assert set(info.value.errors) == {0, 1}
+    assert all("dtype='fp32'" in m for m in info.value.errors.values())
+
+
+def narrow_data_rank(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
+                     model: ModelSpec) -> None:
+    import os
+
+    os.environ["RANK"] = str(rank)
+    train_rank(rank, world, plan, graph, model,
+               {"steps": 2, "dataset": "faulty_data:narrow_features_on_rank_zero"})
+
+
+@pytest.mark.timeout(120)
+def test_shape_mismatch_fails_every_rank_naming_the_cause(setup: Any) -> None:
+    plan, graph, model = setup
+    with pytest.raises(RanksFailed) as info:
+        run_distributed(narrow_data_rank, 2, plan, graph, model, pg_timeout_s=10)
+    errors = info.value.errors
+    assert set(errors) == {0, 1}
+    assert "ShapeMismatch" in errors[0] and "expected float features" in errors[0]
+    # rank 1 fails because rank 0 left, well before the harness deadline
+    assert "Connection closed" in errors[1] or "Timed out" in errors[1], errors[1]
