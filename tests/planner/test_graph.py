@@ -6,8 +6,11 @@ from pathlib import Path
 
 import networkx as nx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spindle_cli.artifacts import ModelSpec, input_ref, load
+from spindle_cli.artifacts.io import parse_artifact
 from spindle_cli.artifacts.model_check import Shape
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.costs import TOKEN_BYTES, layer_cost
@@ -217,3 +220,48 @@ def test_every_shipped_model_builds(path):
     for name, members in model.task_sets.items():
         sub = build_graph(model, tasks=list(members))
         assert set(sub.tasks) == set(members), name
+
+
+@st.composite
+def _random_dag_models(draw: st.DrawFn) -> tuple[list[tuple[str, str, list[str]]], int]:
+    """A task whose transformer steps form a random DAG over one embedding, joined at the end."""
+    num_steps = draw(st.integers(1, 6))
+    steps: list[tuple[str, str, list[str]]] = [("s0", "embed", ["text"])]
+    consumed: set[str] = set()
+    for i in range(1, num_steps + 1):
+        earlier = [s[0] for s in steps]
+        inputs = draw(st.lists(st.sampled_from(earlier), min_size=1, max_size=3, unique=True))
+        steps.append((f"s{i}", draw(st.sampled_from(["enc", "enc2"])), inputs))
+        consumed.update(inputs)
+    dangling = [s[0] for s in steps if s[0] not in consumed]
+    steps.append(("join", "enc2", dangling))
+    steps.append(("loss", "lm", ["join"]))
+    return steps, draw(st.integers(4, 8))  # lm target_len is 4
+
+
+@settings(max_examples=40, deadline=None)
+@given(_random_dag_models())
+def test_levels_are_a_longest_path_layering_on_random_dags(case):
+    steps, seq = case
+    data = {"kind": "model", "version": 1, "name": "random", "modules": MODULES,
+            "tasks": [_task("t", steps, seq=seq)]}
+    model = parse_artifact(data, "<random>", ModelSpec)
+    assert isinstance(model, ModelSpec)
+    g = build_graph(model)
+    assert len(g.metaops) == len(steps)
+    dag = nx.DiGraph()
+    dag.add_nodes_from(m.id for m in g.metaops)
+    dag.add_edges_from((p, m.id) for m in g.metaops for p in m.predecessors)
+    level = {m.id: m.level for m in g.metaops}
+    for m in g.metaops:
+        # every edge climbs, and every MetaOp sits right above its deepest predecessor
+        assert all(level[p] < m.level for p in m.predecessors)
+        assert m.level == 0 if not m.predecessors else any(
+            level[p] == m.level - 1 for p in m.predecessors)
+        assert m.num_layers == model.modules[m.module].num_layers
+    for lv in range(g.num_levels):
+        same = [m.id for m in g.metaops if m.level == lv]
+        assert same, lv
+        # MetaOps on one level are independent
+        assert not any(nx.has_path(dag, a, b) for a in same for b in same if a != b)
+    assert g.num_levels == nx.dag_longest_path_length(dag) + 1
