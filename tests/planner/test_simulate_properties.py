@@ -1,0 +1,86 @@
+"""Invariants of the simulator on random small plans (hypothesis): whatever the placement,
+split, sizes and links, the timeline is causal and the breakdown adds up."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import _sim_fixtures as fx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spindle_cli.artifacts.plan import ParamGroup, Slice, Transfer, Wave
+from spindle_cli.planner.simulate import simulate
+
+ranks = st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True).map(
+    lambda r: tuple(sorted(r)))
+
+
+@st.composite
+def plans(draw):
+    """enc (2 layers) in one or two slices, then head; any ranks; one group per module."""
+    split = draw(st.booleans())
+    enc_ranges = [(0, 1), (1, 2)] if split else [(0, 2)]
+    slices = []
+    for w, (first, last) in enumerate(enc_ranges):
+        slices.append(Slice(id=f"w{w}.0", metaop="t/enc", first=first, last=last,
+                            ranks=draw(ranks), strategy="dp", time_ms=1.0))
+    slices.append(Slice(id=f"w{len(enc_ranges)}.0", metaop="t/head", first=0, last=1,
+                        ranks=draw(ranks), strategy="dp", time_ms=1.0))
+    act = draw(st.integers(0, 10**9))
+    transfers = tuple(Transfer(src=a.id, dst=b.id, bytes=act, src_ranks=a.ranks,
+                               dst_ranks=b.ranks) for a, b in itertools.pairwise(slices))
+    enc_ranks = tuple(sorted({r for s in slices[:-1] for r in s.ranks}))
+    groups = (ParamGroup(module="enc", first_layer=0, last_layer=2, ranks=enc_ranks,
+                         bytes=draw(st.integers(0, 10**9))),
+              ParamGroup(module="head", first_layer=0, last_layer=1, ranks=slices[-1].ranks,
+                         bytes=draw(st.integers(0, 10**9))))
+    waves = tuple(Wave(index=i, level=0 if s.metaop == "t/enc" else 1, start_ms=float(i),
+                       duration_ms=1.0, slices=(s,)) for i, s in enumerate(slices))
+    return dataclasses.replace(fx.plan(), waves=waves, transfers=transfers,
+                               param_groups=groups)
+
+
+@settings(max_examples=60, deadline=None)
+@given(plan=plans(), batch=st.integers(1, 9), num_nodes=st.sampled_from([1, 2]),
+       latency_s=st.sampled_from([0.0, 1e-5]), overlap=st.booleans())
+def test_timeline_is_causal_and_the_breakdown_adds_up(plan, batch, num_nodes, latency_s,
+                                                      overlap):
+    r = simulate(plan, fx.graph(batch), fx.profile(batch),
+                 fx.cluster(latency_s=latency_s, num_nodes=num_nodes), overlap_sync=overlap)
+    assert r.compute_ms + r.transfer_ms + r.sync_ms == pytest.approx(r.iteration_ms)
+    assert min(r.transfer_ms, r.sync_ms, r.idle_fraction) >= 0
+    by_id = {s.slice_id: s for s in r.slices}
+    # Waves follow each other; every slice's backward comes after its forward.
+    for a, b in itertools.pairwise(r.waves):
+        assert b.forward_start_ms >= a.forward_end_ms - 1e-9
+        assert a.backward_start_ms >= b.backward_end_ms - 1e-9
+    for s in r.slices:
+        assert s.forward_end_ms <= s.backward_start_ms + 1e-9
+    # A consumer starts only after its activations arrived; a producer's backward only after
+    # the gradients did.
+    for f in r.flows:
+        assert f.end_ms >= f.start_ms
+        if f.kind == "activation":
+            src, dst = f.label.split("->")
+            assert f.start_ms >= by_id[src].forward_end_ms - 1e-9
+            assert by_id[dst].forward_start_ms >= f.end_ms - 1e-9
+        elif f.kind == "gradient":
+            src, dst = f.label.split("->")
+            assert f.start_ms >= by_id[src].backward_end_ms - 1e-9
+            assert by_id[dst].backward_start_ms >= f.end_ms - 1e-9
+    # Gradients sync only once computed, and the iteration waits for them.
+    for g in r.syncs:
+        computed = max(s.backward_end_ms for s in r.slices if s.module == g.module)
+        assert g.start_ms >= computed - 1e-9
+        assert g.end_ms <= r.iteration_ms + 1e-9
+    # Bytes are conserved: between disjoint rank sets every row moves (up to the rounding of
+    # each piece down to whole bytes); nothing moves more than the transfer holds.
+    for t in plan.transfers:
+        for label in (f"{t.src}->{t.dst}", f"{t.dst}->{t.src}"):
+            pieces = [f.bytes for f in r.flows if f.label == label]
+            assert sum(pieces) <= t.bytes
+            if not set(t.src_ranks) & set(t.dst_ranks):
+                assert sum(pieces) > t.bytes - len(pieces) - 1
