@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Literal, Protocol
 
 from spindle_cli.artifacts.base import InputRef
 from spindle_cli.artifacts.cluster import ClusterSpec
@@ -242,7 +242,7 @@ def assemble_profile(
     graph: MetaOpGraph,
     points: dict[str, list[ProfilePoint]],
     *,
-    source: str,
+    source: Literal["measured", "analytic"],
     fingerprint: Fingerprint,
     counts: Sequence[int],
     validate: bool,
@@ -262,7 +262,7 @@ def assemble_profile(
         )
     return Profile(
         **derived_header(Profile, list(inputs)),
-        source=source,  # type: ignore[arg-type]
+        source=source,
         fingerprint=fingerprint,
         counts=tuple(counts),
         curves=tuple(curves),
@@ -278,8 +278,10 @@ def analytic_profile(
     validate: bool = False,
     inputs: Sequence[InputRef] = (),
 ) -> Profile:
-    """Scaling curves from the roofline model of `hardware` ('a800', 'h100', 'h200'); the
-    cluster (optional) gives the island size and links for tensor parallelism."""
+    """Scaling curves from the roofline model of `hardware` ('a800', 'h100', 'h200'). The
+    cluster (optional) gives the island size and links for tensor parallelism and the device
+    memory that decides out-of-memory points; without it, the hardware's own NVLink figures,
+    islands of 8 and its datasheet memory."""
     if hardware not in roofline.HARDWARE:
         known = ", ".join(sorted(roofline.HARDWARE))
         raise SpindleError(f"unknown hardware {hardware!r} (analytic models: {known}, or local)")

@@ -155,3 +155,30 @@ def test_the_cache_answers_the_second_time(tiny, tmp_path: Path, monkeypatch):
     _, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
                                     cache_dir=None)
     assert not hit and len(calls) == 5
+
+
+def test_decoder_adapter_and_lm_loss_measure(make_model):
+    model = make_model(
+        {"embed": {"kind": "embedding", "hidden": 32, "vocab_size": 50, "max_seq_len": 16},
+         "patch": {"kind": "patch_embed", "in_dim": 12, "hidden": 24, "max_seq_len": 8},
+         "adapt": {"kind": "adapter", "in_dim": 24, "hidden": 32},
+         "llm": {"kind": "transformer_decoder", "num_layers": 2, "hidden": 32, "heads": 4,
+                 "ffn": 64},
+         "head": {"kind": "lm_loss", "hidden": 32, "vocab_size": 50, "target_len": 4}},
+        [{"name": "cap", "batch_size": 4,
+          "inputs": {"img": {"seq_len": 8, "dim": 12}, "txt": {"seq_len": 8}},
+          "steps": [{"name": "p", "module": "patch", "inputs": ["img"]},
+                    {"name": "a", "module": "adapt", "inputs": ["p"]},
+                    {"name": "e", "module": "embed", "inputs": ["txt"]},
+                    {"name": "d", "module": "llm", "inputs": ["a", "e"]},
+                    {"name": "l", "module": "head", "inputs": ["d"]}]}],
+    )
+    graph = build_graph(model)
+    target = measure.local_target()
+    for op in graph.metaops:
+        m = measure.measure(model.modules[op.module], op, 2, "dp", target=target, settings=FAST)
+        assert m.feasible and m.time_ms > 0, op.id
+    decoder = graph.metaop("cap/d")
+    assert decoder.seq_len == 16  # the two inputs are concatenated along the sequence
+    m = measure.measure(model.modules["llm"], decoder, 2, "tp2", target=target, settings=FAST)
+    assert m.feasible
