@@ -161,6 +161,11 @@ def _bar_chart(path: Path, title: str, ylabel: str, groups: list[str],
         ax.bar(xs, ys, width=width, label=name)
     if reference is not None:
         ax.axhline(reference, color="black", linewidth=0.8, linestyle="--")
+    ours = [values for name, values in series.items() if not name.startswith("paper")]
+    for g in range(len(groups)):
+        if all(values[g] is None for values in ours):
+            ax.text(g, 0.0, "no plan", rotation=90, ha="center", va="bottom", fontsize=7,
+                    color="grey")
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=45, ha="right", fontsize=7)
     ax.set_ylabel(ylabel)
