@@ -37,11 +37,11 @@ def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def _cell(row: lib.BenchRow | None, paper: bool = True) -> str:
+def _cell(row: lib.BenchRow | None) -> str:
     if row is None or row.iteration_ms is None:
         return "failed"
     text = f"{row.iteration_ms:.1f} x{_num(row.speedup_vs_sequential, '.2f')}"
-    if paper and row.paper_speedup is not None:
+    if row.paper_speedup is not None:
         text += f" ({row.paper_speedup:.2f})"
     return text
 

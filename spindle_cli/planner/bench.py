@@ -110,6 +110,8 @@ class BenchRow:
     sync_ms: float | None
     transfer_fraction: float | None
     """Exposed inter-wave transfer time / iteration time."""
+    idle_fraction: float | None
+    """Share of device time not computing."""
     inter_island_bytes: int | None
     peak_memory_bytes: int | None
     planned_iteration_ms: float | None
@@ -179,6 +181,7 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
             transfer_ms=sim.transfer_ms if sim else None,
             sync_ms=sim.sync_ms if sim else None,
             transfer_fraction=sim.transfer_fraction if sim else None,
+            idle_fraction=sim.idle_fraction if sim else None,
             inter_island_bytes=sim.inter_island_bytes if sim else None,
             peak_memory_bytes=sim.peak_memory_bytes if sim else None,
             planned_iteration_ms=sim.planned_iteration_ms if sim else None,
@@ -194,8 +197,8 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
         speedup_vs_sequential=_ratio(baseline, bound), lower_bound_ms=bound,
         gap_to_optimum=1.0 if bound else None, compute_gap=1.0 if bound else None,
         compute_ms=bound, transfer_ms=None, sync_ms=None, transfer_fraction=None,
-        inter_island_bytes=None, peak_memory_bytes=None, planned_iteration_ms=None,
-        plan_seconds=None, paper_speedup=None, paper_transfer_share=None,
+        idle_fraction=None, inter_island_bytes=None, peak_memory_bytes=None,
+        planned_iteration_ms=None, plan_seconds=None, paper_speedup=None, paper_transfer_share=None,
         error="" if bound is not None else "no relaxed optimum (no valid allocation)",
     ))
     return rows
