@@ -19,7 +19,7 @@ from spindle_cli.planner.graph import build_graph
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "schemas"
 SHIPPED = sorted(
-    p for folder in ("models", "clusters", "profiles", "plans")
+    p for folder in ("models", "clusters", "graphs", "profiles", "plans")
     for p in (REPO / folder).rglob("*") if p.suffix in (".yaml", ".yml", ".json")
 )
 REGENERATE = "regenerate with: python -m spindle_cli.artifacts.schema schemas/"

@@ -8,12 +8,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from spindle_cli.artifacts import MetaOpGraph, ModelSpec, input_ref, load
+from spindle_cli.artifacts import MetaOpGraph, ModelSpec, input_ref, load, rendered_for
 from spindle_cli.cli import cli
 from spindle_cli.planner.graph import build_graph
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "models").glob("*.yaml"))
+COMMITTED_GRAPHS = sorted((REPO / "graphs").glob("*.yaml"))
 
 
 @pytest.fixture
@@ -121,3 +122,17 @@ def test_graph_works_on_every_shipped_model(path, tmp_path):
         assert sub.exit_code == 0, sub.stderr
         assert load(str(tmp_path / "s.yaml"), MetaOpGraph).tasks == tuple(
             t.name for t in model.tasks if t.name in model.task_sets[name])
+
+
+@pytest.mark.parametrize("path", COMMITTED_GRAPHS, ids=[p.stem for p in COMMITTED_GRAPHS])
+def test_committed_graphs_are_up_to_date(path, monkeypatch):
+    # A committed graph must be exactly what `spindle graph` makes from its model today.
+    monkeypatch.chdir(REPO)  # inputs record the model path relative to the repository
+    graph = load(str(path), MetaOpGraph)
+    model_path = graph.input("model").path
+    model = load(model_path, ModelSpec)
+    fresh = build_graph(model, tasks=list(graph.tasks), dtype=graph.dtype,
+                        inputs=[input_ref(model, model_path)])
+    assert rendered_for(fresh, str(path)) == path.read_text(), (
+        f"{path.relative_to(REPO)} is stale: regenerate it with spindle graph {model_path} "
+        f"--tasks {','.join(graph.tasks)} -o {path.relative_to(REPO)}")

@@ -18,7 +18,7 @@ from spindle_cli.planner.graph import build_graph
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(
-    p for folder in ("models", "clusters", "profiles", "plans")
+    p for folder in ("models", "clusters", "graphs", "profiles", "plans")
     for p in (REPO / folder).rglob("*") if p.suffix in (".yaml", ".yml", ".json")
 )
 
