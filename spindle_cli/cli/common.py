@@ -26,16 +26,16 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
         try:
             old = Path(output).read_text(encoding="utf-8")
         except FileNotFoundError:
-            err.print(f"{output}: missing (would be created)")
+            err.print(f"{output}: missing (would be created)", soft_wrap=True)
             return 1
         if old != new:
-            err.print(f"{output}: out of date (regenerate it)")
+            err.print(f"{output}: out of date (regenerate it)", soft_wrap=True)
             return 1
-        err.print(f"{output}: up to date")
+        err.print(f"{output}: up to date", soft_wrap=True)
         return 0
     write_artifact(obj, output)
     if output != "-":
-        err.print(f"wrote {output}")
+        err.print(f"wrote {output}", soft_wrap=True)
     return 0
 
 
