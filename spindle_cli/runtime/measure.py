@@ -25,7 +25,7 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -306,8 +306,3 @@ def cached_measure(
     tmp.write_text(json.dumps(asdict(result), sort_keys=True), encoding="utf-8")
     tmp.replace(path)
     return result, False
-
-
-def with_extra_ms(m: Measurement, extra_ms: float) -> Measurement:
-    """A feasible measurement plus communication time the count implies."""
-    return replace(m, time_ms=m.time_ms + extra_ms) if m.feasible else m
