@@ -94,6 +94,19 @@ class Executor:
         self.into_wave: list[list[int]] = [[] for _ in range(program.num_waves)]
         for ti, t in enumerate(plan.transfers):
             self.into_wave[wave_of[t.dst]].append(ti)
+        batch_of = {sp.slice.id: sp.metaop.batch_size for sp in program.slices}
+        self.transfer_batch = [batch_of[t.dst] for t in plan.transfers]
+        # A transfer between two slices that both run on this rank alone keeps the autograd
+        # graph connected (no detach, no gradient message): the consumer's backward flows
+        # straight into the producer's layers, saving one autograd call and two copies per
+        # boundary. Only for a producer with that single consumer: with several, its graph
+        # would be walked twice.
+        out_count: dict[str, int] = {}
+        for t in plan.transfers:
+            out_count[t.src] = out_count.get(t.src, 0) + 1
+        self.connected = {ti for ti, t in enumerate(plan.transfers)
+                          if t.src_ranks == t.dst_ranks == (me,) and out_count[t.src] == 1}
+        self.connected_src = {plan.transfers[ti].src for ti in self.connected}
         keys = [(m, i) for (m, i), ranks in program.holders.items() if me in ranks]
         self.layers: dict[LayerKey, nn.Module] = build_layers(
             model, keys, seed=seed, dtype=dtype, device=world.device)
@@ -204,11 +217,12 @@ class Executor:
         st.out[sp.slice.id] = out
 
     def _gather(self, x: torch.Tensor, sp: SliceProgram) -> torch.Tensor:
-        """The whole batch of `x` from every rank of the slice, as a new leaf."""
+        """The whole batch of `x` from every rank of the slice, as a new leaf (`x` itself on a
+        single rank)."""
         ranks = sp.slice.ranks
         batch = sp.metaop.batch_size
         if len(ranks) == 1:
-            return x.detach().clone().requires_grad_(True)
+            return x
         # all_gather needs equal sizes: pad every piece to the largest split
         width = math.ceil(batch / len(ranks))
         padded = torch.zeros((width, *x.shape[1:]), dtype=x.dtype, device=x.device)
@@ -221,6 +235,9 @@ class Executor:
 
     def _backward_slice(self, sp: SliceProgram, st: StepState) -> None:
         sid = sp.slice.id
+        if sp.kind == "contrastive_loss" and len(sp.slice.ranks) == 1:
+            st.loss[sid][0].backward()
+            return
         if sp.kind == "contrastive_loss":
             loss, full = st.loss[sid]
             layer = self.layers[(sp.metaop.module, sp.layers[0])]
@@ -238,6 +255,8 @@ class Executor:
             if sid in st.loss:
                 st.loss[sid][0].backward()
             return
+        if sid in self.connected_src:
+            return  # its consumer's backward already went through it
         out = st.out[sid]
         grad = st.grad_out.get(sid)
         if out.numel() and out.requires_grad and grad is not None:
@@ -256,7 +275,10 @@ class Executor:
         me = self.rank
         for ti in self.into_wave[w]:
             t = self.plan.transfers[ti]
-            batch = self.program.slice(t.dst).metaop.batch_size
+            if ti in self.connected:
+                st.recv[ti] = st.out[t.src]
+                continue
+            batch = self.transfer_batch[ti]
             out, a = None, 0
             if me in t.src_ranks:
                 out = st.out[t.src].detach()
@@ -282,7 +304,7 @@ class Executor:
         for dst, src in local:
             dst.copy_(src)
         for ti in self.into_wave[w]:
-            if ti in st.recv:
+            if ti in st.recv and ti not in self.connected:
                 st.recv[ti].requires_grad_(True)
 
     def _backward_boundary(self, w: int, st: StepState) -> None:
@@ -291,8 +313,10 @@ class Executor:
         received: list[tuple[str, torch.Tensor]] = []
         me = self.rank
         for ti in self.into_wave[w]:
+            if ti in self.connected:
+                continue
             t = self.plan.transfers[ti]
-            batch = self.program.slice(t.dst).metaop.batch_size
+            batch = self.transfer_batch[ti]
             grad, c = None, 0
             if me in t.dst_ranks:
                 leaf = st.recv[ti]
