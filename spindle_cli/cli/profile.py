@@ -112,7 +112,19 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
 
         result = analytic_profile(graph, cluster, hardware=hardware, counts=fit_counts,
                                   validate=validate, inputs=inputs)
+    _summary(result)
     exit_with(emit(result, output, check=check))
+
+
+def _summary(result: Any) -> None:
+    """One line for people: how many curves and how well they fit."""
+    fit = max(c.max_rel_error for c in result.curves)
+    line = f"{len(result.curves)} curves over counts {','.join(map(str, result.counts))}; "
+    line += f"max fit error at profiled counts {fit:.1%}"
+    held = [c.heldout_rel_error for c in result.curves if c.heldout_rel_error is not None]
+    if held:
+        line += f", at held-out counts {max(held):.1%}"
+    err.print(line)
 
 
 def _measured(graph: MetaOpGraph, graph_path: str, cluster: ClusterSpec | None,

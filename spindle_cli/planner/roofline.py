@@ -17,7 +17,7 @@ Constants and where they come from:
   separately).
 - KERNEL_HALF_S = 6e-6: a GEMM kernel reaches half of EFF_MAX when its ideal time at peak is
   about 6 us. Calibrated so that a 512x512x512 bf16 GEMM (0.27 GFLOP, 0.9 us ideal on an A100)
-  takes about 8 us (under 10% of peak), which is what small cuBLAS GEMMs show in the same guide
+  takes about 9 us (about 10% of peak), which is what small cuBLAS GEMMs show in the same guide
   (tile and wave quantization: too few thread blocks to fill 108 SMs). This term is what makes
   small per-device work (text encoders with short sequences) scale poorly while large work
   (vision encoders with long patch sequences) scales almost linearly, as in the paper's Fig. 4.

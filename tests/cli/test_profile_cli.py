@@ -46,6 +46,8 @@ def test_analytic_profile_is_written_and_checked(workdir, repo_root, capsys):
     code, out, err = _run(args, capsys)
     assert code == 0, err
     assert out == ""
+    assert "curves over counts 1,2,4,8; max fit error at profiled counts" in err
+    assert "at held-out counts" in err
     profile = load("p.yaml", Profile)
     graph = load("graph.yaml", MetaOpGraph)
     assert profile.counts == (1, 2, 4, 8)
