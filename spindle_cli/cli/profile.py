@@ -124,7 +124,7 @@ def _summary(result: Any) -> None:
     held = [c.heldout_rel_error for c in result.curves if c.heldout_rel_error is not None]
     if held:
         line += f", at held-out counts {max(held):.1%}"
-    err.print(line)
+    err.print(line, soft_wrap=True)
 
 
 def _measured(graph: MetaOpGraph, graph_path: str, cluster: ClusterSpec | None,
