@@ -65,6 +65,31 @@ def align(op_times_ms: list[float], num_ops: list[int], *, rounding: str = "near
                                                                         strict=True)]
 
 
+def align_fill(op_times_ms: list[float], num_ops: list[int], devices: list[int],
+               *, every_operator: bool = False) -> list[int]:
+    """Beyond the paper: the span that keeps the wave's devices busiest. Candidate spans are
+    each tuple's full length (or, with `every_operator`, the end of each of its operators);
+    the tuples longer than the span run the whole operators that fit (at least one), the
+    shorter ones finish early; the candidate with the highest busy share of device-time wins
+    (the shorter span on ties)."""
+    pairs = list(zip(op_times_ms, num_ops, strict=True))
+    if every_operator and sum(num_ops) <= _MAX_SPANS:
+        spans = sorted({t * j for t, k in pairs for j in range(1, k + 1)})
+    else:
+        spans = sorted({t * k for t, k in pairs})
+    best: tuple[float, list[int]] | None = None
+    total_devices = sum(devices)
+    for span in spans:
+        ops = [min(k, max(1, math.floor(span / t + _EPS))) for t, k in pairs]
+        real = max(t * k for (t, _), k in zip(pairs, ops, strict=True))
+        busy = sum(n * t * k for n, (t, _), k in zip(devices, pairs, ops, strict=True))
+        share = busy / (total_devices * real)
+        if best is None or share > best[0] + 1e-12:
+            best = (share, ops)
+    assert best is not None
+    return best[1]
+
+
 def merge_or_append(waves: list[PlannedWave], new: PlannedWave) -> None:
     """Append `new`, or fold it into the previous wave of the same level when each of its
     slots repeats a (MetaOp, n) of that wave (the previous slots just run more operators)."""
@@ -93,8 +118,12 @@ class _Pending:
 SORT_RULES = ("bigN_bigT", "bigT")
 """Proposal orders (the public code's names): largest n first then longest time, or longest
 time first then largest n."""
-ROUNDINGS = ("nearest", "down")
-"""How `align` rounds the operators of the non-shortest tuples."""
+ROUNDINGS = ("nearest", "down", "fill", "fill_steps")
+"""How a wave is aligned: to the shortest tuple, rounding the others' operators to nearest or
+down (`align`), or to the span that keeps its devices busiest among the tuples' ends or
+operator boundaries (`align_fill`)."""
+_MAX_SPANS = 4096
+"""Above this many operators in a wave, `fill_steps` tries only the tuples' ends."""
 
 
 def _proposal_key(rule: str, curves: dict[str, OpCurve]):  # type: ignore[no-untyped-def]
@@ -131,7 +160,12 @@ def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devic
         counts = {p.metaop: p.n for p in admitted}
         free = _extend(admitted, counts, pending, curves, free)
         taus = [curves[p.metaop].time_at(counts[p.metaop]) for p in admitted]
-        ops = align(taus, [p.num_ops for p in admitted], rounding=rounding)
+        if rounding in ("fill", "fill_steps"):
+            ops = align_fill(taus, [p.num_ops for p in admitted],
+                             [counts[p.metaop] for p in admitted],
+                             every_operator=rounding == "fill_steps")
+        else:
+            ops = align(taus, [p.num_ops for p in admitted], rounding=rounding)
         slots = tuple(Slot(metaop=p.metaop, n=counts[p.metaop], num_ops=k, op_time_ms=tau)
                       for p, k, tau in zip(admitted, ops, taus, strict=True))
         for p, k in zip(admitted, ops, strict=True):
