@@ -96,7 +96,7 @@ def local_target(*, cpu_threads: int = 1) -> Target:
     torch.set_num_threads(cpu_threads)
     return Target(
         device=torch.device("cpu"),
-        device_name=f"cpu ({torch.get_num_threads()} threads)",
+        device_name=f"cpu ({cpu_threads} thread{'' if cpu_threads == 1 else 's'})",
         dtype=torch.float32,
         dtype_name="fp32",
     )
