@@ -6,8 +6,8 @@ figures and ratios; asserts nothing (run: python benchmarks/bench_planner.py [--
    speedup over each, and, per level small enough for the MILP, the exact packing of the
    level's rounded tuples (how much of the gap is the discretization, how much the greedy).
 2. Placement ablation: island-aware vs sequential placement, inter-wave bytes that leave a
-   rank / cross islands and, when the simulator is available, the share of the iteration
-   spent waiting for transfers.
+   rank / cross islands and the simulated share of the iteration spent waiting for
+   transfers.
 3. Planning time: multitask-clip 10 tasks on 64 devices (target < 0.3 s) and a synthetic
    4096-device, 100-task model (target < 10 s).
 
@@ -21,9 +21,18 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Profile, input_ref, load
+from spindle_cli.artifacts import (
+    ClusterSpec,
+    MetaOpGraph,
+    ModelSpec,
+    Plan,
+    Profile,
+    input_ref,
+    load,
+)
 from spindle_cli.artifacts.cluster import DeviceSpec
 from spindle_cli.artifacts.graph import MetaOp
 from spindle_cli.artifacts.io import derived_header
@@ -33,6 +42,7 @@ from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves
 from spindle_cli.planner.exact import MAX_TUPLES, exact_packing_ms
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
+from spindle_cli.planner.simulate import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 COUNTS_64 = (1, 2, 4, 8, 16, 32, 64)
@@ -51,7 +61,7 @@ def cluster_file(name: str) -> ClusterSpec:
     return load(str(ROOT / "clusters" / f"{name}.yaml"), ClusterSpec)
 
 
-def _ratio(plan) -> float:  # type: ignore[no-untyped-def]
+def _ratio(plan: Plan) -> float:
     return plan.estimated_iteration_ms / plan.lower_bound_ms
 
 
@@ -110,10 +120,6 @@ def quality(quick: bool) -> None:
 
 def ablation() -> None:
     print("== 2. placement ablation (island-aware vs sequential) ==")
-    try:
-        from spindle_cli.planner.simulate import simulate
-    except ImportError:
-        simulate = None  # type: ignore[assignment]
     for task_set, n in (("4", 16), ("4", 32), ("10", 32)):
         graph, profile = clip(task_set)
         cluster = cluster_for(n)
@@ -125,11 +131,10 @@ def ablation() -> None:
                 row.append(f"{placement}: infeasible ({str(e)[:60]}...)")
                 continue
             moved = sum(t.bytes for t in plan.transfers if t.src_ranks != t.dst_ranks)
-            text = f"{placement}: {moved / 2**30:.2f} GiB leave their ranks"
-            if simulate is not None:
-                sim = simulate(plan, graph, profile, cluster)
-                text += (f", {sim.inter_island_bytes / 2**30:.2f} GiB cross islands (sim), "
-                         f"transfer wait {sim.transfer_fraction:.1%} of {sim.iteration_ms:.1f} ms")
+            sim = simulate(plan, graph, profile, cluster)
+            text = (f"{placement}: {moved / 2**30:.2f} GiB leave their ranks, "
+                    f"{sim.inter_island_bytes / 2**30:.2f} GiB cross islands (sim, both ways), "
+                    f"transfer wait {sim.transfer_fraction:.1%} of {sim.iteration_ms:.1f} ms")
             row.append(text)
         print("  ".join(row))
 
@@ -198,7 +203,7 @@ def synthetic(num_tasks: int, num_nodes: int, seed: int = 0) -> tuple[MetaOpGrap
     return graph, profile, cluster
 
 
-def _time(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
+def _time(fn: Callable[[], object], repeats: int) -> float:
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()

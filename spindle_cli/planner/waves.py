@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from spindle_cli.planner.allocation import LevelAllocation, OpCurve
@@ -126,7 +127,8 @@ _MAX_SPANS = 4096
 """Above this many operators in a wave, `fill_steps` tries only the tuples' ends."""
 
 
-def _proposal_key(rule: str, curves: dict[str, OpCurve]):  # type: ignore[no-untyped-def]
+def _proposal_key(rule: str,
+                  curves: dict[str, OpCurve]) -> Callable[[_Pending], tuple[float, float, str]]:
     def time_ms(p: _Pending) -> float:
         return p.num_ops * curves[p.metaop].time_at(p.n)
 

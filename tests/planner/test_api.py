@@ -84,7 +84,8 @@ def test_param_groups_union_the_ranks_of_every_task():
             holders = set()
             for _, s in plan.slices():
                 m = g.metaop(s.metaop)
-                if m.module == grp.module and m.first_layer + s.first <= layer < m.first_layer + s.last:
+                lo, hi = m.first_layer + s.first, m.first_layer + s.last
+                if m.module == grp.module and lo <= layer < hi:
                     holders |= set(s.ranks)
             assert holders == set(grp.ranks)
     bert = [grp for grp in plan.param_groups if grp.module == "bert"]
