@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-err = Console(stderr=True, markup=False, emoji=False, highlight=False)
+err = Console(stderr=True, markup=False, emoji=False, highlight=False, soft_wrap=True)
 """Progress, tables, warnings and errors."""
 
 out = Console(markup=False, emoji=False, highlight=False, soft_wrap=True)
