@@ -114,7 +114,7 @@ def n_lin(oc: OpCurve, c_ms: float) -> float:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Tuple:
+class AslTuple:
     """An ASL-tuple: `num_ops` operators of a MetaOp on `n` devices (start set by the waves)."""
 
     metaop: str
@@ -134,7 +134,7 @@ class OpAllocation:
     """Operators on n_lo before rounding (0 for a dummy)."""
     ops_hi: float
     """Operators on n_hi before rounding."""
-    tuples: tuple[Tuple, ...]
+    tuples: tuple[AslTuple, ...]
     """Rounded tuples with at least one operator, upper tuple first."""
 
 
@@ -197,9 +197,9 @@ def split(oc: OpCurve, n_star: float, c_ms: float) -> OpAllocation:
         hi_r, lo_r = hi_r + lo_r, 0
     if hi_r < 0:
         hi_r, lo_r = 0, lo_r + hi_r
-    tuples = [Tuple(metaop=oc.metaop.id, n=n_hi, num_ops=hi_r)]
+    tuples = [AslTuple(metaop=oc.metaop.id, n=n_hi, num_ops=hi_r)]
     if n_lo > 0:
-        tuples.append(Tuple(metaop=oc.metaop.id, n=n_lo, num_ops=lo_r))
+        tuples.append(AslTuple(metaop=oc.metaop.id, n=n_lo, num_ops=lo_r))
     return OpAllocation(
         metaop=oc.metaop.id, n_star=n_star, n_lo=n_lo, n_hi=n_hi, ops_lo=ops_lo, ops_hi=ops_hi,
         tuples=tuple(t for t in tuples if t.num_ops > 0),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
+from plan_builders import alpha_beta_curve, cluster, curve, graph, metaop, profile
 from test_api import check_contract
 
 from spindle_cli.errors import PlanInfeasible
@@ -37,8 +37,12 @@ def problems(draw):
                                   preds=prev, module=f"head{d}", params=draw(st.integers(0, 500))))
             prev = (mid,)
     for m in metaops:
-        curves.append(alpha_beta_curve(m.id, m.batch_size, draw(st.floats(0.0, 2.0)),
-                                       draw(st.floats(0.01, 5.0))))
+        alpha, beta = draw(st.floats(0.0, 2.0)), draw(st.floats(0.01, 5.0))
+        if draw(st.booleans()):
+            curves.append(alpha_beta_curve(m.id, m.batch_size, alpha, beta))
+        else:  # tensor parallel above 2 devices: counts must be even
+            curves.append(curve(m.id, m.batch_size, [(1, 2, alpha, beta, "dp"),
+                                                     (2, 64, alpha * 1.1, beta * 0.9, "tp2")]))
     nodes = draw(st.integers(1, 3))
     per_node = draw(st.sampled_from([1, 2, 4]))
     memory = draw(st.sampled_from([10**5, 10**6, 10**9]))

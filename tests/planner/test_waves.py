@@ -6,7 +6,7 @@ import pytest
 from plan_builders import alpha_beta_curve, graph, metaop, profile
 from test_allocation import worked_example
 
-from spindle_cli.planner.allocation import LevelAllocation, OpAllocation, Tuple
+from spindle_cli.planner.allocation import AslTuple, LevelAllocation, OpAllocation
 from spindle_cli.planner.api import allocate, op_curves, spindle_waves
 from spindle_cli.planner.waves import PlannedWave, Slot, align, merge_or_append, schedule_level
 
@@ -63,9 +63,9 @@ def test_extension_gives_idle_devices_to_the_longest_remaining_work():
     curves = op_curves(g, p, 8)
     alloc = LevelAllocation(level=0, c_star_ms=1.0, ops=(
         OpAllocation(metaop="a/big", n_star=2, n_lo=2, n_hi=2, ops_lo=0, ops_hi=8,
-                     tuples=(Tuple(metaop="a/big", n=2, num_ops=8),)),
+                     tuples=(AslTuple(metaop="a/big", n=2, num_ops=8),)),
         OpAllocation(metaop="b/small", n_star=2, n_lo=2, n_hi=2, ops_lo=0, ops_hi=1,
-                     tuples=(Tuple(metaop="b/small", n=2, num_ops=1),)),
+                     tuples=(AslTuple(metaop="b/small", n=2, num_ops=1),)),
     ))
     waves = schedule_level(alloc, curves, 8, {"a/big": (), "b/small": ()}, set())
     first = {s.metaop: s.n for s in waves[0].slots}
