@@ -6,7 +6,6 @@ The plan's semantics (slices, transfers, parameter groups) are fixed in docs/CON
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 from spindle_cli.artifacts.base import InputRef
@@ -33,7 +32,13 @@ from spindle_cli.planner.allocation import (
 )
 from spindle_cli.planner.memory import state_bytes_per_param
 from spindle_cli.planner.placement import Flow, Ranks, SliceSpec, place
-from spindle_cli.planner.waves import ROUNDINGS, SORT_RULES, PlannedWave, schedule_level
+from spindle_cli.planner.waves import (
+    LARGE_LEVEL,
+    LARGE_LEVEL_VARIANTS,
+    VARIANTS,
+    PlannedWave,
+    schedule_level,
+)
 
 PLANNERS = ("spindle", "sequential", "optimus", "distmm")
 PLACEMENTS = ("island", "sequential")
@@ -99,17 +104,20 @@ def allocate(graph: MetaOpGraph, curves: dict[str, OpCurve],
 
 def spindle_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[LevelAllocation],
                   num_devices: int) -> list[PlannedWave]:
-    """Algorithm 1 on every level, concatenated. Each level is scheduled with every proposal
-    order of SORT_RULES and alignment rounding of ROUNDINGS, and the shortest schedule is kept
-    (the first on ties): the variants are cheap and no single one wins on every level."""
+    """Algorithm 1 on every level, concatenated. Each level is scheduled with every variant
+    (proposal order, alignment, extension rule; a few on very large levels) and the shortest
+    schedule is kept (the first on ties): the variants are cheap and no single one wins on
+    every level."""
     preds = {m.id: m.predecessors for m in graph.metaops}
     finished: set[str] = set()
     waves: list[PlannedWave] = []
     for a in allocs:
         best: list[PlannedWave] | None = None
-        for rule, rounding in itertools.product(SORT_RULES, ROUNDINGS):
+        num_tuples = sum(len(x.tuples) for x in a.ops)
+        for rule, rounding, extension in (VARIANTS if num_tuples <= LARGE_LEVEL
+                                          else LARGE_LEVEL_VARIANTS):
             trial = schedule_level(a, curves, num_devices, preds, set(finished), sort_rule=rule,
-                                   rounding=rounding)
+                                   rounding=rounding, extension=extension)
             if best is None or (sum(w.duration_ms for w in trial)
                                 < sum(w.duration_ms for w in best) - 1e-9):
                 best = trial

@@ -15,6 +15,7 @@ Levels are concatenated. Ranks are chosen later (`placement.py`).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -123,6 +124,14 @@ ROUNDINGS = ("nearest", "down", "fill", "fill_steps")
 """How a wave is aligned: to the shortest tuple, rounding the others' operators to nearest or
 down (`align`), or to the span that keeps its devices busiest among the tuples' ends or
 operator boundaries (`align_fill`)."""
+EXTENSIONS = ("remaining", "scheduled")
+"""Which admitted MetaOp idle devices go to first (see `_extend`)."""
+VARIANTS = tuple(itertools.product(SORT_RULES, ROUNDINGS, EXTENSIONS))
+"""Every (sort rule, rounding, extension) combination, tried on levels of few tuples."""
+LARGE_LEVEL_VARIANTS = (("bigN_bigT", "nearest", "remaining"), ("bigN_bigT", "fill", "remaining"),
+                        ("bigT", "fill", "scheduled"))
+"""The variants tried on levels of more than LARGE_LEVEL tuples (planning time)."""
+LARGE_LEVEL = 128
 _MAX_SPANS = 4096
 """Above this many operators in a wave, `fill_steps` tries only the tuples' ends."""
 
@@ -139,7 +148,8 @@ def _proposal_key(rule: str,
 
 def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devices: int,
                    predecessors: dict[str, tuple[str, ...]], finished: set[str],
-                   *, sort_rule: str = "bigN_bigT", rounding: str = "nearest") -> list[PlannedWave]:
+                   *, sort_rule: str = "bigN_bigT", rounding: str = "nearest",
+                   extension: str = "remaining") -> list[PlannedWave]:
     """Algorithm 1 for one level. `finished` holds the MetaOps completed by earlier levels and
     is updated with this level's MetaOps."""
     pending = [_Pending(metaop=t.metaop, n=t.n, num_ops=t.num_ops)
@@ -160,7 +170,7 @@ def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devic
                 free -= p.n
         assert admitted, "no tuple fits in an empty wave"
         counts = {p.metaop: p.n for p in admitted}
-        free = _extend(admitted, counts, pending, curves, free)
+        free = _extend(admitted, counts, pending, curves, free, extension)
         taus = [curves[p.metaop].time_at(counts[p.metaop]) for p in admitted]
         if rounding in ("fill", "fill_steps"):
             ops = align_fill(taus, [p.num_ops for p in admitted],
@@ -180,15 +190,17 @@ def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devic
 
 
 def _extend(admitted: list[_Pending], counts: dict[str, int], pending: list[_Pending],
-            curves: dict[str, OpCurve], free: int) -> int:
+            curves: dict[str, OpCurve], free: int, rule: str = "remaining") -> int:
     """Give idle devices to the admitted MetaOps with the most remaining time (at the wave's
-    counts), one valid step at a time; returns the devices still idle. A MetaOp whose next step
-    does not fit never will (free devices only shrink), so it leaves the heap."""
+    counts; rule 'remaining', the paper's) or the longest tuple in this wave ('scheduled'),
+    one valid step at a time; returns the devices still idle. A MetaOp whose next step does
+    not fit never will (free devices only shrink), so it leaves the heap."""
     ids = {id(p) for p in admitted}
     rest: dict[str, float] = {}
-    for p in pending:
-        if id(p) not in ids:
-            rest[p.metaop] = rest.get(p.metaop, 0.0) + p.num_ops * curves[p.metaop].time_at(p.n)
+    if rule == "remaining":
+        for p in pending:
+            if id(p) not in ids:
+                rest[p.metaop] = rest.get(p.metaop, 0.0) + p.num_ops * curves[p.metaop].time_at(p.n)
     ops = {p.metaop: p.num_ops for p in admitted}
 
     def remaining_ms(m: str) -> float:
