@@ -111,7 +111,16 @@ def fidelity(steps: int) -> None:
                  "-o", str(d / "plan.yaml"))
         _spindle("run", str(d / "plan.yaml"), "--nproc-per-node", "2", "--steps", str(steps),
                  "--trace", str(d / "trace.json"))
-        summary = json.loads((d / "trace.json").read_text())["otherData"]
+        doc = json.loads((d / "trace.json").read_text())
+    summary = doc["otherData"]
+    # where the time goes, per rank: category totals per step (warm-up step left out)
+    for rank in range(summary["num_ranks"]):
+        totals: dict[str, float] = {}
+        for e in doc["traceEvents"]:
+            if e["ph"] == "X" and e["pid"] == rank and e["args"].get("step", 0) > 0:
+                key = e["cat"] if e["name"] != "optimizer" else "optimizer"
+                totals[key] = totals.get(key, 0.0) + e["dur"] / 1e3 / (steps - 1)
+        print(f"  rank {rank}: " + "  ".join(f"{k} {v:.2f} ms" for k, v in sorted(totals.items())))
     measured, predicted = summary["measured_iteration_ms"], summary["predicted_iteration_ms"]
     error = measured / predicted - 1
     print(f"simulator fidelity (tiny-clip, 2 ranks, {summary['planner']} plan): measured "

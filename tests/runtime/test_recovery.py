@@ -93,4 +93,5 @@ def test_shape_mismatch_fails_every_rank_naming_the_cause(setup: Any) -> None:
     assert set(errors) == {0, 1}
     assert "ShapeMismatch" in errors[0] and "expected float features" in errors[0]
     # rank 1 fails because rank 0 left, well before the harness deadline
-    assert "Connection closed" in errors[1] or "Timed out" in errors[1], errors[1]
+    peer_lost = ("Connection closed", "Connection reset", "Broken pipe", "Timed out")
+    assert any(s in errors[1] for s in peer_lost), errors[1]
