@@ -64,7 +64,8 @@ def latest(directory: str) -> Path | None:
     return done[-1] if done else None
 
 
-def load(path: Path, *, rank: int, world_size: int, meta: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def load(path: Path, *, rank: int, world_size: int,
+         meta: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """(completed steps, this rank's state) of a checkpoint; SpindleError when it was taken by
     a different run configuration."""
     manifest = json.loads((path / MANIFEST).read_text())

@@ -48,7 +48,8 @@ class Message:
     hi: int
 
 
-def messages(num_rows: int, src_ranks: tuple[int, ...], dst_ranks: tuple[int, ...]) -> list[Message]:
+def messages(num_rows: int, src_ranks: tuple[int, ...],
+             dst_ranks: tuple[int, ...]) -> list[Message]:
     """The non-empty overlaps of producer and consumer row ranges, in (src, dst) order."""
     out = []
     for s, (a, b) in zip(src_ranks, split_rows(num_rows, len(src_ranks)), strict=True):
@@ -206,7 +207,8 @@ def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ..
         for layer in range(g.first_layer, g.last_layer):
             key = (g.module, layer)
             if key in seen:
-                raise PlanError(f"param_groups[{i}]: layer {layer} of {g.module!r} is in two groups")
+                raise PlanError(f"param_groups[{i}]: layer {layer} of {g.module!r} is in two "
+                                "groups")
             seen[key] = g.ranks
     for key, ranks in holders.items():
         if seen.get(key) != ranks:

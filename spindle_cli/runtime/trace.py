@@ -47,7 +47,8 @@ class Tracer:
             })
 
 
-def trace_document(rank_events: list[list[dict[str, Any]]], summary: dict[str, Any]) -> dict[str, Any]:
+def trace_document(rank_events: list[list[dict[str, Any]]],
+                   summary: dict[str, Any]) -> dict[str, Any]:
     """The Chrome trace JSON object: every rank's events, process names and the summary."""
     events: list[dict[str, Any]] = []
     for rank, evs in enumerate(rank_events):

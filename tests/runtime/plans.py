@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.io import derived_header, input_ref
-from spindle_cli.artifacts.plan import LevelBound, ParamGroup, Plan, RankMemory, Slice, Transfer, Wave
+from spindle_cli.artifacts.plan import (
+    LevelBound,
+    ParamGroup,
+    Plan,
+    RankMemory,
+    Slice,
+    Transfer,
+    Wave,
+)
 
 Placement = dict[str, list[tuple[int, int, tuple[int, ...]]]]
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 from harness import run_distributed
-from plans import hand_plan
 
+from plans import hand_plan
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Plan, load
 from spindle_cli.planner.api import PlanOptions, make_plan
 from spindle_cli.planner.graph import build_graph

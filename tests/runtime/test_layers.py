@@ -67,7 +67,8 @@ def test_same_generator_seed_gives_identical_weights(kind: str) -> None:
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb)
     if kind != "contrastive_loss":  # its only parameter is a fixed constant
-        assert any(not torch.equal(pa, pc) for pa, pc in zip(a.parameters(), c.parameters()))
+        pairs = zip(a.parameters(), c.parameters(), strict=True)
+        assert any(not torch.equal(pa, pc) for pa, pc in pairs)
 
 
 def test_transformer_concatenates_several_inputs_along_the_sequence() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from plans import hand_plan, whole
 
+from plans import hand_plan, whole
 from spindle_cli.artifacts import MetaOpGraph, ModelSpec, load
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.runtime.program import PlanError, build_program, messages, split_rows
@@ -31,7 +31,7 @@ def test_messages_move_every_row_exactly_once(rows: int, src: tuple[int, ...],
     msgs = messages(rows, src, dst)
     covered = sorted((m.lo, m.hi) for m in msgs)
     assert sum(hi - lo for lo, hi in covered) == rows
-    for (_, hi), (lo, _) in zip(covered, covered[1:]):
+    for (_, hi), (lo, _) in zip(covered, covered[1:], strict=False):
         assert hi == lo
     src_rows = dict(zip(src, split_rows(rows, len(src)), strict=True))
     dst_rows = dict(zip(dst, split_rows(rows, len(dst)), strict=True))

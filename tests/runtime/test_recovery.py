@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 from harness import RanksFailed, run_distributed
-from plans import hand_plan
 
+from plans import hand_plan
 from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Plan, load
 from spindle_cli.planner.graph import build_graph
 
