@@ -140,3 +140,10 @@ def test_show_plan(case):
     r = invoke("show", "plan.yaml")
     assert r.exit_code == 0, r.output
     assert "gap" in r.output and "memory per rank" in r.output and "waves" in r.output
+
+
+def test_show_plan_text_gantt(case):
+    invoke(*plan_args("-o", "plan.yaml"))
+    r = invoke("show", "plan.yaml", "--text-gantt")
+    assert r.exit_code == 0, r.output
+    assert "\nr0 " in r.output and "\nr7 " in r.output
