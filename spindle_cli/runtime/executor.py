@@ -112,7 +112,8 @@ class Executor:
             model, keys, seed=seed, dtype=dtype, device=world.device)
         self.buckets = self._make_buckets()
         self.named = named_parameters(self.layers)
-        self.optimizer = make_optimizer([p for _, p in self.named], lr)
+        # a rank the plan leaves idle holds no parameters (AdamW refuses an empty list)
+        self.optimizer = make_optimizer([p for _, p in self.named], lr) if self.named else None
 
     def _make_buckets(self) -> list[Bucket]:
         by_set: dict[tuple[int, ...], list[nn.Parameter]] = {}
@@ -158,8 +159,9 @@ class Executor:
                 if b.group is not None:
                     dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=b.group)
             losses = self._reduce_losses(st)
-        with self.tracer.span("optimizer", "compute", step=step):
-            self.optimizer.step()
+        if self.optimizer is not None:
+            with self.tracer.span("optimizer", "compute", step=step):
+                self.optimizer.step()
         return losses
 
     def _reduce_losses(self, st: StepState) -> dict[str, float]:
@@ -353,7 +355,7 @@ class Executor:
     def state(self, step: int) -> dict[str, Any]:
         """What a checkpoint keeps of this rank: parameters, optimizer state, completed steps."""
         return {"step": step, "params": self.parameters(),
-                "optimizer": self.optimizer.state_dict()}
+                "optimizer": self.optimizer.state_dict() if self.optimizer else {}}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore `state()` output (the same plan on the same rank)."""
@@ -364,7 +366,8 @@ class Executor:
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(state["params"][name])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """This rank's parameters by `module.layer.param` name (detached copies)."""

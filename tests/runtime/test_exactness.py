@@ -15,7 +15,7 @@ import pytest
 import torch
 from harness import run_distributed
 
-from plans import hand_plan
+from plans import hand_plan, whole
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Plan, load
 from spindle_cli.planner.api import PlanOptions, make_plan
 from spindle_cli.planner.graph import build_graph
@@ -75,7 +75,8 @@ def planned(graph: MetaOpGraph, cluster_name: str, planner: str, repo_root: Any)
     return make_plan(graph, profile, cluster, options=PlanOptions(planner=planner))
 
 
-def assert_matches_reference(results: list[Any], reference: Any, plan: Plan) -> None:
+def assert_matches_reference(results: list[Any], reference: Any, plan: Plan,
+                             graph: MetaOpGraph) -> None:
     ref_losses, ref_params = reference
     seen: set[str] = set()
     for rank, (losses, params) in enumerate(results):
@@ -90,11 +91,13 @@ def assert_matches_reference(results: list[Any], reference: Any, plan: Plan) -> 
         seen.update(params)
     # every parameter of the model is held by some rank
     assert seen == set(ref_params)
-    # a rank holds only the layers its slices run
+    # a rank holds exactly the layers its slices run
     for rank, (_, params) in enumerate(results):
-        mine = {(s.metaop.split("/")[0], s.metaop) for w in plan.waves for s in w.slices
-                if rank in s.ranks}
-        assert params or not mine
+        runs = {f"{m.module}.{layer}"
+                for w in plan.waves for s in w.slices if rank in s.ranks
+                for m in [graph.metaop(s.metaop)]
+                for layer in range(m.first_layer + s.first, m.first_layer + s.last)}
+        assert {".".join(n.split(".")[:2]) for n in params} == runs
 
 
 @pytest.mark.timeout(120)
@@ -104,7 +107,7 @@ def test_four_ranks_each_planner(planner: str, graph: MetaOpGraph, model: ModelS
     plan = planned(graph, "local-cpu", planner, repo_root)
     assert plan.num_devices == 4
     results = run_distributed(train_rank, 4, plan, graph, model, "fp64", timeout_s=90)
-    assert_matches_reference(results, reference, plan)
+    assert_matches_reference(results, reference, plan, graph)
 
 
 @pytest.mark.timeout(120)
@@ -112,7 +115,7 @@ def test_two_ranks_spindle_plan(graph: MetaOpGraph, model: ModelSpec, reference:
                                 repo_root: Any) -> None:
     plan = planned(graph, "local-cpu-2", "spindle", repo_root)
     results = run_distributed(train_rank, 2, plan, graph, model, "fp64", timeout_s=90)
-    assert_matches_reference(results, reference, plan)
+    assert_matches_reference(results, reference, plan, graph)
 
 
 def shared_encoder_plan(graph: MetaOpGraph) -> Plan:
@@ -140,7 +143,17 @@ def test_shared_encoder_on_different_rank_groups(graph: MetaOpGraph, model: Mode
     text_enc_groups = [g for g in plan.param_groups if g.module == "text_enc"]
     assert {g.ranks for g in text_enc_groups} == {(0, 1, 2, 3)}
     results = run_distributed(train_rank, 4, plan, graph, model, "fp64", timeout_s=90)
-    assert_matches_reference(results, reference, plan)
+    assert_matches_reference(results, reference, plan, graph)
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_without_work_still_takes_part(graph: MetaOpGraph, model: ModelSpec,
+                                              reference: Any) -> None:
+    """Rank 2 runs no slice: it holds no parameters but joins the loss reduction."""
+    plan = hand_plan(graph, whole(graph, (0, 1)), 3)
+    results = run_distributed(train_rank, 3, plan, graph, model, "fp64", timeout_s=90)
+    assert results[2][1] == {}
+    assert_matches_reference(results, reference, plan, graph)
 
 
 @pytest.mark.timeout(120)
