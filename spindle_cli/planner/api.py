@@ -30,12 +30,13 @@ from spindle_cli.planner.allocation import (
     op_curve,
     valid_counts,
 )
-from spindle_cli.planner.memory import state_bytes_per_param
+from spindle_cli.planner.memory import max_ops_per_slice, state_bytes_per_param
 from spindle_cli.planner.placement import Flow, Ranks, SliceSpec, place
 from spindle_cli.planner.waves import (
     LARGE_LEVEL,
     LARGE_LEVEL_VARIANTS,
     VARIANTS,
+    MaxOps,
     PlannedWave,
     schedule_level,
 )
@@ -102,8 +103,25 @@ def allocate(graph: MetaOpGraph, curves: dict[str, OpCurve],
     ]
 
 
+def slice_limits(graph: MetaOpGraph, curves: dict[str, OpCurve],
+                 cluster: ClusterSpec) -> MaxOps:
+    """The most operators one slice of a MetaOp on n devices may run (memory.py)."""
+    by_id = {m.id: m for m in graph.metaops}
+    cache: dict[tuple[str, int], int] = {}
+
+    def max_ops(metaop: str, n: int) -> int:
+        if (metaop, n) not in cache:
+            m = by_id[metaop]
+            cache[(metaop, n)] = max_ops_per_slice(
+                m, n, scaling.strategy(curves[metaop].curve, n), graph.dtype,
+                cluster.device.memory_bytes)
+        return cache[(metaop, n)]
+
+    return max_ops
+
+
 def spindle_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[LevelAllocation],
-                  num_devices: int) -> list[PlannedWave]:
+                  num_devices: int, max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Algorithm 1 on every level, concatenated. Each level is scheduled with every variant
     (proposal order, alignment, extension rule; a few on very large levels) and the shortest
     schedule is kept (the first on ties): the variants are cheap and no single one wins on
@@ -117,7 +135,7 @@ def spindle_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[L
         for rule, rounding, extension in (VARIANTS if num_tuples <= LARGE_LEVEL
                                           else LARGE_LEVEL_VARIANTS):
             trial = schedule_level(a, curves, num_devices, preds, set(finished), sort_rule=rule,
-                                   rounding=rounding, extension=extension)
+                                   rounding=rounding, extension=extension, max_ops=max_ops)
             if best is None or (sum(w.duration_ms for w in trial)
                                 < sum(w.duration_ms for w in best) - 1e-9):
                 best = trial
@@ -135,14 +153,15 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     curves = op_curves(graph, profile, n_dev, uneven=options.uneven_splits,
                        profile_name=profile_name)
     allocs = allocate(graph, curves, n_dev)
+    max_ops = slice_limits(graph, curves, cluster)
     if options.planner == "spindle":
-        planned = spindle_waves(graph, curves, allocs, n_dev)
+        planned = spindle_waves(graph, curves, allocs, n_dev, max_ops)
     elif options.planner == "sequential":
-        planned = baselines.sequential(graph, curves)
+        planned = baselines.sequential(graph, curves, max_ops)
     elif options.planner == "optimus":
-        planned = baselines.optimus(graph, curves, n_dev)
+        planned = baselines.optimus(graph, curves, n_dev, max_ops)
     else:
-        planned = baselines.distmm(graph, curves, n_dev)
+        planned = baselines.distmm(graph, curves, n_dev, max_ops)
     specs = _slice_specs(graph, curves, planned)
     flows = _flows(graph, specs)
     ranks, ledger = place(specs, flows, graph, cluster, mode=options.placement)

@@ -24,7 +24,7 @@ from bisect import bisect_right
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.allocation import OpCurve
-from spindle_cli.planner.waves import PlannedWave, Slot, align, merge_or_append
+from spindle_cli.planner.waves import MaxOps, PlannedWave, Slot, align, merge_or_append
 
 _MAX_COMBINATIONS = 20000
 
@@ -45,23 +45,30 @@ def _largest_within(oc: OpCurve, n: int) -> int:
     return oc.counts[bisect_right(oc.counts, n) - 1]
 
 
-def _one_per_wave(metaops: list[MetaOp], curves: dict[str, OpCurve]) -> list[PlannedWave]:
+def _one_per_wave(metaops: list[MetaOp], curves: dict[str, OpCurve],
+                  max_ops: MaxOps | None) -> list[PlannedWave]:
+    """Each MetaOp alone on its largest valid count, split into waves only where one slice
+    would not fit in memory."""
     waves = []
     for m in metaops:
         oc = curves[m.id]
         n = oc.counts[-1]
-        waves.append(PlannedWave(level=m.level, slots=(
-            Slot(metaop=m.id, n=n, num_ops=m.num_layers, op_time_ms=oc.time_at(n)),)))
+        step = m.num_layers if max_ops is None else max_ops(m.id, n)
+        for first in range(0, m.num_layers, step):
+            k = min(step, m.num_layers - first)
+            waves.append(PlannedWave(level=m.level, slots=(
+                Slot(metaop=m.id, n=n, num_ops=k, op_time_ms=oc.time_at(n)),)))
     return waves
 
 
-def sequential(graph: MetaOpGraph, curves: dict[str, OpCurve]) -> list[PlannedWave]:
+def sequential(graph: MetaOpGraph, curves: dict[str, OpCurve],
+               max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Each task's MetaOps on the whole cluster in turn."""
-    return [w for ms in _by_task(graph) for w in _one_per_wave(ms, curves)]
+    return [w for ms in _by_task(graph) for w in _one_per_wave(ms, curves, max_ops)]
 
 
-def concurrent(chains: list[Chain], curves: dict[str, OpCurve],
-               graph: MetaOpGraph) -> list[PlannedWave]:
+def concurrent(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGraph,
+               max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Waves for chains running side by side: each wave is aligned to the shortest current
     MetaOp remainder; the others run as many whole operators as fit."""
     pos = [0] * len(chains)
@@ -73,7 +80,9 @@ def concurrent(chains: list[Chain], curves: dict[str, OpCurve],
             return waves
         heads = [chains[i][pos[i]] for i in active]
         taus = [curves[m].time_at(n) for m, n in heads]
-        ops = align(taus, [left[i] for i in active])
+        offered = [left[i] if max_ops is None else min(left[i], max_ops(m, n))
+                   for i, (m, n) in zip(active, heads, strict=True)]
+        ops = align(taus, offered)
         slots = tuple(Slot(metaop=m, n=n, num_ops=k, op_time_ms=tau)
                       for (m, n), k, tau in zip(heads, ops, taus, strict=True))
         for i, k in zip(active, ops, strict=True):
@@ -83,7 +92,7 @@ def concurrent(chains: list[Chain], curves: dict[str, OpCurve],
                 if pos[i] < len(chains[i]):
                     left[i] = graph.metaop(chains[i][pos[i]][0]).num_layers
         level = min(graph.metaop(s.metaop).level for s in slots)
-        merge_or_append(waves, PlannedWave(level=level, slots=slots))
+        merge_or_append(waves, PlannedWave(level=level, slots=slots), max_ops)
 
 
 def _task_counts(ms: list[MetaOp], curves: dict[str, OpCurve], num_devices: int) -> list[int]:
@@ -118,12 +127,13 @@ def _chain(ms: list[MetaOp], curves: dict[str, OpCurve], n: int) -> Chain:
     return chain
 
 
-def optimus(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int) -> list[PlannedWave]:
+def optimus(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,
+            max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Task-level allocation by largest marginal gain; tasks run concurrently."""
     tasks = [ms for ms in _by_task(graph) if ms]
     counts = [_task_counts(ms, curves, num_devices) for ms in tasks]
     if len(tasks) > num_devices or sum(c[0] for c in counts) > num_devices:
-        return _list_scheduled(tasks, curves, num_devices, graph)
+        return _list_scheduled(tasks, curves, num_devices, graph, max_ops)
     alloc = [c[0] for c in counts]
     free = num_devices - sum(alloc)
     while free > 0:
@@ -143,11 +153,12 @@ def optimus(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int) ->
         alloc[best] = nxt
     order = sorted(range(len(tasks)),
                    key=lambda i: (-_chain_ms(tasks[i], curves, alloc[i]), tasks[i][0].task))
-    return concurrent([_chain(tasks[i], curves, alloc[i]) for i in order], curves, graph)
+    return concurrent([_chain(tasks[i], curves, alloc[i]) for i in order], curves, graph,
+                      max_ops)
 
 
 def _list_scheduled(tasks: list[list[MetaOp]], curves: dict[str, OpCurve], num_devices: int,
-                    graph: MetaOpGraph) -> list[PlannedWave]:
+                    graph: MetaOpGraph, max_ops: MaxOps | None) -> list[PlannedWave]:
     """One device per task; longest task first onto the earliest-free device."""
     order = sorted(tasks, key=lambda ms: (-_chain_ms(ms, curves, 1), ms[0].task))
     busy_ms = [0.0] * num_devices
@@ -156,7 +167,7 @@ def _list_scheduled(tasks: list[list[MetaOp]], curves: dict[str, OpCurve], num_d
         d = min(range(num_devices), key=lambda k: (busy_ms[k], k))
         busy_ms[d] += _chain_ms(ms, curves, 1)
         chains[d].extend(_chain(ms, curves, 1))
-    return concurrent([c for c in chains if c], curves, graph)
+    return concurrent([c for c in chains if c], curves, graph, max_ops)
 
 
 def _towers(ms: list[MetaOp]) -> tuple[list[list[MetaOp]], list[MetaOp]]:
@@ -222,16 +233,17 @@ def _tower_sizes(towers: list[list[MetaOp]], curves: dict[str, OpCurve],
             return sizes
 
 
-def distmm(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int) -> list[PlannedWave]:
+def distmm(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,
+           max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Tasks in sequence; towers side by side, then the cross-modal MetaOps on all devices."""
     waves: list[PlannedWave] = []
     for ms in _by_task(graph):
         towers, joined = _towers(ms)
         sizes = _tower_sizes(towers, curves, num_devices) if len(towers) > 1 else None
         if sizes is None:
-            waves.extend(_one_per_wave(ms, curves))
+            waves.extend(_one_per_wave(ms, curves, max_ops))
             continue
         chains = [_chain(t, curves, n) for t, n in zip(towers, sizes, strict=True)]
-        waves.extend(concurrent(chains, curves, graph))
-        waves.extend(_one_per_wave(joined, curves))
+        waves.extend(concurrent(chains, curves, graph, max_ops))
+        waves.extend(_one_per_wave(joined, curves, max_ops))
     return waves

@@ -35,6 +35,29 @@ def rows_per_rank(batch: int, num_ranks: int, strategy: str) -> list[int]:
     return [r for r in split_rows(batch, num_ranks // t) for _ in range(t)]
 
 
+SLICE_MEMORY_SHARE = 0.5
+"""The most of a device's memory one slice may take; larger slices are split over waves so
+that placement can spread a big module's layers over different ranks."""
+
+
+def layer_bytes_per_rank(metaop: MetaOp, n: int, strategy: str, dtype: str) -> float:
+    """Memory one operator of the MetaOp needs on each of n ranks: its state (weights,
+    gradients, optimizer; 1/t under tp<t>) and its stash for the largest row share."""
+    per_param = sum(state_bytes_per_param(dtype))
+    rows = max(rows_per_rank(metaop.batch_size, n, strategy))
+    return metaop.params_per_layer * per_param / tp_degree(strategy) + \
+        metaop.stash_bytes_per_sample * rows
+
+
+def max_ops_per_slice(metaop: MetaOp, n: int, strategy: str, dtype: str,
+                      memory_bytes: int) -> int:
+    """Operators of the MetaOp one slice on n ranks may run (at least one)."""
+    per_layer = layer_bytes_per_rank(metaop, n, strategy, dtype)
+    if per_layer <= 0:
+        return metaop.num_layers
+    return max(1, int(SLICE_MEMORY_SHARE * memory_bytes // per_layer))
+
+
 class Ledger:
     """Memory committed so far on every rank (mutable; one per placement attempt)."""
 

@@ -92,13 +92,23 @@ def align_fill(op_times_ms: list[float], num_ops: list[int], devices: list[int],
     return best[1]
 
 
-def merge_or_append(waves: list[PlannedWave], new: PlannedWave) -> None:
+MaxOps = Callable[[str, int], int]
+"""The most operators of a MetaOp one slice on n devices may run (memory; see memory.py)."""
+
+
+def merge_or_append(waves: list[PlannedWave], new: PlannedWave,
+                    max_ops: MaxOps | None = None) -> None:
     """Append `new`, or fold it into the previous wave of the same level when each of its
-    slots repeats a (MetaOp, n) of that wave (the previous slots just run more operators)."""
+    slots repeats a (MetaOp, n) of that wave (the previous slots just run more operators),
+    unless a merged slot would exceed `max_ops`."""
     if waves and waves[-1].level == new.level:
         prev = waves[-1]
         keys = {(s.metaop, s.n): i for i, s in enumerate(prev.slots)}
-        if all((s.metaop, s.n) in keys for s in new.slots):
+        fits = max_ops is None or all(
+            prev.slots[keys[(s.metaop, s.n)]].num_ops + s.num_ops <= max_ops(s.metaop, s.n)
+            for s in new.slots if (s.metaop, s.n) in keys
+        )
+        if fits and all((s.metaop, s.n) in keys for s in new.slots):
             extra = {(s.metaop, s.n): s.num_ops for s in new.slots}
             merged = tuple(
                 Slot(metaop=s.metaop, n=s.n, op_time_ms=s.op_time_ms,
@@ -149,9 +159,11 @@ def _proposal_key(rule: str,
 def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devices: int,
                    predecessors: dict[str, tuple[str, ...]], finished: set[str],
                    *, sort_rule: str = "bigN_bigT", rounding: str = "nearest",
-                   extension: str = "remaining") -> list[PlannedWave]:
+                   extension: str = "remaining",
+                   max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Algorithm 1 for one level. `finished` holds the MetaOps completed by earlier levels and
-    is updated with this level's MetaOps."""
+    is updated with this level's MetaOps. With `max_ops`, a tuple offers a wave at most that
+    many operators (the rest stays pending), so no slice outgrows device memory."""
     pending = [_Pending(metaop=t.metaop, n=t.n, num_ops=t.num_ops)
                for a in alloc.ops for t in a.tuples]
     key = _proposal_key(sort_rule, curves)
@@ -172,12 +184,14 @@ def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devic
         counts = {p.metaop: p.n for p in admitted}
         free = _extend(admitted, counts, pending, curves, free, extension)
         taus = [curves[p.metaop].time_at(counts[p.metaop]) for p in admitted]
+        offered = [p.num_ops if max_ops is None else min(p.num_ops, max_ops(p.metaop,
+                                                                          counts[p.metaop]))
+                   for p in admitted]
         if rounding in ("fill", "fill_steps"):
-            ops = align_fill(taus, [p.num_ops for p in admitted],
-                             [counts[p.metaop] for p in admitted],
+            ops = align_fill(taus, offered, [counts[p.metaop] for p in admitted],
                              every_operator=rounding == "fill_steps")
         else:
-            ops = align(taus, [p.num_ops for p in admitted], rounding=rounding)
+            ops = align(taus, offered, rounding=rounding)
         slots = tuple(Slot(metaop=p.metaop, n=counts[p.metaop], num_ops=k, op_time_ms=tau)
                       for p, k, tau in zip(admitted, ops, taus, strict=True))
         for p, k in zip(admitted, ops, strict=True):
@@ -185,7 +199,7 @@ def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devic
         pending = [p for p in pending if p.num_ops > 0]
         left = {p.metaop for p in pending}
         finished |= {p.metaop for p in admitted if p.metaop not in left}
-        merge_or_append(waves, PlannedWave(level=alloc.level, slots=slots))
+        merge_or_append(waves, PlannedWave(level=alloc.level, slots=slots), max_ops)
     return waves
 
 

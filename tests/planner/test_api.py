@@ -197,3 +197,16 @@ def regenerate() -> None:
 if __name__ == "__main__" and "--regenerate" in sys.argv:
     sys.path.insert(0, str(Path(__file__).parent))
     regenerate()
+
+
+def test_slices_larger_than_half_the_device_memory_are_split():
+    from spindle_cli.planner.memory import SLICE_MEMORY_SHARE
+
+    # one layer: 1000 params x 16 B + 64 B x 2 rows = 16128 B per rank on 2 ranks
+    g = graph([metaop("t/a", layers=8, batch=4, params=1000, stash=64)])
+    p = profile([alpha_beta_curve("t/a", 4, 0.0, 1.0)])
+    plan = make_plan(g, p, cluster(per_node=2, memory_bytes=200_000))
+    per_slice = int(SLICE_MEMORY_SHARE * 200_000 // 16128)
+    assert per_slice == 6
+    assert [s.last - s.first for _, s in plan.slices()] == [6, 2]
+    assert all(m.total_bytes <= 200_000 for m in plan.memory)

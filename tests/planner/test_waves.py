@@ -114,3 +114,13 @@ def test_the_exact_packing_of_the_rounded_tuples_is_at_least_c_star():
     best = exact_packing_ms(tuples, 4)
     assert best is not None
     assert level.c_star_ms <= best + 1e-6
+
+
+def test_max_ops_splits_a_tuple_over_waves_and_blocks_merging():
+    g = graph([metaop("a/big", layers=6, batch=4)])
+    p = profile([alpha_beta_curve("a/big", 4, 0.0, 1.0)])
+    curves = op_curves(g, p, 4)
+    [level] = allocate(g, curves, 4)
+    waves = schedule_level(level, curves, 4, {"a/big": ()}, set(), max_ops=lambda m, n: 2)
+    assert [[(s.metaop, s.n, s.num_ops) for s in w.slots] for w in waves] == [
+        [("a/big", 4, 2)], [("a/big", 4, 2)], [("a/big", 4, 2)]]
