@@ -27,10 +27,11 @@ from pathlib import Path
 
 import torch
 
-from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Plan, Profile, load
 from spindle_cli.planner.api import PlanOptions, make_plan
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
+from spindle_cli.planner.simulate import simulate
 from spindle_cli.runtime.data import SyntheticData
 from spindle_cli.runtime.dist import World
 from spindle_cli.runtime.executor import Executor
@@ -112,6 +113,11 @@ def fidelity(steps: int) -> None:
         _spindle("run", str(d / "plan.yaml"), "--nproc-per-node", "2", "--steps", str(steps),
                  "--trace", str(d / "trace.json"))
         doc = json.loads((d / "trace.json").read_text())
+        sim = simulate(load(str(d / "plan.yaml"), Plan), load(str(d / "graph.yaml"), MetaOpGraph),
+                       load(str(d / "profile.yaml"), Profile), load(cluster, ClusterSpec))
+    print(f"  simulated: compute {sim.compute_ms:.2f} ms (waves), transfers {sim.transfer_ms:.2f}"
+          f" ms, sync {sim.sync_ms:.2f} ms; busy per rank "
+          + ", ".join(f"{r.busy_ms:.2f} ms" for r in sim.ranks))
     summary = doc["otherData"]
     # where the time goes, per rank: category totals per step (warm-up step left out)
     for rank in range(summary["num_ranks"]):
@@ -120,7 +126,8 @@ def fidelity(steps: int) -> None:
             if e["ph"] == "X" and e["pid"] == rank and e["args"].get("step", 0) > 0:
                 key = e["cat"] if e["name"] != "optimizer" else "optimizer"
                 totals[key] = totals.get(key, 0.0) + e["dur"] / 1e3 / (steps - 1)
-        print(f"  rank {rank}: " + "  ".join(f"{k} {v:.2f} ms" for k, v in sorted(totals.items())))
+        parts = "  ".join(f"{k} {v:.2f} ms" for k, v in sorted(totals.items()))
+        print(f"  measured rank {rank}: {parts}")
     measured, predicted = summary["measured_iteration_ms"], summary["predicted_iteration_ms"]
     error = measured / predicted - 1
     print(f"simulator fidelity (tiny-clip, 2 ranks, {summary['planner']} plan): measured "

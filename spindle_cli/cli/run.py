@@ -111,20 +111,29 @@ def _launch(argv: list[str]) -> None:
 
 
 def _root_cause(e: object) -> str:
-    """The first failure that is not just a rank losing its peer, as one line."""
+    """One line for a failed run: the earliest rank error that is not just a lost peer; else
+    the earliest lost-peer line (it names the suspects), plus the ranks the launcher stopped."""
     failures = getattr(e, "failures", {})
     if not failures:
         return "a worker failed"
+
+    def line(rank: int) -> str:
+        message = failures[rank].message
+        return message if isinstance(message, str) and message.startswith("rank ") else ""
 
     def secondary(rank: int) -> bool:
         data = failures[rank].error_file_data
         return bool(isinstance(data, dict) and data.get("spindle", {}).get("secondary"))
 
-    rank = min(failures, key=lambda r: (secondary(r), failures[r].timestamp, r))
-    f = failures[rank]
-    message = f.message if isinstance(f.message, str) else ""
-    if message and message.startswith("rank "):
-        return message
+    reported = sorted((r for r in failures if line(r)),
+                      key=lambda r: (secondary(r), failures[r].timestamp, r))
+    stopped = sorted(r for r in failures if not line(r))
+    if reported:
+        text = line(reported[0])
+        if secondary(reported[0]) and stopped:
+            text += f"; the launcher then stopped rank(s) {', '.join(map(str, stopped))}"
+        return text
+    f = failures[stopped[0]]
     if f.exitcode < 0:
-        return f"rank {rank} was killed by signal {-f.exitcode} ({f.signal_name()})"
-    return f"rank {rank} exited with code {f.exitcode}"
+        return f"rank {stopped[0]} was killed by signal {-f.exitcode} ({f.signal_name()})"
+    return f"rank {stopped[0]} exited with code {f.exitcode}"

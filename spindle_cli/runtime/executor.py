@@ -21,6 +21,9 @@ gradient of its own rows, and adds 1/n of the temperature's gradient (the all-re
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +44,31 @@ from spindle_cli.runtime.trace import Tracer
 
 class ShapeMismatch(RuntimeFailure):
     """A tensor did not have the shape the plan and model imply."""
+
+
+class PeerLost(RuntimeFailure):
+    """A message or collective with other ranks failed: they crashed, hung or disagreed. The
+    root cause is usually on one of `peers`."""
+
+    def __init__(self, where: str, peers: list[int], cause: BaseException) -> None:
+        text = str(cause).strip()
+        # gloo prefixes a source location and appends advice; keep the first sentence
+        first = re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0] if text else "")
+        first = first.split(". ")[0] or type(cause).__name__
+        super().__init__(f"lost contact with rank(s) {', '.join(map(str, peers))} in {where} "
+                         f"({first})")
+        self.peers = peers
+
+
+@contextmanager
+def _with_peers(where: str, peers: list[int]) -> Iterator[None]:
+    """Turn a failed communication into PeerLost naming where it happened and with whom."""
+    try:
+        yield
+    except (RuntimeError, dist.DistError) as e:
+        if isinstance(e, RuntimeFailure):
+            raise
+        raise PeerLost(where, sorted(set(peers)), e) from e
 
 
 @dataclass(slots=True)
@@ -157,7 +185,8 @@ class Executor:
         with self.tracer.span("sync", "sync", step=step):
             for b in self.buckets:
                 if b.group is not None:
-                    dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=b.group)
+                    with _with_peers("the gradient sync", [r for r in b.ranks if r != self.rank]):
+                        dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=b.group)
             losses = self._reduce_losses(st)
         if self.optimizer is not None:
             with self.tracer.span("optimizer", "compute", step=step):
@@ -169,7 +198,9 @@ class Executor:
         vec = torch.tensor([st.task_loss.get(t, 0.0) for t in tasks], dtype=torch.float64,
                            device=self.world.device)
         if self.world.world_size > 1:
-            dist.all_reduce(vec, op=dist.ReduceOp.SUM)
+            others = [r for r in range(self.world.world_size) if r != self.rank]
+            with _with_peers("the loss reduction", others):
+                dist.all_reduce(vec, op=dist.ReduceOp.SUM)
         return dict(zip(tasks, vec.tolist(), strict=True))
 
     # ---- slices ---------------------------------------------------------------------------
@@ -230,7 +261,9 @@ class Executor:
         padded = torch.zeros((width, *x.shape[1:]), dtype=x.dtype, device=x.device)
         padded[: x.shape[0]] = x.detach()
         pieces = [torch.empty_like(padded) for _ in ranks]
-        dist.all_gather(pieces, padded, group=self.groups[ranks])
+        with _with_peers(f"the batch gather of slice {sp.slice.id}",
+                         [r for r in ranks if r != self.rank]):
+            dist.all_gather(pieces, padded, group=self.groups[ranks])
         rows = [hi - lo for lo, hi in
                 (rows_of(batch, ranks, r) for r in ranks)]
         return torch.cat([p[:n] for p, n in zip(pieces, rows, strict=True)]).requires_grad_(True)
@@ -266,10 +299,11 @@ class Executor:
 
     # ---- boundaries -----------------------------------------------------------------------
 
-    def _run_ops(self, ops: list[dist.P2POp]) -> None:
+    def _run_ops(self, ops: list[dist.P2POp], where: str) -> None:
         if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
+            with _with_peers(where, [op.peer for op in ops]):
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
 
     def _forward_boundary(self, w: int, st: StepState) -> None:
         ops: list[dist.P2POp] = []
@@ -302,7 +336,7 @@ class Executor:
                 elif msg.dst == me:
                     assert buf is not None
                     ops.append(dist.P2POp(dist.irecv, buf[msg.lo - c:msg.hi - c], msg.src))
-        self._run_ops(ops)
+        self._run_ops(ops, f"the forward transfers into wave {w}")
         for dst, src in local:
             dst.copy_(src)
         for ti in self.into_wave[w]:
@@ -341,7 +375,7 @@ class Executor:
                 elif msg.src == me:
                     assert gbuf is not None
                     ops.append(dist.P2POp(dist.irecv, gbuf[msg.lo - a:msg.hi - a], msg.dst))
-        self._run_ops(ops)
+        self._run_ops(ops, f"the backward transfers of wave {w}")
         for dst, src in local:
             dst.copy_(src)
         for sid, g in received:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import time
@@ -30,7 +29,7 @@ from spindle_cli.errors import SpindleError
 from spindle_cli.runtime import checkpoint
 from spindle_cli.runtime import dist as rdist
 from spindle_cli.runtime.data import load_data_source
-from spindle_cli.runtime.executor import Executor
+from spindle_cli.runtime.executor import Executor, PeerLost
 from spindle_cli.runtime.groups import make_groups
 from spindle_cli.runtime.inputs import check_world, load_run_inputs, resolve_input
 from spindle_cli.runtime.program import Program
@@ -178,23 +177,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _is_peer_failure(e: BaseException) -> bool:
-    """Errors a rank sees because ANOTHER rank failed (the root cause is elsewhere)."""
-    text = str(e)
-    return isinstance(e, (dist.DistError, RuntimeError)) and any(
-        s in text for s in ("Connection closed by peer", "Connection reset", "Timed out",
-                            "timed out", "Broken pipe", "connectFullMesh"))
-
-
 def _report_failure(rank: int, e: BaseException) -> int:
     if isinstance(e, SpindleError):
-        cause, code, secondary = str(e), e.exit_code, False
-    elif _is_peer_failure(e):
-        # gloo prefixes a source location and appends advice; keep the sentence between
-        first = re.sub(r"^\[[^\]]*\]\s*", "", str(e).strip().splitlines()[0]).split(". ")[0]
-        cause, code, secondary = f"lost a peer rank ({first})", 1, True
+        cause, code = str(e), e.exit_code
     else:
-        cause, code, secondary = f"{type(e).__name__}: {e}", 1, False
+        cause, code = f"{type(e).__name__}: {e}", 1
+    # a rank that lost a peer is rarely the root cause; the launcher prefers other ranks' lines
+    secondary = isinstance(e, PeerLost)
     line = f"rank {rank}: {cause}"
     print(f"error: {line}", file=sys.stderr, flush=True)
     if os.environ.get("SPINDLE_DEBUG") == "1":

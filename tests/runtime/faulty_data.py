@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -35,3 +36,16 @@ def crash_on_rank_one(model: ModelSpec, seed: int) -> CrashOnRankOne:
 
 def narrow_features_on_rank_zero(model: ModelSpec, seed: int) -> NarrowFeaturesOnRankZero:
     return NarrowFeaturesOnRankZero(model, seed)
+
+
+class HangOnRankOne(SyntheticData):
+    """Synthetic data, but rank 1 stops responding in training step 1."""
+
+    def rows(self, task: str, name: str, step: int, lo: int, hi: int) -> torch.Tensor:
+        if step == 1 and os.environ.get("RANK") == "1":
+            time.sleep(3600)
+        return super().rows(task, name, step, lo, hi)
+
+
+def hang_on_rank_one(model: ModelSpec, seed: int) -> HangOnRankOne:
+    return HangOnRankOne(model, seed)

@@ -130,7 +130,7 @@ def test_crashing_rank_fails_every_rank_and_leaves_no_partial_checkpoint(tmp_pat
                 "--checkpoint-every", "1")
     assert r.returncode == 1, r.stderr
     assert "error: rank 1: OSError: disk read failed (injected)" in r.stderr
-    # the launcher's one-line summary names the root cause, not the peer that lost rank 1
+    # the one-line summary names the root cause, not rank 0 (which only lost its peer)
     assert r.stderr.strip().splitlines()[-1] == \
         "error: run failed: rank 1: OSError: disk read failed (injected)"
     assert "Traceback" not in r.stderr
@@ -139,3 +139,18 @@ def test_crashing_rank_fails_every_rank_and_leaves_no_partial_checkpoint(tmp_pat
     assert done == ["step-000001"]
     assert sorted(p.name for p in (ckpt / "step-000001").iterdir()) == \
         ["manifest.json", "rank-00000.pt", "rank-00001.pt"]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_hanging_rank_fails_the_run_within_the_timeout(tmp_path: Path) -> None:
+    plan = write_plan_files(tmp_path)
+    r = spindle("run", str(plan), "--nproc-per-node", "2", "--steps", "3", "--timeout-s", "5",
+                "--dataset", "faulty_data:hang_on_rank_one", timeout_s=120)
+    assert r.returncode == 1, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    # rank 0 names the rank it waited for; the launcher stopped the hung rank
+    assert last.startswith("error: run failed: rank 0: lost contact with rank(s) 1 in "), last
+    assert last.endswith("the launcher then stopped rank(s) 1"), last
+    assert "Traceback" not in r.stderr
