@@ -10,6 +10,11 @@ counts are fixed inside a wave and activations move only between waves. Per leve
   4. puts remainders back with their original n, and merges the wave into the previous one
      when every slice of it repeats a (MetaOp, n) of that wave.
 Levels are concatenated. Ranks are chosen later (`placement.py`).
+
+Beyond the paper: `api.spindle_waves` runs each level under several VARIANTS (proposal order,
+alignment rule, extension rule; the public code has the same kinds of switches) and keeps the
+shortest; `align_fill` aligns a wave to the span that keeps its devices busiest; `max_ops`
+caps a slice so that it fits in a share of device memory.
 """
 
 from __future__ import annotations
