@@ -175,3 +175,64 @@ def test_float32_two_ranks_close_to_reference(graph: MetaOpGraph, model: ModelSp
         diffs = torch.cat([(v - ref_params[n]).abs().flatten() for n, v in params.items()])
         assert (diffs > 1e-5).float().mean().item() < 0.01
         assert diffs.max().item() < LR
+
+
+SMALL_MODEL = {
+    "kind": "model", "version": 1, "name": "small-lm",
+    "modules": {
+        "tok": {"kind": "embedding", "hidden": 16, "vocab_size": 32, "max_seq_len": 8},
+        "patch": {"kind": "patch_embed", "in_dim": 6, "hidden": 16, "max_seq_len": 8},
+        "enc": {"kind": "transformer_encoder", "num_layers": 2, "hidden": 16, "heads": 2,
+                "ffn": 32},
+        "adapter": {"kind": "adapter", "in_dim": 16, "hidden": 16},
+        "dec": {"kind": "transformer_decoder", "num_layers": 2, "hidden": 16, "heads": 2,
+                "ffn": 32},
+        "lm": {"kind": "lm_loss", "hidden": 16, "vocab_size": 32, "target_len": 3},
+        "proj_t": {"kind": "projection", "in_dim": 16, "hidden": 8, "pool": "cls"},
+        "proj_i": {"kind": "projection", "in_dim": 16, "hidden": 8, "pool": "mean"},
+        "clip": {"kind": "contrastive_loss", "hidden": 8},
+    },
+    "tasks": [
+        {"name": "caption", "batch_size": 2,
+         "inputs": {"text": {"seq_len": 5}, "image": {"seq_len": 4, "dim": 6}},
+         "steps": [
+             {"name": "patch", "module": "patch", "inputs": ["image"]},
+             {"name": "enc", "module": "enc", "inputs": ["patch"]},
+             {"name": "adapter", "module": "adapter", "inputs": ["enc"]},
+             {"name": "tok", "module": "tok", "inputs": ["text"]},
+             {"name": "dec", "module": "dec", "inputs": ["adapter", "tok"]},
+             {"name": "lm", "module": "lm", "inputs": ["dec"]}]},
+        {"name": "align", "batch_size": 5,
+         "inputs": {"text": {"seq_len": 6}, "image": {"seq_len": 4, "dim": 6}},
+         "steps": [
+             {"name": "tok", "module": "tok", "inputs": ["text"]},
+             {"name": "text_enc", "module": "enc", "inputs": ["tok"]},
+             {"name": "proj_t", "module": "proj_t", "inputs": ["text_enc"]},
+             {"name": "patch", "module": "patch", "inputs": ["image"]},
+             {"name": "image_enc", "module": "enc", "inputs": ["patch"]},
+             {"name": "proj_i", "module": "proj_i", "inputs": ["image_enc"]},
+             {"name": "clip", "module": "clip", "inputs": ["proj_t", "proj_i"]}]},
+    ],
+}
+
+
+@pytest.mark.timeout(120)
+def test_lm_loss_concatenated_inputs_and_ranks_with_no_rows() -> None:
+    """A prefix LM (decoder over [adapter output, text tokens]) with an lm_loss, batch 2 on 3
+    ranks (rank 2 gets no rows), next to a contrastive task with batch 5 over 3 ranks (uneven
+    split, padded gather); the encoder is shared by both tasks and used twice by one."""
+    from spindle_cli.artifacts.io import parse_artifact
+
+    model = parse_artifact(SMALL_MODEL, "<small-lm>", ModelSpec)
+    assert isinstance(model, ModelSpec)
+    graph = build_graph(model, dtype="fp32")
+    place = {m.id: [(0, m.num_layers, (0, 1, 2))] for m in graph.metaops}
+    place["caption/enc"] = [(0, 1, (1,)), (1, 2, (0, 2))]
+    place["align/image_enc"] = [(0, 2, (2,))]
+    place["align/proj_t"] = [(0, 1, (0, 1))]
+    plan = hand_plan(graph, place, 3)
+    data = SyntheticData(model, SEED, torch.float64)
+    reference = reference_training(model, graph.tasks, data, steps=STEPS, seed=SEED, lr=LR,
+                                   dtype=torch.float64)
+    results = run_distributed(train_rank, 3, plan, graph, model, "fp64", timeout_s=90)
+    assert_matches_reference(results, reference, plan, graph)
