@@ -61,6 +61,10 @@ def run(plan_path: str, nproc_per_node: int, nnodes: int, node_rank: int,
     inputs = load_run_inputs(plan_path)
     check_world(inputs.plan, nproc_per_node * nnodes)
     resolve_backend(backend)
+    if dataset is not None:
+        from spindle_cli.runtime.data import dataset_factory
+
+        dataset_factory(dataset)
     if (checkpoint_every or resume) and not checkpoint_dir:
         raise SpindleError("--checkpoint-every and --resume need --checkpoint-dir")
     if trace_path is not None and not Path(trace_path).resolve().parent.is_dir():

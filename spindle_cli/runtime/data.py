@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import zlib
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -97,11 +98,9 @@ class SyntheticData:
         return torch.randn((task.batch_size, *shape), generator=gen, dtype=self.dtype)
 
 
-def load_data_source(spec: str | None, model: ModelSpec, seed: int,
-                     dtype: torch.dtype = torch.float32) -> DataSource:
-    """The synthetic data (spec None) or a user dataset `module:function`."""
-    if spec is None:
-        return SyntheticData(model, seed, dtype)
+def dataset_factory(spec: str) -> Callable[[ModelSpec, int], DataSource]:
+    """The user dataset factory named `module:function`; SpindleError when it cannot be found
+    (checked before launch too)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise SpindleError(f"--dataset {spec!r}: expected 'module:function'")
@@ -109,5 +108,14 @@ def load_data_source(spec: str | None, model: ModelSpec, seed: int,
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
         raise SpindleError(f"--dataset {spec!r}: {e}") from None
-    source: DataSource = factory(model, seed)
-    return source
+    if not callable(factory):
+        raise SpindleError(f"--dataset {spec!r}: {attr} is not callable")
+    return factory  # type: ignore[no-any-return]
+
+
+def load_data_source(spec: str | None, model: ModelSpec, seed: int,
+                     dtype: torch.dtype = torch.float32) -> DataSource:
+    """The synthetic data (spec None) or a user dataset `module:function`."""
+    if spec is None:
+        return SyntheticData(model, seed, dtype)
+    return dataset_factory(spec)(model, seed)

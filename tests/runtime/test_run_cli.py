@@ -154,3 +154,18 @@ def test_hanging_rank_fails_the_run_within_the_timeout(tmp_path: Path) -> None:
     assert last.startswith("error: run failed: rank 0: lost contact with rank(s) 1 in "), last
     assert last.endswith("the launcher then stopped rank(s) 1"), last
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--dataset", "no_such_module:make"], "No module named 'no_such_module'"),
+    (["--dataset", "faulty_data"], "expected 'module:function'"),
+    (["--resume"], "need --checkpoint-dir"),
+    (["--trace", "/no/such/dir/trace.json"], "directory does not exist"),
+    (["--nnodes", "2"], "the run has 4"),
+])
+def test_bad_run_options_are_refused_before_launch(tmp_path: Path, args: list[str],
+                                                   expected: str) -> None:
+    plan_path = write_plan_files(tmp_path)
+    result = invoke("run", str(plan_path), "--nproc-per-node", "2", *args)
+    assert result.exit_code == 2, getattr(result, "stderr", "")
+    assert expected in _one_line_error(result)
