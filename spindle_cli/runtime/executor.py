@@ -124,17 +124,11 @@ class Executor:
             self.into_wave[wave_of[t.dst]].append(ti)
         batch_of = {sp.slice.id: sp.metaop.batch_size for sp in program.slices}
         self.transfer_batch = [batch_of[t.dst] for t in plan.transfers]
-        # A transfer between two slices that both run on this rank alone keeps the autograd
-        # graph connected (no detach, no gradient message): the consumer's backward flows
-        # straight into the producer's layers, saving one autograd call and two copies per
-        # boundary. Only for a producer with that single consumer: with several, its graph
-        # would be walked twice.
-        out_count: dict[str, int] = {}
-        for t in plan.transfers:
-            out_count[t.src] = out_count.get(t.src, 0) + 1
-        self.connected = {ti for ti, t in enumerate(plan.transfers)
-                          if t.src_ranks == t.dst_ranks == (me,) and out_count[t.src] == 1}
-        self.connected_src = {plan.transfers[ti].src for ti in self.connected}
+        # Transfers between two slices that both run on this rank alone need no message: the
+        # consumer's leaf is a detached view of the producer's output (no copy), and the
+        # gradient goes back as is.
+        self.same_rank = {ti for ti, t in enumerate(plan.transfers)
+                          if t.src_ranks == t.dst_ranks == (me,)}
         keys = [(m, i) for (m, i), ranks in program.holders.items() if me in ranks]
         self.layers: dict[LayerKey, nn.Module] = build_layers(
             model, keys, seed=seed, dtype=dtype, device=world.device)
@@ -290,8 +284,6 @@ class Executor:
             if sid in st.loss:
                 st.loss[sid][0].backward()
             return
-        if sid in self.connected_src:
-            return  # its consumer's backward already went through it
         out = st.out[sid]
         grad = st.grad_out.get(sid)
         if out.numel() and out.requires_grad and grad is not None:
@@ -311,8 +303,8 @@ class Executor:
         me = self.rank
         for ti in self.into_wave[w]:
             t = self.plan.transfers[ti]
-            if ti in self.connected:
-                st.recv[ti] = st.out[t.src]
+            if ti in self.same_rank:
+                st.recv[ti] = st.out[t.src].detach().requires_grad_(True)
                 continue
             batch = self.transfer_batch[ti]
             out, a = None, 0
@@ -340,7 +332,7 @@ class Executor:
         for dst, src in local:
             dst.copy_(src)
         for ti in self.into_wave[w]:
-            if ti in st.recv and ti not in self.connected:
+            if ti in st.recv and ti not in self.same_rank:
                 st.recv[ti].requires_grad_(True)
 
     def _backward_boundary(self, w: int, st: StepState) -> None:
@@ -349,9 +341,12 @@ class Executor:
         received: list[tuple[str, torch.Tensor]] = []
         me = self.rank
         for ti in self.into_wave[w]:
-            if ti in self.connected:
-                continue
             t = self.plan.transfers[ti]
+            if ti in self.same_rank:
+                leaf = st.recv[ti]
+                received.append((t.src, leaf.grad if leaf.grad is not None
+                                 else torch.zeros_like(leaf)))
+                continue
             batch = self.transfer_batch[ti]
             grad, c = None, 0
             if me in t.dst_ranks:
