@@ -33,9 +33,10 @@ def resolve_input(owner: DerivedArtifact, owner_path: str, kind: str) -> str:
     except ValueError:
         raise ArtifactError(owner_path, "inputs", f"names no {kind} input") from None
     ref = owner.inputs[index]
-    # paths are recorded as given on the command line: try the working directory, then the
-    # directory of the file that records them
-    for candidate in (Path(ref.path), Path(owner_path).parent / ref.path):
+    # paths are recorded as given on the command line (relative to where that command ran):
+    # try the working directory, then the directories above the file that records them
+    above = Path(owner_path).resolve().parents
+    for candidate in (Path(ref.path), *(d / ref.path for d in above)):
         if candidate.is_file():
             return str(candidate)
     raise ArtifactError(owner_path, f"inputs[{index}].path", f"{kind} file {ref.path!r} not found")
