@@ -65,7 +65,15 @@ def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
     waves = {e["args"]["wave"] for e in spans if "wave" in e["args"]}
     assert waves and min(waves) == 0
     summary = doc["otherData"]
-    assert summary["measured_iteration_ms"] > 0 and summary["predicted_iteration_ms"] > 0
+    assert summary["measured_iteration_ms"] > 0
+    # the prediction is the simulator's (the plan's profile and cluster files are at hand)
+    from spindle_cli.artifacts import MetaOpGraph, Plan, Profile
+    from spindle_cli.planner.simulate import simulate
+
+    sim = simulate(load(str(plan), Plan), load(str(tmp_path / "graph.yaml"), MetaOpGraph),
+                   load(str(tmp_path / "profile.yaml"), Profile),
+                   load(str(REPO / "clusters" / "local-cpu-2.yaml"), ClusterSpec))
+    assert summary["predicted_iteration_ms"] == pytest.approx(sim.iteration_ms)
 
 
 def invoke(*args: str) -> object:
