@@ -93,6 +93,8 @@ def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
             ex.load_state(state)
             if log:
                 log(f"resumed from {found} at step {start}")
+        elif log:
+            log(f"no checkpoint in {opts.checkpoint_dir} yet: starting from step 0")
     result = TrainResult(start_step=start)
     for step in range(start, opts.steps):
         t0 = time.perf_counter()
