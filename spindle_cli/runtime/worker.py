@@ -75,7 +75,8 @@ def _meta(plan: Plan, opts: TrainOptions) -> dict[str, Any]:
 def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
           world: rdist.World, opts: TrainOptions,
           log: Callable[[str], None] | None = None) -> TrainResult:
-    """Train on this rank (the default process group is initialized)."""
+    """Train on this rank (the default process group is initialized). `log` receives each
+    step's loss line (data: rank 0 prints it on stdout)."""
     dtype = DTYPES[opts.dtype]
     groups = make_groups(program, world.rank)
     data = load_data_source(opts.dataset, model, opts.seed, dtype)
@@ -91,10 +92,11 @@ def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
             start, state = checkpoint.load(found, rank=world.rank, world_size=world.world_size,
                                            meta=meta)
             ex.load_state(state)
-            if log:
-                log(f"resumed from {found} at step {start}")
-        elif log:
-            log(f"no checkpoint in {opts.checkpoint_dir} yet: starting from step 0")
+            note = f"resumed from {found} at step {start}"
+        else:
+            note = f"no checkpoint in {opts.checkpoint_dir} yet: starting from step 0"
+        if world.rank == 0:
+            print(note, file=sys.stderr, flush=True)
     result = TrainResult(start_step=start)
     for step in range(start, opts.steps):
         t0 = time.perf_counter()
