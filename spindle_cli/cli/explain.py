@@ -3,7 +3,8 @@ two bi-point tuples (before and after rounding), the waves it ran in, and its le
 C* and to the exact packing of the level's tuples (small levels).
 
 The graph, profile and cluster are read from the paths recorded in the plan's `inputs` (as
-written, then relative to the plan file) and must still hash to the recorded sha256.
+written, then relative to the plan's directory and the ones above it) and must still hash to
+the recorded sha256.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def recorded_input(plan: Plan, plan_path: str, kind: str, cls: type[A]) -> A:
         ref = plan.input(kind)
     except KeyError:
         raise SpindleError(f"{plan_path}: inputs: no {kind} recorded") from None
-    candidates = [Path(ref.path), Path(plan_path).parent / ref.path]
+    # as written, then next to the plan and in the directories above it (plans/ records
+    # paths relative to the repository root)
+    candidates = [Path(ref.path)] + [d / ref.path for d in Path(plan_path).resolve().parents]
     found = next((p for p in candidates if p.is_file()), None)
     if found is None:
         raise SpindleError(f"{plan_path}: inputs: {kind} file {ref.path!r} not found")
