@@ -147,3 +147,12 @@ def test_show_plan_text_gantt(case):
     r = invoke("show", "plan.yaml", "--text-gantt")
     assert r.exit_code == 0, r.output
     assert "\nr0 " in r.output and "\nr7 " in r.output
+
+
+def test_explain_finds_inputs_above_the_plan(case, monkeypatch):
+    Path("plans").mkdir()
+    invoke(*plan_args("-o", "plans/plan.yaml"))
+    monkeypatch.chdir(Path("plans"))
+    r = invoke("explain", "plan.yaml", "t2/txt")
+    assert r.exit_code == 0, r.output
+    assert "tuples after rounding" in r.output
