@@ -33,12 +33,12 @@ SUMMARY_FIELDS = (
 
 
 def _input_path(recorded: str, plan_path: str) -> str:
-    # Paths are recorded as given on the command line: relative to where `spindle plan` ran,
-    # which is usually the current directory, else the plan's own directory.
-    if Path(recorded).exists():
-        return recorded
-    beside = Path(plan_path).parent / recorded
-    return str(beside) if beside.exists() else recorded
+    # Paths are recorded as given on the command line, relative to where `spindle plan` ran:
+    # try them as written, then next to the plan and in the directories above it (plans/
+    # records paths relative to the repository root). Same rule as `spindle explain`/`run`.
+    above = [d / recorded for d in Path(plan_path).resolve().parents]
+    found = next((p for p in (Path(recorded), *above) if p.is_file()), None)
+    return str(found) if found is not None else recorded
 
 
 def load_plan_inputs(plan: Plan, plan_path: str) -> tuple[MetaOpGraph, Profile, ClusterSpec]:

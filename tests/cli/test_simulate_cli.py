@@ -78,6 +78,15 @@ def test_relative_input_paths_resolve_beside_the_plan(tmp_path):
     assert json.loads(res.stdout)["iteration_ms"] == pytest.approx(65.0)
 
 
+def test_relative_input_paths_resolve_above_the_plan(tmp_path):
+    write_case(tmp_path, relative=True)
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plan.yaml").rename(tmp_path / "plans" / "plan.yaml")
+    res = _run(["simulate", str(tmp_path / "plans" / "plan.yaml"), "--json"])
+    assert res.exit_code == 0, res.output + res.stderr
+    assert json.loads(res.stdout)["iteration_ms"] == pytest.approx(65.0)
+
+
 def test_changed_input_is_a_one_line_error(tmp_path):
     plan_path = write_case(tmp_path)
     write_artifact(fx.cluster(latency_s=1e-3), str(tmp_path / "cluster.yaml"))
