@@ -119,15 +119,9 @@ def fidelity(steps: int) -> None:
           f" ms, sync {sim.sync_ms:.2f} ms; busy per rank "
           + ", ".join(f"{r.busy_ms:.2f} ms" for r in sim.ranks))
     summary = doc["otherData"]
-    # where the time goes, per rank: category totals per step (warm-up step left out)
-    for rank in range(summary["num_ranks"]):
-        totals: dict[str, float] = {}
-        for e in doc["traceEvents"]:
-            if e["ph"] == "X" and e["pid"] == rank and e["args"].get("step", 0) > 0:
-                key = e["cat"] if e["name"] != "optimizer" else "optimizer"
-                totals[key] = totals.get(key, 0.0) + e["dur"] / 1e3 / (steps - 1)
-        parts = "  ".join(f"{k} {v:.2f} ms" for k, v in sorted(totals.items()))
-        print(f"  measured rank {rank}: {parts}")
+    for rank, parts in summary["breakdown_ms_per_step"].items():
+        text = "  ".join(f"{k} {v:.2f} ms" for k, v in parts.items())
+        print(f"  measured rank {rank}: {text}")
     measured, predicted = summary["measured_iteration_ms"], summary["predicted_iteration_ms"]
     error = measured / predicted - 1
     print(f"simulator fidelity (tiny-clip, 2 ranks, {summary['planner']} plan): measured "

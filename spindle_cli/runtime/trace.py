@@ -47,6 +47,20 @@ class Tracer:
             })
 
 
+def breakdown_ms(events: list[dict[str, Any]], num_steps: int) -> dict[str, float]:
+    """Milliseconds per step spent in each kind of span (compute, comm, sync, optimizer) by one
+    rank, leaving out step 0 (warm-up) when there are more steps."""
+    skip_first = num_steps > 1
+    totals: dict[str, float] = {}
+    for e in events:
+        if skip_first and e["args"].get("step", 0) == 0:
+            continue
+        key = "optimizer" if e["name"] == "optimizer" else e["cat"]
+        totals[key] = totals.get(key, 0.0) + e["dur"] / 1e3
+    steps = num_steps - 1 if skip_first else max(num_steps, 1)
+    return {k: v / steps for k, v in sorted(totals.items())}
+
+
 def trace_document(rank_events: list[list[dict[str, Any]]],
                    summary: dict[str, Any]) -> dict[str, Any]:
     """The Chrome trace JSON object: every rank's events, process names and the summary."""

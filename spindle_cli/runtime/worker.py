@@ -33,7 +33,7 @@ from spindle_cli.runtime.executor import Executor, PeerLost
 from spindle_cli.runtime.groups import make_groups
 from spindle_cli.runtime.inputs import check_world, load_run_inputs, resolve_input
 from spindle_cli.runtime.program import Program
-from spindle_cli.runtime.trace import Tracer, trace_document, write_json
+from spindle_cli.runtime.trace import Tracer, breakdown_ms, trace_document, write_json
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
@@ -138,7 +138,9 @@ def _write_trace(tracer: Tracer, result: TrainResult, plan: Plan, world: rdist.W
     summary = {"planner": plan.planner, "num_ranks": world.world_size, "backend": world.backend,
                "steps": len(result.step_ms), "measured_iteration_ms": measured,
                "predicted_iteration_ms": predicted,
-               "measured_over_predicted": measured / predicted if predicted > 0 else None}
+               "measured_over_predicted": measured / predicted if predicted > 0 else None,
+               "breakdown_ms_per_step": {str(r): breakdown_ms(evs, len(ms))
+                                         for r, (evs, ms) in enumerate(gathered)}}
     assert opts.trace_path is not None
     write_json(trace_document([evs for evs, _ in gathered], summary), opts.trace_path)
     print(f"trace: {opts.trace_path}  measured {measured:.2f} ms/iteration, predicted "

@@ -66,6 +66,8 @@ def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
     assert waves and min(waves) == 0
     summary = doc["otherData"]
     assert summary["measured_iteration_ms"] > 0
+    assert set(summary["breakdown_ms_per_step"]) == {"0", "1"}
+    assert all(parts["compute"] > 0 for parts in summary["breakdown_ms_per_step"].values())
     # the prediction is the simulator's (the plan's profile and cluster files are at hand)
     from spindle_cli.artifacts import MetaOpGraph, Plan, Profile
     from spindle_cli.planner.simulate import simulate
