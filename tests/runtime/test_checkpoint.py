@@ -1,0 +1,45 @@
+"""Checkpoint files on one rank: commit by rename, partial directories ignored, meta checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from spindle_cli.errors import SpindleError
+from spindle_cli.runtime import checkpoint
+
+META = {"plan_sha256": "ab" * 32, "seed": 0, "dtype": "fp32", "dataset": "synthetic"}
+
+
+def test_save_then_load_round_trips(tmp_path: Path) -> None:
+    state = {"step": 3, "params": {"w": torch.arange(4.0)}, "optimizer": {}}
+    checkpoint.save(str(tmp_path), 3, rank=0, world_size=1, state=state, meta=META)
+    found = checkpoint.latest(str(tmp_path))
+    assert found == tmp_path / "step-000003"
+    assert sorted(p.name for p in found.iterdir()) == ["manifest.json", "rank-00000.pt"]
+    step, loaded = checkpoint.load(found, rank=0, world_size=1, meta=META)
+    assert step == 3 and torch.equal(loaded["params"]["w"], torch.arange(4.0))
+    assert not list(tmp_path.glob(".*"))  # nothing hidden left behind
+
+
+def test_latest_ignores_uncommitted_directories(tmp_path: Path) -> None:
+    checkpoint.save(str(tmp_path), 1, rank=0, world_size=1, state={"step": 1}, meta=META)
+    # a crash during the save of step 2 leaves only the hidden directory
+    (tmp_path / ".step-000002.tmp").mkdir()
+    (tmp_path / ".step-000002.tmp" / "rank-00000.pt").write_bytes(b"partial")
+    # and a directory without a manifest is not a checkpoint either
+    (tmp_path / "step-000003").mkdir()
+    assert checkpoint.latest(str(tmp_path)) == tmp_path / "step-000001"
+    assert checkpoint.latest(str(tmp_path / "missing")) is None
+
+
+def test_load_refuses_another_configuration(tmp_path: Path) -> None:
+    checkpoint.save(str(tmp_path), 1, rank=0, world_size=1, state={"step": 1}, meta=META)
+    found = checkpoint.latest(str(tmp_path))
+    assert found is not None
+    with pytest.raises(SpindleError, match="seed=0"):
+        checkpoint.load(found, rank=0, world_size=1, meta={**META, "seed": 1})
+    with pytest.raises(SpindleError, match="checkpoint of 1 ranks"):
+        checkpoint.load(found, rank=0, world_size=2, meta=META)
