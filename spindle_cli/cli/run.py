@@ -11,11 +11,15 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from spindle_cli.cli._console import err
 from spindle_cli.errors import RuntimeFailure, SpindleError
+
+if TYPE_CHECKING:
+    from spindle_cli.runtime.program import Program
 
 
 @click.command()
@@ -49,10 +53,12 @@ from spindle_cli.errors import RuntimeFailure, SpindleError
 @click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in DIR.")
 @click.option("--timeout-s", type=click.FloatRange(min=1), default=300.0, show_default=True,
               help="Collective/P2P timeout: a silent rank fails the run after this long.")
+@click.option("--dry-run", is_flag=True,
+              help="Check everything, print what each rank would do, launch nothing.")
 def run(plan_path: str, nproc_per_node: int, nnodes: int, node_rank: int,
         rdzv_endpoint: str | None, steps: int, backend: str, seed: int, lr: float, dtype: str,
         dataset: str | None, trace_path: str | None, checkpoint_dir: str | None,
-        checkpoint_every: int | None, resume: bool, timeout_s: float) -> None:
+        checkpoint_every: int | None, resume: bool, timeout_s: float, dry_run: bool) -> None:
     """Train PLAN (made by `spindle plan`) on NPROC_PER_NODE x NNODES ranks and print the loss
     of every step."""
     from spindle_cli.runtime.dist import resolve_backend
@@ -71,6 +77,9 @@ def run(plan_path: str, nproc_per_node: int, nnodes: int, node_rank: int,
         raise SpindleError(f"--trace {trace_path}: directory does not exist")
     if nnodes > 1 and rdzv_endpoint is None:
         raise SpindleError("a multi-node run needs --rdzv-endpoint HOST:PORT")
+    if dry_run:
+        _print_ranks(inputs.program, inputs.plan.num_devices)
+        return
     worker_args = [plan_path, "--steps", str(steps), "--seed", str(seed), "--lr", repr(lr),
                    "--dtype", dtype, "--backend", backend, "--timeout-s", repr(timeout_s)]
     for flag, value in (("--dataset", dataset), ("--trace", trace_path),
@@ -91,6 +100,24 @@ def run(plan_path: str, nproc_per_node: int, nnodes: int, node_rank: int,
     err.print(f"spindle run: {inputs.plan.planner} plan, {len(inputs.plan.waves)} waves, "
               f"{inputs.plan.num_devices} ranks, {steps} steps")
     _launch(argv)
+
+
+def _print_ranks(program: Program, num_ranks: int) -> None:
+    """The per-rank table of --dry-run (stdout: it is what the user asked for)."""
+    from rich.table import Table
+
+    from spindle_cli.cli._console import out
+    from spindle_cli.runtime.program import rank_summaries
+
+    table = Table(title="per rank, one step")
+    for name in ("rank", "slices", "layers held", "sends", "recvs", "rows sent",
+                 "gradient groups"):
+        table.add_column(name, justify="left" if name == "gradient groups" else "right")
+    for s in rank_summaries(program, num_ranks):
+        table.add_row(str(s.rank), str(s.num_slices), str(len(s.layers)), str(s.num_sends),
+                      str(s.num_recvs), str(s.send_rows),
+                      " ".join("{" + ",".join(map(str, g)) + "}" for g in s.sync_groups) or "-")
+    out.print(table)
 
 
 def _launch(argv: list[str]) -> None:

@@ -214,3 +214,36 @@ def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ..
         if seen.get(key) != ranks:
             raise PlanError(f"layer {key[1]} of module {key[0]!r} is held by ranks {list(ranks)} "
                             f"but its param group lists {list(seen.get(key, ()))}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankSummary:
+    """What one rank does in a step (for `spindle run --dry-run`)."""
+
+    rank: int
+    num_slices: int
+    layers: tuple[tuple[str, int], ...]
+    """(module, layer) it holds, sorted."""
+    num_sends: int
+    """Forward messages it sends per step (as many gradient messages come back)."""
+    num_recvs: int
+    send_rows: int
+    """Sample rows it sends per step, over all forward messages."""
+    sync_groups: tuple[tuple[int, ...], ...]
+    """Rank sets it all-reduces gradients with (>= 2 ranks)."""
+
+
+def rank_summaries(program: Program, num_ranks: int) -> list[RankSummary]:
+    """Per-rank work, messages and gradient groups of a program."""
+    out = []
+    for r in range(num_ranks):
+        msgs = [m for ms in program.transfer_messages for m in ms if m.src != m.dst]
+        sends = [m for m in msgs if m.src == r]
+        held = tuple(k for k, ranks in program.holders.items() if r in ranks)
+        groups = sorted({ranks for ranks in program.holders.values()
+                         if r in ranks and len(ranks) > 1})
+        out.append(RankSummary(
+            rank=r, num_slices=sum(r in sp.slice.ranks for sp in program.slices), layers=held,
+            num_sends=len(sends), num_recvs=sum(m.dst == r for m in msgs),
+            send_rows=sum(m.hi - m.lo for m in sends), sync_groups=tuple(groups)))
+    return out

@@ -95,3 +95,17 @@ def test_uncovered_operators_are_refused(graph: MetaOpGraph, model: ModelSpec) -
         waves.append(dataclasses.replace(w, slices=slices))
     with pytest.raises(PlanError, match="in no slice"):
         build_program(dataclasses.replace(plan, waves=tuple(waves)), graph, model)
+
+
+def test_rank_summaries_balance_sends_and_receives(graph: MetaOpGraph, model: ModelSpec) -> None:
+    from spindle_cli.runtime.program import rank_summaries
+
+    place = whole(graph, (0, 1))
+    place["text_vision/text_enc"] = [(0, 2, (2,))]
+    program = build_program(hand_plan(graph, place, 3), graph, model)
+    summaries = rank_summaries(program, 3)
+    assert sum(s.num_sends for s in summaries) == sum(s.num_recvs for s in summaries) > 0
+    # rank 2 runs only text_vision's text encoder: it gets 8 rows from two ranks, sends them on
+    assert (summaries[2].num_recvs, summaries[2].num_sends, summaries[2].send_rows) == (2, 2, 8)
+    assert summaries[2].layers == (("text_enc", 0), ("text_enc", 1))
+    assert summaries[2].sync_groups == ((0, 1, 2),)

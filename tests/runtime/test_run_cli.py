@@ -179,3 +179,12 @@ def test_bad_run_options_are_refused_before_launch(tmp_path: Path, args: list[st
     result = invoke("run", str(plan_path), "--nproc-per-node", "2", *args)
     assert result.exit_code == 2, getattr(result, "stderr", "")
     assert expected in _one_line_error(result)
+
+
+def test_dry_run_prints_every_rank_and_launches_nothing(tmp_path: Path) -> None:
+    plan_path = write_plan_files(tmp_path)
+    result = invoke("run", str(plan_path), "--nproc-per-node", "2", "--dry-run")
+    assert result.exit_code == 0, getattr(result, "stderr", "")
+    rows = [ln for ln in result.stdout.splitlines() if ln.startswith("│")]
+    assert [ln.split("│")[1].strip() for ln in rows if ln.split("│")[1].strip()] == ["0", "1"]
+    assert not list(tmp_path.glob("*.json"))
