@@ -6,7 +6,7 @@ The plan's semantics (slices, transfers, parameter groups) are fixed in docs/CON
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spindle_cli.artifacts.base import InputRef
 from spindle_cli.artifacts.cluster import ClusterSpec
@@ -20,7 +20,7 @@ from spindle_cli.artifacts.plan import (
     Transfer,
     Wave,
 )
-from spindle_cli.artifacts.profile import Profile
+from spindle_cli.artifacts.profile import Curve, Profile
 from spindle_cli.errors import PlanInfeasible, SpindleError
 from spindle_cli.planner import baselines, scaling
 from spindle_cli.planner.allocation import (
@@ -30,7 +30,12 @@ from spindle_cli.planner.allocation import (
     op_curve,
     valid_counts,
 )
-from spindle_cli.planner.memory import max_ops_per_slice, state_bytes_per_param
+from spindle_cli.planner.memory import (
+    ZERO_STAGES,
+    MemoryStrategy,
+    max_ops_per_slice,
+    state_bytes_per_param,
+)
 from spindle_cli.planner.placement import Flow, Ranks, SliceSpec, place
 from spindle_cli.planner.waves import (
     LARGE_LEVEL,
@@ -55,22 +60,90 @@ class PlanOptions:
     """'island' (locality- and memory-aware) or 'sequential' (consecutive ranks; ablation)."""
     uneven_splits: bool = False
     """Allow any data-parallel count n <= B (per-device batch ceil(B / n))."""
+    zero: int = 0
+    """ZeRO stage 0..3 (memory.py): shard optimizer state, + gradients, + weights over each
+    layer's parameter device group."""
+    recompute: bool = False
+    """Activation recomputation: keep only operator inputs, one extra forward (+1/3 time)."""
 
     def __post_init__(self) -> None:
         if self.planner not in PLANNERS:
             raise ValueError(f"unknown planner {self.planner!r} (expected one of {PLANNERS})")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {self.placement!r} (expected {PLACEMENTS})")
+        if self.zero not in ZERO_STAGES:
+            raise ValueError(f"unknown ZeRO stage {self.zero!r} (expected one of {ZERO_STAGES})")
+
+    @property
+    def memory(self) -> MemoryStrategy:
+        """The memory strategy the options ask for."""
+        return MemoryStrategy(zero=self.zero, recompute=self.recompute)
 
     def as_dict(self) -> dict[str, str]:
-        """The options as Plan.options records them."""
-        return {"planner": self.planner, "placement": self.placement,
-                "uneven_splits": "true" if self.uneven_splits else "false"}
+        """The options as Plan.options records them. `zero` and `recompute` appear only when
+        on, so a plan without memory strategies reads the same as before they existed (and
+        a reader takes a missing key as off)."""
+        options = {"planner": self.planner, "placement": self.placement,
+                   "uneven_splits": "true" if self.uneven_splits else "false"}
+        if self.zero:
+            options["zero"] = str(self.zero)
+        if self.recompute:
+            options["recompute"] = "true"
+        return options
+
+
+RECOMPUTE_TIME_FACTOR = 4.0 / 3.0
+"""Slice time under recomputation: one extra forward, 1/3 of forward+backward (the 1:2 FLOP
+ratio of planner/costs.py and the simulator)."""
+
+MEMORY_MODES = ("auto", "none", "zero1", "zero2", "zero3")
+RECOMPUTE_MODES = ("auto", "on", "off")
+
+
+def memory_ladder(memory: str = "auto", recompute: str = "auto") -> tuple[tuple[int, bool], ...]:
+    """The (ZeRO stage, recompute) settings to try, least aggressive first: every allowed ZeRO
+    stage without recomputation, then with it. Recomputation comes last because it always
+    costs a third more compute, while sharding costs only communication that overlaps."""
+    if memory not in MEMORY_MODES:
+        raise ValueError(f"unknown memory mode {memory!r} (expected one of {MEMORY_MODES})")
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"unknown recompute mode {recompute!r} "
+                         f"(expected one of {RECOMPUTE_MODES})")
+    stages = ZERO_STAGES if memory == "auto" else (MEMORY_MODES.index(memory) - 1,)
+    flags = {"auto": (False, True), "on": (True,), "off": (False,)}[recompute]
+    return tuple((z, r) for r in flags for z in stages)
+
+
+def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
+                      options: PlanOptions = PlanOptions(),
+                      ladder: tuple[tuple[int, bool], ...] = memory_ladder(),
+                      inputs: tuple[InputRef, ...] = ()) -> Plan:
+    """`make_plan` with the first (ZeRO stage, recompute) setting of `ladder` that fits (the
+    options' own `zero` and `recompute` are replaced); PlanInfeasible from the last setting
+    when none does."""
+    error: PlanInfeasible | None = None
+    for zero, recompute in ladder:
+        trial = replace(options, zero=zero, recompute=recompute)
+        try:
+            return make_plan(graph, profile, cluster, options=trial, inputs=inputs)
+        except PlanInfeasible as e:
+            error = e
+    if error is None:
+        raise ValueError("empty memory ladder")
+    raise error
+
+
+def _with_recompute(curve: Curve) -> Curve:
+    """The curve with every time scaled by RECOMPUTE_TIME_FACTOR."""
+    return replace(curve, pieces=tuple(
+        replace(p, alpha_ms=p.alpha_ms * RECOMPUTE_TIME_FACTOR,
+                beta_ms=p.beta_ms * RECOMPUTE_TIME_FACTOR) for p in curve.pieces))
 
 
 def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven: bool = False,
-              profile_name: str = "the profile") -> dict[str, OpCurve]:
-    """Every MetaOp's curve restricted to its valid counts <= N."""
+              recompute: bool = False, profile_name: str = "the profile") -> dict[str, OpCurve]:
+    """Every MetaOp's curve restricted to its valid counts <= N (times with the extra forward
+    of recomputation when asked)."""
     counts_cache: dict[str, list[int]] = {}
     result = {}
     for m in graph.metaops:
@@ -81,6 +154,8 @@ def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven:
                 f"{profile_name} has no curve for signature {m.signature!r} (MetaOp {m.id})",
                 hint="profile the same graph (spindle profile GRAPH ...)",
             ) from None
+        if recompute:
+            curve = _with_recompute(curve)
         if m.signature not in counts_cache:
             counts_cache[m.signature] = valid_counts(curve, num_devices, uneven=uneven)
         oc = op_curve(m, curve, num_devices, counts_cache[m.signature], uneven=uneven)
@@ -103,8 +178,8 @@ def allocate(graph: MetaOpGraph, curves: dict[str, OpCurve],
     ]
 
 
-def slice_limits(graph: MetaOpGraph, curves: dict[str, OpCurve],
-                 cluster: ClusterSpec) -> MaxOps:
+def slice_limits(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpec,
+                 memory: MemoryStrategy = MemoryStrategy()) -> MaxOps:
     """The most operators one slice of a MetaOp on n devices may run (memory.py)."""
     by_id = {m.id: m for m in graph.metaops}
     cache: dict[tuple[str, int], int] = {}
@@ -114,7 +189,7 @@ def slice_limits(graph: MetaOpGraph, curves: dict[str, OpCurve],
             m = by_id[metaop]
             cache[(metaop, n)] = max_ops_per_slice(
                 m, n, scaling.strategy(curves[metaop].curve, n), graph.dtype,
-                cluster.device.memory_bytes)
+                cluster.device.memory_bytes, memory)
         return cache[(metaop, n)]
 
     return max_ops
@@ -151,9 +226,9 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     n_dev = cluster.num_devices
     profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
     curves = op_curves(graph, profile, n_dev, uneven=options.uneven_splits,
-                       profile_name=profile_name)
+                       recompute=options.recompute, profile_name=profile_name)
     allocs = allocate(graph, curves, n_dev)
-    max_ops = slice_limits(graph, curves, cluster)
+    max_ops = slice_limits(graph, curves, cluster, options.memory)
     if options.planner == "spindle":
         planned = spindle_waves(graph, curves, allocs, n_dev, max_ops)
     elif options.planner == "sequential":
@@ -164,7 +239,8 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         planned = baselines.distmm(graph, curves, n_dev, max_ops)
     specs = _slice_specs(graph, curves, planned)
     flows = _flows(graph, specs)
-    ranks, ledger = place(specs, flows, graph, cluster, mode=options.placement)
+    ranks, ledger = place(specs, flows, graph, cluster, mode=options.placement,
+                          memory=options.memory)
     waves = _waves(planned, specs, ranks)
     transfers = tuple(
         Transfer(src=_sid(f.src), dst=_sid(f.dst), bytes=f.bytes,

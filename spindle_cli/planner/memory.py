@@ -6,9 +6,23 @@ replica of every layer it ever runs, however many tasks use it (tensor-parallel 
 degree t hold 1/t of it). Activations: forward waves run first and backward waves in reverse,
 so every slice's stash is alive at the forward/backward turn; the peak is the sum over all
 slices a rank runs of stash_bytes_per_sample * rows on that rank * operators.
+
+Memory strategies (`MemoryStrategy`), as Megatron/DeepSpeed apply them:
+- ZeRO stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the
+  weights, over the layer's parameter device group (every rank holding a replica of it; the
+  plan's `param_groups`). A rank keeps `held / replicas` of the sharded categories, where
+  `replicas` sums the held fractions of the layer over all ranks (the data-parallel copies:
+  g ranks under 'dp', g / t groups under 'tp<t>'). Stage 3 also gathers one layer's full
+  weights at a time for compute; that transient buffer (one layer) is not counted.
+- Recomputation keeps only each operator's input per sample for backward and recomputes the
+  rest in one extra forward (the planner charges +1/3 of fwd+bwd time); during the backward of
+  one operator its full stash is alive again, so a rank also needs the largest one-operator
+  stash of any slice it runs.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,10 +30,47 @@ from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.artifacts.plan import RankMemory
 from spindle_cli.artifacts.profile import tp_degree
 
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryStrategy:
+    """How a plan saves device memory (see the module docstring)."""
+
+    zero: int = 0
+    """ZeRO stage: 0 (replicate everything), 1 (shard optimizer state), 2 (+ gradients),
+    3 (+ weights)."""
+    recompute: bool = False
+    """Activation recomputation: keep only each operator's input for backward."""
+
+    def __post_init__(self) -> None:
+        if self.zero not in ZERO_STAGES:
+            raise ValueError(f"unknown ZeRO stage {self.zero!r} (expected one of {ZERO_STAGES})")
+
+
+NO_SAVING = MemoryStrategy()
+
 
 def state_bytes_per_param(dtype: str) -> tuple[int, int, int]:
     """(weights, gradients, optimizer state) bytes per parameter."""
     return (4, 4, 8) if dtype == "fp32" else (2, 2, 12)
+
+
+def split_state_bytes(dtype: str, zero: int) -> tuple[int, int]:
+    """(replicated, sharded) state bytes per parameter under a ZeRO stage."""
+    w, g, o = state_bytes_per_param(dtype)
+    sharded = (0, o, g + o, w + g + o)[zero]
+    return w + g + o - sharded, sharded
+
+
+def kept_bytes_per_sample(metaop: MetaOp, recompute: bool) -> int:
+    """Activation bytes one operator keeps per sample until its backward: its stash, or with
+    recomputation only its input (the larger of the MetaOp's input and output per sample,
+    since inner operators take the previous operator's output), never more than the stash."""
+    if not recompute:
+        return metaop.stash_bytes_per_sample
+    boundary = max(metaop.activation_in_bytes, metaop.activation_out_bytes)
+    return min(metaop.stash_bytes_per_sample, -(-boundary // metaop.batch_size))
 
 
 def split_rows(batch: int, groups: int) -> list[int]:
@@ -40,30 +91,46 @@ SLICE_MEMORY_SHARE = 0.5
 that placement can spread a big module's layers over different ranks."""
 
 
-def layer_bytes_per_rank(metaop: MetaOp, n: int, strategy: str, dtype: str) -> float:
+def layer_bytes_per_rank(metaop: MetaOp, n: int, strategy: str, dtype: str,
+                         memory: MemoryStrategy = NO_SAVING) -> float:
     """Memory one operator of the MetaOp needs on each of n ranks: its state (weights,
-    gradients, optimizer; 1/t under tp<t>) and its stash for the largest row share."""
-    per_param = sum(state_bytes_per_param(dtype))
+    gradients, optimizer; 1/t under tp<t>; sharded parts over the slice's n / t copies) and
+    what it keeps for backward for the largest row share."""
+    t = tp_degree(strategy)
+    replicated, sharded = split_state_bytes(dtype, memory.zero)
     rows = max(rows_per_rank(metaop.batch_size, n, strategy))
-    return metaop.params_per_layer * per_param / tp_degree(strategy) + \
-        metaop.stash_bytes_per_sample * rows
+    per_param = replicated + sharded / max(n // t, 1)
+    return metaop.params_per_layer * per_param / t + \
+        kept_bytes_per_sample(metaop, memory.recompute) * rows
 
 
 def max_ops_per_slice(metaop: MetaOp, n: int, strategy: str, dtype: str,
-                      memory_bytes: int) -> int:
+                      memory_bytes: int, memory: MemoryStrategy = NO_SAVING) -> int:
     """Operators of the MetaOp one slice on n ranks may run (at least one)."""
-    per_layer = layer_bytes_per_rank(metaop, n, strategy, dtype)
+    per_layer = layer_bytes_per_rank(metaop, n, strategy, dtype, memory)
     if per_layer <= 0:
         return metaop.num_layers
-    return max(1, int(SLICE_MEMORY_SHARE * memory_bytes // per_layer))
+    budget = SLICE_MEMORY_SHARE * memory_bytes - _recompute_peak(metaop, n, strategy, memory)
+    return max(1, int(budget // per_layer))
+
+
+def _recompute_peak(metaop: MetaOp, n: int, strategy: str, memory: MemoryStrategy) -> float:
+    """The one-operator stash alive again during its backward under recomputation."""
+    if not memory.recompute:
+        return 0.0
+    return float(metaop.stash_bytes_per_sample * max(rows_per_rank(metaop.batch_size, n,
+                                                                    strategy)))
 
 
 class Ledger:
     """Memory committed so far on every rank (mutable; one per placement attempt)."""
 
-    def __init__(self, graph: MetaOpGraph, num_devices: int) -> None:
+    def __init__(self, graph: MetaOpGraph, num_devices: int,
+                 memory: MemoryStrategy = NO_SAVING) -> None:
         self.num_devices = num_devices
+        self.memory = memory
         self.weight_b, self.grad_b, self.opt_b = state_bytes_per_param(graph.dtype)
+        self.replicated_b, self.sharded_b = split_state_bytes(graph.dtype, memory.zero)
         sizes: dict[str, int] = {}
         self.params_per_layer: dict[str, int] = {}
         for m in graph.metaops:
@@ -73,10 +140,21 @@ class Ledger:
         self.held = {mod: np.zeros((n, num_devices)) for mod, n in sizes.items()}
         """Fraction of each (layer, rank) replica held: 1 for data parallel, 1/t for tp<t>."""
         self.activation = np.zeros(num_devices)
+        self.peak = np.zeros(num_devices)
+        """The largest one-operator stash a rank recomputes (0 without recomputation)."""
         self._used = np.zeros(num_devices)
 
-    def _layer_state_bytes(self, module: str) -> float:
-        return self.params_per_layer[module] * (self.weight_b + self.grad_b + self.opt_b)
+    def kept_per_sample(self, metaop: MetaOp) -> int:
+        """Bytes per sample an operator of the MetaOp keeps for backward."""
+        return kept_bytes_per_sample(metaop, self.memory.recompute)
+
+    def _shards(self, held: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+        """Per rank, the parameter-equivalents of a module's sharded state it keeps."""
+        return (held / replicas[:, None]).sum(axis=0)
+
+    @staticmethod
+    def _replicas(held: np.ndarray) -> np.ndarray:
+        return np.maximum(held.sum(axis=1), 1.0)
 
     def used(self) -> np.ndarray:
         """Bytes committed on every rank (kept up to date by `commit`)."""
@@ -84,13 +162,24 @@ class Ledger:
 
     def need(self, metaop: MetaOp, first: int, last: int, n: int, strategy: str) -> np.ndarray:
         """Extra bytes each rank would need to run the slice (rows rounded up, so the check
-        holds wherever the rank sits in the slice)."""
+        holds wherever the rank sits in the slice; sharded state as if the slice's n ranks
+        were the only new holders, which is the least sharing possible)."""
         frac = 1.0 / tp_degree(strategy)
         rows = max(rows_per_rank(metaop.batch_size, n, strategy))
         lo, hi = metaop.first_layer + first, metaop.first_layer + last
-        missing = np.maximum(frac - self.held[metaop.module][lo:hi], 0.0).sum(axis=0)
-        stash = float(metaop.stash_bytes_per_sample) * rows * (last - first)
-        return missing * self._layer_state_bytes(metaop.module) + stash
+        block = self.held[metaop.module][lo:hi]
+        missing = np.maximum(frac - block, 0.0).sum(axis=0)
+        stash = float(self.kept_per_sample(metaop)) * rows * (last - first)
+        per_layer = self.params_per_layer[metaop.module]
+        extra = missing * (per_layer * self.replicated_b) + stash
+        if self.sharded_b:
+            now = self._replicas(block)
+            after = np.maximum(now, n * frac)
+            grown = (np.maximum(block, frac) / after[:, None]).sum(axis=0) - \
+                self._shards(block, now)
+            extra = extra + grown * (per_layer * self.sharded_b)
+        peak = _recompute_peak(metaop, n, strategy, self.memory)
+        return extra + np.maximum(peak - self.peak, 0.0)
 
     def shared_fraction(self, metaop: MetaOp, first: int, last: int) -> np.ndarray:
         """Per rank, the share of the slice's layers it already holds (0..1)."""
@@ -104,25 +193,41 @@ class Ledger:
         lo, hi = metaop.first_layer + first, metaop.first_layer + last
         idx = np.asarray(ranks)
         block = self.held[metaop.module][lo:hi, :]
+        before = self._shards(block, self._replicas(block)) if self.sharded_b else None
         grown = np.maximum(frac - block[:, idx], 0.0).sum(axis=0)
         block[:, idx] = np.maximum(block[:, idx], frac)
         rows = np.asarray(rows_per_rank(metaop.batch_size, len(ranks), strategy), dtype=float)
-        stash = float(metaop.stash_bytes_per_sample) * rows * (last - first)
+        stash = float(self.kept_per_sample(metaop)) * rows * (last - first)
         self.activation[idx] += stash
-        self._used[idx] += grown * self._layer_state_bytes(metaop.module) + stash
+        per_layer = self.params_per_layer[metaop.module]
+        self._used[idx] += grown * (per_layer * self.replicated_b) + stash
+        if before is not None:
+            # a new holder also shrinks every other holder's shard of these layers
+            after = self._shards(block, self._replicas(block))
+            self._used += (after - before) * (per_layer * self.sharded_b)
+        peak = np.maximum(self.peak[idx], _recompute_peak(metaop, len(ranks), strategy,
+                                                          self.memory))
+        self._used[idx] += peak - self.peak[idx]
+        self.peak[idx] = peak
 
     def table(self) -> tuple[RankMemory, ...]:
         """The plan's per-rank memory, by category."""
-        params = np.zeros(self.num_devices)
+        full = np.zeros(self.num_devices)
+        shard = np.zeros(self.num_devices)
         for mod, held in self.held.items():
-            params += held.sum(axis=0) * self.params_per_layer[mod]
+            full += held.sum(axis=0) * self.params_per_layer[mod]
+            shard += self._shards(held, self._replicas(held)) * self.params_per_layer[mod]
+        zero = self.memory.zero
+        weights = shard if zero >= 3 else full
+        grads = shard if zero >= 2 else full
+        optimizer = shard if zero >= 1 else full
         return tuple(
             RankMemory(
                 rank=r,
-                param_bytes=int(round(params[r] * self.weight_b)),
-                grad_bytes=int(round(params[r] * self.grad_b)),
-                optimizer_bytes=int(round(params[r] * self.opt_b)),
-                activation_bytes=int(round(self.activation[r])),
+                param_bytes=int(round(weights[r] * self.weight_b)),
+                grad_bytes=int(round(grads[r] * self.grad_b)),
+                optimizer_bytes=int(round(optimizer[r] * self.opt_b)),
+                activation_bytes=int(round(self.activation[r] + self.peak[r])),
             )
             for r in range(self.num_devices)
         )

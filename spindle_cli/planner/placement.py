@@ -25,7 +25,7 @@ import numpy as np
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner.memory import Ledger
+from spindle_cli.planner.memory import NO_SAVING, Ledger, MemoryStrategy
 
 _BACKTRACK_DEPTH = 3
 _MAX_ATTEMPTS = 16
@@ -70,16 +70,18 @@ def _describe(s: SliceSpec) -> str:
 
 
 def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
-          cluster: ClusterSpec, *, mode: str = "island") -> tuple[list[list[Ranks]], Ledger]:
-    """Ranks for every slice (indexed like `waves`) and the memory ledger of the placement."""
+          cluster: ClusterSpec, *, mode: str = "island",
+          memory: MemoryStrategy = NO_SAVING) -> tuple[list[list[Ranks]], Ledger]:
+    """Ranks for every slice (indexed like `waves`) and the memory ledger of the placement,
+    with per-rank memory under the plan's memory strategy."""
     if mode == "sequential":
-        return _place_sequential(waves, graph, cluster)
+        return _place_sequential(waves, graph, cluster, memory)
     incoming: dict[tuple[int, int], list[Flow]] = {}
     for f in flows:
         incoming.setdefault(f.dst, []).append(f)
     memory_first: set[int] = set()
     for _ in range(_MAX_ATTEMPTS):
-        result = _attempt(waves, incoming, graph, cluster, memory_first)
+        result = _attempt(waves, incoming, graph, cluster, memory_first, memory)
         if not isinstance(result, _Failure):
             return result
         k = result.wave
@@ -91,7 +93,7 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
             if len(memory_first) == len(waves):
                 raise PlanInfeasible(result.message)
             memory_first = set(range(len(waves)))
-    result = _attempt(waves, incoming, graph, cluster, set(range(len(waves))))
+    result = _attempt(waves, incoming, graph, cluster, set(range(len(waves))), memory)
     if isinstance(result, _Failure):
         raise PlanInfeasible(result.message)
     return result
@@ -99,11 +101,12 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
 
 def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[Flow]],
              graph: MetaOpGraph, cluster: ClusterSpec,
-             memory_first: set[int]) -> tuple[list[list[Ranks]], Ledger] | _Failure:
+             memory_first: set[int],
+             memory: MemoryStrategy) -> tuple[list[list[Ranks]], Ledger] | _Failure:
     n_dev = cluster.num_devices
     cap = float(cluster.device.memory_bytes)
     island_of = np.arange(n_dev) // cluster.island_size
-    ledger = Ledger(graph, n_dev)
+    ledger = Ledger(graph, n_dev, memory)
     placed: list[list[Ranks]] = []
     for wi, wave in enumerate(waves):
         free = np.ones(n_dev, dtype=bool)
@@ -114,7 +117,7 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
 
         def per_rank_stash(i: int, wave: list[SliceSpec] = wave) -> float:
             s = wave[i]
-            return s.metaop.stash_bytes_per_sample * s.metaop.batch_size * s.num_ops / s.n
+            return ledger.kept_per_sample(s.metaop) * s.metaop.batch_size * s.num_ops / s.n
 
         if wi in memory_first:
             # largest per-rank load first (LPT) balances memory best
@@ -214,10 +217,10 @@ def _failure(wi: int, s: SliceSpec, free: np.ndarray, used: np.ndarray, need: np
     )
 
 
-def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph,
-                      cluster: ClusterSpec) -> tuple[list[list[Ranks]], Ledger]:
+def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster: ClusterSpec,
+                      memory: MemoryStrategy) -> tuple[list[list[Ranks]], Ledger]:
     cap = float(cluster.device.memory_bytes)
-    ledger = Ledger(graph, cluster.num_devices)
+    ledger = Ledger(graph, cluster.num_devices, memory)
     placed: list[list[Ranks]] = []
     for wi, wave in enumerate(waves):
         start = 0
