@@ -23,14 +23,22 @@ from spindle_cli.errors import SpindleError
               show_default=True, help="Rank placement (sequential: the naive ablation).")
 @click.option("--uneven-splits", is_flag=True,
               help="Allow data-parallel counts that do not divide the batch.")
+@click.option("--memory", type=click.Choice(["auto", "none", "zero1", "zero2", "zero3"]),
+              default="auto", show_default=True,
+              help="ZeRO stage (sharding optimizer state, + gradients, + weights); auto: the "
+                   "least aggressive that fits.")
+@click.option("--recompute", type=click.Choice(["auto", "on", "off"]), default="auto",
+              show_default=True,
+              help="Activation recomputation (+1/3 compute); auto: only when no ZeRO stage "
+                   "fits without it.")
 @click.option("-o", "--output", default="-", show_default=True, metavar="PLAN",
               help="Output file (.yaml, .yml or .json); '-' for stdout.")
 @click.option("--check", is_flag=True,
               help="Re-plan in memory and compare with PLAN (exit 1 on drift, writes nothing).")
 def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, placement: str,
-         uneven_splits: bool, output: str, check: bool) -> None:
+         uneven_splits: bool, memory: str, recompute: str, output: str, check: bool) -> None:
     """Plan the waves of GRAPH on a cluster using PROFILE's scaling curves."""
-    from spindle_cli.planner.api import PlanOptions, make_plan
+    from spindle_cli.planner.api import PlanOptions, make_fitting_plan, memory_ladder
 
     if check and output == "-":
         raise SpindleError("--check needs the plan file to compare with (-o PLAN)")
@@ -43,9 +51,14 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
     options = PlanOptions(planner=planner, placement=placement, uneven_splits=uneven_splits)
     inputs = (input_ref(graph, graph_path), input_ref(profile, profile_path),
               input_ref(cluster, cluster_path))
-    result = make_plan(graph, profile, cluster, options=options, inputs=inputs)
+    result = make_fitting_plan(graph, profile, cluster, options=options,
+                               ladder=memory_ladder(memory, recompute), inputs=inputs)
     gap = result.estimated_iteration_ms / result.lower_bound_ms if result.lower_bound_ms else 1.0
+    zero = result.options.get("zero", "0")
+    saving = "" if zero == "0" else f", ZeRO-{zero}"
+    if result.options.get("recompute") == "true":
+        saving += ", recompute"
     err.print(f"{planner}: {len(result.waves)} waves, estimated iteration "
               f"{result.estimated_iteration_ms:.2f} ms, {gap:.3f}x of C* "
-              f"{result.lower_bound_ms:.2f} ms")
+              f"{result.lower_bound_ms:.2f} ms{saving}")
     exit_with(emit(result, output, check=check))
