@@ -112,8 +112,24 @@ def _per_sample(shape: Shape) -> tuple[int, ...]:
     return ()
 
 
+def check_memory_strategy(plan: Plan) -> None:
+    """Refuse a plan that counts on ZeRO sharding or activation recomputation (Plan.options
+    `zero` / `recompute`, set by `spindle plan --memory/--recompute`): the executor keeps a full
+    replica and every activation, so such a plan would not fit the memory it was planned for."""
+    zero = plan.options.get("zero", "0")
+    recompute = plan.options.get("recompute", "false") == "true"
+    if zero != "0" or recompute:
+        used = ", ".join(([f"ZeRO stage {zero}"] if zero != "0" else [])
+                         + (["activation recomputation"] if recompute else []))
+        raise PlanError(
+            f"the plan uses {used}; the executor does not implement memory strategies yet",
+            hint="make the plan with `spindle plan --memory none --recompute off`",
+        )
+
+
 def build_program(plan: Plan, graph: MetaOpGraph, model: ModelSpec) -> Program:
     """Resolve a plan against its graph and model; PlanError when they do not fit together."""
+    check_memory_strategy(plan)
     if plan.model != model.name or graph.model != model.name:
         raise PlanError(f"plan is for model {plan.model!r}, graph for {graph.model!r}, "
                         f"model file is {model.name!r}")

@@ -113,6 +113,22 @@ def test_tensor_parallel_plan_is_refused_before_launch(tmp_path: Path) -> None:
     assert "tensor parallel" in _one_line_error(result)
 
 
+@pytest.mark.parametrize(("options", "named"), [({"zero": "1"}, "ZeRO stage 1"),
+                                                ({"recompute": "true"}, "recomputation")])
+def test_memory_strategy_plan_is_refused_before_launch(tmp_path: Path, options: dict[str, str],
+                                                       named: str) -> None:
+    plan_path = write_plan_files(tmp_path)
+    from spindle_cli.artifacts import Plan
+
+    plan = load(str(plan_path), Plan)
+    saving = dataclasses.replace(plan, options={**plan.options, **options})
+    write_artifact(saving, str(tmp_path / "saving.yaml"))
+    result = invoke("run", str(tmp_path / "saving.yaml"), "--nproc-per-node", "2")
+    assert result.exit_code == 2
+    line = _one_line_error(result)
+    assert named in line and "memory strategies" in line
+
+
 def test_world_size_mismatch_is_refused(tmp_path: Path) -> None:
     plan_path = write_plan_files(tmp_path)
     result = invoke("run", str(plan_path), "--nproc-per-node", "3")
