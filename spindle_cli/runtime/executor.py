@@ -177,20 +177,29 @@ class Executor:
             with self.tracer.span("send/recv", "comm", step=step, wave=w, phase="backward"):
                 self._backward_boundary(w, st)
         with self.tracer.span("sync", "sync", step=step):
-            for b in self.buckets:
-                if b.group is not None:
-                    with _with_peers("the gradient sync", [r for r in b.ranks if r != self.rank]):
-                        dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=b.group)
-            losses = self._reduce_losses(st)
+            losses = self._sync(st)
         if self.optimizer is not None:
             with self.tracer.span("optimizer", "compute", step=step):
                 self.optimizer.step()
         return losses
 
-    def _reduce_losses(self, st: StepState) -> dict[str, float]:
+    def _sync(self, st: StepState) -> dict[str, float]:
+        """All-reduce every bucket over its ranks and the task losses over the world; returns
+        the losses. The collectives are issued asynchronously in the global sorted order
+        (each group has its own connections, so their latencies overlap) and then awaited."""
         tasks = self.program.tasks
         vec = torch.tensor([st.task_loss.get(t, 0.0) for t in tasks], dtype=torch.float64,
                            device=self.world.device)
+        pending: list[tuple[Any, tuple[int, ...]]] = []
+        with _with_peers("the gradient sync", [r for b in self.buckets for r in b.ranks
+                                               if b.group is not None and r != self.rank]):
+            for b in self.buckets:
+                if b.group is not None:
+                    work = dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=b.group,
+                                           async_op=True)
+                    pending.append((work, b.ranks))
+            for work, _ in pending:
+                work.wait()
         if self.world.world_size > 1:
             others = [r for r in range(self.world.world_size) if r != self.rank]
             with _with_peers("the loss reduction", others):
