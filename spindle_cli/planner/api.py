@@ -31,6 +31,7 @@ from spindle_cli.planner.allocation import (
     valid_counts,
 )
 from spindle_cli.planner.memory import (
+    NO_SAVING,
     ZERO_STAGES,
     MemoryStrategy,
     max_ops_per_slice,
@@ -179,7 +180,7 @@ def allocate(graph: MetaOpGraph, curves: dict[str, OpCurve],
 
 
 def slice_limits(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpec,
-                 memory: MemoryStrategy = MemoryStrategy()) -> MaxOps:
+                 memory: MemoryStrategy = NO_SAVING) -> MaxOps:
     """The most operators one slice of a MetaOp on n devices may run (memory.py)."""
     by_id = {m.id: m for m in graph.metaops}
     cache: dict[tuple[str, int], int] = {}

@@ -1,0 +1,189 @@
+"""Memory strategies: per-rank bytes under each ZeRO stage and recomputation (hand-computed),
+the automatic choice of the least aggressive setting that fits, and the qwen-val plans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
+
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load
+from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner.api import (
+    PLANNERS,
+    PlanOptions,
+    make_fitting_plan,
+    make_plan,
+    memory_ladder,
+)
+from spindle_cli.planner.memory import (
+    Ledger,
+    MemoryStrategy,
+    kept_bytes_per_sample,
+    layer_bytes_per_rank,
+    split_state_bytes,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_split_state_bytes_moves_one_category_per_stage():
+    assert [split_state_bytes("bf16", z) for z in range(4)] == [(16, 0), (4, 12), (2, 14),
+                                                                (0, 16)]
+    assert split_state_bytes("fp32", 1) == (8, 8)
+
+
+@pytest.mark.parametrize(("zero", "expected"), [
+    # (param, grad, optimizer) bytes of a rank holding 2 layers x 100 params, shared by 2 ranks
+    (0, (400, 400, 2400)),
+    (1, (400, 400, 1200)),
+    (2, (400, 200, 1200)),
+    (3, (200, 200, 1200)),
+])
+def test_each_zero_stage_shards_its_categories_over_the_holders(zero, expected):
+    a = metaop("t/enc", layers=2, batch=4, module="enc", params=100, stash=10)
+    led = Ledger(graph([a]), 3, MemoryStrategy(zero=zero))
+    led.commit(a, 0, 2, (0, 1), "dp")
+    table = {m.rank: m for m in led.table()}
+    for r in (0, 1):
+        assert (table[r].param_bytes, table[r].grad_bytes, table[r].optimizer_bytes) == expected
+        assert table[r].activation_bytes == 10 * 2 * 2  # 2 rows x 2 operators
+        assert led.used()[r] == pytest.approx(table[r].total_bytes)
+    assert table[2].total_bytes == 0
+
+
+def test_a_new_holder_shrinks_the_shards_of_the_others():
+    a = metaop("t1/enc", layers=2, batch=4, module="enc", params=300, stash=0)
+    b = metaop("t2/enc", layers=2, batch=2, module="enc", params=300, stash=0)
+    led = Ledger(graph([a, b]), 4, MemoryStrategy(zero=1))
+    led.commit(a, 0, 2, (0, 1), "dp")
+    before = led.used()[0]
+    assert before == pytest.approx(2 * 300 * (4 + 12 / 2))
+    led.commit(b, 0, 1, (2,), "dp")  # layer 0 now has 3 holders, layer 1 still 2
+    table = {m.rank: m for m in led.table()}
+    assert table[0].optimizer_bytes == round(300 * 12 / 3 + 300 * 12 / 2)
+    assert table[2].optimizer_bytes == round(300 * 12 / 3)
+    assert led.used()[0] == pytest.approx(table[0].total_bytes) and led.used()[0] < before
+    assert led.used()[2] == pytest.approx(table[2].total_bytes)
+
+
+def test_tensor_parallel_shards_split_over_the_data_parallel_copies():
+    a = metaop("t/enc", layers=1, batch=4, module="enc", params=1000, stash=0)
+    led = Ledger(graph([a]), 4, MemoryStrategy(zero=3))
+    led.commit(a, 0, 1, (0, 1, 2, 3), "tp2")  # each rank holds 1/2, two copies
+    assert all(m.total_bytes == 1000 * 16 // 4 for m in led.table())
+    assert layer_bytes_per_rank(a, 4, "tp2", "bf16", MemoryStrategy(zero=3)) == 1000 * 16 / 4
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_need_never_underestimates_what_commit_adds(zero, recompute):
+    rng = np.random.default_rng(zero * 2 + recompute)
+    ops = [metaop(f"t{i}/enc", layers=6, batch=4, module="enc", params=500, stash=40,
+                  act_bytes=64) for i in range(3)]
+    led = Ledger(graph(ops), 8, MemoryStrategy(zero=zero, recompute=recompute))
+    for _ in range(12):
+        m = ops[int(rng.integers(3))]
+        first = int(rng.integers(6))
+        last = int(rng.integers(first + 1, 7))
+        n = int(rng.choice([1, 2, 4]))
+        ranks = tuple(sorted(rng.choice(8, size=n, replace=False).tolist()))
+        bound = led.used() + led.need(m, first, last, n, "dp")
+        led.commit(m, first, last, ranks, "dp")
+        assert np.all(led.used()[list(ranks)] <= bound[list(ranks)] + 1e-6)
+    totals = np.array([m.total_bytes for m in led.table()])
+    assert np.allclose(led.used(), totals, atol=4)
+
+
+def test_recompute_keeps_operator_inputs_and_one_operator_stash():
+    # input 4096 B for a batch of 8 -> 512 B per sample instead of the 1000 B stash
+    a = metaop("t/enc", layers=3, batch=8, module="enc", params=0, stash=1000, act_bytes=4096)
+    assert kept_bytes_per_sample(a, recompute=False) == 1000
+    assert kept_bytes_per_sample(a, recompute=True) == 512
+    led = Ledger(graph([a]), 2, MemoryStrategy(recompute=True))
+    led.commit(a, 0, 3, (0, 1), "dp")
+    for m in led.table():
+        assert m.activation_bytes == 512 * 4 * 3 + 1000 * 4  # inputs + one operator's stash
+
+
+def test_memory_ladder_orders_settings_least_aggressive_first():
+    assert memory_ladder() == ((0, False), (1, False), (2, False), (3, False),
+                               (0, True), (1, True), (2, True), (3, True))
+    assert memory_ladder("zero2", "auto") == ((2, False), (2, True))
+    assert memory_ladder("auto", "off") == ((0, False), (1, False), (2, False), (3, False))
+    assert memory_ladder("none", "on") == ((0, True),)
+    with pytest.raises(ValueError):
+        memory_ladder("zero4")
+
+
+def test_options_record_memory_strategies_only_when_on():
+    assert "zero" not in PlanOptions().as_dict() and "recompute" not in PlanOptions().as_dict()
+    opts = PlanOptions(zero=2, recompute=True).as_dict()
+    assert opts["zero"] == "2" and opts["recompute"] == "true"
+    with pytest.raises(ValueError):
+        PlanOptions(zero=5)
+
+
+def _tight_case(memory_bytes):
+    # 4 layers x 1000 params on 2 ranks: 64000 B replicated, 40000 B under ZeRO-1,
+    # 36000 B under ZeRO-2, 32000 B under ZeRO-3; activations 4 x 8 B x 1 row
+    g = graph([metaop("t/a", layers=4, batch=2, params=1000, stash=8)])
+    return g, profile([alpha_beta_curve("t/a", 2, 0.0, 1.0)]), cluster(per_node=2,
+                                                                       memory_bytes=memory_bytes)
+
+
+@pytest.mark.parametrize(("memory_bytes", "zero"), [(70_000, 0), (50_000, 1), (33_000, 3)])
+def test_auto_picks_the_least_aggressive_setting_that_fits(memory_bytes, zero):
+    g, p, c = _tight_case(memory_bytes)
+    plan = make_fitting_plan(g, p, c, options=PlanOptions(planner="sequential"))
+    assert plan.options.get("zero", "0") == str(zero) and "recompute" not in plan.options
+    assert all(m.total_bytes <= memory_bytes for m in plan.memory)
+    for less in range(zero):
+        with pytest.raises(PlanInfeasible):
+            make_plan(g, p, c, options=PlanOptions(planner="sequential", zero=less))
+
+
+def test_auto_fails_with_the_last_settings_error():
+    g, p, c = _tight_case(1000)
+    with pytest.raises(PlanInfeasible, match="out of memory placing"):
+        make_fitting_plan(g, p, c)
+
+
+def test_recompute_costs_one_extra_forward():
+    g = graph([metaop("t/a", layers=4, batch=2, params=10, stash=8)])
+    p = profile([alpha_beta_curve("t/a", 2, 0.5, 1.0)])
+    plain = make_plan(g, p, cluster(per_node=2), options=PlanOptions(planner="sequential"))
+    again = make_plan(g, p, cluster(per_node=2),
+                      options=PlanOptions(planner="sequential", recompute=True))
+    assert again.options["recompute"] == "true"
+    assert again.estimated_iteration_ms == pytest.approx(plain.estimated_iteration_ms * 4 / 3)
+    assert [s.time_ms * 4 / 3 for _, s in plain.slices()] == \
+        pytest.approx([s.time_ms for _, s in again.slices()])
+
+
+QWEN = [("qwen-val", "qwen-val-a800-8x8", "a800-4x8"),
+        ("qwen-val", "qwen-val-a800-8x8", "a800-8x8")]
+
+
+@pytest.mark.parametrize("planner", PLANNERS)
+@pytest.mark.parametrize(("model", "prof", "clus"), QWEN)
+def test_qwen_val_fits_with_memory_strategies_in_every_planner(model, prof, clus, planner):
+    g = load(str(REPO / "graphs" / f"{model}.yaml"), MetaOpGraph)
+    p = load(str(REPO / "profiles" / f"{prof}.yaml"), Profile)
+    c = load(str(REPO / "clusters" / f"{clus}.yaml"), ClusterSpec)
+    with pytest.raises(PlanInfeasible, match="out of memory"):
+        make_plan(g, p, c, options=PlanOptions(planner=planner))
+    plan = make_fitting_plan(g, p, c, options=PlanOptions(planner=planner))
+    assert int(plan.options["zero"]) >= 1
+    assert all(m.total_bytes <= c.device.memory_bytes for m in plan.memory)
+
+
+@pytest.mark.parametrize("name", ["qwen-val-a800-4x8", "qwen-val-a800-8x8",
+                                  "qwen-val-30b-a800-32x8", "qwen-val-70b-a800-32x8"])
+def test_committed_qwen_plans_fit_their_devices(name):
+    plan = load(str(REPO / "plans" / f"{name}.yaml"), Plan)
+    c = load(str(REPO / "clusters" / f"{plan.cluster}.yaml"), ClusterSpec)
+    assert "zero" in plan.options
+    assert all(m.total_bytes <= c.device.memory_bytes for m in plan.memory)
