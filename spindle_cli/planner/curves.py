@@ -5,14 +5,24 @@ contiguous `CurvePiece`s with T(n) = alpha + beta * B / n, evaluated by
 `spindle_cli.planner.scaling`.
 
 How the fit works:
-- Monotone clean-up first: a count that is slower than a smaller count takes the running
-  minimum of the times before it (giving an operator more devices never has to make it slower:
-  the planner would just not use them). The raw point stays in the profile; only the fit sees
-  the cleaned value, so `max_rel_error` shows the difference.
-- Between consecutive counts n_i < n_{i+1} the piece passes exactly through both cleaned
-  points (two equations, two unknowns in b = B / n), so the fit is exact on data that is
-  piecewise linear in b with breaks at the profiled counts. After the clean-up the slope is
-  never negative, so beta >= 0 holds without clamping; the clamp below guards rounding.
+- Only counts that help are fitted: the fit stops before the first count that is slower than
+  the count before it (beyond the batch size tensor parallelism is often slower than data
+  parallelism at fewer devices). The pieces then end at the last helpful count, so
+  `scaling.count_range` closes there and the planner never allocates devices that do not
+  help; the slower points stay in the profile. A running minimum would instead claim, at the
+  larger count, a time that no strategy achieves there.
+- Between consecutive counts n_i < n_{i+1} the piece passes exactly through both points (two
+  equations, two unknowns in b = B / n), so the fit is exact at every fitted count. The times
+  never increase with n, so beta >= 0 holds without clamping; the clamp below guards rounding.
+- A count that does not split the batch evenly is placed where its per-device work belongs
+  (`_knots`): B = 96 on 64 devices runs 2 samples per device, the work of 48 devices.
+- A kink inside a segment (the roofline's switch from weight-memory-bound to compute-bound
+  falls between two counts) makes the chord overestimate the time there. When the segment
+  before and the one after run the same strategy and the slopes fall strictly from one
+  segment to the next (convex), the neighbours' lines are extended into the segment and meet
+  at the kink n*; pieces break at floor(n*) and ceil(n*) so every integer count lies on one of
+  the two lines (a one-count chord bridges them, keeping T continuous). Each strategy's
+  roofline time is the maximum of two lines in b, so this is exact for the analytic source.
 - Piece k covers (n_k, n_{k+1}] and carries the strategy of its right end, because
   `scaling.strategy(curve, n)` picks the first piece with n <= n_hi. When the first count uses
   another strategy than the first piece, a zero-width piece [n_0, n_0] carries it.
@@ -24,11 +34,16 @@ How the fit works:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spindle_cli.artifacts.profile import Curve, CurvePiece, MemoryModel, ProfilePoint
 from spindle_cli.planner import scaling
+
+KINK_SLOPE_REL = 1e-6
+"""Relative slope drop that counts as a kink (below it the lines are parallel up to rounding,
+and their intersection is meaningless)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,87 +63,122 @@ class Sample:
         return self.work_devices or self.num_devices
 
 
-def monotone(samples: Sequence[Sample]) -> list[Sample]:
-    """Samples sorted by count with each time replaced by the running minimum (the strategy
-    stays the count's own)."""
+def helpful_run(samples: Sequence[Sample]) -> list[Sample]:
+    """Samples sorted by count, up to (excluding) the first one slower than the one before."""
     out: list[Sample] = []
-    best = float("inf")
     for s in sorted(samples, key=lambda s: s.num_devices):
-        best = min(best, s.time_ms)
-        out.append(
-            Sample(
-                num_devices=s.num_devices,
-                time_ms=best,
-                strategy=s.strategy,
-                work_devices=s.work_devices,
-            )
-        )
+        if out and s.time_ms > out[-1].time_ms:
+            break
+        out.append(s)
     return out
 
 
-def _segment(batch_size: int, lo: Sample, hi: Sample) -> tuple[float, float]:
-    """(alpha, beta) of the line in b = B / n through two samples."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Line:
+    """T = alpha + beta * b, b = B / n."""
+
+    alpha: float
+    beta: float
+
+    def at(self, b: float) -> float:
+        return self.alpha + self.beta * b
+
+
+def _through(batch_size: int, lo: Sample, hi: Sample) -> _Line:
+    """The line in b = B / n through two samples."""
     b_lo = batch_size / lo.num_devices
     b_hi = batch_size / hi.num_devices
     beta = max(0.0, (lo.time_ms - hi.time_ms) / (b_lo - b_hi))
-    return hi.time_ms - beta * b_hi, beta
+    return _Line(alpha=hi.time_ms - beta * b_hi, beta=beta)
+
+
+def _piece(n_lo: int, n_hi: int, line: _Line, strategy: str) -> CurvePiece:
+    return CurvePiece(n_lo=n_lo, n_hi=n_hi, alpha_ms=line.alpha, beta_ms=line.beta,
+                      strategy=strategy)
+
+
+def _kinked(batch_size: int, lo: Sample, hi: Sample, before: _Line, after: _Line,
+            strategy: str) -> list[CurvePiece]:
+    """Pieces over [lo, hi] along `before` up to the kink and `after` beyond it (see the
+    module docstring); the caller has checked that the slopes fall strictly."""
+    b_kink = (after.alpha - before.alpha) / (before.beta - after.beta)
+    n_kink = batch_size / b_kink
+    left, right = math.floor(n_kink), math.ceil(n_kink)
+    left = min(max(left, lo.num_devices), hi.num_devices)
+    right = min(max(right, left), hi.num_devices)
+    pieces = []
+    if left > lo.num_devices:
+        pieces.append(_piece(lo.num_devices, left, before, strategy))
+    if right > left:
+        bridge = _through(
+            batch_size,
+            Sample(num_devices=left, time_ms=before.at(batch_size / left), strategy=strategy),
+            Sample(num_devices=right, time_ms=after.at(batch_size / right), strategy=strategy),
+        )
+        pieces.append(_piece(left, right, bridge, strategy))
+    if hi.num_devices > right:
+        pieces.append(_piece(right, hi.num_devices, after, strategy))
+    return pieces
+
+
+def _is_kink(lines: list[_Line], k: int) -> bool:
+    """Whether segment k lies between two segments whose lines make it convex."""
+    if k == 0 or k + 1 >= len(lines):
+        return False
+    b0, b1, b2 = lines[k - 1].beta, lines[k].beta, lines[k + 1].beta
+    # a flat neighbour is a plateau of one per-device batch (`_knots`), not a roofline regime
+    flat = b2 == 0.0
+    return not flat and b0 - b1 > KINK_SLOPE_REL * b0 and b1 - b2 > KINK_SLOPE_REL * b0
+
+
+def _knots(run: Sequence[Sample]) -> list[Sample]:
+    """The points the pieces pass through. A count n that does not split the batch evenly
+    really ran the per-device work of a smaller count x (`Sample.work_devices`); when x is a
+    whole count above the previous one, the sample becomes two knots, (x, T) and (n, T): the
+    line reaches T at x, where that work belongs, and T stays flat up to n (every count in
+    between runs the same per-device batch)."""
+    out: list[Sample] = []
+    for s in run:
+        x = round(s.work_devices)
+        above = out[-1].num_devices if out else 0
+        if s.work_devices and abs(s.work_devices - x) < 1e-9 and above < x < s.num_devices:
+            out.append(Sample(num_devices=x, time_ms=s.time_ms, strategy=s.strategy))
+        out.append(Sample(num_devices=s.num_devices, time_ms=s.time_ms, strategy=s.strategy))
+    return out
 
 
 def fit_pieces(samples: Sequence[Sample], batch_size: int) -> tuple[CurvePiece, ...]:
-    """Fit contiguous pieces through the (cleaned) samples; see the module docstring."""
+    """Fit contiguous pieces through the helpful run of the samples; see the module
+    docstring."""
     if not samples:
         raise ValueError("cannot fit a curve without a feasible sample")
     counts = [s.num_devices for s in samples]
     if len(set(counts)) != len(counts):
         raise ValueError(f"duplicate device counts in {counts}")
-    clean = monotone(samples)
-    if len(clean) == 1:
-        (s,) = clean
-        return (
-            CurvePiece(
-                n_lo=s.num_devices,
-                n_hi=s.num_devices,
-                alpha_ms=s.time_ms,
-                beta_ms=0.0,
-                strategy=s.strategy,
-            ),
-        )
+    knots = _knots(helpful_run(samples))
+    if len(knots) == 1:
+        (s,) = knots
+        return (_piece(s.num_devices, s.num_devices, _Line(alpha=s.time_ms, beta=0.0),
+                       s.strategy),)
+    lines = [_through(batch_size, lo, hi) for lo, hi in zip(knots, knots[1:], strict=False)]
     pieces: list[CurvePiece] = []
-    for lo, hi in zip(clean, clean[1:], strict=False):
-        alpha, beta = _segment(batch_size, lo, hi)
-        pieces.append(
-            CurvePiece(
-                n_lo=lo.num_devices,
-                n_hi=hi.num_devices,
-                alpha_ms=alpha,
-                beta_ms=beta,
-                strategy=hi.strategy,
-            )
-        )
-    first = clean[0]
+    for k, line in enumerate(lines):
+        lo, hi = knots[k], knots[k + 1]
+        same = {s.strategy for s in knots[max(k - 1, 0):k + 3]} == {hi.strategy}
+        if same and _is_kink(lines, k):
+            pieces.extend(_kinked(batch_size, lo, hi, lines[k - 1], lines[k + 1], hi.strategy))
+        else:
+            pieces.append(_piece(lo.num_devices, hi.num_devices, line, hi.strategy))
+    first = knots[0]
     if first.strategy != pieces[0].strategy:
         head = pieces[0]
-        pieces.insert(
-            0,
-            CurvePiece(
-                n_lo=first.num_devices,
-                n_hi=first.num_devices,
-                alpha_ms=head.alpha_ms,
-                beta_ms=head.beta_ms,
-                strategy=first.strategy,
-            ),
-        )
-    last = clean[-1]
+        pieces.insert(0, CurvePiece(n_lo=first.num_devices, n_hi=first.num_devices,
+                                    alpha_ms=head.alpha_ms, beta_ms=head.beta_ms,
+                                    strategy=first.strategy))
+    last = knots[-1]
     if pieces[-1].alpha_ms < 0:
-        pieces.append(
-            CurvePiece(
-                n_lo=last.num_devices,
-                n_hi=last.num_devices,
-                alpha_ms=0.0,
-                beta_ms=last.time_ms * last.num_devices / batch_size,
-                strategy=last.strategy,
-            )
-        )
+        ideal = _Line(alpha=0.0, beta=last.time_ms * last.num_devices / batch_size)
+        pieces.append(_piece(last.num_devices, last.num_devices, ideal, last.strategy))
     return tuple(pieces)
 
 
@@ -149,12 +199,10 @@ def fit_curve(
     samples: Sequence[Sample],
     points: tuple[ProfilePoint, ...],
     memory: MemoryModel,
-    heldout: Sequence[Sample] = (),
-    validated: bool = False,
 ) -> Curve:
     """The fitted Curve of one signature: pieces from `samples` (best feasible time per fitted
-    count), fit error against the raw samples, and with `validated` the error at the held-out
-    samples that lie inside the fitted range (None when not validated)."""
+    count) and the fit error at the samples the pieces cover (the helpful run). Held-out
+    validation is added by `profiling` (it needs the raw points of the curve's strategy)."""
     pieces = fit_pieces(samples, batch_size)
     draft = Curve(
         signature=signature,
@@ -164,14 +212,13 @@ def fit_curve(
         memory=memory,
         max_rel_error=0.0,
     )
-    lo, hi = pieces[0].n_lo, pieces[-1].n_hi
-    inside = [s for s in heldout if lo <= s.num_devices <= hi]
+    # compared where the planner asks for a fitted count: at n itself
+    fitted = [replace(s, work_devices=0.0) for s in helpful_run(samples)]
     return Curve(
         signature=signature,
         batch_size=batch_size,
         points=points,
         pieces=pieces,
         memory=memory,
-        max_rel_error=max_rel_error(draft, samples),
-        heldout_rel_error=max_rel_error(draft, inside) if validated else None,
+        max_rel_error=max_rel_error(draft, fitted),
     )

@@ -8,10 +8,12 @@ How infeasible counts are expressed: every tried (count, strategy) is a point; a
 out of memory, timed out or had more data-parallel groups than samples is stored with
 feasible=false and a note, and is left out of the fit. The fit covers the longest run of
 consecutive profiled counts that starts at the first count with a feasible strategy; the first
-count after it with no feasible strategy ends the pieces, and `scaling.count_range` (hence
-`scaling.is_valid`) then closes the counts beyond. Held-out counts (`--validate`) are points
-at counts that are not in `Profile.counts`; they are never fitted, only compared, at the
-per-device work they ran and after the same monotone clean-up as the fit.
+count after it with no feasible strategy ends the pieces (so does the first count slower than
+the one before it, `curves.helpful_run`), and `scaling.count_range` (hence `scaling.is_valid`)
+then closes the counts beyond. Held-out counts (`--validate`) are points at counts that are not
+in `Profile.counts`; they are never fitted, only compared. The check is what the planner would
+rely on: at each held-out count that is a valid allocation (`scaling.is_valid`), the time the
+curve gives for the strategy it uses there against the profiled time of that strategy.
 """
 
 from __future__ import annotations
@@ -171,70 +173,70 @@ def build_curve(
     validate: bool,
 ) -> Curve:
     """The fitted Curve of one signature from all of its points."""
-    fit_counts = set(counts)
     best = _best(points, op.batch_size)
-    # Fitted counts are compared where the planner asks (at n); held-out ones at the work
-    # they really ran, which tests the interpolation rather than the ceil(B / n) rounding.
-    samples = [replace(s, work_devices=0.0) for s in fitted_run(counts, best)]
+    samples = fitted_run(counts, best)
     if not samples:
         notes = sorted({p.note for p in points if p.note})
         raise SpindleError(
             f"signature {op.signature!r}: no feasible strategy at any profiled count"
             + (f" ({'; '.join(notes)})" if notes else "")
         )
-    return fit_curve(
+    curve = fit_curve(
         signature=op.signature,
         batch_size=op.batch_size,
         samples=samples,
         points=tuple(sorted(points, key=lambda p: (p.num_devices, p.strategy))),
         memory=memory,
-        heldout=_heldout(best, fit_counts, samples),
-        validated=validate,
     )
-
-
-def _heldout(best: dict[int, Sample], fit_counts: set[int], fitted: list[Sample]) -> list[Sample]:
-    """Held-out samples, after the same monotone clean-up as the fit: held-out counts test the
-    interpolation, so one slower than a smaller profiled count is compared with that count's
-    time (what the clean-up costs at the profiled counts themselves shows in max_rel_error)."""
-    out = []
-    for n, s in sorted(best.items()):
-        if n not in fit_counts:
-            before = [f.time_ms for f in fitted if f.num_devices < n]
-            out.append(replace(s, time_ms=min([s.time_ms, *before])))
-    return out
+    if not validate:
+        return curve
+    errors = [e.rel_error for e in heldout_errors(curve, counts)]
+    return replace(curve, heldout_rel_error=max(errors, default=0.0))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HeldoutError:
-    """The fit's error at one held-out count."""
+    """The fit's error at one held-out count: what the curve claims there (strategy and time)
+    against the profiled time of that strategy at that count."""
 
     num_devices: int
     strategy: str
-    """The fastest strategy measured at this count."""
-    piece_strategy: str
-    """The strategy of the piece the count falls in (the fit interpolates that one)."""
+    """The strategy the curve uses at this count (`scaling.strategy`)."""
+    best_strategy: str
+    """The fastest strategy profiled at this count (may differ at a strategy switch)."""
     rel_error: float
 
 
-def heldout_errors(curve: Curve, counts: Sequence[int]) -> list[HeldoutError]:
-    """Per held-out count of a validated curve, the error that `heldout_rel_error` is the
-    maximum of (counts outside the fitted range are skipped)."""
+def heldout_errors(
+    curve: Curve, counts: Sequence[int], *, uneven: bool = False
+) -> list[HeldoutError]:
+    """Per held-out count (a profiled count not in `counts`) that is a valid allocation
+    (`scaling.is_valid`, with `uneven` splits or not): |T_curve - T| / T, with T the profiled
+    time of the strategy the curve uses there, compared at the per-device work that point ran
+    (n itself unless uneven). Counts outside `scaling.count_range` are not valid allocations
+    and are skipped, and so are counts where the curve's strategy ran out of memory (the
+    planner's memory model, not the curve, rules those out)."""
+    fit_counts = set(counts)
     best = _best(curve.points, curve.batch_size)
-    fitted = [replace(s, work_devices=0.0) for s in fitted_run(counts, best)]
-    lo, hi = curve.pieces[0].n_lo, curve.pieces[-1].n_hi
     out = []
-    for s in _heldout(best, set(counts), fitted):
-        if lo <= s.num_devices <= hi:
-            predicted = scaling.time_ms(curve, s.compare_at)
-            out.append(
-                HeldoutError(
-                    num_devices=s.num_devices,
-                    strategy=s.strategy,
-                    piece_strategy=scaling.strategy(curve, s.num_devices),
-                    rel_error=abs(predicted - s.time_ms) / s.time_ms,
-                )
+    for n in sorted({p.num_devices for p in curve.points} - fit_counts):
+        if not scaling.is_valid(curve, n, uneven=uneven):
+            continue
+        claimed = scaling.strategy(curve, n)
+        point = next((p for p in curve.points
+                      if p.num_devices == n and p.strategy == claimed), None)
+        if point is None or not point.feasible:
+            continue
+        at = work_devices(curve.batch_size, n, claimed)
+        predicted = scaling.time_ms(curve, at)
+        out.append(
+            HeldoutError(
+                num_devices=n,
+                strategy=claimed,
+                best_strategy=best[n].strategy,
+                rel_error=abs(predicted - point.time_ms) / point.time_ms,
             )
+        )
     return out
 
 
