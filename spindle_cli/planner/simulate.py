@@ -31,6 +31,16 @@ What is modelled (and what is not):
   activations stashed for backward are simulated: every slice keeps stash_bytes_per_sample *
   rows * layers on each rank until its backward, so a rank peaks at the end of the forward pass.
 
+- Memory strategies (Plan.options `zero`, `recompute`; planner/memory.py). ZeRO-1/2 turn the
+  all-reduce into a reduce-scatter + all-gather of the same bytes, so the sync is unchanged.
+  ZeRO-3 also all-gathers a slice's weights (the training dtype's bytes of its layers) over
+  each parameter group it touches, as a ring over the group's ranks, before its forward and
+  again before its backward; a wave prefetches the next wave's gathers when it starts (the
+  first forward wave's at 0, the last backward wave's when the forward pass ends), and a wave
+  waits for its own like for its inputs. Recomputation runs the forward again before each
+  backward (backward_ms += forward_ms) and stashes only what memory.py keeps, plus the largest
+  one-operator stash alive during a backward.
+
 Not modelled: tensor-parallel collectives inside a slice (they are inside the measured curve),
 compute/communication interference, pipelining inside a wave, optimizer step time.
 """
@@ -48,11 +58,12 @@ from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.plan import Plan, Slice
 from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
 from spindle_cli.errors import SpindleError
+from spindle_cli.planner.memory import kept_bytes_per_sample, state_bytes_per_param
 
 FORWARD_SHARE = 1.0 / 3.0
 """Forward share of an operator's forward+backward time; backward is the rest."""
 
-FlowKind = Literal["activation", "gradient", "sync"]
+FlowKind = Literal["activation", "gradient", "sync", "gather"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,7 +103,8 @@ class FlowTiming:
 
     kind: FlowKind
     label: str
-    """The transfer ('src->dst' slice ids) or parameter group ('module[first:last]')."""
+    """The transfer ('src->dst' slice ids), parameter group ('module[first:last]') or ZeRO-3
+    weight gather ('slice:module[first:last]')."""
     src_rank: int
     dst_rank: int
     bytes: int
@@ -355,14 +367,24 @@ class _SliceCost:
     backward_ms: float
 
 
+def _zero_stage(plan: Plan) -> int:
+    return int(plan.options.get("zero", "0"))
+
+
+def _recompute(plan: Plan) -> bool:
+    return plan.options.get("recompute", "false") == "true"
+
+
 def _slice_costs(plan: Plan, graph: MetaOpGraph, profile: Profile) -> dict[str, _SliceCost]:
     costs = {}
+    # recomputation runs the forward once more right before the backward
+    extra = FORWARD_SHARE if _recompute(plan) else 0.0
     for w, s in plan.slices():
         m = graph.metaop(s.metaop)
         total_ms = operator_ms(profile.curve(m.signature), s) * s.num_layers
         costs[s.id] = _SliceCost(
             slice=s, wave=w.index, forward_ms=total_ms * FORWARD_SHARE,
-            backward_ms=total_ms * (1.0 - FORWARD_SHARE),
+            backward_ms=total_ms * (1.0 - FORWARD_SHARE + extra),
         )
     return costs
 
@@ -442,6 +464,29 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
         sync_start_ms[gi] = start_ms
         sync_ids[gi] = issue("sync", label, ring, start_ms, 2 * (p - 1) * latency_s)
 
+    weight_b = state_bytes_per_param(graph.dtype)[0]
+    gathers = _zero_stage(plan) >= 3
+
+    def issue_gathers(wave: int, start_ms: float) -> list[int]:
+        """ZeRO-3: all-gather the weights of every slice of the wave over its groups."""
+        if not gathers or not 0 <= wave < len(plan.waves):
+            return []
+        ids: list[int] = []
+        for s in plan.waves[wave].slices:
+            m = graph.metaop(s.metaop)
+            lo, hi = m.first_layer + s.first, m.first_layer + s.last
+            for g in plan.param_groups:
+                layers = min(hi, g.last_layer) - max(lo, g.first_layer)
+                p = len(g.ranks)
+                size = layers * m.params_per_layer * weight_b
+                if g.module != m.module or layers <= 0 or p < 2 or size <= 0:
+                    continue
+                ring = [(g.ranks[k], g.ranks[(k + 1) % p], round((p - 1) / p * size))
+                        for k in range(p)]
+                ids += issue("gather", f"{s.id}:{g.module}[{max(lo, g.first_layer)}:"
+                             f"{min(hi, g.last_layer)}]", ring, start_ms, (p - 1) * latency_s)
+        return ids
+
     group_slices = _group_slices(plan, graph)
     ready_in_wave: dict[int, list[int]] = {}
     for gi, ids in enumerate(group_slices):
@@ -458,9 +503,12 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
     fwd_flows: dict[int, list[int]] = {}
     fwd_timing: list[tuple[float, float, float]] = []
     now_ms = 0.0
+    prefetched = {0: issue_gathers(0, 0.0)}
     for w in plan.waves:
         needed = [f for i in into_wave.get(w.index, []) for f in fwd_flows[i]]
+        needed += prefetched.pop(w.index)
         start_ms = max(now_ms, net.finish(needed) * 1e3)
+        prefetched[w.index + 1] = issue_gathers(w.index + 1, start_ms)
         end_ms = start_ms
         for s in w.slices:
             starts[s.id][0] = start_ms
@@ -475,9 +523,12 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
 
     bwd_flows: dict[int, list[int]] = {}
     bwd_timing: dict[int, tuple[float, float, float]] = {}
+    prefetched = {len(plan.waves) - 1: issue_gathers(len(plan.waves) - 1, now_ms)}
     for w in reversed(plan.waves):
         needed = [f for i in out_of_wave.get(w.index, []) for f in bwd_flows[i]]
+        needed += prefetched.pop(w.index)
         start_ms = max(now_ms, net.finish(needed) * 1e3)
+        prefetched[w.index - 1] = issue_gathers(w.index - 1, start_ms)
         end_ms = start_ms
         for s in w.slices:
             starts[s.id][2] = start_ms
@@ -526,6 +577,8 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
 
     busy = [0.0] * plan.num_devices
     stash = [0] * plan.num_devices
+    peak = [0] * plan.num_devices
+    recompute = _recompute(plan)
     device_ms: dict[str, float] = {}
     slices = []
     for _, s in plan.slices():
@@ -535,7 +588,10 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                                strict=True):
             for r in g:
                 busy[r] += c.forward_ms + c.backward_ms
-                stash[r] += m.stash_bytes_per_sample * (hi - lo) * s.num_layers // len(g)
+                stash[r] += (kept_bytes_per_sample(m, recompute) * (hi - lo) * s.num_layers
+                             // len(g))
+                if recompute:
+                    peak[r] = max(peak[r], m.stash_bytes_per_sample * (hi - lo) // len(g))
         device_ms[s.metaop] = device_ms.get(s.metaop, 0.0) + (
             c.forward_ms + c.backward_ms) * len(s.ranks)
         st = starts[s.id]
@@ -544,6 +600,7 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
             last=s.last, ranks=s.ranks, forward_start_ms=st[0], forward_end_ms=st[1],
             backward_start_ms=st[2], backward_end_ms=st[3]))
 
+    stash = [a + b for a, b in zip(stash, peak, strict=True)]
     static = {rm.rank: rm.param_bytes + rm.grad_bytes + rm.optimizer_bytes for rm in plan.memory}
     ranks = tuple(
         RankStats(rank=r, busy_ms=busy[r],
@@ -565,7 +622,7 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                    start_ms=float(net.ready_s[i]) * 1e3, end_ms=float(net.end_s[i]) * 1e3)
         for i, (kind, label, src, dst, num_bytes) in enumerate(flow_meta)
     )
-    moved = [f for f in flows if f.kind != "sync"]
+    moved = [f for f in flows if f.kind in ("activation", "gradient")]
     syncs = tuple(
         SyncTiming(module=g.module, first_layer=g.first_layer, last_layer=g.last_layer,
                    ranks=g.ranks, bytes=g.bytes, start_ms=sync_start_ms[gi],
