@@ -156,3 +156,38 @@ def test_explain_finds_inputs_above_the_plan(case, monkeypatch):
     r = invoke("explain", "plan.yaml", "t2/txt")
     assert r.exit_code == 0, r.output
     assert "tuples after rounding" in r.output
+
+
+def _small_cluster(memory_bytes):
+    text = Path("cluster.yaml").read_text().replace("memory_bytes: 85899345920",
+                                                    f"memory_bytes: {memory_bytes}")
+    Path("small.yaml").write_text(text)
+    return ["plan", "graph.yaml", "profile.yaml", "--cluster", "small.yaml"]
+
+
+def test_memory_auto_is_the_default_and_picks_zero_only_when_needed(case):
+    # the case's replicated plan peaks at about 145 kB per rank; 100 kB needs sharding
+    args = _small_cluster(100_000)
+    r = subprocess.run(["spindle", *args, "--memory", "none", "--recompute", "off", "-o",
+                        "p.yaml"], capture_output=True, text=True, check=False)
+    assert r.returncode == 2 and r.stderr.startswith("error: out of memory")
+    assert not Path("p.yaml").exists()
+    r = subprocess.run(["spindle", *args, "-o", "p.yaml"], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    plan = load("p.yaml", Plan)
+    zero = int(plan.options["zero"])
+    assert zero >= 1 and "recompute" not in plan.options and f"ZeRO-{zero}" in r.stderr
+    assert all(m.total_bytes <= 100_000 for m in plan.memory)
+    # the default cluster needs nothing: the plan records no memory strategy
+    assert invoke(*plan_args("-o", "big.yaml")).exit_code == 0
+    assert "zero" not in load("big.yaml", Plan).options
+
+
+def test_memory_flags_force_a_setting(case):
+    r = invoke(*plan_args("--memory", "zero3", "--recompute", "on", "-o", "forced.yaml"))
+    assert r.exit_code == 0, r.output
+    plan = load("forced.yaml", Plan)
+    assert plan.options["zero"] == "3" and plan.options["recompute"] == "true"
+    r = invoke(*plan_args("--memory", "zero9", "-o", "bad.yaml"))
+    assert r.exit_code == 2 and not Path("bad.yaml").exists()
