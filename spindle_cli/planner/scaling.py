@@ -58,8 +58,9 @@ def inverse_n(curve: Curve, t_ms: float) -> float:
 def count_range(curve: Curve) -> tuple[int, float]:
     """The device counts a curve may be used at, (lowest, highest), inclusive. The fitted pieces
     end where profiling found no feasible strategy (out of memory, timed out, fewer samples than
-    data-parallel groups): a profiled point outside the pieces marks that side as closed. A side
-    without such a point stays open: the first piece extends down, the last piece up."""
+    data-parallel groups) or where the next profiled count is slower (`curves.helpful_run`): a
+    profiled point outside the pieces marks that side as closed. A side without such a point
+    stays open: the first piece extends down, the last piece up."""
     lo, hi = curve.pieces[0].n_lo, curve.pieces[-1].n_hi
     profiled = [p.num_devices for p in curve.points]
     low = lo if any(c < lo for c in profiled) else 1
@@ -67,9 +68,22 @@ def count_range(curve: Curve) -> tuple[int, float]:
     return low, high
 
 
+def work_count(curve: Curve, n: int) -> float:
+    """The (fractional) count whose B / n is the per-device batch n devices really run:
+    n * (B / groups) / ceil(B / groups) with groups = n / t; n itself when the groups divide B.
+    The planner reads an uneven split's time here (`allocation.op_time_ms`)."""
+    groups = n // tp_degree(strategy(curve, n))
+    return n * (curve.batch_size / groups) / math.ceil(curve.batch_size / groups)
+
+
 def is_valid(curve: Curve, n: int, *, uneven: bool = False) -> bool:
     """Whether n devices is a practical allocation: n inside `count_range`; data parallel needs
-    n | B (any n <= B with `uneven`); tensor parallel of degree t needs t | n and (n / t) | B."""
+    n | B (any n <= B with `uneven`); tensor parallel of degree t needs t | n and (n / t) | B
+    (n / t <= B with `uneven`). An uneven split is read off the curve at its `work_count`, so
+    that count must lie on a piece of the same strategy: otherwise the curve gives another
+    strategy's time for it (B = 32 on tp2 x 24 groups runs 2 rows per group, the work of 32
+    devices, where the curve holds data parallelism's time), and the slower real strategy
+    would not help over the smaller count anyway."""
     low, high = count_range(curve)
     if n < max(1, low) or n > high:
         return False
@@ -77,9 +91,11 @@ def is_valid(curve: Curve, n: int, *, uneven: bool = False) -> bool:
     if n % t:
         return False
     groups = n // t
-    if uneven:
-        return groups <= curve.batch_size
-    return curve.batch_size % groups == 0
+    if not uneven:
+        return curve.batch_size % groups == 0
+    if groups > curve.batch_size:
+        return False
+    return strategy(curve, work_count(curve, n)) == strategy(curve, n)
 
 
 def valid_counts(curve: Curve, max_n: int, *, uneven: bool = False) -> list[int]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from plan_builders import curve as hand_curve
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, load
 from spindle_cli.artifacts.io import parse_artifact, render
@@ -20,6 +21,7 @@ from spindle_cli.planner.profiling import (
     assemble_profile,
     check_counts,
     heldout_counts,
+    heldout_errors,
     signature_ops,
 )
 
@@ -222,3 +224,43 @@ def test_shipped_model_profile_is_valid_and_fast_enough_to_test(request):
                                validate=True)
     assert len(profile.curves) == len({m.signature for m in graph.metaops})
     assert max(c.heldout_rel_error or 0 for c in profile.curves) <= 0.05
+
+
+def _made_up_profile(graph: MetaOpGraph, times: dict[tuple[int, str], float],
+                     counts: tuple[int, ...]):
+    fingerprint = Fingerprint(hardware="local", device_name="cpu", torch_version="x",
+                              dtype="fp32")
+    points = {
+        op.signature: [ProfilePoint(num_devices=n, strategy=s, feasible=True, time_ms=t,
+                                    peak_memory_bytes=1) for (n, s), t in times.items()]
+        for op in signature_ops(graph)
+    }
+    return assemble_profile(graph, points, source="measured", fingerprint=fingerprint,
+                            counts=counts, validate=True)
+
+
+def test_heldout_error_is_against_the_strategy_the_curve_uses(three_tasks):
+    # B = 8 curves: T = B / n on data parallel; at the held-out 4 tensor parallel is faster,
+    # but the curve (fitted at 1, 2, 8) uses data parallel there and claims 2.0
+    times = {(1, "dp"): 8.0, (2, "dp"): 4.0, (3, "dp"): 3.0, (4, "dp"): 2.5, (4, "tp2"): 1.5,
+             (8, "dp"): 1.0}
+    profile = _made_up_profile(three_tasks, times, (1, 2, 8))
+    curve = profile.curve(three_tasks.metaop("a/enc").signature)
+    [at4] = heldout_errors(curve, profile.counts)  # 3 does not split 8 rows evenly
+    assert (at4.num_devices, at4.strategy, at4.best_strategy) == (4, "dp", "tp2")
+    assert at4.rel_error == pytest.approx(0.5 / 2.5)
+    assert curve.heldout_rel_error == pytest.approx(0.5 / 2.5)
+    # with uneven splits 3 devices count too, read at their work (3 rows: 8 / 3 devices)
+    uneven = heldout_errors(curve, profile.counts, uneven=True)
+    assert [e.num_devices for e in uneven] == [3, 4]
+    assert uneven[0].rel_error == pytest.approx(0.0, abs=1e-12)
+
+
+def test_uneven_counts_must_read_their_own_strategy_off_the_curve():
+    c = hand_curve("x", 32, [(1, 32, 0.0, 1.0, "dp"), (32, 64, 0.5, 0.5, "tp2")])
+    # tp2 on 48 devices: 24 groups of 2 rows, the work of 32 devices, a data-parallel point
+    assert scaling.work_count(c, 48) == pytest.approx(32.0)
+    assert not scaling.is_valid(c, 48, uneven=True)
+    assert not scaling.is_valid(c, 48)
+    assert scaling.is_valid(c, 64, uneven=True) and scaling.is_valid(c, 64)
+    assert scaling.is_valid(c, 24, uneven=True) and not scaling.is_valid(c, 24)
