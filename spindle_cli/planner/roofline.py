@@ -151,13 +151,27 @@ def optimizer_bytes_per_param(dtype_bytes: int) -> int:
 
 
 def memory_model(op: MetaOp, dtype_bytes: int) -> MemoryModel:
-    """Per-layer memory by category under data parallelism."""
+    """Per-layer memory by category under data parallelism (what `Curve.memory` records).
+    Other strategies read it through `layer_memory_bytes`; each profiled point also records its
+    own peak (`ProfilePoint.peak_memory_bytes`, the same formula for the analytic source)."""
     return MemoryModel(
         param_bytes=op.params_per_layer * dtype_bytes,
         grad_bytes=op.params_per_layer * dtype_bytes,
         optimizer_bytes=op.params_per_layer * optimizer_bytes_per_param(dtype_bytes),
         activation_bytes_per_sample=op.stash_bytes_per_sample,
     )
+
+
+def layer_memory_bytes(memory: MemoryModel, batch: int, t: int) -> int:
+    """One layer's memory on one device under tensor parallelism of degree t (t = 1: data
+    parallel) with `batch` samples per group: parameters, gradients and optimizer state split
+    t ways (param_bytes / t, ...); activations split t ways except the part Megatron-LM keeps
+    replicated without sequence parallelism (REPLICATED_ACTIVATION_FRACTION). Memory
+    strategies compose on top: ZeRO divides the optimizer (and gradient) terms further by the
+    data-parallel group count, recomputation replaces the activation term by the layer input."""
+    static = (memory.param_bytes + memory.grad_bytes + memory.optimizer_bytes) / t
+    shard = REPLICATED_ACTIVATION_FRACTION + (1 - REPLICATED_ACTIVATION_FRACTION) / t
+    return int(static + memory.activation_bytes_per_sample * batch * shard)
 
 
 def strategies(op: MetaOp, n: int, island_size: int) -> list[str]:
@@ -194,9 +208,7 @@ def allreduce_s(num_bytes: float, t: int, links: Links) -> float:
 
 def peak_memory_bytes(op: MetaOp, batch: int, t: int, dtype_bytes: int) -> int:
     """Weights, gradients, optimizer state and kept activations of one layer on one device."""
-    static = op.params_per_layer * (2 * dtype_bytes + optimizer_bytes_per_param(dtype_bytes)) / t
-    shard = REPLICATED_ACTIVATION_FRACTION + (1 - REPLICATED_ACTIVATION_FRACTION) / t
-    return int(static + op.stash_bytes_per_sample * batch * shard)
+    return layer_memory_bytes(memory_model(op, dtype_bytes), batch, t)
 
 
 def operator_time_s(

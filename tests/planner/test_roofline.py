@@ -100,3 +100,19 @@ def test_memory_model_is_mixed_precision_adam(clip_graph):
     one = roofline.peak_memory_bytes(op, 4, 1, 2)
     assert roofline.peak_memory_bytes(op, 4, 2, 2) < one
     assert roofline.peak_memory_bytes(op, 8, 1, 2) > one
+
+
+def test_tensor_parallel_memory_reads_off_the_data_parallel_model(clip_graph):
+    op = clip_graph.metaop("task5_vision_text/vision_enc")
+    memory = roofline.memory_model(op, 2)
+    static = memory.param_bytes + memory.grad_bytes + memory.optimizer_bytes
+    assert static == op.params_per_layer * 16  # bf16 weights and grads + fp32 Adam state
+    for t in (1, 2, 4, 8):
+        got = roofline.layer_memory_bytes(memory, 8, t)
+        assert got == roofline.peak_memory_bytes(op, 8, t, 2)
+        # weights split t ways; activations never below the replicated part
+        acts = got - static / t
+        assert acts == pytest.approx(memory.activation_bytes_per_sample * 8 * (
+            roofline.REPLICATED_ACTIVATION_FRACTION
+            + (1 - roofline.REPLICATED_ACTIVATION_FRACTION) / t), abs=1)
+    assert roofline.layer_memory_bytes(memory, 8, 8) < roofline.layer_memory_bytes(memory, 8, 2)

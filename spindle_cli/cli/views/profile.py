@@ -66,7 +66,12 @@ def _curve_table(curve: Curve, fitted: set[int]) -> Table:
             notes = sorted({p.note for p in tried if p.note})
             table.add_row(str(n), "-", "infeasible", "-", "-", "-", "; ".join(notes) + kind)
             continue
-        fit = scaling.time_ms(curve, n) if scaling.is_valid(curve, n, uneven=True) else None
+        # what the planner reads for n: the time at the per-device batch n really runs
+        valid = scaling.is_valid(curve, n, uneven=True)
+        fit = scaling.time_ms(curve, scaling.work_count(curve, n)) if valid else None
+        # counts past the curve's end are slower than a smaller count: kept, never planned
+        slower = n > scaling.count_range(curve)[1]
+        beyond = "; slower than fewer devices, not used" if slower else ""
         table.add_row(
             str(n),
             point.strategy,
@@ -74,7 +79,7 @@ def _curve_table(curve: Curve, fitted: set[int]) -> Table:
             "-" if fit is None else f"{fit:.4g}",
             "-" if fit is None else f"{t1 / fit:.2f}x",
             fmt_bytes(point.peak_memory_bytes),
-            kind.strip(),
+            (kind.strip() + beyond).lstrip("; "),
         )
     return table
 
@@ -101,7 +106,8 @@ def show(obj: Profile, path: str, plot: str | None = None) -> None:
         out.print(
             f"  speedup {bars} {speedups[-1]:.2f}x at {valid[-1]}  "
             f"floor {scaling.floor_ms(curve):.4g} ms  fit error {_pct(curve.max_rel_error)}"
-            f"  held-out error {_pct(curve.heldout_rel_error)} (at equal per-device work)"
+            f"  held-out error {_pct(curve.heldout_rel_error)} (at valid counts, the"
+            " curve's strategy)"
             if valid
             else "  no valid count"
         )
