@@ -8,7 +8,16 @@ from test_allocation import worked_example
 
 from spindle_cli.planner.allocation import AslTuple, LevelAllocation, OpAllocation
 from spindle_cli.planner.api import allocate, op_curves, spindle_waves
-from spindle_cli.planner.waves import PlannedWave, Slot, align, merge_or_append, schedule_level
+from spindle_cli.planner.waves import (
+    VARIANTS,
+    PlannedWave,
+    Slot,
+    align,
+    best_schedule,
+    merge_or_append,
+    refine_level,
+    schedule_level,
+)
 
 
 def test_align_matches_the_papers_wave_two():
@@ -124,3 +133,60 @@ def test_max_ops_splits_a_tuple_over_waves_and_blocks_merging():
     waves = schedule_level(level, curves, 4, {"a/big": ()}, set(), max_ops=lambda m, n: 2)
     assert [[(s.metaop, s.n, s.num_ops) for s in w.slots] for w in waves] == [
         [("a/big", 4, 2)], [("a/big", 4, 2)], [("a/big", 4, 2)]]
+
+
+def _two_metaops():
+    # T0(n) = 0.32 + 0.88 / n and T1(n) = 0.44 + 5.76 / n on B = 8 (valid counts 1, 2, 4, 8);
+    # the allocator gives t0/m 1 device (2 ops, 2.4 ms) and t1/m 8 devices (2 ops, 2.32 ms),
+    # 9 devices in all, so on 8 devices the two cannot run side by side
+    g = graph([metaop("t0/m", layers=2, batch=8), metaop("t1/m", layers=2, batch=8)])
+    p = profile([alpha_beta_curve("t0/m", 8, 0.32, 0.11), alpha_beta_curve("t1/m", 8, 0.44, 0.72)])
+    curves = op_curves(g, p, 8)
+    [level] = allocate(g, curves, 8)
+    return curves, level
+
+
+def test_refine_level_finds_a_rounding_that_packs_better():
+    curves, level = _two_metaops()
+    assert [[(t.n, t.num_ops) for t in x.tuples] for x in level.ops] == [[(1, 2)], [(8, 2)]]
+    preds: dict[str, tuple[str, ...]] = {"t0/m": (), "t1/m": ()}
+    plain, _ = best_schedule(level, curves, 8, preds, set(), VARIANTS)
+    finished: set[str] = set()
+    kept, waves = refine_level(level, curves, 8, preds, finished, VARIANTS)
+    # one of t1/m's operators moves down to 4 devices: it runs alone on 8 (1.16 ms), then on
+    # 4 next to t0/m, extended to the 4 idle devices (max(1.88, 2 * 0.54) = 1.88 ms)
+    assert [[(t.n, t.num_ops) for t in x.tuples] for x in kept.ops] == [[(1, 2)], [(8, 1), (4, 1)]]
+    assert sum(w.duration_ms for w in waves) == pytest.approx(1.16 + 1.88)
+    assert sum(w.duration_ms for w in waves) < sum(w.duration_ms for w in plain) - 0.1
+    assert finished == {"t0/m", "t1/m"}
+    for w in waves:
+        assert sum(s.n for s in w.slots) <= 8
+
+
+def test_refine_level_keeps_the_plain_schedule_when_no_rounding_helps():
+    g, p = worked_example()
+    curves = op_curves(g, p, 4)
+    [level] = allocate(g, curves, 4)
+    preds: dict[str, tuple[str, ...]] = {m.id: () for m in g.metaops}
+    plain, _ = best_schedule(level, curves, 4, preds, set(), VARIANTS)
+    kept, waves = refine_level(level, curves, 4, preds, set(), VARIANTS, max_runs=len(VARIANTS))
+    # a budget of one run per variant leaves no trial: the allocator's rounding stays
+    assert kept == level
+    assert [w.slots for w in waves] == [w.slots for w in plain]
+    _, refined = refine_level(level, curves, 4, preds, set(), VARIANTS)
+    assert sum(w.duration_ms for w in refined) <= sum(w.duration_ms for w in plain) + 1e-9
+
+
+def test_refine_level_trials_keep_every_operator_on_valid_counts():
+    curves, level = _two_metaops()
+    preds: dict[str, tuple[str, ...]] = {"t0/m": (), "t1/m": ()}
+    kept, waves = refine_level(level, curves, 8, preds, set(), VARIANTS)
+    for x in kept.ops:
+        oc = curves[x.metaop]
+        assert sum(t.num_ops for t in x.tuples) == oc.metaop.num_layers
+        assert all(t.n in oc.counts[1:] and t.num_ops > 0 for t in x.tuples)
+    ran = {}
+    for w in waves:
+        for s in w.slots:
+            ran[s.metaop] = ran.get(s.metaop, 0) + s.num_ops
+    assert ran == {"t0/m": 2, "t1/m": 2}
