@@ -2,7 +2,8 @@
 figures and ratios; asserts nothing (run: python benchmarks/bench_planner.py [--quick]).
 
 1. Estimated makespan / sum of C* for multitask-clip 4/7/10 tasks on 16 and 32 devices
-   (target <= 1.03), with and without --uneven-splits, the baselines' ratios and Spindle's
+   (target <= 1.03), with and without --uneven-splits, with the rounding search of
+   `waves.refine_level` ("refined", waves only), the baselines' ratios and Spindle's
    speedup over each, and, per level small enough for the MILP, the exact packing of the
    level's rounded tuples (how much of the gap the bi-point discretization alone costs, and
    how the wave scheduler compares with the best packing of those fixed tuples).
@@ -39,11 +40,12 @@ from spindle_cli.artifacts.graph import MetaOp
 from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, MemoryModel
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves
+from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves, slice_limits
 from spindle_cli.planner.exact import MAX_TUPLES, exact_packing_ms
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import simulate
+from spindle_cli.planner.waves import LARGE_LEVEL, LARGE_LEVEL_VARIANTS, VARIANTS, refine_level
 
 ROOT = Path(__file__).resolve().parent.parent
 COUNTS_64 = (1, 2, 4, 8, 16, 32, 64)
@@ -88,13 +90,33 @@ def exact_levels(graph: MetaOpGraph, profile: Profile, n: int) -> str:
     return "; ".join(parts) or f"no level with <= {MAX_TUPLES} tuples"
 
 
+def refined(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> tuple[float, float]:
+    """(makespan / C*, planning s) of Spindle's waves with `waves.refine_level` on every level
+    (the rounding search; `api.spindle_waves` does not call it yet). Waves only: the makespan
+    is the sum of wave durations, as in Plan.estimated_iteration_ms."""
+    t0 = time.perf_counter()
+    n = cluster.num_devices
+    curves = op_curves(graph, profile, n)
+    allocs = allocate(graph, curves, n)
+    max_ops = slice_limits(graph, curves, cluster)
+    preds = {m.id: m.predecessors for m in graph.metaops}
+    finished: set[str] = set()
+    total_ms = 0.0
+    for a in allocs:
+        variants = (VARIANTS if sum(len(x.tuples) for x in a.ops) <= LARGE_LEVEL
+                    else LARGE_LEVEL_VARIANTS)
+        _, waves = refine_level(a, curves, n, preds, finished, variants, max_ops=max_ops)
+        total_ms += sum(w.duration_ms for w in waves)
+    return total_ms / sum(a.c_star_ms for a in allocs), time.perf_counter() - t0
+
+
 def cluster_for(n: int) -> ClusterSpec:
     return cluster_file({16: "a800-2x8", 32: "a800-4x8", 64: "a800-8x8"}[n])
 
 
 def quality(quick: bool) -> None:
     print("== 1. makespan / sum C* (target <= 1.03) ==")
-    print(f"{'case':<16}{'spindle':>9}{'uneven':>9}"
+    print(f"{'case':<16}{'spindle':>9}{'uneven':>9}{'refined':>9}"
           + "".join(f"{b:>12}" for b in BASELINES) + "   speedup vs " + "/".join(BASELINES))
     for task_set in ("4", "7", "10"):
         graph, profile = clip(task_set)
@@ -106,7 +128,8 @@ def quality(quick: bool) -> None:
                 print(f"{row}spindle infeasible: {e}")
                 continue
             un = make_plan(graph, profile, cluster_for(n), options=PlanOptions(uneven_splits=True))
-            row += f"{_ratio(sp):>9.3f}{_ratio(un):>9.3f}"
+            ref = refined(graph, profile, cluster_for(n))[0]
+            row += f"{_ratio(sp):>9.3f}{_ratio(un):>9.3f}{ref:>9.3f}"
             speed = []
             for b in BASELINES:
                 try:
@@ -223,6 +246,9 @@ def speed() -> None:
     plan = make_plan(graph, profile, cluster)
     print(f"clip-10 @ 64: {t:.3f} s (target < 0.3 s; median of 5); {len(plan.waves)} waves, "
           f"makespan/C* {_ratio(plan):.3f}")
+    ratio, t = refined(graph, profile, cluster)
+    print(f"clip-10 @ 64 waves with refine_level: {t:.3f} s (allocation + waves only), "
+          f"makespan/C* {ratio:.3f}")
     graph, profile, cluster = synthetic(100, 512)
     t0 = time.perf_counter()
     plan = make_plan(graph, profile, cluster)

@@ -14,7 +14,8 @@ Levels are concatenated. Ranks are chosen later (`placement.py`).
 Beyond the paper: `api.spindle_waves` runs each level under several VARIANTS (proposal order,
 alignment rule, extension rule; the public code has the same kinds of switches) and keeps the
 shortest; `align_fill` aligns a wave to the span that keeps its devices busiest; `max_ops`
-caps a slice so that it fits in a share of device memory.
+caps a slice so that it fits in a share of device memory; `refine_level` searches the
+integer rounding of the allocator's tuples for one that packs into shorter waves.
 """
 
 from __future__ import annotations
