@@ -160,7 +160,8 @@ class SimResult:
 
     iteration_ms = compute_ms + transfer_ms + sync_ms exactly: compute is the sum of the wave
     durations (both directions), transfer the time waves waited for their inputs (exposed
-    inter-wave communication), sync the time after the last backward wave.
+    inter-wave communication, and under ZeRO-3 the weight gathers a wave waits for), sync the
+    time after the last backward wave.
     """
 
     planner: str

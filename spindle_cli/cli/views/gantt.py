@@ -97,7 +97,7 @@ def _sim_timeline(plan: Plan, sim: SimResult) -> Timeline:
     boundaries = [(w.forward_start_ms, f"w{w.index}") for w in sim.waves]
     boundaries += [(w.backward_start_ms, f"w{w.index}b") for w in sim.waves]
     flows = tuple((f.src_rank, f.dst_rank, f.start_ms, f.end_ms)
-                  for f in sim.flows if f.kind != "sync")
+                  for f in sim.flows if f.kind in ("activation", "gradient"))
     return Timeline(
         num_ranks=plan.num_devices, end_ms=sim.iteration_ms, bars=tuple(bars),
         boundaries=tuple(sorted(boundaries)), flows=flows,
