@@ -17,7 +17,7 @@ from spindle_cli.artifacts.plan import Plan
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner import paper_numbers
-from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves
+from spindle_cli.planner.api import PlanOptions, allocate, make_fitting_plan, op_curves
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import SimResult, simulate
@@ -115,7 +115,10 @@ class BenchRow:
     inter_island_bytes: int | None
     peak_memory_bytes: int | None
     planned_iteration_ms: float | None
+    memory: str
+    """The memory setting the plan needed: 'zero<k>' and/or 'recompute', or 'none'."""
     plan_seconds: float | None
+    """Planning time, including the tries of memory settings that did not fit."""
     paper_speedup: float | None
     """The paper's speedup over DeepSpeed for this planner and cell (Fig. 8), if any."""
     paper_transfer_share: float | None
@@ -138,12 +141,26 @@ def lower_bound_ms(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -
 
 def plan_and_simulate(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                       planner: str, placement: str) -> tuple[Plan, SimResult, float]:
-    """Plan with one planner, simulate the plan; returns the planning time in seconds too."""
+    """Plan with one planner, simulate the plan; returns the planning time in seconds too.
+
+    Every planner gets `spindle plan`'s default memory search (the first ZeRO stage, then
+    recomputation, that fits), the counterpart of the paper's hand-tuned ZeRO and
+    checkpointing for the baselines."""
     start = time.perf_counter()
-    plan = make_plan(graph, profile, cluster,
-                     options=PlanOptions(planner=planner, placement=placement))
+    plan = make_fitting_plan(graph, profile, cluster,
+                             options=PlanOptions(planner=planner, placement=placement))
     seconds = time.perf_counter() - start
     return plan, simulate(plan, graph, profile, cluster), seconds
+
+
+def memory_setting(plan: Plan) -> str:
+    """'zero<k>', 'recompute', both joined by '+', or 'none', from the plan's options."""
+    parts = []
+    if plan.options.get("zero", "0") != "0":
+        parts.append(f"zero{plan.options['zero']}")
+    if plan.options.get("recompute", "false") == "true":
+        parts.append("recompute")
+    return "+".join(parts) or "none"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -158,18 +175,18 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
         bound: float | None = lower_bound_ms(graph, profile, cluster)
     except SpindleError:
         bound = None
-    results: list[tuple[str, str, SimResult | None, float | None, str]] = []
+    results: list[tuple[str, str, SimResult | None, float | None, str, str]] = []
     for planner, placement in VARIANTS:
         try:
-            _, sim, seconds = plan_and_simulate(graph, profile, cluster, planner, placement)
-            results.append((planner, placement, sim, seconds, ""))
+            plan, sim, seconds = plan_and_simulate(graph, profile, cluster, planner, placement)
+            results.append((planner, placement, sim, seconds, memory_setting(plan), ""))
         except SpindleError as e:
-            results.append((planner, placement, None, None, str(e)))
-    baseline = next((s.iteration_ms for p, pl, s, _, _ in results
+            results.append((planner, placement, None, None, "-", str(e)))
+    baseline = next((s.iteration_ms for p, _, s, _, _, _ in results
                      if p == "sequential" and s is not None), None)
     key = (config.model, config.num_tasks, config.num_devices)
     rows = []
-    for planner, placement, sim, seconds, error in results:
+    for planner, placement, sim, seconds, memory, error in results:
         it = sim.iteration_ms if sim else None
         rows.append(BenchRow(
             model=config.model, num_tasks=config.num_tasks, num_devices=config.num_devices,
@@ -185,7 +202,7 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
             inter_island_bytes=sim.inter_island_bytes if sim else None,
             peak_memory_bytes=sim.peak_memory_bytes if sim else None,
             planned_iteration_ms=sim.planned_iteration_ms if sim else None,
-            plan_seconds=seconds,
+            memory=memory, plan_seconds=seconds,
             paper_speedup=paper_numbers.speedup(*key, planner) if placement == "island" else None,
             paper_transfer_share=paper_numbers.transfer_share(*key, placement)
             if planner == "spindle" else None,
@@ -198,7 +215,8 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
         gap_to_optimum=1.0 if bound else None, compute_gap=1.0 if bound else None,
         compute_ms=bound, transfer_ms=None, sync_ms=None, transfer_fraction=None,
         idle_fraction=None, inter_island_bytes=None, peak_memory_bytes=None,
-        planned_iteration_ms=None, plan_seconds=None, paper_speedup=None, paper_transfer_share=None,
+        planned_iteration_ms=None, memory="-", plan_seconds=None, paper_speedup=None,
+        paper_transfer_share=None,
         error="" if bound is not None else "no relaxed optimum (no valid allocation)",
     ))
     return rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,7 @@ def test_planning_failures_become_rows_with_the_reason(monkeypatch):
     def refuse(*args, **kwargs):
         raise PlanInfeasible("out of memory (test)")
 
-    monkeypatch.setattr(lib, "make_plan", refuse)
+    monkeypatch.setattr(lib, "make_fitting_plan", refuse)
     rows = lib.run_config(model("tiny-clip"), cluster("a800-1x8"),
                           lib.BenchConfig(model="tiny-clip", task_set="2", num_tasks=2,
                                           num_devices=8))
@@ -134,6 +135,17 @@ def test_dynamic_total_is_unknown_when_a_phase_failed():
                          iteration_ms=None, phase_ms=None, replan_seconds=None, error="x")
     (total,) = lib.dynamic_totals([ok, bad])
     assert total.train_s is None and total.total_s is None and total.replan_s == 0.5
+
+
+def test_memory_setting_reads_the_plan_options(clip4_rows):
+    m, c = model("multitask-clip"), cluster("a800-2x8")
+    graph = build_graph(m, tasks=list(m.task_sets["4"]))
+    plan, _, _ = lib.plan_and_simulate(graph, lib.profile_for(graph, c), c, "spindle", "island")
+    assert clip4_rows[0].memory == lib.memory_setting(plan)
+    opts = dict(plan.options)
+    assert lib.memory_setting(dataclasses.replace(plan, options=opts | {"zero": "0"})) == "none"
+    both = opts | {"zero": "3", "recompute": "true"}
+    assert lib.memory_setting(dataclasses.replace(plan, options=both)) == "zero3+recompute"
 
 
 def test_paper_number_lookup():
