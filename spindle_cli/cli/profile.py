@@ -124,6 +124,13 @@ def _summary(result: Any) -> None:
     held = [c.heldout_rel_error for c in result.curves if c.heldout_rel_error is not None]
     if held:
         line += f", at held-out counts {max(held):.1%}"
+    from spindle_cli.planner import scaling
+
+    # a curve ends before a count that is slower than fewer devices (planner/curves.py)
+    top = max(result.counts)
+    cut = sum(scaling.count_range(c)[1] < top for c in result.curves)
+    if cut:
+        line += f"; {cut} end before {top} devices (more devices: infeasible or slower)"
     err.print(line, soft_wrap=True)
 
 
