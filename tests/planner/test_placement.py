@@ -94,3 +94,20 @@ def test_infeasible_placement_names_the_rank_and_the_bytes():
         place([[spec(a, 0, 1, 1)]], [], g, c)
     with pytest.raises(PlanInfeasible, match=r"rank 0 needs 400 bytes more but only 300 bytes"):
         place([[spec(a, 0, 1, 1)]], [], g, c, mode="sequential")
+
+
+def test_zero_sharding_lets_placement_fit_what_replicas_do_not():
+    from spindle_cli.planner.memory import MemoryStrategy
+
+    # 4 layers x 1000 params on 4 ranks: 64000 B replicated, 4 x 1000 x 16 / 4 = 16000 B
+    # under ZeRO-3 (plus 4 layers x 8 B x 2 rows of stash)
+    a = metaop("t/a", layers=4, batch=8, params=1000, stash=8)
+    g = graph([a])
+    c = cluster(per_node=4, memory_bytes=20_000)
+    waves = [[spec(a, 0, 4, 4)]]
+    with pytest.raises(PlanInfeasible, match="out of memory"):
+        place(waves, [], g, c)
+    for mode in ("island", "sequential"):
+        [[ranks]], ledger = place(waves, [], g, c, mode=mode, memory=MemoryStrategy(zero=3))
+        assert ranks == (0, 1, 2, 3)
+        assert [m.total_bytes for m in ledger.table()] == [16000 + 64] * 4
