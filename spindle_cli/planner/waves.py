@@ -206,7 +206,92 @@ def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devic
         left = {p.metaop for p in pending}
         finished |= {p.metaop for p in admitted if p.metaop not in left}
         merge_or_append(waves, PlannedWave(level=alloc.level, slots=slots), max_ops)
-    return waves
+    return shorten_waves(waves, max_ops)
+
+
+_SHORTEN_TARGETS = 3
+"""How many shorter spans `shorten_waves` tries per wave (its operator boundaries nearest the
+current span)."""
+
+
+def shorten_waves(waves: list[PlannedWave], max_ops: MaxOps | None = None) -> list[PlannedWave]:
+    """Beyond the paper: a descent over one level's waves that keeps every slot's (MetaOp, n)
+    and moves whole operators between waves. Algorithm 1 aligns one wave at a time, so the
+    operators it cuts to align a wave may lengthen a later one, and ties between slots keep a
+    wave long when only one of them could shrink.
+
+    A move shortens wave w to one of its operator boundaries below its span (every slot
+    longer than the new span gives up operators) and places each operator given up, one at a
+    time, in the other wave holding a slot of that MetaOp whose span grows least (within
+    `max_ops`); it is kept when the level gets strictly shorter. Slots left without operators
+    and empty waves are dropped. Slices stay in operator order since a MetaOp has at most one
+    slot per wave and operators are assigned to slices in wave order."""
+    ops = [{s.metaop: s.num_ops for s in w.slots} for w in waves]
+    times = [{s.metaop: s.op_time_ms for s in w.slots} for w in waves]
+    sizes = [{s.metaop: s.n for s in w.slots} for w in waves]
+
+    def span(i: int) -> float:
+        return max((k * times[i][m] for m, k in ops[i].items()), default=0.0)
+
+    while len(waves) > 1 and _shorten_one(ops, times, sizes, span, max_ops):
+        pass
+    out = []
+    for w, k in zip(waves, ops, strict=True):
+        slots = tuple(replace(s, num_ops=k[s.metaop]) for s in w.slots if k[s.metaop] > 0)
+        if slots:
+            out.append(PlannedWave(level=w.level, slots=slots))
+    return out
+
+
+def _shorten_one(ops: list[dict[str, int]], times: list[dict[str, float]],
+                 sizes: list[dict[str, int]], span: Callable[[int], float],
+                 max_ops: MaxOps | None) -> bool:
+    """The first improving move of `shorten_waves`, applied; False when there is none."""
+    spans = [span(i) for i in range(len(ops))]
+    total = sum(spans)
+    holders: dict[str, list[int]] = {}
+    for i, wave_ops in enumerate(ops):
+        for m in wave_ops:
+            holders.setdefault(m, []).append(i)
+    for i in range(len(ops)):
+        # a slot whose MetaOp has no other wave keeps all its operators: no shorter span
+        floor_ms = max((k * times[i][m] for m, k in ops[i].items() if len(holders[m]) == 1),
+                       default=0.0)
+        boundaries = sorted({j * times[i][m] for m, k in ops[i].items() for j in range(k)
+                             if floor_ms - _EPS <= j * times[i][m] < spans[i] - _EPS},
+                            reverse=True)
+        for target in boundaries[:_SHORTEN_TARGETS]:
+            kept = {m: min(k, math.floor(target / times[i][m] + _EPS)) for m, k in ops[i].items()}
+            new_spans = list(spans)
+            new_spans[i] = max((k * times[i][m] for m, k in kept.items()), default=0.0)
+            added: dict[tuple[int, str], int] = {}
+            placed = True
+            for m, k in ops[i].items():
+                for _ in range(k - kept[m]):
+                    best: tuple[float, int] | None = None
+                    for j in holders[m]:
+                        if j == i:
+                            continue
+                        count = ops[j][m] + added.get((j, m), 0) + 1
+                        if max_ops is not None and count > max_ops(m, sizes[j][m]):
+                            continue
+                        grow = max(new_spans[j], count * times[j][m]) - new_spans[j]
+                        if best is None or grow < best[0]:
+                            best = (grow, j)
+                    if best is None:
+                        placed = False
+                        break
+                    j = best[1]
+                    added[(j, m)] = added.get((j, m), 0) + 1
+                    new_spans[j] = max(new_spans[j], (ops[j][m] + added[(j, m)]) * times[j][m])
+                if not placed or sum(new_spans) >= total * (1 - _EPS):
+                    break
+            if placed and sum(new_spans) < total * (1 - _EPS):
+                ops[i].update(kept)
+                for (j, m), k in added.items():
+                    ops[j][m] += k
+                return True
+    return False
 
 
 def _extend(admitted: list[_Pending], counts: dict[str, int], pending: list[_Pending],

@@ -17,6 +17,7 @@ from spindle_cli.planner.waves import (
     merge_or_append,
     refine_level,
     schedule_level,
+    shorten_waves,
 )
 
 
@@ -226,3 +227,25 @@ def test_realign_waves_respects_max_ops_and_reports_no_gain():
         assert sum(s.num_ops for w in new for s in w.slots if s.metaop == m) == 3
     # one wave holding everything cannot get shorter
     assert realign_waves([_wave(0, ("a/x", 2, 3, 1.0), ("b/y", 4, 3, 1.0))]) is None
+
+
+def test_shorten_waves_moves_operators_out_of_a_tied_wave():
+    # A and B both bound the first wave (2 ms): moving one operator of each is needed to
+    # shorten it, which a single-slot move cannot see; A's goes to the second wave, where B's
+    # slot already sets 2 ms, so the level drops from 2 + 2 to 1 + 2 ms
+    waves = [_wave(1, ("a/x", 2, 2, 1.0), ("b/y", 4, 1, 1.0)),
+             _wave(1, ("a/x", 2, 1, 1.0), ("b/y", 4, 2, 1.0))]
+    new = shorten_waves(waves)
+    assert [[(s.metaop, s.n, s.num_ops) for s in w.slots] for w in new] == [
+        [("a/x", 2, 1), ("b/y", 4, 1)], [("a/x", 2, 2), ("b/y", 4, 2)]]
+    assert sum(w.duration_ms for w in new) == pytest.approx(3.0)
+    # with at most one operator per slice nothing may move, and the waves stay as they are
+    assert shorten_waves(waves, lambda m, n: 1) == waves
+
+
+def test_shorten_waves_drops_emptied_slots_and_waves():
+    # b/y's single operator in the second wave fits next to its first slot's slack
+    waves = [_wave(0, ("a/x", 2, 4, 1.0), ("b/y", 2, 1, 1.0)),
+             _wave(0, ("b/y", 2, 1, 1.0))]
+    new = shorten_waves(waves)
+    assert [[(s.metaop, s.num_ops) for s in w.slots] for w in new] == [[("a/x", 4), ("b/y", 2)]]
