@@ -43,6 +43,8 @@ def _cell(row: lib.BenchRow | None) -> str:
     text = f"{row.iteration_ms:.1f} x{_num(row.speedup_vs_sequential, '.2f')}"
     if row.paper_speedup is not None:
         text += f" ({row.paper_speedup:.2f})"
+    if row.memory != "none":
+        text += f" [{row.memory}]"
     return text
 
 
@@ -57,7 +59,8 @@ def _find(rows: list[lib.BenchRow], key: tuple[str, int, int], planner: str,
 
 
 def speedup_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]]:
-    """Fig. 8: iteration ms and speedup over sequential (paper's speedup over DeepSpeed)."""
+    """Fig. 8: iteration ms and speedup over sequential (paper's speedup over DeepSpeed)
+    [memory setting, when the plan needed one]."""
     header = ["model", "tasks", "GPUs", "optimum ms", *PLANNER_ORDER]
     body = []
     for key in _configs(rows):
@@ -236,7 +239,7 @@ def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
         click.echo(json.dumps(records, indent=2))
     else:
         print_table(_rich("iteration ms x speedup over sequential (paper's speedup over "
-                          "DeepSpeed)", *fig8))
+                          "DeepSpeed) [ZeRO stage / recomputation used]", *fig8))
         print_table(_rich("spindle: gap to optimum, inter-wave transfer share with island vs "
                           "sequential placement (paper), planning time", *detail))
         for line in _failures(rows):
@@ -248,7 +251,8 @@ def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
         failures = "".join(f"- {line}\n" for line in _failures(rows))
         write_text(out_dir / "bench.md",
                    "## Iteration time (ms) and speedup over `sequential` "
-                   "(paper's speedup over DeepSpeed in parentheses)\n\n" + _markdown(*fig8)
+                   "(paper's speedup over DeepSpeed in parentheses; [memory setting] where "
+                   "the plan needed ZeRO or recomputation)\n\n" + _markdown(*fig8)
                    + "\n## Spindle: gap to the relaxed optimum, inter-wave transfer share "
                    "(paper in parentheses), planning time\n\n" + _markdown(*detail)
                    + ("\n## Configurations that could not be planned\n\n" + failures

@@ -102,7 +102,7 @@ def test_planning_failures_become_rows_with_the_reason(monkeypatch):
     def refuse(*args, **kwargs):
         raise PlanInfeasible("out of memory (test)")
 
-    monkeypatch.setattr(lib, "make_fitting_plan", refuse)
+    monkeypatch.setattr(lib, "make_plan", refuse)
     rows = lib.run_config(model("tiny-clip"), cluster("a800-1x8"),
                           lib.BenchConfig(model="tiny-clip", task_set="2", num_tasks=2,
                                           num_devices=8))
