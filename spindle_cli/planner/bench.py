@@ -248,8 +248,9 @@ class DynamicRow:
     phase_ms: float | None
     """iterations x iteration_ms."""
     replan_seconds: float | None
-    """Time to make the new plan when the task set changed (make_plan only: graphs and
-    curves are prepared offline)."""
+    """Time to make the new plan when the task set changed: make_plan of the memory setting
+    kept (graphs and curves are prepared offline; the bench's search over memory settings is
+    not counted)."""
     error: str = ""
 
 
