@@ -5,7 +5,9 @@ Model (mixed-precision Adam): each parameter costs 2 B (bf16/fp16 weights) + 2 B
 replica of every layer it ever runs, however many tasks use it (tensor-parallel slices of
 degree t hold 1/t of it). Activations: forward waves run first and backward waves in reverse,
 so every slice's stash is alive at the forward/backward turn; the peak is the sum over all
-slices a rank runs of stash_bytes_per_sample * rows on that rank * operators.
+slices a rank runs of stash_bytes_per_sample * rows on that rank * operators. Under 'tp<t>' a
+rank keeps 1/t of the stash except the part Megatron-LM replicates without sequence
+parallelism (`roofline.REPLICATED_ACTIVATION_FRACTION`, the profile's own memory model).
 
 Memory strategies (`MemoryStrategy`), as Megatron/DeepSpeed apply them:
 - ZeRO stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the
@@ -29,6 +31,7 @@ import numpy as np
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.artifacts.plan import RankMemory
 from spindle_cli.artifacts.profile import tp_degree
+from spindle_cli.planner.roofline import REPLICATED_ACTIVATION_FRACTION
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -73,6 +76,23 @@ def kept_bytes_per_sample(metaop: MetaOp, recompute: bool) -> int:
     return min(metaop.stash_bytes_per_sample, -(-boundary // metaop.batch_size))
 
 
+def stash_share(strategy: str) -> float:
+    """The share of a tensor-parallel group's stash one of its ranks keeps (1 under 'dp')."""
+    t = tp_degree(strategy)
+    if t == 1:
+        return 1.0
+    return REPLICATED_ACTIVATION_FRACTION + (1.0 - REPLICATED_ACTIVATION_FRACTION) / t
+
+
+def kept_bytes_per_rank_sample(metaop: MetaOp, strategy: str, recompute: bool) -> float:
+    """What one operator keeps for backward per row on one rank of a slice: the stash share
+    under tensor parallelism, or with recomputation the whole input (replicated over the
+    tensor-parallel group)."""
+    if recompute:
+        return float(kept_bytes_per_sample(metaop, True))
+    return metaop.stash_bytes_per_sample * stash_share(strategy)
+
+
 def split_rows(batch: int, groups: int) -> list[int]:
     """Rows of each data-parallel group: contiguous, the first batch % groups get one more."""
     base, extra = divmod(batch, groups)
@@ -101,7 +121,7 @@ def layer_bytes_per_rank(metaop: MetaOp, n: int, strategy: str, dtype: str,
     rows = max(rows_per_rank(metaop.batch_size, n, strategy))
     per_param = replicated + sharded / max(n // t, 1)
     return metaop.params_per_layer * per_param / t + \
-        kept_bytes_per_sample(metaop, memory.recompute) * rows
+        kept_bytes_per_rank_sample(metaop, strategy, memory.recompute) * rows
 
 
 def max_ops_per_slice(metaop: MetaOp, n: int, strategy: str, dtype: str,
@@ -118,8 +138,8 @@ def _recompute_peak(metaop: MetaOp, n: int, strategy: str, memory: MemoryStrateg
     """The one-operator stash alive again during its backward under recomputation."""
     if not memory.recompute:
         return 0.0
-    return float(metaop.stash_bytes_per_sample * max(rows_per_rank(metaop.batch_size, n,
-                                                                    strategy)))
+    rows = max(rows_per_rank(metaop.batch_size, n, strategy))
+    return metaop.stash_bytes_per_sample * stash_share(strategy) * rows
 
 
 class Ledger:
@@ -169,7 +189,8 @@ class Ledger:
         lo, hi = metaop.first_layer + first, metaop.first_layer + last
         block = self.held[metaop.module][lo:hi]
         missing = np.maximum(frac - block, 0.0).sum(axis=0)
-        stash = float(self.kept_per_sample(metaop)) * rows * (last - first)
+        stash = kept_bytes_per_rank_sample(metaop, strategy, self.memory.recompute) * rows * \
+            (last - first)
         per_layer = self.params_per_layer[metaop.module]
         extra = missing * (per_layer * self.replicated_b) + stash
         if self.sharded_b:
@@ -197,7 +218,8 @@ class Ledger:
         grown = np.maximum(frac - block[:, idx], 0.0).sum(axis=0)
         block[:, idx] = np.maximum(block[:, idx], frac)
         rows = np.asarray(rows_per_rank(metaop.batch_size, len(ranks), strategy), dtype=float)
-        stash = float(self.kept_per_sample(metaop)) * rows * (last - first)
+        stash = kept_bytes_per_rank_sample(metaop, strategy, self.memory.recompute) * rows * \
+            (last - first)
         self.activation[idx] += stash
         per_layer = self.params_per_layer[metaop.module]
         self._used[idx] += grown * (per_layer * self.replicated_b) + stash

@@ -187,3 +187,16 @@ def test_committed_qwen_plans_fit_their_devices(name):
     c = load(str(REPO / "clusters" / f"{plan.cluster}.yaml"), ClusterSpec)
     assert "zero" in plan.options
     assert all(m.total_bytes <= c.device.memory_bytes for m in plan.memory)
+
+
+def test_tensor_parallel_ranks_keep_their_share_of_the_stash():
+    # Megatron without sequence parallelism keeps 10/34 of a layer's activations replicated
+    # and splits the rest: a tp2 rank keeps 10/34 + 24/68 = 22/34 of 340 B = 220 B per row
+    a = metaop("t/enc", layers=1, batch=2, module="enc", params=0, stash=340, act_bytes=64)
+    led = Ledger(graph([a]), 2)
+    led.commit(a, 0, 1, (0, 1), "tp2")
+    assert [m.activation_bytes for m in led.table()] == [220 * 2, 220 * 2]
+    # recomputation keeps the whole (replicated) input: 64 B / 2 samples = 32 B per row
+    led = Ledger(graph([a]), 2, MemoryStrategy(recompute=True))
+    led.commit(a, 0, 1, (0, 1), "tp2")
+    assert [m.activation_bytes for m in led.table()] == [32 * 2 + 220 * 2] * 2
