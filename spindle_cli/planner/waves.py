@@ -133,9 +133,10 @@ class _Pending:
     num_ops: int
 
 
-SORT_RULES = ("bigN_bigT", "bigT")
-"""Proposal orders (the public code's names): largest n first then longest time, or longest
-time first then largest n."""
+SORT_RULES = ("bigN_bigT", "bigT", "bigA")
+"""Proposal orders: largest n first then longest time, or longest time first then largest n
+(the public code's names), or, beyond the paper, largest device-time (n x time) first, which
+admits long tuples on few devices before the greedy extends the others into their devices."""
 ROUNDINGS = ("nearest", "down", "fill", "fill_steps")
 """How a wave is aligned: to the shortest tuple, rounding the others' operators to nearest or
 down (`align`), or to the span that keeps its devices busiest among the tuples' ends or
@@ -159,6 +160,8 @@ def _proposal_key(rule: str,
 
     if rule == "bigT":
         return lambda p: (-time_ms(p), -p.n, p.metaop)
+    if rule == "bigA":
+        return lambda p: (-p.n * time_ms(p), -p.n, p.metaop)
     return lambda p: (-p.n, -time_ms(p), p.metaop)
 
 

@@ -249,3 +249,23 @@ def test_shorten_waves_drops_emptied_slots_and_waves():
              _wave(0, ("b/y", 2, 1, 1.0))]
     new = shorten_waves(waves)
     assert [[(s.metaop, s.num_ops) for s in w.slots] for w in new] == [[("a/x", 4), ("b/y", 2)]]
+
+
+def test_big_area_rule_proposes_the_largest_device_time_first():
+    # a/x: 8 operators on its only valid count, 1 device (B = 1): 8 device-ms; b/y: one
+    # operator on 4 devices: 4 device-ms. Largest n first admits b/y alone (no device left
+    # for a/x); largest area first admits a/x, and b/y no longer fits next to it
+    g = graph([metaop("a/x", layers=8, batch=1), metaop("b/y", layers=1, batch=4)])
+    p = profile([alpha_beta_curve("a/x", 1, 0.0, 1.0), alpha_beta_curve("b/y", 4, 0.0, 1.0)])
+    curves = op_curves(g, p, 4)
+    alloc = LevelAllocation(level=0, c_star_ms=8.0, ops=(
+        OpAllocation(metaop="a/x", n_star=1, n_lo=1, n_hi=1, ops_lo=0, ops_hi=8,
+                     tuples=(AslTuple(metaop="a/x", n=1, num_ops=8),)),
+        OpAllocation(metaop="b/y", n_star=4, n_lo=4, n_hi=4, ops_lo=0, ops_hi=1,
+                     tuples=(AslTuple(metaop="b/y", n=4, num_ops=1),)),
+    ))
+    preds: dict[str, tuple[str, ...]] = {"a/x": (), "b/y": ()}
+    first = {rule: [s.metaop for s in schedule_level(alloc, curves, 4, preds, set(),
+                                                    sort_rule=rule)[0].slots]
+             for rule in ("bigN_bigT", "bigA")}
+    assert first == {"bigN_bigT": ["b/y"], "bigA": ["a/x"]}
