@@ -14,8 +14,9 @@ Memory strategies (`MemoryStrategy`), as Megatron/DeepSpeed apply them:
   weights, over the layer's parameter device group (every rank holding a replica of it; the
   plan's `param_groups`). A rank keeps `held / replicas` of the sharded categories, where
   `replicas` sums the held fractions of the layer over all ranks (the data-parallel copies:
-  g ranks under 'dp', g / t groups under 'tp<t>'). Stage 3 also gathers one layer's full
-  weights at a time for compute; that transient buffer (one layer) is not counted.
+  g ranks under 'dp', g / t groups under 'tp<t>'). Stage 3 gathers one layer's full weights
+  (its 1/t under 'tp<t>') at a time for compute: a rank also needs the largest such buffer of
+  any slice it runs, counted with its parameters.
 - Recomputation keeps only each operator's input per sample for backward and recomputes the
   rest in one extra forward (the planner charges +1/3 of fwd+bwd time); during the backward of
   one operator its full stash is alive again, so a rank also needs the largest one-operator
@@ -130,8 +131,16 @@ def max_ops_per_slice(metaop: MetaOp, n: int, strategy: str, dtype: str,
     per_layer = layer_bytes_per_rank(metaop, n, strategy, dtype, memory)
     if per_layer <= 0:
         return metaop.num_layers
-    budget = SLICE_MEMORY_SHARE * memory_bytes - _recompute_peak(metaop, n, strategy, memory)
+    budget = SLICE_MEMORY_SHARE * memory_bytes - _recompute_peak(metaop, n, strategy, memory) \
+        - _gather_buffer(metaop, strategy, dtype, memory)
     return max(1, int(budget // per_layer))
+
+
+def _gather_buffer(metaop: MetaOp, strategy: str, dtype: str, memory: MemoryStrategy) -> float:
+    """ZeRO-3: one layer's weights gathered on a rank while it computes."""
+    if memory.zero < 3:
+        return 0.0
+    return metaop.params_per_layer * state_bytes_per_param(dtype)[0] / tp_degree(strategy)
 
 
 def _recompute_peak(metaop: MetaOp, n: int, strategy: str, memory: MemoryStrategy) -> float:
@@ -162,6 +171,9 @@ class Ledger:
         self.activation = np.zeros(num_devices)
         self.peak = np.zeros(num_devices)
         """The largest one-operator stash a rank recomputes (0 without recomputation)."""
+        self.buffer = np.zeros(num_devices)
+        """The largest one-layer weight buffer a rank gathers (0 below ZeRO-3)."""
+        self.dtype = graph.dtype
         self._used = np.zeros(num_devices)
 
     def kept_per_sample(self, metaop: MetaOp) -> int:
@@ -200,7 +212,8 @@ class Ledger:
                 self._shards(block, now)
             extra = extra + grown * (per_layer * self.sharded_b)
         peak = _recompute_peak(metaop, n, strategy, self.memory)
-        return extra + np.maximum(peak - self.peak, 0.0)
+        buffer = _gather_buffer(metaop, strategy, self.dtype, self.memory)
+        return extra + np.maximum(peak - self.peak, 0.0) + np.maximum(buffer - self.buffer, 0.0)
 
     def shared_fraction(self, metaop: MetaOp, first: int, last: int) -> np.ndarray:
         """Per rank, the share of the slice's layers it already holds (0..1)."""
@@ -231,6 +244,10 @@ class Ledger:
                                                           self.memory))
         self._used[idx] += peak - self.peak[idx]
         self.peak[idx] = peak
+        buffer = np.maximum(self.buffer[idx], _gather_buffer(metaop, strategy, self.dtype,
+                                                             self.memory))
+        self._used[idx] += buffer - self.buffer[idx]
+        self.buffer[idx] = buffer
 
     def table(self) -> tuple[RankMemory, ...]:
         """The plan's per-rank memory, by category."""
@@ -246,7 +263,7 @@ class Ledger:
         return tuple(
             RankMemory(
                 rank=r,
-                param_bytes=int(round(weights[r] * self.weight_b)),
+                param_bytes=int(round(weights[r] * self.weight_b + self.buffer[r])),
                 grad_bytes=int(round(grads[r] * self.grad_b)),
                 optimizer_bytes=int(round(optimizer[r] * self.opt_b)),
                 activation_bytes=int(round(self.activation[r] + self.peak[r])),

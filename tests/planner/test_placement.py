@@ -100,7 +100,7 @@ def test_zero_sharding_lets_placement_fit_what_replicas_do_not():
     from spindle_cli.planner.memory import MemoryStrategy
 
     # 4 layers x 1000 params on 4 ranks: 64000 B replicated, 4 x 1000 x 16 / 4 = 16000 B
-    # under ZeRO-3 (plus 4 layers x 8 B x 2 rows of stash)
+    # under ZeRO-3 plus one gathered layer (2000 B) and 4 layers x 8 B x 2 rows of stash
     a = metaop("t/a", layers=4, batch=8, params=1000, stash=8)
     g = graph([a])
     c = cluster(per_node=4, memory_bytes=20_000)
@@ -110,4 +110,4 @@ def test_zero_sharding_lets_placement_fit_what_replicas_do_not():
     for mode in ("island", "sequential"):
         [[ranks]], ledger = place(waves, [], g, c, mode=mode, memory=MemoryStrategy(zero=3))
         assert ranks == (0, 1, 2, 3)
-        assert [m.total_bytes for m in ledger.table()] == [16000 + 64] * 4
+        assert [m.total_bytes for m in ledger.table()] == [16000 + 2000 + 64] * 4
