@@ -77,6 +77,10 @@ plans: install
 	$(call plan_one,multitask-clip-a800-2x8,multitask-clip,multitask-clip-a800-8x8,a800-2x8)
 	$(call plan_one,ofasys-4-a800-2x8,ofasys-4,ofasys-a800-8x8,a800-2x8)
 	$(call plan_one,ofasys-a800-2x8,ofasys,ofasys-a800-8x8,a800-2x8)
+	$(call plan_one,qwen-val-a800-4x8,qwen-val,qwen-val-a800-8x8,a800-4x8)
+	$(call plan_one,qwen-val-a800-8x8,qwen-val,qwen-val-a800-8x8,a800-8x8)
+	$(call plan_one,qwen-val-30b-a800-32x8,qwen-val-30b,qwen-val-30b-a800-32x8,a800-32x8)
+	$(call plan_one,qwen-val-70b-a800-32x8,qwen-val-70b,qwen-val-70b-a800-32x8,a800-32x8)
 	$(call plan_one,tiny-clip-local-cpu,tiny-clip,tiny-clip-local-cpu,local-cpu)
 	$(call plan_one,tiny-clip-local-cpu-2,tiny-clip,tiny-clip-local-cpu,local-cpu-2)
 
@@ -86,7 +90,10 @@ plans-check:
 
 bench: install
 	$(SPINDLE) bench --out docs/bench
-	$(SPINDLE) bench --dynamic
+	$(SPINDLE) bench --dynamic --out docs/bench
+	$(PYTHON) benchmarks/bench_profile.py
+	$(PYTHON) benchmarks/bench_planner.py
+	$(PYTHON) benchmarks/bench_runtime.py
 
 schemas: install
 	$(PYTHON) -m spindle_cli.artifacts.schema schemas/
