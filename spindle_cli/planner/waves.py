@@ -236,8 +236,9 @@ def shorten_waves(waves: list[PlannedWave], max_ops: MaxOps | None = None) -> li
     def span(i: int) -> float:
         return max((k * times[i][m] for m, k in ops[i].items()), default=0.0)
 
-    while len(waves) > 1 and _shorten_one(ops, times, sizes, span, max_ops):
-        pass
+    start = 0
+    while len(waves) > 1 and start >= 0:
+        start = _shorten_one(ops, times, sizes, span, max_ops, start)
     out = []
     for w, k in zip(waves, ops, strict=True):
         slots = tuple(replace(s, num_ops=k[s.metaop]) for s in w.slots if k[s.metaop] > 0)
@@ -248,22 +249,28 @@ def shorten_waves(waves: list[PlannedWave], max_ops: MaxOps | None = None) -> li
 
 def _shorten_one(ops: list[dict[str, int]], times: list[dict[str, float]],
                  sizes: list[dict[str, int]], span: Callable[[int], float],
-                 max_ops: MaxOps | None) -> bool:
-    """The first improving move of `shorten_waves`, applied; False when there is none."""
+                 max_ops: MaxOps | None, start: int) -> int:
+    """The first improving move of `shorten_waves` that shortens a wave from `start` on
+    (cyclically), applied; returns that wave's index, or -1 when there is no such move."""
     spans = [span(i) for i in range(len(ops))]
     total = sum(spans)
     holders: dict[str, list[int]] = {}
     for i, wave_ops in enumerate(ops):
         for m in wave_ops:
             holders.setdefault(m, []).append(i)
-    for i in range(len(ops)):
+    caps = [{m: math.inf if max_ops is None else max_ops(m, sizes[j][m]) for m in wave_ops}
+            for j, wave_ops in enumerate(ops)]
+    for i in (*range(start, len(ops)), *range(start)):
         # a slot whose MetaOp has no other wave keeps all its operators: no shorter span
         floor_ms = max((k * times[i][m] for m, k in ops[i].items() if len(holders[m]) == 1),
                        default=0.0)
-        boundaries = sorted({j * times[i][m] for m, k in ops[i].items() for j in range(k)
-                             if floor_ms - _EPS <= j * times[i][m] < spans[i] - _EPS},
-                            reverse=True)
-        for target in boundaries[:_SHORTEN_TARGETS]:
+        boundaries: set[float] = set()
+        for m, k in ops[i].items():
+            t = times[i][m]
+            top = min(k, math.ceil((spans[i] - _EPS) / t)) - 1  # last boundary below the span
+            boundaries.update(j * t for j in range(max(top - _SHORTEN_TARGETS + 1, 0), top + 1)
+                              if j * t >= floor_ms - _EPS)
+        for target in sorted(boundaries, reverse=True)[:_SHORTEN_TARGETS]:
             kept = {m: min(k, math.floor(target / times[i][m] + _EPS)) for m, k in ops[i].items()}
             new_spans = list(spans)
             new_spans[i] = max((k * times[i][m] for m, k in kept.items()), default=0.0)
@@ -276,7 +283,7 @@ def _shorten_one(ops: list[dict[str, int]], times: list[dict[str, float]],
                         if j == i:
                             continue
                         count = ops[j][m] + added.get((j, m), 0) + 1
-                        if max_ops is not None and count > max_ops(m, sizes[j][m]):
+                        if count > caps[j][m]:
                             continue
                         grow = max(new_spans[j], count * times[j][m]) - new_spans[j]
                         if best is None or grow < best[0]:
@@ -293,8 +300,8 @@ def _shorten_one(ops: list[dict[str, int]], times: list[dict[str, float]],
                 ops[i].update(kept)
                 for (j, m), k in added.items():
                     ops[j][m] += k
-                return True
-    return False
+                return i
+    return -1
 
 
 def _extend(admitted: list[_Pending], counts: dict[str, int], pending: list[_Pending],
