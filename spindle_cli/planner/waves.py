@@ -14,8 +14,10 @@ Levels are concatenated. Ranks are chosen later (`placement.py`).
 Beyond the paper: `api.spindle_waves` runs each level under several VARIANTS (proposal order,
 alignment rule, extension rule; the public code has the same kinds of switches) and keeps the
 shortest; `align_fill` aligns a wave to the span that keeps its devices busiest; `max_ops`
-caps a slice so that it fits in a share of device memory; `refine_level` searches the
-integer rounding of the allocator's tuples for one that packs into shorter waves.
+caps a slice so that it fits in a share of device memory; `shorten_waves` (run at the end of
+every `schedule_level`) moves whole operators between a level's waves while that shortens the
+level; `refine_level` searches the integer rounding of the allocator's tuples for one that
+packs into shorter waves (not called by `api` yet: planning time).
 """
 
 from __future__ import annotations
