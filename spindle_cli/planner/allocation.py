@@ -10,6 +10,10 @@ n_lo <= n* <= n_hi (n_lo = 0 is a dummy), split in time as
     l_hi = t_hi / T(n_hi),                    l_lo = t_lo / T(n_lo),
 and the operator counts are rounded to integers that still sum to L_m.
 
+`allocate_level_analytic` is the paper's own form (n* from the fitted curve's inverse, tuples
+from eqs. 10a-b), kept as a second candidate: which of the two packs better depends on the
+level.
+
 What does not live here: ordering tuples into waves (`waves.py`) and ranks (`placement.py`).
 """
 
@@ -214,3 +218,59 @@ def allocate_level(level: int, curves: list[OpCurve], num_devices: int) -> Level
         n_star = min(n_lin(oc, c_star), float(oc.counts[-1]))
         ops.append(split(oc, n_star, c_star))
     return LevelAllocation(level=level, c_star_ms=c_star, ops=tuple(ops))
+
+
+def analytic_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:
+    """The C at which the MetaOps' continuous counts on the fitted curves, n_m = T_m^-1(C / L_m)
+    (`scaling.inverse_n`, capped at the largest valid count), sum to N; by bisection."""
+    lo = max(0.0, max(oc.metaop.num_layers * scaling.floor_ms(oc.curve) for oc in curves))
+    hi = sum(oc.work_ms for oc in curves)
+    for _ in range(_BISECTION_STEPS):
+        if hi - lo <= _REL_TOL * hi:
+            break
+        mid = (lo + hi) / 2
+        if mid <= 0:
+            lo = mid
+            continue
+        total = sum(min(scaling.inverse_n(oc.curve, mid / oc.metaop.num_layers), oc.counts[-1])
+                    for oc in curves)
+        if total > num_devices:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def allocate_level_analytic(level: int, curves: list[OpCurve],
+                            num_devices: int) -> LevelAllocation:
+    """The paper's form of the bi-point split (eqs. 8-10): n*_m from the fitted curve's inverse
+    at the analytic optimum C (`analytic_optimum_ms`), then, on the valid counts
+    n_lo <= n* <= n_hi, l-bar = (T(n_lo) L - C) / (T(n_lo) - T(n_hi)) rounded to the nearest
+    integer in [0, L] and l = L - l-bar (all L on n_hi for a dummy n_lo = 0). Unlike
+    `allocate_level`, the area N * C is only approximately conserved. `c_star_ms` stays the
+    interpolated C* of `relaxed_optimum_ms`, the bound plans are measured against."""
+    c_ms = analytic_optimum_ms(curves, num_devices)
+    ops = []
+    for oc in curves:
+        num_layers = oc.metaop.num_layers
+        n_star = min(scaling.inverse_n(oc.curve, c_ms / num_layers), float(oc.counts[-1]))
+        i = bisect_right(oc.counts, n_star - 1e-9)
+        i = min(max(i, 1), len(oc.counts) - 1)
+        n_hi, n_lo = oc.counts[i], oc.counts[i - 1]
+        t_hi, t_lo = oc.time_at(n_hi), oc.time_at(n_lo)
+        if n_lo == 0 or abs(n_star - n_hi) <= 1e-9 * max(1.0, n_star):
+            ops_hi, ops_lo = float(num_layers), 0.0
+        elif t_lo <= t_hi:  # a flat stretch: the smaller count is as fast
+            ops_hi, ops_lo = 0.0, float(num_layers)
+        else:
+            ops_hi = min(max((t_lo * num_layers - c_ms) / (t_lo - t_hi), 0.0), num_layers)
+            ops_lo = num_layers - ops_hi
+        hi_r = min(max(_round_half_up(ops_hi), 0), num_layers)
+        tuples = [AslTuple(metaop=oc.metaop.id, n=n_hi, num_ops=hi_r)]
+        if n_lo > 0:
+            tuples.append(AslTuple(metaop=oc.metaop.id, n=n_lo, num_ops=num_layers - hi_r))
+        ops.append(OpAllocation(
+            metaop=oc.metaop.id, n_star=n_star, n_lo=n_lo, n_hi=n_hi, ops_lo=ops_lo,
+            ops_hi=ops_hi, tuples=tuple(t for t in tuples if t.num_ops > 0)))
+    return LevelAllocation(level=level, c_star_ms=relaxed_optimum_ms(curves, num_devices),
+                           ops=tuple(ops))

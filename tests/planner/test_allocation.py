@@ -135,3 +135,42 @@ def test_fast_valid_counts_match_scaling(batch, uneven):
     ]
     for c in curves:
         assert valid_counts(c, 48, uneven=uneven) == scaling.valid_counts(c, 48, uneven=uneven)
+
+
+def test_analytic_form_matches_the_interpolated_one_on_linear_curves():
+    from spindle_cli.planner.allocation import allocate_level, allocate_level_analytic
+
+    # T(n) = beta * B / n: the speedup is exactly n, so the interpolated and the analytic n*
+    # coincide (n*_m = W_m / C with C = sum W / N) and so do the tuples
+    g = graph([metaop("a/x", layers=6, batch=8), metaop("b/y", layers=9, batch=8),
+               metaop("c/z", layers=5, batch=8)])
+    p = profile([alpha_beta_curve("a/x", 8, 0.0, 1.0), alpha_beta_curve("b/y", 8, 0.0, 0.5),
+                 alpha_beta_curve("c/z", 8, 0.0, 0.3)])
+    curves = op_curves(g, p, 8)
+    ocs = [curves[m.id] for m in g.metaops]
+    plain, analytic = allocate_level(0, ocs, 8), allocate_level_analytic(0, ocs, 8)
+    # W = 6 * 8, 9 * 4, 5 * 2.4 = 48, 36, 12 ms; C = 96 / 8 = 12 ms; n* = 4, 3, 1
+    assert plain.c_star_ms == pytest.approx(12.0) and analytic.c_star_ms == plain.c_star_ms
+    assert [a.n_star for a in analytic.ops] == pytest.approx([4.0, 3.0, 1.0])
+    assert [a.tuples for a in analytic.ops] == [a.tuples for a in plain.ops]
+
+
+def test_analytic_form_follows_equation_ten():
+    from spindle_cli.planner.allocation import allocate_level_analytic, analytic_optimum_ms
+
+    g = graph([metaop("a/x", layers=12, batch=8), metaop("b/y", layers=7, batch=8)])
+    p = profile([alpha_beta_curve("a/x", 8, 0.4, 1.0), alpha_beta_curve("b/y", 8, 0.1, 0.2)])
+    curves = op_curves(g, p, 8)
+    ocs = [curves[m.id] for m in g.metaops]
+    level = allocate_level_analytic(0, ocs, 8)
+    c_ms = analytic_optimum_ms(ocs, 8)
+    assert sum(a.n_star for a in level.ops) == pytest.approx(8.0)
+    for a, oc in zip(level.ops, ocs, strict=True):
+        L = oc.metaop.num_layers
+        assert sum(t.num_ops for t in a.tuples) == L
+        assert a.n_lo <= a.n_star <= a.n_hi and a.n_hi in oc.counts
+        if a.n_lo > 0:
+            t_lo, t_hi = oc.time_at(a.n_lo), oc.time_at(a.n_hi)
+            # (10a) and (10b) before rounding: L = l-bar + l, C = T(n_hi) l-bar + T(n_lo) l
+            assert a.ops_hi + a.ops_lo == pytest.approx(L)
+            assert t_hi * a.ops_hi + t_lo * a.ops_lo == pytest.approx(c_ms)
