@@ -2,11 +2,12 @@
 figures and ratios; asserts nothing (run: python benchmarks/bench_planner.py [--quick]).
 
 1. Estimated makespan / sum of C* for multitask-clip 4/7/10 tasks on 16 and 32 devices
-   (target <= 1.03), with and without --uneven-splits, with the rounding search of
-   `waves.refine_level` ("refined", waves only), the baselines' ratios and Spindle's
-   speedup over each, and, per level small enough for the MILP, the exact packing of the
-   level's rounded tuples (how much of the gap the bi-point discretization alone costs, and
-   how the wave scheduler compares with the best packing of those fixed tuples).
+   (target <= 1.03), with and without --uneven-splits, with both bi-point forms and the
+   rounding search of `waves.refine_level` ("refined", waves only; see `refined`), the
+   baselines' ratios and Spindle's speedup over each, and, per level small enough for the
+   MILP, the exact packing of the level's rounded tuples (how much of the gap the bi-point
+   discretization alone costs, and how the wave scheduler compares with the best packing of
+   those fixed tuples).
 2. Placement ablation: island-aware vs sequential placement, inter-wave bytes that leave a
    rank / cross islands and the simulated share of the iteration spent waiting for
    transfers.
@@ -40,6 +41,7 @@ from spindle_cli.artifacts.graph import MetaOp
 from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, MemoryModel
 from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner.allocation import allocate_level_analytic
 from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves, slice_limits
 from spindle_cli.planner.exact import MAX_TUPLES, exact_packing_ms
 from spindle_cli.planner.graph import build_graph
@@ -91,9 +93,11 @@ def exact_levels(graph: MetaOpGraph, profile: Profile, n: int) -> str:
 
 
 def refined(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> tuple[float, float]:
-    """(makespan / C*, planning s) of Spindle's waves with `waves.refine_level` on every level
-    (the rounding search; `api.spindle_waves` does not call it yet). Waves only: the makespan
-    is the sum of wave durations, as in Plan.estimated_iteration_ms."""
+    """(makespan / C*, planning s) of Spindle's waves when every level is scheduled from both
+    bi-point forms (`allocation.allocate_level` and `allocate_level_analytic`), each with the
+    rounding search `waves.refine_level`, keeping the shorter (`api.spindle_waves` does
+    neither yet). Waves only: the makespan is the sum of wave durations, as in
+    Plan.estimated_iteration_ms."""
     t0 = time.perf_counter()
     n = cluster.num_devices
     curves = op_curves(graph, profile, n)
@@ -105,8 +109,12 @@ def refined(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> tuple
     for a in allocs:
         variants = (VARIANTS if sum(len(x.tuples) for x in a.ops) <= LARGE_LEVEL
                     else LARGE_LEVEL_VARIANTS)
-        _, waves = refine_level(a, curves, n, preds, finished, variants, max_ops=max_ops)
-        total_ms += sum(w.duration_ms for w in waves)
+        level_curves = [curves[x.metaop] for x in a.ops]
+        total_ms += min(
+            sum(w.duration_ms for w in refine_level(b, curves, n, preds, set(finished),
+                                                     variants, max_ops=max_ops)[1])
+            for b in (a, allocate_level_analytic(a.level, level_curves, n)))
+        finished |= {x.metaop for x in a.ops}
     return total_ms / sum(a.c_star_ms for a in allocs), time.perf_counter() - t0
 
 
@@ -247,8 +255,8 @@ def speed() -> None:
     print(f"clip-10 @ 64: {t:.3f} s (target < 0.3 s; median of 5); {len(plan.waves)} waves, "
           f"makespan/C* {_ratio(plan):.3f}")
     ratio, t = refined(graph, profile, cluster)
-    print(f"clip-10 @ 64 waves with refine_level: {t:.3f} s (allocation + waves only), "
-          f"makespan/C* {ratio:.3f}")
+    print(f"clip-10 @ 64 waves, both bi-point forms + refine_level: {t:.3f} s (allocation + "
+          f"waves only), makespan/C* {ratio:.3f}")
     graph, profile, cluster = synthetic(100, 512)
     t0 = time.perf_counter()
     plan = make_plan(graph, profile, cluster)
