@@ -279,7 +279,20 @@ def _shorten_one(ops: list[dict[str, int]], times: list[dict[str, float]],
             added: dict[tuple[int, str], int] = {}
             placed = True
             for m, k in ops[i].items():
-                for _ in range(k - kept[m]):
+                moving = k - kept[m]
+                # first the slack of the other waves, which costs nothing (the same choice,
+                # in the same order, as placing those operators one at a time)
+                for j in holders[m]:
+                    if j == i or moving == 0:
+                        continue
+                    count = ops[j][m] + added.get((j, m), 0)
+                    slack = math.floor((new_spans[j] - count * times[j][m]) / times[j][m] + _EPS)
+                    fits = int(min(moving, slack, caps[j][m] - count))
+                    if fits > 0:
+                        added[(j, m)] = added.get((j, m), 0) + fits
+                        new_spans[j] = max(new_spans[j], (count + fits) * times[j][m])
+                        moving -= fits
+                for _ in range(moving):
                     best: tuple[float, int] | None = None
                     for j in holders[m]:
                         if j == i:
