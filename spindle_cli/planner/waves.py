@@ -214,7 +214,7 @@ def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devic
     return shorten_waves(waves, max_ops)
 
 
-_SHORTEN_TARGETS = 3
+_SHORTEN_TARGETS = 2
 """How many shorter spans `shorten_waves` tries per wave (its operator boundaries nearest the
 current span)."""
 
