@@ -6,8 +6,14 @@ contiguous `CurvePiece`s with T(n) = alpha + beta * B / n, evaluated by
 
 How the fit works:
 - Only counts that help are fitted: the fit stops before the first count that is slower than
-  the count before it (beyond the batch size tensor parallelism is often slower than data
-  parallelism at fewer devices). The pieces then end at the last helpful count, so
+  the fastest count before it by more than `noise_rel` (beyond the batch size tensor
+  parallelism is often slower than data parallelism at fewer devices). Analytic points have
+  no noise (`noise_rel` 0: any slowdown ends the run). Measured points do
+  (`MEASURED_NOISE_REL`): sub-millisecond operators scatter by a few percent from one median
+  to the next, and cutting the curve there would forbid counts that merely do not help. A
+  count within the tolerance is fitted at the best time before it (the curve stays flat: no
+  speedup is claimed that was not seen), and `max_rel_error` reports its distance from the
+  measured time. The pieces then end at the last helpful count, so
   `scaling.count_range` closes there and the planner never allocates devices that do not
   help; the slower points stay in the profile. A running minimum would instead claim, at the
   larger count, a time that no strategy achieves there.
@@ -41,6 +47,14 @@ from dataclasses import dataclass, replace
 from spindle_cli.artifacts.profile import Curve, CurvePiece, MemoryModel, ProfilePoint
 from spindle_cli.planner import scaling
 
+MEASURED_NOISE_REL = 0.10
+"""Tolerance for measured profiles: a count counts as slower than the best earlier count only
+beyond this relative margin. Measured on this repository's CPU ranks (8 medians of 20 repeats
+per tiny-clip operator at 8 and 4 rows, one thread, other processes running): the medians'
+relative standard deviation was 0.4% to 5.6% (typically 2-3%) and single medians strayed up
+to +14%. Two medians then differ by about sqrt(2) x 3.5% ~ 5% (one sigma); 10% is two of
+those sigmas."""
+
 KINK_SLOPE_REL = 1e-6
 """Relative slope drop that counts as a kink (below it the lines are parallel up to rounding,
 and their intersection is meaningless)."""
@@ -63,13 +77,26 @@ class Sample:
         return self.work_devices or self.num_devices
 
 
-def helpful_run(samples: Sequence[Sample]) -> list[Sample]:
-    """Samples sorted by count, up to (excluding) the first one slower than the one before."""
+def helpful_run(samples: Sequence[Sample], noise_rel: float = 0.0) -> list[Sample]:
+    """Samples sorted by count, up to (excluding) the first one slower than the fastest one
+    before it by more than `noise_rel` (relative)."""
     out: list[Sample] = []
+    best_ms = math.inf
     for s in sorted(samples, key=lambda s: s.num_devices):
-        if out and s.time_ms > out[-1].time_ms:
+        if s.time_ms > best_ms * (1.0 + noise_rel):
             break
         out.append(s)
+        best_ms = min(best_ms, s.time_ms)
+    return out
+
+
+def _no_slower(run: Sequence[Sample]) -> list[Sample]:
+    """The run with each time capped at the best time before it: a count within the noise of
+    an earlier, faster one is fitted as no faster than it (times never increase with n)."""
+    out: list[Sample] = []
+    for s in run:
+        out.append(s if not out or s.time_ms <= out[-1].time_ms
+                   else replace(s, time_ms=out[-1].time_ms))
     return out
 
 
@@ -147,7 +174,8 @@ def _knots(run: Sequence[Sample]) -> list[Sample]:
     return out
 
 
-def fit_pieces(samples: Sequence[Sample], batch_size: int) -> tuple[CurvePiece, ...]:
+def fit_pieces(samples: Sequence[Sample], batch_size: int, *,
+               noise_rel: float = 0.0) -> tuple[CurvePiece, ...]:
     """Fit contiguous pieces through the helpful run of the samples; see the module
     docstring."""
     if not samples:
@@ -155,7 +183,7 @@ def fit_pieces(samples: Sequence[Sample], batch_size: int) -> tuple[CurvePiece, 
     counts = [s.num_devices for s in samples]
     if len(set(counts)) != len(counts):
         raise ValueError(f"duplicate device counts in {counts}")
-    knots = _knots(helpful_run(samples))
+    knots = _knots(_no_slower(helpful_run(samples, noise_rel)))
     if len(knots) == 1:
         (s,) = knots
         return (_piece(s.num_devices, s.num_devices, _Line(alpha=s.time_ms, beta=0.0),
@@ -199,11 +227,12 @@ def fit_curve(
     samples: Sequence[Sample],
     points: tuple[ProfilePoint, ...],
     memory: MemoryModel,
+    noise_rel: float = 0.0,
 ) -> Curve:
     """The fitted Curve of one signature: pieces from `samples` (best feasible time per fitted
     count) and the fit error at the samples the pieces cover (the helpful run). Held-out
     validation is added by `profiling` (it needs the raw points of the curve's strategy)."""
-    pieces = fit_pieces(samples, batch_size)
+    pieces = fit_pieces(samples, batch_size, noise_rel=noise_rel)
     draft = Curve(
         signature=signature,
         batch_size=batch_size,
@@ -213,7 +242,7 @@ def fit_curve(
         max_rel_error=0.0,
     )
     # compared where the planner asks for a fitted count: at n itself
-    fitted = [replace(s, work_devices=0.0) for s in helpful_run(samples)]
+    fitted = [replace(s, work_devices=0.0) for s in helpful_run(samples, noise_rel)]
     return Curve(
         signature=signature,
         batch_size=batch_size,

@@ -233,3 +233,28 @@ def test_no_samples_or_duplicates_are_rejected():
         fit_pieces([], 8)
     with pytest.raises(ValueError, match="duplicate"):
         fit_pieces(_samples([2.0, 1.0], (2, 2)), 8)
+
+
+def test_measured_noise_keeps_a_count_within_the_tolerance_flat_and_reports_its_error():
+    # 4 devices are 5% slower than 2, within a 10% tolerance; 8 are 30% slower: the end
+    samples = _samples([10.0, 6.0, 6.3, 7.8], (1, 2, 4, 8))
+    assert [s.num_devices for s in helpful_run(samples)] == [1, 2]
+    assert [s.num_devices for s in helpful_run(samples, 0.10)] == [1, 2, 4]
+    points = tuple(ProfilePoint(num_devices=s.num_devices, strategy="dp", feasible=True,
+                                time_ms=s.time_ms, peak_memory_bytes=0) for s in samples)
+    curve = fit_curve(signature="sig", batch_size=8, samples=samples, points=points,
+                      memory=MEMORY, noise_rel=0.10)
+    assert scaling.count_range(curve) == (1, 4)
+    # no speedup claimed past 2, none of the noise's slowdown either
+    assert scaling.time_ms(curve, 4) == pytest.approx(6.0)
+    assert scaling.time_ms(curve, 2) == pytest.approx(6.0)
+    assert curve.max_rel_error == pytest.approx(0.3 / 6.3)
+
+
+def test_noise_tolerance_compares_with_the_best_earlier_count_not_the_previous_one():
+    # each step 8% slower than the one before: within 10% of its predecessor, not of the best
+    samples = _samples([10.0, 5.0, 5.4, 5.83], (1, 2, 4, 8))
+    assert [s.num_devices for s in helpful_run(samples, 0.10)] == [1, 2, 4]
+    pieces = fit_pieces(samples, 8, noise_rel=0.10)
+    assert pieces[-1].n_hi == 4
+    assert all(p.beta_ms >= 0 for p in pieces)
