@@ -6,6 +6,7 @@ The plan's semantics (slices, transfers, parameter groups) are fixed in docs/CON
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, replace
 
 from spindle_cli.artifacts.base import InputRef
@@ -38,6 +39,7 @@ from spindle_cli.planner.memory import (
     state_bytes_per_param,
 )
 from spindle_cli.planner.placement import Flow, Ranks, SliceSpec, place
+from spindle_cli.planner.simulate import simulate
 from spindle_cli.planner.waves import (
     LARGE_LEVEL,
     LARGE_LEVEL_VARIANTS,
@@ -221,23 +223,86 @@ def spindle_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[L
     return waves
 
 
+SIMULATED_CHOICE_MAX_DEVICES = 1024
+"""Largest cluster on which Spindle chooses among device bounds by simulation (a 4096-device,
+100-task plan takes ~10 s to simulate on one core, against the 10 s planning target)."""
+
+
+def device_caps(cluster: ClusterSpec) -> tuple[int, ...]:
+    """The per-MetaOp device bounds Spindle plans under: the whole cluster, and one island
+    when the cluster has more. A bound at island size keeps every slice inside one node, so
+    its activations and parameter groups never cross the one NIC per node; a larger slice
+    computes faster but pays for both. Which wins depends on the compute/bandwidth balance
+    of the model, so both are planned and the simulator decides (`make_plan`). Bounds in
+    between (2, 4 ... islands) were measured on the bench cells and never won, and each costs
+    a full schedule, so they are not tried. Above SIMULATED_CHOICE_MAX_DEVICES only the
+    whole cluster is used: one simulation there takes longer than the planning target."""
+    if cluster.island_size < cluster.num_devices <= SIMULATED_CHOICE_MAX_DEVICES:
+        return (cluster.num_devices, cluster.island_size)
+    return (cluster.num_devices,)
+
+
+def capped_curves(curves: dict[str, OpCurve], cap: int) -> dict[str, OpCurve]:
+    """Every curve restricted to counts <= cap (PlanInfeasible when a MetaOp has none)."""
+    result = {}
+    for mid, oc in curves.items():
+        k = bisect_right(oc.counts, cap)
+        if k <= 1:
+            raise PlanInfeasible(f"MetaOp {mid} has no valid device count <= {cap}")
+        result[mid] = replace(oc, counts=oc.counts[:k], speedups=oc.speedups[:k],
+                              times_ms=oc.times_ms[:k])
+    return result
+
+
 def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
               options: PlanOptions = PlanOptions(), inputs: tuple[InputRef, ...] = ()) -> Plan:
-    """Plan one training iteration of `graph` on `cluster`."""
+    """Plan one training iteration of `graph` on `cluster`.
+
+    Spindle plans once per device bound of `device_caps` and keeps the plan whose simulated
+    iteration (compute, inter-wave transfers, gradient sync: planner/simulate.py) is
+    shortest, the first on ties. The allocator and the wave scheduler see compute only; the
+    simulator is the planner's cost model for what they cannot see. The levels' lower bounds
+    stay the uncapped C*, so `lower_bound_ms` is the relaxed optimum whichever plan is kept.
+    Baselines are planned once, as their rules say."""
     n_dev = cluster.num_devices
     profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
     curves = op_curves(graph, profile, n_dev, uneven=options.uneven_splits,
                        recompute=options.recompute, profile_name=profile_name)
     allocs = allocate(graph, curves, n_dev)
     max_ops = slice_limits(graph, curves, cluster, options.memory)
-    if options.planner == "spindle":
-        planned = spindle_waves(graph, curves, allocs, n_dev, max_ops)
-    elif options.planner == "sequential":
-        planned = baselines.sequential(graph, curves, max_ops)
-    elif options.planner == "optimus":
-        planned = baselines.optimus(graph, curves, n_dev, max_ops)
-    else:
-        planned = baselines.distmm(graph, curves, n_dev, max_ops)
+    if options.planner != "spindle":
+        if options.planner == "sequential":
+            planned = baselines.sequential(graph, curves, max_ops)
+        elif options.planner == "optimus":
+            planned = baselines.optimus(graph, curves, n_dev, max_ops)
+        else:
+            planned = baselines.distmm(graph, curves, n_dev, max_ops)
+        return _assemble(graph, curves, cluster, options, inputs, allocs, planned)
+    best: tuple[float, Plan] | None = None
+    error: PlanInfeasible | None = None
+    for cap in device_caps(cluster):
+        try:
+            capped = curves if cap == n_dev else capped_curves(curves, cap)
+            planned = spindle_waves(graph, capped, allocate(graph, capped, n_dev), n_dev,
+                                    max_ops)
+            plan = _assemble(graph, capped, cluster, options, inputs, allocs, planned)
+        except PlanInfeasible as e:
+            error = error or e
+            continue
+        iteration_ms = simulate(plan, graph, profile, cluster).iteration_ms
+        if best is None or iteration_ms < best[0] - 1e-9:
+            best = (iteration_ms, plan)
+    if best is None:
+        assert error is not None
+        raise error
+    return best[1]
+
+
+def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpec,
+              options: PlanOptions, inputs: tuple[InputRef, ...],
+              allocs: list[LevelAllocation], planned: list[PlannedWave]) -> Plan:
+    """Place the planned waves and build the Plan; `allocs` give the levels' lower bounds."""
+    n_dev = cluster.num_devices
     specs = _slice_specs(graph, curves, planned)
     flows = _flows(graph, specs)
     ranks, ledger = place(specs, flows, graph, cluster, mode=options.placement,

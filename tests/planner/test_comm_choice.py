@@ -1,0 +1,63 @@
+"""Spindle chooses among its device bounds by simulated iteration time (api.make_plan)."""
+
+from __future__ import annotations
+
+import pytest
+from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
+
+from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner import api
+from spindle_cli.planner.simulate import simulate
+
+
+def one_encoder(params_per_layer: int):
+    """One MetaOp that computes fastest on all 8 devices of 2 nodes x 4; its gradient sync
+    crosses the node link when it does."""
+    ms = [metaop("t0/enc", layers=4, batch=8, module="enc", params=params_per_layer)]
+    return graph(ms), profile([alpha_beta_curve("t0/enc", 8, 0.05, 1.0)]), cluster(
+        num_nodes=2, per_node=4)
+
+
+def test_device_caps():
+    assert api.device_caps(cluster(num_nodes=2, per_node=4)) == (8, 4)
+    assert api.device_caps(cluster(num_nodes=1, per_node=8)) == (8,)
+    big = cluster(num_nodes=api.SIMULATED_CHOICE_MAX_DEVICES // 4 + 1, per_node=4)
+    assert api.device_caps(big) == (big.num_devices,)
+
+
+def test_capped_curves_truncate_and_fail_without_a_count():
+    g, p, c = one_encoder(1000)
+    curves = api.op_curves(g, p, c.num_devices)
+    capped = api.capped_curves(curves, 4)
+    for mid, oc in capped.items():
+        assert oc.counts[-1] <= 4 and oc.counts == curves[mid].counts[:len(oc.counts)]
+        assert oc.times_ms == curves[mid].times_ms[:len(oc.counts)]
+    with pytest.raises(PlanInfeasible, match="no valid device count <= 0"):
+        api.capped_curves(curves, 0)
+
+
+def _candidate_ms(g, p, c, cap):
+    curves = api.op_curves(g, p, c.num_devices)
+    capped = curves if cap == c.num_devices else api.capped_curves(curves, cap)
+    allocs = api.allocate(g, capped, c.num_devices)
+    planned = api.spindle_waves(g, capped, allocs, c.num_devices,
+                                api.slice_limits(g, curves, c))
+    plan = api._assemble(g, capped, c, api.PlanOptions(), (), allocs, planned)
+    return simulate(plan, g, p, c).iteration_ms
+
+
+@pytest.mark.parametrize(("params_per_layer", "islands_per_slice"), [(10**6, 2), (10**8, 1)])
+def test_the_kept_plan_is_the_fastest_simulated_candidate(params_per_layer, islands_per_slice):
+    g, p, c = one_encoder(params_per_layer)
+    plan = api.make_plan(g, p, c)
+    kept = simulate(plan, g, p, c).iteration_ms
+    candidates = [_candidate_ms(g, p, c, cap) for cap in api.device_caps(c)]
+    assert kept == pytest.approx(min(candidates))
+    # small gradients: the 8-device plan computes twice as fast and wins; large gradients:
+    # their sync over the node link costs more, and the plan stays inside one node
+    for _, s in plan.slices():
+        assert len({r // 4 for r in s.ranks}) == islands_per_slice
+    # the relaxed optimum stays the uncapped one
+    curves = api.op_curves(g, p, c.num_devices)
+    assert plan.lower_bound_ms == pytest.approx(
+        sum(a.c_star_ms for a in api.allocate(g, curves, c.num_devices)))
