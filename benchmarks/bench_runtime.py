@@ -9,8 +9,13 @@
    `spindle plan` plans for 2 ranks (clusters/local-cpu-2.yaml), `spindle run` trains with 2
    processes of one thread each and writes a trace whose summary holds the measured iteration
    time and the simulator's prediction. Goal: within 15%.
+3. Link costs (--links): gloo between 2 local processes of one thread each, the figures
+   clusters/local-cpu*.yaml take their link latency and bandwidth from. A pairwise exchange
+   (both ranks send and receive in one batch_isend_irecv, as the executor's boundaries do) at
+   4 B .. 4 MiB: latency = the median at 4 B, bandwidth = the slope between 64 KiB and 4 MiB;
+   and 2-rank all_reduce at 4 B, 480 KB, 4 MiB for comparison with the simulated ring.
 
-Run: python benchmarks/bench_runtime.py [--steps 30] [--skip-fidelity]
+Run: python benchmarks/bench_runtime.py [--steps 30] [--skip-fidelity] [--links]
 """
 
 from __future__ import annotations
@@ -129,11 +134,73 @@ def fidelity(steps: int) -> None:
           f"(goal within 15%: {'met' if abs(error) <= 0.15 else 'MISSED'})")
 
 
+EXCHANGE_BYTES = (4, 4096, 65536, 1 << 20, 4 << 20)
+ALL_REDUCE_BYTES = (4, 480_000, 4 << 20)
+
+
+def _timed_ms(fn: object, repeats: int) -> list[float]:
+    import torch.distributed as dist
+
+    times = []
+    for _ in range(repeats + 10):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()  # type: ignore[operator]
+        times.append((time.perf_counter() - start) * 1e3)
+    return times[10:]
+
+
+def _link_worker(rank: int, port: int, repeats: int) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    peer = 1 - rank
+    exchange = {}
+    for num_bytes in EXCHANGE_BYTES:
+        x = torch.zeros(max(1, num_bytes // 4))
+        y = torch.empty_like(x)
+
+        def swap(x: torch.Tensor = x, y: torch.Tensor = y) -> None:
+            ops = [dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, y, peer)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+        exchange[num_bytes] = statistics.median(_timed_ms(swap, repeats))
+    reduce = {}
+    for num_bytes in ALL_REDUCE_BYTES:
+        z = torch.zeros(max(1, num_bytes // 4))
+        reduce[num_bytes] = statistics.median(_timed_ms(lambda z=z: dist.all_reduce(z), repeats))
+    if rank == 0:
+        for b, ms in exchange.items():
+            print(f"  exchange   {b:>8d} B each way: median {ms * 1e3:8.1f} us")
+        for b, ms in reduce.items():
+            print(f"  all_reduce {b:>8d} B (2 ranks): median {ms * 1e3:8.1f} us")
+        lo, hi = 65536, 4 << 20
+        bandwidth = (hi - lo) / ((exchange[hi] - exchange[lo]) / 1e3)
+        print(f"link costs (gloo, 2 processes, {repeats} repeats): latency "
+              f"{exchange[4] * 1e3:.0f} us, bandwidth {bandwidth / 1e9:.2f} GB/s each way")
+    dist.destroy_process_group()
+
+
+def link_costs(repeats: int) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(_link_worker, args=(29533, repeats), nprocs=2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--skip-fidelity", action="store_true")
+    parser.add_argument("--links", action="store_true", help="only the gloo link costs")
     args = parser.parse_args()
+    if args.links:
+        link_costs(repeats=100)
+        return
     executor_overhead(args.steps)
     if not args.skip_fidelity:
         fidelity(args.steps)
