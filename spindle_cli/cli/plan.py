@@ -26,7 +26,7 @@ from spindle_cli.errors import SpindleError
 @click.option("--memory", type=click.Choice(["auto", "none", "zero1", "zero2", "zero3"]),
               default="auto", show_default=True,
               help="ZeRO stage (sharding optimizer state, + gradients, + weights); auto: the "
-                   "least aggressive that fits.")
+                   "one whose plan simulates fastest (the least aggressive on ties).")
 @click.option("--recompute", type=click.Choice(["auto", "on", "off"]), default="auto",
               show_default=True,
               help="Activation recomputation (+1/3 compute); auto: only when no ZeRO stage "

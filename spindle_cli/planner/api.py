@@ -121,19 +121,42 @@ def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
                       options: PlanOptions = PlanOptions(),
                       ladder: tuple[tuple[int, bool], ...] = memory_ladder(),
                       inputs: tuple[InputRef, ...] = ()) -> Plan:
-    """`make_plan` with the first (ZeRO stage, recompute) setting of `ladder` that fits (the
-    options' own `zero` and `recompute` are replaced); PlanInfeasible from the last setting
-    when none does."""
+    """`make_plan` under the (ZeRO stage, recompute) settings of `ladder` that fit (the
+    options' own `zero` and `recompute` are replaced), keeping the plan that simulates
+    fastest; on ties the earlier, less aggressive setting. Fitting is not enough: a setting
+    that fits may fit only a slow plan (qwen-val-70b on 256 devices fits under ZeRO-1 only
+    with every LLM slice on one node, 14 s, while ZeRO-2 fits a 5 s plan), and ZeRO-3's
+    weight gathers can cost more than recomputation's extra forward. A setting is skipped
+    without planning when its relaxed optimum (compute only, a lower bound of any plan's
+    simulated iteration) is no shorter than the best plan's simulated iteration.
+    PlanInfeasible from the last setting when none fits."""
+    if not ladder:
+        raise ValueError("empty memory ladder")
     error: PlanInfeasible | None = None
+    best: tuple[float, Plan] | None = None
+    bound_ms: dict[bool, float] = {}
     for zero, recompute in ladder:
         trial = replace(options, zero=zero, recompute=recompute)
+        if best is not None:
+            if recompute not in bound_ms:
+                curves = op_curves(graph, profile, cluster.num_devices,
+                                   uneven=options.uneven_splits, recompute=recompute)
+                bound_ms[recompute] = sum(a.c_star_ms for a in
+                                          allocate(graph, curves, cluster.num_devices))
+            if bound_ms[recompute] >= best[0]:
+                continue
         try:
-            return make_plan(graph, profile, cluster, options=trial, inputs=inputs)
+            plan = make_plan(graph, profile, cluster, options=trial, inputs=inputs)
         except PlanInfeasible as e:
             error = e
-    if error is None:
-        raise ValueError("empty memory ladder")
-    raise error
+            continue
+        iteration_ms = simulate(plan, graph, profile, cluster).iteration_ms
+        if best is None or iteration_ms < best[0] - 1e-9:
+            best = (iteration_ms, plan)
+    if best is None:
+        assert error is not None
+        raise error
+    return best[1]
 
 
 def _with_recompute(curve: Curve) -> Curve:
@@ -199,11 +222,12 @@ def slice_limits(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: Cluste
 
 
 def spindle_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[LevelAllocation],
-                  num_devices: int, max_ops: MaxOps | None = None) -> list[PlannedWave]:
+                  num_devices: int, max_ops: MaxOps | None = None, *,
+                  few_variants: bool = False) -> list[PlannedWave]:
     """Algorithm 1 on every level, concatenated. Each level is scheduled with every variant
-    (proposal order, alignment, extension rule; a few on very large levels) and the shortest
-    schedule is kept (the first on ties): the variants are cheap and no single one wins on
-    every level."""
+    (proposal order, alignment, extension rule; a few on very large levels, or everywhere
+    with `few_variants`) and the shortest schedule is kept (the first on ties): the variants
+    are cheap and no single one wins on every level."""
     preds = {m.id: m.predecessors for m in graph.metaops}
     finished: set[str] = set()
     waves: list[PlannedWave] = []
@@ -211,7 +235,7 @@ def spindle_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[L
         best: list[PlannedWave] | None = None
         num_tuples = sum(len(x.tuples) for x in a.ops)
         for rule, rounding, extension in (VARIANTS if num_tuples <= LARGE_LEVEL
-                                          else LARGE_LEVEL_VARIANTS):
+                                          and not few_variants else LARGE_LEVEL_VARIANTS):
             trial = schedule_level(a, curves, num_devices, preds, set(finished), sort_rule=rule,
                                    rounding=rounding, extension=extension, max_ops=max_ops)
             if best is None or (sum(w.duration_ms for w in trial)
@@ -229,17 +253,20 @@ SIMULATED_CHOICE_MAX_DEVICES = 1024
 
 
 def device_caps(cluster: ClusterSpec) -> tuple[int, ...]:
-    """The per-MetaOp device bounds Spindle plans under: the whole cluster, and one island
-    when the cluster has more. A bound at island size keeps every slice inside one node, so
-    its activations and parameter groups never cross the one NIC per node; a larger slice
-    computes faster but pays for both. Which wins depends on the compute/bandwidth balance
-    of the model, so both are planned and the simulator decides (`make_plan`). Bounds in
-    between (2, 4 ... islands) were measured on the bench cells and never won, and each costs
-    a full schedule, so they are not tried. Above SIMULATED_CHOICE_MAX_DEVICES only the
-    whole cluster is used: one simulation there takes longer than the planning target."""
-    if cluster.island_size < cluster.num_devices <= SIMULATED_CHOICE_MAX_DEVICES:
-        return (cluster.num_devices, cluster.island_size)
-    return (cluster.num_devices,)
+    """The per-MetaOp device bounds Spindle plans under: the whole cluster, then halving down
+    to one island. A bound at island size keeps every slice inside one node, so its
+    activations and parameter groups never cross the one NIC per node; a larger slice
+    computes faster but pays for both, and under memory pressure a smaller bound spreads a
+    large model's layers over more ranks (qwen-val-70b on 256 devices fits with ZeRO-2 only
+    under 32). Which bound wins depends on the model, so each is planned and the simulator
+    decides (`make_plan`). Above SIMULATED_CHOICE_MAX_DEVICES only the whole cluster is
+    used: one simulation there takes longer than the planning target."""
+    caps = [cluster.num_devices]
+    if cluster.num_devices > SIMULATED_CHOICE_MAX_DEVICES:
+        return tuple(caps)
+    while caps[-1] // 2 >= cluster.island_size and caps[-1] % 2 == 0:
+        caps.append(caps[-1] // 2)
+    return tuple(caps)
 
 
 def capped_curves(curves: dict[str, OpCurve], cap: int) -> dict[str, OpCurve]:
@@ -283,8 +310,12 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     for cap in device_caps(cluster):
         try:
             capped = curves if cap == n_dev else capped_curves(curves, cap)
-            planned = spindle_waves(graph, capped, allocate(graph, capped, n_dev), n_dev,
-                                    max_ops)
+            capped_allocs = allocate(graph, capped, n_dev)
+            if best is not None and sum(a.c_star_ms for a in capped_allocs) >= best[0]:
+                # its compute alone (>= its C*) would outlast the best plan's whole iteration
+                continue
+            planned = spindle_waves(graph, capped, capped_allocs, n_dev, max_ops,
+                                    few_variants=cap != n_dev)
             plan = _assemble(graph, capped, cluster, options, inputs, allocs, planned)
         except PlanInfeasible as e:
             error = error or e
