@@ -5,9 +5,12 @@ Forward, wave by wave: first the boundary (every transfer into the wave: one
 same-rank pieces; a received activation becomes a leaf, so autograd stops at slice
 boundaries), then the rank's slice of the wave. Backward, waves in reverse: the slice's backward
 from its loss or from the gradients its consumers sent, then the boundary backward (the same
-messages with roles swapped). Then one flat bucket per distinct holder rank set is
-all-reduced (SUM) in sorted order, and AdamW steps the
-buckets' flat parameters (every layer parameter is a view of one).
+messages with roles swapped). One flat gradient bucket per distinct holder rank set is
+all-reduced (SUM), asynchronously, as soon as the backward wave that completes it has run (the
+lowest wave of any slice running its layers, the same on every rank; the overlap the simulator
+assumes, like DDP's buckets), in the order of those waves, then of rank sets; after the last
+backward wave the all-reduces are awaited, and AdamW steps the buckets' flat parameters (every
+layer parameter is a view of one).
 
 Every rank walks the same global sequence of boundaries and collectives, and each one involves
 only ranks that all reach it, so the schedule cannot deadlock (runtime-design.md §2.2).
@@ -83,6 +86,8 @@ class Bucket:
     """The gradients."""
     param: nn.Parameter
     """The parameters; its .grad is `flat`."""
+    ready_wave: int
+    """The backward wave after which every gradient of the bucket is complete."""
 
 
 @dataclass(slots=True)
@@ -152,8 +157,13 @@ class Executor:
         for key, ranks in self.program.holders.items():
             if key in self.layers:
                 by_set.setdefault(ranks, []).extend(self.layers[key].parameters())
+        ready: dict[tuple[int, ...], int] = {}
+        for sp in self.program.slices:
+            for i in sp.layers:
+                ranks = self.program.holders[(sp.metaop.module, i)]
+                ready[ranks] = min(ready.get(ranks, sp.wave), sp.wave)
         buckets = []
-        for ranks in sorted(by_set):
+        for ranks in sorted(by_set, key=lambda r: (-ready[r], r)):
             params = by_set[ranks]
             size = sum(p.numel() for p in params)
             flat = torch.zeros(size, dtype=self.dtype, device=self.world.device)
@@ -170,7 +180,7 @@ class Executor:
                     offset += p.numel()
             param.grad = flat
             buckets.append(Bucket(ranks=ranks, group=self.groups.get(ranks), flat=flat,
-                                  param=param))
+                                  param=param, ready_wave=ready[ranks]))
         return buckets
 
     # ---- one step -------------------------------------------------------------------------
@@ -181,6 +191,7 @@ class Executor:
         for b in self.buckets:
             b.flat.zero_()
         st = StepState()
+        pending: list[Any] = []
         for w in range(self.program.num_waves):
             with self.tracer.span("send/recv", "comm", step=step, wave=w, phase="forward"):
                 self._forward_boundary(w, st)
@@ -191,31 +202,36 @@ class Executor:
             with self.tracer.span("compute", "compute", step=step, wave=w, phase="backward"):
                 for sp in self.my_slices[w]:
                     self._backward_slice(sp, st)
+            pending += self._start_all_reduces(w)
             with self.tracer.span("send/recv", "comm", step=step, wave=w, phase="backward"):
                 self._backward_boundary(w, st)
         with self.tracer.span("sync", "sync", step=step):
-            losses = self._sync(st)
+            losses = self._sync(st, pending)
         if self.optimizer is not None:
             with self.tracer.span("optimizer", "compute", step=step):
                 self.optimizer.step()
         return losses
 
-    def _sync(self, st: StepState) -> dict[str, float]:
-        """All-reduce every bucket over its ranks and the task losses over the world; returns
-        the losses. The collectives are issued asynchronously in the global sorted order
-        (each group has its own connections, so their latencies overlap) and then awaited."""
+    def _start_all_reduces(self, w: int) -> list[Any]:
+        """Issue the all-reduce of every bucket that backward wave `w` completes (each group
+        has its own connections, so the transfers overlap the rest of the backward pass)."""
+        works = []
+        for b in self.buckets:
+            if b.ready_wave == w and b.group is not None:
+                with _with_peers("the gradient sync", [r for r in b.ranks if r != self.rank]):
+                    works.append(dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=b.group,
+                                                 async_op=True))
+        return works
+
+    def _sync(self, st: StepState, pending: list[Any]) -> dict[str, float]:
+        """Await the bucket all-reduces and all-reduce the task losses over the world; returns
+        the losses."""
         tasks = self.program.tasks
         vec = torch.tensor([st.task_loss.get(t, 0.0) for t in tasks], dtype=torch.float64,
                            device=self.world.device)
-        pending: list[tuple[Any, tuple[int, ...]]] = []
         with _with_peers("the gradient sync", [r for b in self.buckets for r in b.ranks
                                                if b.group is not None and r != self.rank]):
-            for b in self.buckets:
-                if b.group is not None:
-                    work = dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=b.group,
-                                           async_op=True)
-                    pending.append((work, b.ranks))
-            for work, _ in pending:
+            for work in pending:
                 work.wait()
         if self.world.world_size > 1:
             others = [r for r in range(self.world.world_size) if r != self.rank]

@@ -1,0 +1,81 @@
+"""The executor's buckets (runtime/executor.py): each holds its layers' parameters and
+gradients as views of two flat tensors, AdamW steps the flat parameter, and a bucket's
+all-reduce is due after the lowest wave of any slice running its layers."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Plan, load
+from spindle_cli.planner.api import PlanOptions, make_plan
+from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.profiling import analytic_profile
+from spindle_cli.runtime.data import SyntheticData
+from spindle_cli.runtime.dist import World
+from spindle_cli.runtime.executor import Executor
+from spindle_cli.runtime.program import build_program
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _one_rank_executor() -> Executor:
+    model = load(str(REPO / "models" / "tiny-clip.yaml"), ModelSpec)
+    graph = build_graph(model, dtype="fp32")
+    local = load(str(REPO / "clusters" / "local-cpu.yaml"), ClusterSpec)
+    one = dataclasses.replace(local, name="local-cpu-1", devices_per_node=1, island_size=1)
+    profile = analytic_profile(graph, one, hardware="a800", counts=[1])
+    plan = make_plan(graph, profile, one, options=PlanOptions(planner="spindle"))
+    world = World(rank=0, world_size=1, local_rank=0, local_world_size=1, backend="gloo",
+                  device=torch.device("cpu"))
+    return Executor(plan, build_program(plan, graph, model), model, world, {},
+                    SyntheticData(model, 0), seed=0, lr=1e-3, dtype=torch.float32)
+
+
+def _inside(t: torch.Tensor, flat: torch.Tensor) -> bool:
+    start = flat.data_ptr()
+    end = start + flat.numel() * flat.element_size()
+    return start <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= end
+
+
+def test_layer_parameters_and_gradients_are_views_of_their_bucket_and_follow_the_step():
+    ex = _one_rank_executor()
+    (bucket,) = ex.buckets  # one rank: every layer is held by (0,)
+    assert bucket.param.grad is bucket.flat
+    for _, p in ex.named:
+        assert _inside(p, bucket.param) and _inside(p.grad, bucket.flat)
+    assert ex.optimizer is not None
+    assert [q for g in ex.optimizer.param_groups for q in g["params"]] == [bucket.param]
+    before = {n: p.detach().clone() for n, p in ex.named}
+    ex.train_step(0)
+    changed = [n for n, p in ex.named if not torch.equal(p.detach(), before[n])]
+    # the step updated the flat parameter, and every layer parameter saw it
+    assert len(changed) == len(before)
+    offset = 0
+    for _, p in ex.named:
+        n = p.numel()
+        assert torch.equal(p.detach().reshape(-1), bucket.param.detach()[offset:offset + n])
+        offset += n
+
+
+def test_buckets_are_reduced_after_the_lowest_wave_running_their_layers_in_that_order():
+    model = load(str(REPO / "models" / "tiny-clip.yaml"), ModelSpec)
+    graph = load(str(REPO / "graphs" / "tiny-clip.yaml"), MetaOpGraph)
+    plan = load(str(REPO / "plans" / "tiny-clip-local-cpu-2.yaml"), Plan)
+    program = build_program(plan, graph, model)
+    for rank in (0, 1):
+        world = World(rank=rank, world_size=2, local_rank=rank, local_world_size=2,
+                      backend="gloo", device=torch.device("cpu"))
+        # building the executor does not communicate: no process group needed
+        ex = Executor(plan, program, model, world, {}, SyntheticData(model, 0), seed=0,
+                      lr=1e-3, dtype=torch.float32)
+        assert ex.buckets
+        for b in ex.buckets:
+            waves = [sp.wave for sp in program.slices for i in sp.layers
+                     if program.holders[(sp.metaop.module, i)] == b.ranks]
+            assert b.ready_wave == min(waves)
+        # backward runs waves downwards: the bucket completed first is reduced first
+        ready = [b.ready_wave for b in ex.buckets]
+        assert ready == sorted(ready, reverse=True)
