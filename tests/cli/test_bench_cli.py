@@ -89,7 +89,7 @@ def test_missing_models_dir_is_a_one_line_error(tiny_matrix, tmp_path):
     res = run(["bench", "--out", str(out), "--models-dir", str(tmp_path / "nowhere"),
                "--clusters-dir", str(REPO / "clusters")])
     assert res.exit_code == 2
-    assert " ".join(res.stderr.split()).startswith("error: ")
+    assert res.stderr.startswith("error: ") and len(res.stderr.splitlines()) == 1
     assert "no such file" in res.stderr and "Traceback" not in res.stderr
     assert not out.exists()
 
