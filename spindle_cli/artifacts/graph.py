@@ -77,7 +77,9 @@ class MetaOpGraph(DerivedArtifact):
                         f"level {m.level} is not above predecessor {p!r} (level {ids[p]})",
                     )
             if m.level >= self.num_levels:
-                raise FieldError(f"metaops[{i}].level", f"{m.level} >= num_levels {self.num_levels}")
+                raise FieldError(
+                    f"metaops[{i}].level", f"{m.level} >= num_levels {self.num_levels}"
+                )
 
     def metaop(self, metaop_id: str) -> MetaOp:
         """The MetaOp with that id."""

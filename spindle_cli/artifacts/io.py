@@ -130,6 +130,36 @@ def load(path: str, cls: type[A]) -> A:
     return obj
 
 
+def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -> tuple[str, A]:
+    """Load the input of kind `cls.KIND` that `owner` (read from `owner_path`) records, and check
+    it still hashes to the recorded sha256. Returns the path it was found at and the artifact.
+
+    Paths are recorded as given on the command line, relative to where that command ran: try
+    the path as written, then relative to the directory of `owner_path` and each one above it
+    (committed plans record paths relative to the repository root).
+    """
+    kinds_recorded = [r.kind for r in owner.inputs]
+    if cls.KIND not in kinds_recorded:
+        raise ArtifactError(owner_path, "inputs", f"no {cls.KIND} input recorded")
+    index = kinds_recorded.index(cls.KIND)
+    ref = owner.inputs[index]
+    above = Path(owner_path).resolve().parents
+    candidates = (Path(ref.path), *(d / ref.path for d in above))
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise ArtifactError(owner_path, f"inputs[{index}].path",
+                            f"{cls.KIND} file {ref.path!r} not found")
+    obj = load(str(found), cls)
+    if sha256(obj) != ref.sha256:
+        raise ArtifactError(
+            owner_path, f"inputs[{index}].sha256",
+            f"{cls.KIND} {ref.path!r} changed since the {owner.kind.replace('_', ' ')} was made "
+            "(sha256 mismatch)",
+            hint=f"regenerate {owner_path} from the current inputs",
+        )
+    return str(found), obj
+
+
 def canonical_json(obj: Artifact) -> bytes:
     """The canonical bytes that artifact hashes are computed over."""
     return json.dumps(to_data(obj), sort_keys=True, separators=(",", ":")).encode()
@@ -186,4 +216,9 @@ def rendered_for(obj: Artifact, path: str) -> str:
 def derived_header(kind: type[Artifact], inputs: list[InputRef]) -> dict[str, Any]:
     """Keyword arguments for the header fields of a new derived artifact."""
     assert issubclass(kind, DerivedArtifact)
-    return {"kind": kind.KIND, "version": kind.VERSION, "producer": PRODUCER, "inputs": tuple(inputs)}
+    return {
+        "kind": kind.KIND,
+        "version": kind.VERSION,
+        "producer": PRODUCER,
+        "inputs": tuple(inputs),
+    }

@@ -31,8 +31,9 @@ LayerKind = Literal[
     "lm_loss",
 ]
 """Layer kinds. `embedding`: token ids -> [B,S,hidden] (token + position tables).
-`patch_embed`: features [B,S,in_dim] -> [B,S,hidden] (linear + position table). `transformer_encoder` /
-`transformer_decoder`: pre-LN self-attention + MLP layer, bidirectional / causal.
+`patch_embed`: features [B,S,in_dim] -> [B,S,hidden] (linear + position table).
+`transformer_encoder` / `transformer_decoder`: pre-LN self-attention + MLP layer,
+bidirectional / causal.
 `adapter`: [B,S,in_dim] -> [B,S,hidden] (linear; joins an encoder to a wider LLM).
 `projection`: pool ([B,S,in_dim] -> [B,in_dim], first token or mean) then linear to hidden.
 `contrastive_loss`: symmetric InfoNCE over two [B,hidden] embeddings (learned temperature).

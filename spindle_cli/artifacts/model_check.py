@@ -64,7 +64,7 @@ def infer_shapes(model: ModelSpec, task: TaskSpec, where: str = "") -> dict[str,
         ins = [shapes[x] for x in step.inputs]
         forms = {s.form for s in ins}
 
-        def need(cond: bool, problem: str) -> None:
+        def need(cond: bool, problem: str, path: str = path) -> None:
             if not cond:
                 raise FieldError(f"{path}.inputs", problem)
 
@@ -138,7 +138,9 @@ def check_model(model: ModelSpec) -> None:
                     raise FieldError(f"{where}.steps[{si}].inputs[{ii}]",
                                      f"unknown input or step {src!r}")
                 if src == step.name:
-                    raise FieldError(f"{where}.steps[{si}].inputs[{ii}]", "a step cannot feed itself")
+                    raise FieldError(
+                        f"{where}.steps[{si}].inputs[{ii}]", "a step cannot feed itself"
+                    )
             if len(set(step.inputs)) != len(step.inputs):
                 raise FieldError(f"{where}.steps[{si}].inputs", "an input is listed twice")
             used.update(step.inputs)

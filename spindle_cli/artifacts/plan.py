@@ -148,7 +148,9 @@ class Plan(DerivedArtifact):
         for ti, t in enumerate(self.transfers):
             for name in ("src", "dst"):
                 if getattr(t, name) not in ids:
-                    raise FieldError(f"transfers[{ti}].{name}", f"unknown slice {getattr(t, name)!r}")
+                    raise FieldError(
+                        f"transfers[{ti}].{name}", f"unknown slice {getattr(t, name)!r}"
+                    )
 
     def slices(self) -> list[tuple[Wave, Slice]]:
         """Every slice with its wave, in execution order."""

@@ -9,13 +9,12 @@ the recorded sha256.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TypeVar
 
 import click
 from rich.table import Table
 
-from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load, sha256
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_recorded_input
 from spindle_cli.artifacts.base import Artifact
 from spindle_cli.cli._console import out
 from spindle_cli.cli.common import load_input
@@ -23,25 +22,6 @@ from spindle_cli.cli.views import print_table
 from spindle_cli.errors import SpindleError
 
 A = TypeVar("A", bound=Artifact)
-
-
-def recorded_input(plan: Plan, plan_path: str, kind: str, cls: type[A]) -> A:
-    """The plan's input of `kind`, found and verified by hash."""
-    try:
-        ref = plan.input(kind)
-    except KeyError:
-        raise SpindleError(f"{plan_path}: inputs: no {kind} recorded") from None
-    # as written, then next to the plan and in the directories above it (plans/ records
-    # paths relative to the repository root)
-    candidates = [Path(ref.path)] + [d / ref.path for d in Path(plan_path).resolve().parents]
-    found = next((p for p in candidates if p.is_file()), None)
-    if found is None:
-        raise SpindleError(f"{plan_path}: inputs: {kind} file {ref.path!r} not found")
-    obj = load(str(found), cls)
-    if sha256(obj) != ref.sha256:
-        raise SpindleError(f"{plan_path}: inputs: {kind} {ref.path!r} changed since the plan "
-                           "was made", hint="re-run spindle plan")
-    return obj
 
 
 @click.command()
@@ -54,9 +34,9 @@ def explain(plan_path: str, metaop_id: str) -> None:
     from spindle_cli.planner.exact import exact_packing_ms
 
     plan = load_input(plan_path, Plan)
-    graph = recorded_input(plan, plan_path, "metaop_graph", MetaOpGraph)
-    profile = recorded_input(plan, plan_path, "profile", Profile)
-    cluster = recorded_input(plan, plan_path, "cluster", ClusterSpec)
+    _, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
+    _, profile = load_recorded_input(plan, plan_path, Profile)
+    _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
     ids = [m.id for m in graph.metaops]
     if metaop_id not in ids:
         near = [i for i in ids if metaop_id.split("/")[-1] in i][:5]

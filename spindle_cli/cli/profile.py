@@ -8,12 +8,17 @@ progress bar on stderr and a per-point cache, so an interrupted profile resumes.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
-from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, input_ref, load, sha256
+from spindle_cli.artifacts import (
+    ClusterSpec,
+    MetaOpGraph,
+    ModelSpec,
+    input_ref,
+    load_recorded_input,
+)
 from spindle_cli.artifacts.base import InputRef
 from spindle_cli.cli._console import err
 from spindle_cli.cli.common import emit, exit_with, load_input
@@ -44,25 +49,9 @@ def default_counts(cluster: ClusterSpec | None) -> tuple[int, ...]:
 
 
 def graph_model(graph: MetaOpGraph, graph_path: str) -> tuple[ModelSpec, InputRef]:
-    """The model a graph was built from (its `inputs` entry), verified by hash. A relative
-    path is tried as written and then next to the graph file."""
-    try:
-        ref = graph.input("model")
-    except KeyError:
-        raise SpindleError(
-            f"{graph_path}: inputs: no model recorded; cannot build layers"
-        ) from None
-    candidates = [Path(ref.path), Path(graph_path).parent / ref.path]
-    found = next((p for p in candidates if p.is_file()), None)
-    if found is None:
-        raise SpindleError(f"{graph_path}: inputs: model file {ref.path!r} not found")
-    model = load(str(found), ModelSpec)
-    if sha256(model) != ref.sha256:
-        raise SpindleError(
-            f"{graph_path}: inputs: model {ref.path!r} changed since the graph was built "
-            "(sha256 mismatch)",
-            hint=f"regenerate the graph: spindle graph {ref.path} -o {graph_path}",
-        )
+    """The model a graph was built from (its `inputs` entry), verified by hash."""
+    _, model = load_recorded_input(graph, graph_path, ModelSpec)
+    ref = graph.input("model")
     return model, input_ref(model, ref.path)
 
 

@@ -8,18 +8,15 @@ with inputs it was not made from.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import click
 from rich.table import Table
 
-from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, sha256
-from spindle_cli.artifacts.base import Artifact
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_recorded_input
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input
 from spindle_cli.cli.views import fmt_bytes, print_table
-from spindle_cli.errors import SpindleError
 from spindle_cli.planner import simulate as simulation
 from spindle_cli.planner.simulate import SimResult
 
@@ -32,35 +29,11 @@ SUMMARY_FIELDS = (
 """Scalar fields of the --json object, in order."""
 
 
-def _input_path(recorded: str, plan_path: str) -> str:
-    # Paths are recorded as given on the command line, relative to where `spindle plan` ran:
-    # try them as written, then next to the plan and in the directories above it (plans/
-    # records paths relative to the repository root). Same rule as `spindle explain`/`run`.
-    above = [d / recorded for d in Path(plan_path).resolve().parents]
-    found = next((p for p in (Path(recorded), *above) if p.is_file()), None)
-    return str(found) if found is not None else recorded
-
-
 def load_plan_inputs(plan: Plan, plan_path: str) -> tuple[MetaOpGraph, Profile, ClusterSpec]:
     """The graph, profile and cluster a plan was made from, checked against its sha256s."""
-    loaded: list[Artifact] = []
-    for cls in (MetaOpGraph, Profile, ClusterSpec):
-        try:
-            ref = plan.input(cls.KIND)
-        except KeyError:
-            raise SpindleError(f"{plan_path}: inputs: no {cls.KIND!r} input recorded; "
-                               "the plan cannot be simulated") from None
-        path = _input_path(ref.path, plan_path)
-        obj = load_input(path, cls)
-        if sha256(obj) != ref.sha256:
-            raise SpindleError(
-                f"{plan_path}: inputs: {cls.KIND} {path} changed since the plan was made "
-                "(sha256 differs)", hint="re-run `spindle plan` on the current inputs",
-            )
-        loaded.append(obj)
-    graph, profile, cluster = loaded
-    assert isinstance(graph, MetaOpGraph) and isinstance(profile, Profile)
-    assert isinstance(cluster, ClusterSpec)
+    _, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
+    _, profile = load_recorded_input(plan, plan_path, Profile)
+    _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
     return graph, profile, cluster
 
 

@@ -8,11 +8,9 @@ torch): `spindle run` calls it before launching workers, and every worker calls 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Plan, load, sha256
-from spindle_cli.artifacts.base import DerivedArtifact
-from spindle_cli.errors import ArtifactError, SpindleError
+from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Plan, load, load_recorded_input
+from spindle_cli.errors import SpindleError
 from spindle_cli.runtime.program import PlanError, Program, build_program
 
 
@@ -27,39 +25,11 @@ class RunInputs:
     program: Program
 
 
-def resolve_input(owner: DerivedArtifact, owner_path: str, kind: str) -> str:
-    try:
-        index = [r.kind for r in owner.inputs].index(kind)
-    except ValueError:
-        raise ArtifactError(owner_path, "inputs", f"names no {kind} input") from None
-    ref = owner.inputs[index]
-    # paths are recorded as given on the command line (relative to where that command ran):
-    # try the working directory, then the directories above the file that records them
-    above = Path(owner_path).resolve().parents
-    for candidate in (Path(ref.path), *(d / ref.path for d in above)):
-        if candidate.is_file():
-            return str(candidate)
-    raise ArtifactError(owner_path, f"inputs[{index}].path", f"{kind} file {ref.path!r} not found")
-
-
-def _verified(owner: DerivedArtifact, owner_path: str, kind: str, cls: type) -> tuple[str, object]:
-    path = resolve_input(owner, owner_path, kind)
-    obj = load(path, cls)
-    index = [r.kind for r in owner.inputs].index(kind)
-    if sha256(obj) != owner.inputs[index].sha256:
-        raise ArtifactError(owner_path, f"inputs[{index}].sha256",
-                            f"{path} changed since this file was made (sha256 mismatch)",
-                            hint=f"regenerate {owner_path}")
-    return path, obj
-
-
 def load_run_inputs(plan_path: str) -> RunInputs:
     """Load and cross-check the plan, its graph and its model."""
     plan = load(plan_path, Plan)
-    graph_path, graph = _verified(plan, plan_path, "metaop_graph", MetaOpGraph)
-    assert isinstance(graph, MetaOpGraph)
-    _, model = _verified(graph, graph_path, "model", ModelSpec)
-    assert isinstance(model, ModelSpec)
+    graph_path, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
+    _, model = load_recorded_input(graph, graph_path, ModelSpec)
     return RunInputs(plan_path=plan_path, plan=plan, graph=graph, model=model,
                      program=build_program(plan, graph, model))
 

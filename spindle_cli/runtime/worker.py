@@ -24,14 +24,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Plan, Profile, load, sha256
+from spindle_cli.artifacts import (
+    ClusterSpec,
+    MetaOpGraph,
+    ModelSpec,
+    Plan,
+    Profile,
+    load_recorded_input,
+    sha256,
+)
 from spindle_cli.errors import SpindleError
 from spindle_cli.runtime import checkpoint
 from spindle_cli.runtime import dist as rdist
 from spindle_cli.runtime.data import load_data_source
 from spindle_cli.runtime.executor import Executor, PeerLost
 from spindle_cli.runtime.groups import make_groups
-from spindle_cli.runtime.inputs import check_world, load_run_inputs, resolve_input
+from spindle_cli.runtime.inputs import check_world, load_run_inputs
 from spindle_cli.runtime.program import Program
 from spindle_cli.runtime.trace import Tracer, breakdown_ms, trace_document, write_json
 
@@ -152,8 +160,8 @@ def predicted_iteration_ms(plan_path: str, plan: Plan, graph: MetaOpGraph) -> fl
     hand, else the plan's own estimate."""
     from spindle_cli.planner.simulate import simulate
     try:
-        profile = load(resolve_input(plan, plan_path, "profile"), Profile)
-        cluster = load(resolve_input(plan, plan_path, "cluster"), ClusterSpec)
+        _, profile = load_recorded_input(plan, plan_path, Profile)
+        _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
     except SpindleError:
         return plan.estimated_iteration_ms
     return simulate(plan, graph, profile, cluster).iteration_ms

@@ -116,7 +116,7 @@ def test_measured_profile_refuses_a_changed_model(workdir, capsys):
     code, out, err = _run(["profile", "graph.yaml", "--hardware", "local", "-o", "m.yaml"],
                           capsys)
     assert code == 2
-    assert err.startswith("error: graph.yaml: inputs: model") and "sha256 mismatch" in err
+    assert err.startswith("error: graph.yaml: inputs[0].sha256: model") and "sha256 mismatch" in err
     assert not Path("m.yaml").exists()
 
 

@@ -106,7 +106,8 @@ def test_missing_input_is_a_one_line_error(tmp_path):
     res = _run(["simulate", str(plan_path)])
     assert res.exit_code == 2
     assert len(res.stderr.splitlines()) == 1
-    assert res.stderr.startswith("error: ") and "no such file" in res.stderr
+    assert res.stderr.startswith("error: ")
+    assert "inputs[1].path: profile file" in res.stderr and "not found" in res.stderr
     assert "Traceback" not in res.stderr
 
 
