@@ -221,16 +221,17 @@ def slice_limits(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: Cluste
     return max_ops
 
 
-def spindle_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[LevelAllocation],
-                  num_devices: int, max_ops: MaxOps | None = None, *,
-                  few_variants: bool = False) -> list[PlannedWave]:
-    """Algorithm 1 on every level, concatenated. Each level is scheduled with every variant
-    (proposal order, alignment, extension rule; a few on very large levels, or everywhere
-    with `few_variants`) and the shortest schedule is kept (the first on ties): the variants
-    are cheap and no single one wins on every level."""
+def level_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[LevelAllocation],
+                num_devices: int, max_ops: MaxOps | None = None, *,
+                few_variants: bool = False) -> list[list[PlannedWave]]:
+    """Algorithm 1 on every level, one schedule per level. Each level is scheduled with every
+    variant (proposal order, alignment, extension rule; a few on very large levels, or
+    everywhere with `few_variants`) and the shortest schedule is kept (the first on ties):
+    the variants are cheap and no single one wins on every level. A level's schedule depends
+    only on its own allocation, so schedules of different allocations can be mixed."""
     preds = {m.id: m.predecessors for m in graph.metaops}
     finished: set[str] = set()
-    waves: list[PlannedWave] = []
+    levels: list[list[PlannedWave]] = []
     for a in allocs:
         best: list[PlannedWave] | None = None
         num_tuples = sum(len(x.tuples) for x in a.ops)
@@ -243,8 +244,16 @@ def spindle_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[L
                 best = trial
         assert best is not None
         finished |= {m.id for m in graph.metaops if m.level == a.level}
-        waves.extend(best)
-    return waves
+        levels.append(best)
+    return levels
+
+
+def spindle_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[LevelAllocation],
+                  num_devices: int, max_ops: MaxOps | None = None, *,
+                  few_variants: bool = False) -> list[PlannedWave]:
+    """`level_waves`, concatenated."""
+    return [w for level in level_waves(graph, curves, allocs, num_devices, max_ops,
+                                       few_variants=few_variants) for w in level]
 
 
 SIMULATED_CHOICE_MAX_DEVICES = 1024
@@ -285,11 +294,14 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
               options: PlanOptions = PlanOptions(), inputs: tuple[InputRef, ...] = ()) -> Plan:
     """Plan one training iteration of `graph` on `cluster`.
 
-    Spindle plans once per device bound of `device_caps` and keeps the plan whose simulated
-    iteration (compute, inter-wave transfers, gradient sync: planner/simulate.py) is
-    shortest, the first on ties. The allocator and the wave scheduler see compute only; the
-    simulator is the planner's cost model for what they cannot see. The levels' lower bounds
-    stay the uncapped C*, so `lower_bound_ms` is the relaxed optimum whichever plan is kept.
+    Spindle schedules every level once per device bound of `device_caps` and keeps the plan
+    whose simulated iteration (compute, inter-wave transfers, gradient sync:
+    planner/simulate.py) is shortest, the first on ties: one bound for all levels, then the
+    longest level alone under each other bound (multitask-clip 4 tasks on 32 devices: the
+    encoders on the whole cluster, the short levels inside islands). The allocator and the
+    wave scheduler see compute only; the simulator is the planner's cost model for what they
+    cannot see. The levels' lower bounds stay the uncapped C*, so `lower_bound_ms` is the
+    relaxed optimum whichever plan is kept.
     Baselines are planned once, as their rules say."""
     n_dev = cluster.num_devices
     profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
@@ -305,24 +317,44 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         else:
             planned = baselines.distmm(graph, curves, n_dev, max_ops)
         return _assemble(graph, curves, cluster, options, inputs, allocs, planned)
-    best: tuple[float, Plan] | None = None
+    by_cap: dict[int, list[list[PlannedWave]]] = {}
+    best: tuple[float, Plan, tuple[int, ...]] | None = None
     error: PlanInfeasible | None = None
+
+    def consider(caps: tuple[int, ...]) -> None:
+        nonlocal best, error
+        planned = [w for level, cap in enumerate(caps) for w in by_cap[cap][level]]
+        try:
+            plan = _assemble(graph, curves, cluster, options, inputs, allocs, planned)
+        except PlanInfeasible as e:
+            error = error or e
+            return
+        iteration_ms = simulate(plan, graph, profile, cluster).iteration_ms
+        if best is None or iteration_ms < best[0] - 1e-9:
+            best = (iteration_ms, plan, caps)
+
     for cap in device_caps(cluster):
         try:
             capped = curves if cap == n_dev else capped_curves(curves, cap)
-            capped_allocs = allocate(graph, capped, n_dev)
-            if best is not None and sum(a.c_star_ms for a in capped_allocs) >= best[0]:
-                # its compute alone (>= its C*) would outlast the best plan's whole iteration
-                continue
-            planned = spindle_waves(graph, capped, capped_allocs, n_dev, max_ops,
-                                    few_variants=cap != n_dev)
-            plan = _assemble(graph, capped, cluster, options, inputs, allocs, planned)
         except PlanInfeasible as e:
             error = error or e
             continue
-        iteration_ms = simulate(plan, graph, profile, cluster).iteration_ms
-        if best is None or iteration_ms < best[0] - 1e-9:
-            best = (iteration_ms, plan)
+        capped_allocs = allocate(graph, capped, n_dev)
+        if best is not None and sum(a.c_star_ms for a in capped_allocs) >= best[0]:
+            # its compute alone (>= its C*) would outlast the best plan's whole iteration
+            continue
+        by_cap[cap] = level_waves(graph, capped, capped_allocs, n_dev, max_ops,
+                                  few_variants=cap != n_dev)
+        consider((cap,) * len(allocs))
+    if best is not None and len(by_cap) > 1:
+        # the longest level under the kept bound may do better under another bound while the
+        # others keep theirs (long encoders computing on more than an island, the rest inside)
+        caps = best[2]
+        longest = max(range(len(allocs)),
+                      key=lambda i: sum(w.duration_ms for w in by_cap[caps[i]][i]))
+        for cap in by_cap:
+            if cap != caps[longest]:
+                consider(caps[:longest] + (cap,) + caps[longest + 1:])
     if best is None:
         assert error is not None
         raise error

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
+from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api
+from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import simulate
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def one_encoder(params_per_layer: int):
@@ -52,7 +59,8 @@ def test_the_kept_plan_is_the_fastest_simulated_candidate(params_per_layer, isla
     plan = api.make_plan(g, p, c)
     kept = simulate(plan, g, p, c).iteration_ms
     candidates = [_candidate_ms(g, p, c, cap) for cap in api.device_caps(c)]
-    assert kept == pytest.approx(min(candidates))
+    # the kept plan is one bound for all levels or a mix, never slower than any uniform one
+    assert kept <= min(candidates) + 1e-9
     # small gradients: the 8-device plan computes twice as fast and wins; large gradients:
     # their sync over the node link costs more, and the plan stays inside one node
     for _, s in plan.slices():
@@ -61,3 +69,14 @@ def test_the_kept_plan_is_the_fastest_simulated_candidate(params_per_layer, isla
     curves = api.op_curves(g, p, c.num_devices)
     assert plan.lower_bound_ms == pytest.approx(
         sum(a.c_star_ms for a in api.allocate(g, curves, c.num_devices)))
+
+
+def test_spindle_is_not_slower_than_optimus_on_clip4_at_32():
+    """Issue 5's losing cell: multitask-clip 4 tasks on four nodes, no memory saving."""
+    spec = load(str(ROOT / "models" / "multitask-clip.yaml"), ModelSpec)
+    c = load(str(ROOT / "clusters" / "a800-4x8.yaml"), ClusterSpec)
+    g = build_graph(spec, tasks=list(spec.task_sets["4"]))
+    p = analytic_profile(g, c, hardware="a800", counts=[1, 2, 4, 8, 16, 32])
+    ms = {planner: simulate(api.make_plan(g, p, c, options=api.PlanOptions(planner=planner)),
+                            g, p, c).iteration_ms for planner in ("spindle", "optimus")}
+    assert ms["spindle"] <= ms["optimus"]
