@@ -128,8 +128,10 @@ def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
     with every LLM slice on one node, 14 s, while ZeRO-2 fits a 5 s plan), and ZeRO-3's
     weight gathers can cost more than recomputation's extra forward. A setting is skipped
     without planning when its relaxed optimum (compute only, a lower bound of any plan's
-    simulated iteration) is no shorter than the best plan's simulated iteration.
-    PlanInfeasible from the last setting when none fits."""
+    simulated iteration) is no shorter than the best plan's simulated iteration. Above
+    SIMULATED_CHOICE_MAX_DEVICES the first setting that fits is kept, unsimulated (one
+    simulation there outlasts the planning target). PlanInfeasible from the last setting
+    when none fits."""
     if not ladder:
         raise ValueError("empty memory ladder")
     error: PlanInfeasible | None = None
@@ -150,6 +152,8 @@ def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
         except PlanInfeasible as e:
             error = e
             continue
+        if cluster.num_devices > SIMULATED_CHOICE_MAX_DEVICES:
+            return plan
         iteration_ms = simulate(plan, graph, profile, cluster).iteration_ms
         if best is None or iteration_ms < best[0] - 1e-9:
             best = (iteration_ms, plan)
@@ -320,6 +324,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     by_cap: dict[int, list[list[PlannedWave]]] = {}
     best: tuple[float, Plan, tuple[int, ...]] | None = None
     error: PlanInfeasible | None = None
+    bounds = device_caps(cluster)
 
     def consider(caps: tuple[int, ...]) -> None:
         nonlocal best, error
@@ -329,11 +334,14 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         except PlanInfeasible as e:
             error = error or e
             return
-        iteration_ms = simulate(plan, graph, profile, cluster).iteration_ms
+        # a single candidate needs no simulation (and above SIMULATED_CHOICE_MAX_DEVICES one
+        # would take longer than the planning target)
+        iteration_ms = (simulate(plan, graph, profile, cluster).iteration_ms
+                        if len(bounds) > 1 else 0.0)
         if best is None or iteration_ms < best[0] - 1e-9:
             best = (iteration_ms, plan, caps)
 
-    for cap in device_caps(cluster):
+    for cap in bounds:
         try:
             capped = curves if cap == n_dev else capped_curves(curves, cap)
         except PlanInfeasible as e:
