@@ -38,7 +38,7 @@ from spindle_cli.artifacts.profile import (
 )
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner import roofline, scaling
-from spindle_cli.planner.curves import Sample, fit_curve
+from spindle_cli.planner.curves import MEASURED_NOISE_REL, Sample, fit_curve
 
 NO_SAMPLES_NOTE = "more data-parallel groups than samples"
 
@@ -171,8 +171,10 @@ def build_curve(
     counts: Sequence[int],
     memory: MemoryModel,
     validate: bool,
+    noise_rel: float = 0.0,
 ) -> Curve:
-    """The fitted Curve of one signature from all of its points."""
+    """The fitted Curve of one signature from all of its points. `noise_rel` is the timing
+    noise a slower count may show before it ends the curve (`curves.helpful_run`)."""
     best = _best(points, op.batch_size)
     samples = fitted_run(counts, best)
     if not samples:
@@ -187,6 +189,7 @@ def build_curve(
         samples=samples,
         points=tuple(sorted(points, key=lambda p: (p.num_devices, p.strategy))),
         memory=memory,
+        noise_rel=noise_rel,
     )
     if not validate:
         return curve
@@ -260,6 +263,8 @@ def assemble_profile(
                 counts=counts,
                 memory=roofline.memory_model(op, graph.dtype_bytes),
                 validate=validate,
+                # measured medians scatter; an analytic model is exact
+                noise_rel=MEASURED_NOISE_REL if source == "measured" else 0.0,
             )
         )
     return Profile(
