@@ -8,12 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from spindle_cli.artifacts.io import parse_artifact
 from spindle_cli.artifacts.model import ModelSpec
 from spindle_cli.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Property tests draw the same examples on every machine and in CI, so a failure reproduces
+# everywhere; `pytest --hypothesis-profile=explore` draws fresh random examples.
+settings.register_profile("spindle", derandomize=True, database=None)
+settings.register_profile("explore", max_examples=300)
+settings.load_profile("spindle")
 
 
 @pytest.fixture

@@ -10,17 +10,12 @@ exactly its n devices, the source supplies N and the sink absorbs N, so at any t
 devices are busy; two tuples of one MetaOp are ordered (its operators run in sequence). The
 makespan is the sink's start. Tuples keep their n and whole operator counts; unlike waves,
 they need no common boundaries, so the optimum is a bound for any wave schedule of them.
-
-`realign_waves` is the other use of HiGHS here: for a fixed wave structure (which MetaOp runs
-on how many devices in which wave), the best operator counts and wave durations.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
-
-from spindle_cli.planner.waves import MaxOps, PlannedWave, Slot
 
 MAX_TUPLES = 16
 """Larger levels are not solved (the MILP grows with the square of the tuples)."""
@@ -91,62 +86,3 @@ def exact_packing_ms(tuples: list[tuple[str, int, float]], num_devices: int,
     if res.status != 0 or res.x is None:
         return None
     return float(res.x[sink])
-
-
-REALIGN_NODE_LIMIT = 2000
-"""Branch-and-bound nodes `realign_waves` lets HiGHS explore: a node limit, unlike a time
-limit, gives the same answer on every machine, so plans stay reproducible."""
-
-
-def realign_waves(waves: list[PlannedWave], max_ops: MaxOps | None = None, *,
-                  node_limit: int = REALIGN_NODE_LIMIT) -> list[PlannedWave] | None:
-    """Beyond the paper: re-choose the operator counts of one level's waves, keeping each
-    wave's slots (MetaOp, n), to minimize the sum of wave durations. Algorithm 1 aligns one
-    wave at a time, so an operator cut from a wave to align it may lengthen a later one; here
-    all waves are aligned together.
-
-    MILP: integer k_s >= 0 operators per slot (at most `max_ops`), D_w >= k_s * T_s for
-    each slot of wave w, sum of k over a MetaOp's slots = its operators; minimize sum D_w. A
-    slot left with no operator is dropped (its devices idle), and so is an empty wave. Returns
-    None unless HiGHS finds, within `node_limit` nodes, waves strictly shorter than the
-    given ones. Slices stay in operator order: each MetaOp has at most one slot per wave."""
-    slots = [(w, s) for w, wave in enumerate(waves) for s in wave.slots]
-    num_slots, num_waves = len(slots), len(waves)
-    metaops = sorted({s.metaop for _, s in slots})
-    num_vars = num_slots + num_waves
-    rows = np.zeros((num_slots + len(metaops), num_vars))
-    lo = np.zeros(num_slots + len(metaops))
-    hi = np.full(num_slots + len(metaops), np.inf)
-    for i, (w, s) in enumerate(slots):
-        rows[i, num_slots + w], rows[i, i] = 1.0, -s.op_time_ms  # D_w - T_s k_s >= 0
-    for j, m in enumerate(metaops):
-        r = num_slots + j
-        total = 0
-        for i, (_, s) in enumerate(slots):
-            if s.metaop == m:
-                rows[r, i] = 1.0
-                total += s.num_ops
-        lo[r] = hi[r] = total
-    ub = np.full(num_vars, np.inf)
-    for i, (_, s) in enumerate(slots):
-        ub[i] = lo[num_slots + metaops.index(s.metaop)]
-        if max_ops is not None:
-            ub[i] = min(ub[i], max_ops(s.metaop, s.n))
-    cost = np.zeros(num_vars)
-    cost[num_slots:] = 1.0
-    integrality = np.zeros(num_vars)
-    integrality[:num_slots] = 1
-    res = milp(cost, constraints=LinearConstraint(rows, lo, hi), integrality=integrality,
-               bounds=Bounds(np.zeros(num_vars), ub), options={"node_limit": node_limit})
-    if res.x is None:
-        return None
-    ops = [round(float(x)) for x in res.x[:num_slots]]
-    new = [PlannedWave(level=wave.level, slots=tuple(
-               Slot(metaop=s.metaop, n=s.n, num_ops=k, op_time_ms=s.op_time_ms)
-               for (w, s), k in zip(slots, ops, strict=True) if w == wi and k > 0))
-           for wi, wave in enumerate(waves)]
-    new = [w for w in new if w.slots]
-    before_ms = sum(w.duration_ms for w in waves)
-    if sum(w.duration_ms for w in new) >= before_ms * (1 - 1e-9):
-        return None
-    return new

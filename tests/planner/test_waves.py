@@ -198,37 +198,6 @@ def _wave(level, *slots):
         Slot(metaop=m, n=n, num_ops=k, op_time_ms=t) for m, n, k, t in slots))
 
 
-def test_realign_waves_aligns_all_waves_together():
-    from spindle_cli.planner.exact import realign_waves
-
-    # A and B run 2 + 1 and 1 + 2 operators of 1 ms in two waves (2 + 2 ms); all six fit in
-    # the first wave (3 ms), and the second wave, left empty, is dropped
-    waves = [_wave(1, ("a/x", 2, 2, 1.0), ("b/y", 4, 1, 1.0)),
-             _wave(1, ("a/x", 2, 1, 1.0), ("b/y", 4, 2, 1.0))]
-    new = realign_waves(waves)
-    assert new is not None
-    assert [[(s.metaop, s.n, s.num_ops, s.op_time_ms) for s in w.slots] for w in new] == [
-        [("a/x", 2, 3, 1.0), ("b/y", 4, 3, 1.0)]]
-    assert all(w.level == 1 for w in new)
-
-
-def test_realign_waves_respects_max_ops_and_reports_no_gain():
-    from spindle_cli.planner.exact import realign_waves
-
-    waves = [_wave(0, ("a/x", 2, 2, 1.0), ("b/y", 4, 1, 1.0)),
-             _wave(0, ("a/x", 2, 1, 1.0), ("b/y", 4, 2, 1.0))]
-    # at most 2 operators per slice: the best is both MetaOps running 2 then 1 (2 + 1 ms),
-    # instead of 2 + 1 against 1 + 2 (2 + 2 ms)
-    new = realign_waves(waves, lambda m, n: 2)
-    assert new is not None
-    assert sum(w.duration_ms for w in new) == pytest.approx(3.0)
-    assert all(s.num_ops <= 2 for w in new for s in w.slots)
-    for m in ("a/x", "b/y"):
-        assert sum(s.num_ops for w in new for s in w.slots if s.metaop == m) == 3
-    # one wave holding everything cannot get shorter
-    assert realign_waves([_wave(0, ("a/x", 2, 3, 1.0), ("b/y", 4, 3, 1.0))]) is None
-
-
 def test_shorten_waves_moves_operators_out_of_a_tied_wave():
     # A and B both bound the first wave (2 ms): moving one operator of each is needed to
     # shorten it, which a single-slot move cannot see; A's goes to the second wave, where B's
