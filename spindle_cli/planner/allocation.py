@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from spindle_cli.artifacts.graph import MetaOp
@@ -151,9 +152,10 @@ class LevelAllocation:
     ops: tuple[OpAllocation, ...]
 
 
-def relaxed_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:
-    """C*: the smallest C with sum_m n_lin_m(C) <= N, by bisection on
-    [max L * T(inf), sum L * T(1)]."""
+def _bisect_makespan(curves: list[OpCurve], num_devices: int,
+                     devices_needed: Callable[[OpCurve, float], float]) -> float:
+    """The smallest C with sum_m devices_needed(m, C) <= N, by bisection on
+    [max L * T(inf), sum L * T(1)] (eq. 9; the left side is non-increasing in C)."""
     lo = max(0.0, max(oc.metaop.num_layers * scaling.floor_ms(oc.curve) for oc in curves))
     hi = sum(oc.work_ms for oc in curves)
     for _ in range(_BISECTION_STEPS):
@@ -163,12 +165,16 @@ def relaxed_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:
         if mid <= 0:
             lo = mid
             continue
-        total = sum(n_lin(oc, mid) for oc in curves)
-        if total > num_devices:
+        if sum(devices_needed(oc, mid) for oc in curves) > num_devices:
             lo = mid
         else:
             hi = mid
     return hi
+
+
+def relaxed_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:
+    """C*: the smallest C with sum_m n_lin_m(C) <= N."""
+    return _bisect_makespan(curves, num_devices, n_lin)
 
 
 def _round_half_up(x: float) -> int:
@@ -222,23 +228,11 @@ def allocate_level(level: int, curves: list[OpCurve], num_devices: int) -> Level
 
 def analytic_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:
     """The C at which the MetaOps' continuous counts on the fitted curves, n_m = T_m^-1(C / L_m)
-    (`scaling.inverse_n`, capped at the largest valid count), sum to N; by bisection."""
-    lo = max(0.0, max(oc.metaop.num_layers * scaling.floor_ms(oc.curve) for oc in curves))
-    hi = sum(oc.work_ms for oc in curves)
-    for _ in range(_BISECTION_STEPS):
-        if hi - lo <= _REL_TOL * hi:
-            break
-        mid = (lo + hi) / 2
-        if mid <= 0:
-            lo = mid
-            continue
-        total = sum(min(scaling.inverse_n(oc.curve, mid / oc.metaop.num_layers), oc.counts[-1])
-                    for oc in curves)
-        if total > num_devices:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    (`scaling.inverse_n`, capped at the largest valid count), sum to N."""
+    return _bisect_makespan(
+        curves, num_devices,
+        lambda oc, c: min(scaling.inverse_n(oc.curve, c / oc.metaop.num_layers), oc.counts[-1]),
+    )
 
 
 def allocate_level_analytic(level: int, curves: list[OpCurve],
