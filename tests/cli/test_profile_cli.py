@@ -76,7 +76,7 @@ def test_profile_to_stdout(workdir, capsys):
 @pytest.fixture
 def torch_threads():
     """Measuring sets torch's process-wide thread count; give the next tests theirs back."""
-    torch = pytest.importorskip("torch")
+    import torch
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
