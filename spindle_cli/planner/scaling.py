@@ -58,8 +58,8 @@ def inverse_n(curve: Curve, t_ms: float) -> float:
 def count_range(curve: Curve) -> tuple[int, float]:
     """The device counts a curve may be used at, (lowest, highest), inclusive. The fitted pieces
     end where profiling found no feasible strategy (out of memory, timed out, fewer samples than
-    data-parallel groups) or where the next profiled count is slower than the best earlier one beyond the timing
-    noise tolerance (`curves.helpful_run`): a
+    data-parallel groups) or where the next profiled count is slower than the best earlier one
+    beyond the timing noise tolerance (`curves.helpful_run`): a
     profiled point outside the pieces marks that side as closed. A side without such a point
     stays open: the first piece extends down, the last piece up."""
     lo, hi = curve.pieces[0].n_lo, curve.pieces[-1].n_hi
