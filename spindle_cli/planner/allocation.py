@@ -23,6 +23,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from spindle_cli.artifacts.graph import MetaOp
 from spindle_cli.artifacts.profile import Curve, tp_degree
@@ -103,19 +104,49 @@ def op_curve(metaop: MetaOp, curve: Curve, max_n: int, counts: list[int],
                    times_ms=(math.inf, *times))
 
 
-def n_lin(oc: OpCurve, c_ms: float) -> float:
-    """Devices the MetaOp needs to finish all operators by c_ms, on the interpolated speedup
-    curve; infinite when even its largest valid count is too slow."""
-    target = oc.work_ms / c_ms
-    s = oc.speedups
+@lru_cache(maxsize=4096)
+def _upper_hull(counts: tuple[int, ...], speedups: tuple[float, ...]) -> tuple[int, ...]:
+    """Indices of the counts on the upper concave envelope of (n, speedup), from (0, 0)."""
+    hull: list[int] = []
+    for i, (n, s) in enumerate(zip(counts, speedups, strict=True)):
+        while len(hull) >= 2:
+            (n1, s1), (n2, s2) = ((counts[j], speedups[j]) for j in hull[-2:])
+            # drop the middle point when it lies on or below the chord to (n, s)
+            if (s2 - s1) * (n - n1) <= (s - s1) * (n2 - n1):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return tuple(hull)
+
+
+def _interpolate(counts: tuple[int, ...], s: tuple[float, ...], target: float) -> float:
+    """The n at which the speedup, linear between the given counts, reaches `target`."""
     if target > s[-1]:
         return math.inf
     i = bisect_right(s, target)
     if i >= len(s):
-        return float(oc.counts[-1])
+        return float(counts[-1])
     lo, hi = i - 1, i
-    n_lo, n_hi = oc.counts[lo], oc.counts[hi]
+    n_lo, n_hi = counts[lo], counts[hi]
     return n_lo + (n_hi - n_lo) * (target - s[lo]) / (s[hi] - s[lo])
+
+
+def n_envelope(oc: OpCurve, c_ms: float) -> float:
+    """Like `n_lin`, but along the upper concave envelope of the speedups: mixing the two
+    envelope counts around a point (time-sharing, as the bi-point split does) reaches it, so
+    the relaxed optimum on the envelope is a lower bound for any schedule on valid counts. It
+    equals `n_lin` when speedups are concave; a strategy switch that is superlinear between
+    valid counts (the paper's own worked example has one) makes it smaller."""
+    idx = _upper_hull(oc.counts, oc.speedups)
+    return _interpolate(tuple(oc.counts[i] for i in idx), tuple(oc.speedups[i] for i in idx),
+                        oc.work_ms / c_ms)
+
+
+def n_lin(oc: OpCurve, c_ms: float) -> float:
+    """Devices the MetaOp needs to finish all operators by c_ms, on the interpolated speedup
+    curve; infinite when even its largest valid count is too slow."""
+    return _interpolate(oc.counts, oc.speedups, oc.work_ms / c_ms)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,6 +180,8 @@ class LevelAllocation:
 
     level: int
     c_star_ms: float
+    lower_bound_ms: float
+    """`lower_bound_ms(...)`: C* on the concave speedup envelope (= C* for concave curves)."""
     ops: tuple[OpAllocation, ...]
 
 
@@ -175,6 +208,12 @@ def _bisect_makespan(curves: list[OpCurve], num_devices: int,
 def relaxed_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:
     """C*: the smallest C with sum_m n_lin_m(C) <= N."""
     return _bisect_makespan(curves, num_devices, n_lin)
+
+
+def lower_bound_ms(curves: list[OpCurve], num_devices: int) -> float:
+    """The relaxed optimum on the speedup envelope (`n_envelope`): a lower bound for the level
+    under any planner; equal to C* when every speedup curve is concave."""
+    return _bisect_makespan(curves, num_devices, n_envelope)
 
 
 def _round_half_up(x: float) -> int:
@@ -223,7 +262,8 @@ def allocate_level(level: int, curves: list[OpCurve], num_devices: int) -> Level
     for oc in curves:
         n_star = min(n_lin(oc, c_star), float(oc.counts[-1]))
         ops.append(split(oc, n_star, c_star))
-    return LevelAllocation(level=level, c_star_ms=c_star, ops=tuple(ops))
+    return LevelAllocation(level=level, c_star_ms=c_star,
+                           lower_bound_ms=lower_bound_ms(curves, num_devices), ops=tuple(ops))
 
 
 def analytic_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:
@@ -267,4 +307,4 @@ def allocate_level_analytic(level: int, curves: list[OpCurve],
             metaop=oc.metaop.id, n_star=n_star, n_lo=n_lo, n_hi=n_hi, ops_lo=ops_lo,
             ops_hi=ops_hi, tuples=tuple(t for t in tuples if t.num_ops > 0)))
     return LevelAllocation(level=level, c_star_ms=relaxed_optimum_ms(curves, num_devices),
-                           ops=tuple(ops))
+                           lower_bound_ms=lower_bound_ms(curves, num_devices), ops=tuple(ops))

@@ -143,7 +143,7 @@ def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
             if recompute not in bound_ms:
                 curves = op_curves(graph, profile, cluster.num_devices,
                                    uneven=options.uneven_splits, recompute=recompute)
-                bound_ms[recompute] = sum(a.c_star_ms for a in
+                bound_ms[recompute] = sum(a.lower_bound_ms for a in
                                           allocate(graph, curves, cluster.num_devices))
             if bound_ms[recompute] >= best[0]:
                 continue
@@ -348,7 +348,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
             error = error or e
             continue
         capped_allocs = allocate(graph, capped, n_dev)
-        if best is not None and sum(a.c_star_ms for a in capped_allocs) >= best[0]:
+        if best is not None and sum(a.lower_bound_ms for a in capped_allocs) >= best[0]:
             # its compute alone (>= its C*) would outlast the best plan's whole iteration
             continue
         by_cap[cap] = level_waves(graph, capped, capped_allocs, n_dev, max_ops,
@@ -385,7 +385,7 @@ def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSp
         for f in flows
     )
     levels = tuple(
-        LevelBound(level=a.level, lower_bound_ms=a.c_star_ms,
+        LevelBound(level=a.level, lower_bound_ms=a.lower_bound_ms,
                    estimated_ms=sum(w.duration_ms for w in waves if w.level == a.level))
         for a in allocs
     )
@@ -402,7 +402,7 @@ def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSp
         param_groups=_param_groups(graph, specs, ranks),
         memory=ledger.table(),
         levels=levels,
-        lower_bound_ms=sum(a.c_star_ms for a in allocs),
+        lower_bound_ms=sum(a.lower_bound_ms for a in allocs),
         estimated_iteration_ms=sum(w.duration_ms for w in waves),
     )
 

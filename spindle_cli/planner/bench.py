@@ -136,7 +136,7 @@ def profile_for(graph: MetaOpGraph, cluster: ClusterSpec) -> Profile:
 def lower_bound_ms(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> float:
     """The relaxed optimum of the allocator: the sum over MetaLevels of C*."""
     curves = op_curves(graph, profile, cluster.num_devices)
-    return sum(a.c_star_ms for a in allocate(graph, curves, cluster.num_devices))
+    return sum(a.lower_bound_ms for a in allocate(graph, curves, cluster.num_devices))
 
 
 def plan_and_simulate(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,

@@ -71,7 +71,7 @@ def test_extension_gives_idle_devices_to_the_longest_remaining_work():
     g = graph([metaop("a/big", layers=8, batch=8), metaop("b/small", layers=1, batch=8)])
     p = profile([alpha_beta_curve("a/big", 8, 0.0, 1.0), alpha_beta_curve("b/small", 8, 0.0, 1.0)])
     curves = op_curves(g, p, 8)
-    alloc = LevelAllocation(level=0, c_star_ms=1.0, ops=(
+    alloc = LevelAllocation(level=0, c_star_ms=1.0, lower_bound_ms=1.0, ops=(
         OpAllocation(metaop="a/big", n_star=2, n_lo=2, n_hi=2, ops_lo=0, ops_hi=8,
                      tuples=(AslTuple(metaop="a/big", n=2, num_ops=8),)),
         OpAllocation(metaop="b/small", n_star=2, n_lo=2, n_hi=2, ops_lo=0, ops_hi=1,
@@ -227,7 +227,7 @@ def test_big_area_rule_proposes_the_largest_device_time_first():
     g = graph([metaop("a/x", layers=8, batch=1), metaop("b/y", layers=1, batch=4)])
     p = profile([alpha_beta_curve("a/x", 1, 0.0, 1.0), alpha_beta_curve("b/y", 4, 0.0, 1.0)])
     curves = op_curves(g, p, 4)
-    alloc = LevelAllocation(level=0, c_star_ms=8.0, ops=(
+    alloc = LevelAllocation(level=0, c_star_ms=8.0, lower_bound_ms=8.0, ops=(
         OpAllocation(metaop="a/x", n_star=1, n_lo=1, n_hi=1, ops_lo=0, ops_hi=8,
                      tuples=(AslTuple(metaop="a/x", n=1, num_ops=8),)),
         OpAllocation(metaop="b/y", n_star=4, n_lo=4, n_hi=4, ops_lo=0, ops_hi=1,
