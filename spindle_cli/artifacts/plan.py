@@ -105,7 +105,9 @@ class LevelBound:
     """The relaxed optimum of one MetaLevel."""
 
     level: int = field(metadata=meta("MetaLevel", ge=0))
-    lower_bound_ms: float = field(metadata=meta("relaxed optimum C* of the level", ge=0))
+    lower_bound_ms: float = field(
+        metadata=meta("relaxed optimum of the level: C* on the concave speedup envelope", ge=0)
+    )
     estimated_ms: float = field(metadata=meta("planned time of the level's waves", ge=0))
 
 
@@ -128,7 +130,7 @@ class Plan(DerivedArtifact):
     param_groups: tuple[ParamGroup, ...] = field(metadata=meta("parameter device groups"))
     memory: tuple[RankMemory, ...] = field(metadata=meta("estimated memory per rank"))
     levels: tuple[LevelBound, ...] = field(metadata=meta("relaxed optimum per MetaLevel"))
-    lower_bound_ms: float = field(metadata=meta("sum of the levels' C*", ge=0))
+    lower_bound_ms: float = field(metadata=meta("sum of the levels' lower bounds", ge=0))
     estimated_iteration_ms: float = field(metadata=meta("planned iteration time", ge=0))
 
     def __post_init__(self) -> None:
