@@ -53,6 +53,14 @@ def cluster_data() -> dict[str, Any]:
 
 
 @pytest.fixture
+def small_model(small_model_data: dict[str, Any]) -> ModelSpec:
+    """`small_model_data` parsed and validated."""
+    obj = parse_artifact(small_model_data, "<test>", ModelSpec)
+    assert isinstance(obj, ModelSpec)
+    return obj
+
+
+@pytest.fixture
 def small_model_data() -> dict[str, Any]:
     """A valid two-task CLIP-style model as plain data; tests edit it to make bad inputs."""
     return {

@@ -25,20 +25,14 @@ from spindle_cli.planner.graph import build_graph
 
 
 @pytest.fixture
-def model(small_model_data) -> ModelSpec:
-    obj = parse_artifact(small_model_data, "<test>", ModelSpec)
-    assert isinstance(obj, ModelSpec)
-    return obj
-
-
-@pytest.fixture
 def cluster(cluster_data) -> ClusterSpec:
     obj = parse_artifact(cluster_data, "<test>", ClusterSpec)
     assert isinstance(obj, ClusterSpec)
     return obj
 
 
-def test_round_trip_model_graph_cluster(model, cluster):
+def test_round_trip_model_graph_cluster(small_model, cluster):
+    model = small_model
     graph = build_graph(model, inputs=[input_ref(model, "models/small.yaml")])
     for obj in (model, graph, cluster):
         again = from_data(type(obj), to_data(obj))
@@ -46,14 +40,16 @@ def test_round_trip_model_graph_cluster(model, cluster):
         assert to_data(again) == to_data(obj)
 
 
-def test_yaml_and_json_give_the_same_content(model, cluster):
+def test_yaml_and_json_give_the_same_content(small_model, cluster):
+    model = small_model
     for obj in (model, cluster):
         from_yaml = yaml.safe_load(render(obj, "yaml"))
         from_json = json.loads(render(obj, "json"))
         assert from_yaml == from_json == to_data(obj)
 
 
-def test_rendering_is_deterministic_and_keeps_field_order(model):
+def test_rendering_is_deterministic_and_keeps_field_order(small_model):
+    model = small_model
     text = render(model, "yaml")
     assert text == render(model, "yaml")
     # field order of the dataclass, not alphabetical: kind and version come first
@@ -82,7 +78,8 @@ def test_numpy_scalars_are_converted_to_plain_numbers(cluster):
     assert to_data(np.float64(2.5)) == 2.5 and type(to_data(np.float64(2.5))) is float
 
 
-def test_errors_carry_the_full_field_path(model):
+def test_errors_carry_the_full_field_path(small_model):
+    model = small_model
     data = to_data(model)
     data["tasks"][0]["steps"][1]["module"] = "nowhere"
     with pytest.raises(FieldError) as e:
@@ -108,7 +105,8 @@ def test_errors_carry_the_full_field_path(model):
         (lambda d: d.update(tasks={"a": 1}), "tasks", "expected a list, got a mapping"),
     ],
 )
-def test_type_and_bound_errors(model, edit, field, problem):
+def test_type_and_bound_errors(small_model, edit, field, problem):
+    model = small_model
     data = to_data(model)
     edit(data)
     with pytest.raises(FieldError) as e:

@@ -25,18 +25,12 @@ from spindle_cli.errors import ArtifactError
 from spindle_cli.planner.graph import build_graph
 
 
-@pytest.fixture
-def model(small_model_data) -> ModelSpec:
-    obj = parse_artifact(small_model_data, "<test>", ModelSpec)
-    assert isinstance(obj, ModelSpec)
-    return obj
-
-
 def _files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
 
-def test_two_writes_are_byte_identical(model, tmp_path):
+def test_two_writes_are_byte_identical(small_model, tmp_path):
+    model = small_model
     for ext in ("yaml", "json"):
         a, b = tmp_path / f"a.{ext}", tmp_path / f"b.{ext}"
         write_artifact(model, str(a))
@@ -45,7 +39,8 @@ def test_two_writes_are_byte_identical(model, tmp_path):
         assert a.read_text() == rendered_for(model, str(a))
 
 
-def test_yaml_and_json_files_load_to_the_same_artifact(model, tmp_path):
+def test_yaml_and_json_files_load_to_the_same_artifact(small_model, tmp_path):
+    model = small_model
     write_artifact(model, str(tmp_path / "m.yaml"))
     write_artifact(model, str(tmp_path / "m.json"))
     write_artifact(model, str(tmp_path / "m.yml"))
@@ -54,7 +49,8 @@ def test_yaml_and_json_files_load_to_the_same_artifact(model, tmp_path):
     assert len({sha256(o) for o in objs}) == 1
 
 
-def test_hash_ignores_comments_and_key_order(model, small_model_data, tmp_path):
+def test_hash_ignores_comments_and_key_order(small_model, small_model_data, tmp_path):
+    model = small_model
     reordered = dict(reversed(list(small_model_data.items())))
     path = tmp_path / "m.yaml"
     path.write_text("# a comment\n" + yaml.safe_dump(reordered, sort_keys=False))
@@ -63,14 +59,16 @@ def test_hash_ignores_comments_and_key_order(model, small_model_data, tmp_path):
     assert sha256(parse_artifact(changed, "<t>", ModelSpec)) != sha256(model)
 
 
-def test_atomic_write_leaves_no_temp_files(model, tmp_path):
+def test_atomic_write_leaves_no_temp_files(small_model, tmp_path):
+    model = small_model
     path = tmp_path / "m.yaml"
     write_artifact(model, str(path))
     write_artifact(model, str(path))
     assert _files(tmp_path) == ["m.yaml"]
 
 
-def test_failed_write_keeps_the_old_file(model, tmp_path, monkeypatch):
+def test_failed_write_keeps_the_old_file(small_model, tmp_path, monkeypatch):
+    model = small_model
     path = tmp_path / "m.yaml"
     path.write_text("old content\n")
 
@@ -84,13 +82,15 @@ def test_failed_write_keeps_the_old_file(model, tmp_path, monkeypatch):
     assert _files(tmp_path) == ["m.yaml"]
 
 
-def test_write_to_missing_directory_is_an_error(model, tmp_path):
+def test_write_to_missing_directory_is_an_error(small_model, tmp_path):
+    model = small_model
     with pytest.raises(ArtifactError, match="output directory .* does not exist"):
         write_artifact(model, str(tmp_path / "nope" / "m.yaml"))
     assert _files(tmp_path) == []
 
 
-def test_dash_writes_yaml_to_stdout(model, capsys):
+def test_dash_writes_yaml_to_stdout(small_model, capsys):
+    model = small_model
     write_artifact(model, "-")
     assert yaml.safe_load(capsys.readouterr().out)["name"] == "small"
 
@@ -136,14 +136,16 @@ def test_newer_version_has_a_hint(tmp_path):
     assert e.value.hint is not None and "upgrade" in e.value.hint
 
 
-def test_expected_kind_is_enforced(model, tmp_path):
+def test_expected_kind_is_enforced(small_model, tmp_path):
+    model = small_model
     path = tmp_path / "m.yaml"
     write_artifact(model, str(path))
     with pytest.raises(ArtifactError, match="expected a 'metaop_graph' artifact, got 'model'"):
         load(str(path), MetaOpGraph)
 
 
-def test_derived_artifacts_record_producer_and_input_hashes(model, tmp_path):
+def test_derived_artifacts_record_producer_and_input_hashes(small_model, tmp_path):
+    model = small_model
     path = tmp_path / "m.yaml"
     write_artifact(model, str(path))
     ref = input_ref(model, str(path))
