@@ -19,7 +19,11 @@ Groups = dict[tuple[int, ...], dist.ProcessGroup | None]
 def make_groups(program: Program, rank: int) -> Groups:
     """Create the process groups of a program (a collective over the whole world)."""
     groups: Groups = {}
+    world = tuple(range(dist.get_world_size()))
     for ranks in program.group_ranks:
+        if ranks == world:
+            groups[ranks] = dist.group.WORLD
+            continue
         # use_local_synchronization stays False: with overlapping sets, member-only creation
         # names groups differently on different ranks and hangs (runtime-design.md §2.1).
         pg = dist.new_group(list(ranks))
