@@ -132,21 +132,35 @@ def _interpolate(counts: tuple[int, ...], s: tuple[float, ...], target: float) -
     return n_lo + (n_hi - n_lo) * (target - s[lo]) / (s[hi] - s[lo])
 
 
+def _envelope_need(oc: OpCurve) -> Callable[[float], float]:
+    """`n_envelope` of one MetaOp as a function of C (the envelope and the work computed once,
+    for the bisection's many evaluations)."""
+    idx = _upper_hull(oc.counts, oc.speedups)
+    counts = tuple(oc.counts[i] for i in idx)
+    speedups = tuple(oc.speedups[i] for i in idx)
+    work_ms = oc.work_ms
+    return lambda c_ms: _interpolate(counts, speedups, work_ms / c_ms)
+
+
+def _lin_need(oc: OpCurve) -> Callable[[float], float]:
+    """`n_lin` of one MetaOp as a function of C (the work computed once)."""
+    counts, speedups, work_ms = oc.counts, oc.speedups, oc.work_ms
+    return lambda c_ms: _interpolate(counts, speedups, work_ms / c_ms)
+
+
 def n_envelope(oc: OpCurve, c_ms: float) -> float:
     """Like `n_lin`, but along the upper concave envelope of the speedups: mixing the two
     envelope counts around a point (time-sharing, as the bi-point split does) reaches it, so
     the relaxed optimum on the envelope is a lower bound for any schedule on valid counts. It
     equals `n_lin` when speedups are concave; a strategy switch that is superlinear between
     valid counts (the paper's own worked example has one) makes it smaller."""
-    idx = _upper_hull(oc.counts, oc.speedups)
-    return _interpolate(tuple(oc.counts[i] for i in idx), tuple(oc.speedups[i] for i in idx),
-                        oc.work_ms / c_ms)
+    return _envelope_need(oc)(c_ms)
 
 
 def n_lin(oc: OpCurve, c_ms: float) -> float:
     """Devices the MetaOp needs to finish all operators by c_ms, on the interpolated speedup
     curve; infinite when even its largest valid count is too slow."""
-    return _interpolate(oc.counts, oc.speedups, oc.work_ms / c_ms)
+    return _lin_need(oc)(c_ms)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,11 +200,13 @@ class LevelAllocation:
 
 
 def _bisect_makespan(curves: list[OpCurve], num_devices: int,
-                     devices_needed: Callable[[OpCurve, float], float]) -> float:
-    """The smallest C with sum_m devices_needed(m, C) <= N, by bisection on
-    [max L * T(inf), sum L * T(1)] (eq. 9; the left side is non-increasing in C)."""
+                     need: Callable[[OpCurve], Callable[[float], float]]) -> float:
+    """The smallest C with sum_m need(m)(C) <= N, by bisection on
+    [max L * T(inf), sum L * T(1)] (eq. 9; the left side is non-increasing in C). `need(m)`
+    returns MetaOp m's device count as a function of C."""
     lo = max(0.0, max(oc.metaop.num_layers * scaling.floor_ms(oc.curve) for oc in curves))
     hi = sum(oc.work_ms for oc in curves)
+    needs = [need(oc) for oc in curves]
     for _ in range(_BISECTION_STEPS):
         if hi - lo <= _REL_TOL * hi:
             break
@@ -198,22 +214,33 @@ def _bisect_makespan(curves: list[OpCurve], num_devices: int,
         if mid <= 0:
             lo = mid
             continue
-        if sum(devices_needed(oc, mid) for oc in curves) > num_devices:
+        if _exceeds(needs, mid, num_devices):
             lo = mid
         else:
             hi = mid
     return hi
 
 
+def _exceeds(needs: list[Callable[[float], float]], c_ms: float, num_devices: int) -> bool:
+    """Whether sum_m needs[m](c_ms) > N. The terms are non-negative, so a partial sum past N
+    decides it (the same answer as the whole sum, which only grows)."""
+    total = 0.0
+    for f in needs:
+        total += f(c_ms)
+        if total > num_devices:
+            return True
+    return False
+
+
 def relaxed_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:
     """C*: the smallest C with sum_m n_lin_m(C) <= N."""
-    return _bisect_makespan(curves, num_devices, n_lin)
+    return _bisect_makespan(curves, num_devices, _lin_need)
 
 
 def lower_bound_ms(curves: list[OpCurve], num_devices: int) -> float:
     """The relaxed optimum on the speedup envelope (`n_envelope`): a lower bound for the level
     under any planner; equal to C* when every speedup curve is concave."""
-    return _bisect_makespan(curves, num_devices, n_envelope)
+    return _bisect_makespan(curves, num_devices, _envelope_need)
 
 
 def _round_half_up(x: float) -> int:
@@ -269,10 +296,11 @@ def allocate_level(level: int, curves: list[OpCurve], num_devices: int) -> Level
 def analytic_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:
     """The C at which the MetaOps' continuous counts on the fitted curves, n_m = T_m^-1(C / L_m)
     (`scaling.inverse_n`, capped at the largest valid count), sum to N."""
-    return _bisect_makespan(
-        curves, num_devices,
-        lambda oc, c: min(scaling.inverse_n(oc.curve, c / oc.metaop.num_layers), oc.counts[-1]),
-    )
+    def need(oc: OpCurve) -> Callable[[float], float]:
+        return lambda c: min(scaling.inverse_n(oc.curve, c / oc.metaop.num_layers),
+                             oc.counts[-1])
+
+    return _bisect_makespan(curves, num_devices, need)
 
 
 def allocate_level_analytic(level: int, curves: list[OpCurve],

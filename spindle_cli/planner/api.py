@@ -6,6 +6,7 @@ The plan's semantics (slices, transfers, parameter groups) are fixed in docs/CON
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from dataclasses import dataclass, replace
 
@@ -39,14 +40,15 @@ from spindle_cli.planner.memory import (
     state_bytes_per_param,
 )
 from spindle_cli.planner.placement import Flow, Ranks, SliceSpec, place
-from spindle_cli.planner.simulate import simulate
+from spindle_cli.planner.simulate import simulated_iteration_ms
 from spindle_cli.planner.waves import (
     LARGE_LEVEL,
     LARGE_LEVEL_VARIANTS,
     VARIANTS,
     MaxOps,
     PlannedWave,
-    schedule_level,
+    shorten_waves,
+    wavefront_level,
 )
 
 PLANNERS = ("spindle", "sequential", "optimus", "distmm")
@@ -154,7 +156,7 @@ def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
             continue
         if cluster.num_devices > SIMULATED_CHOICE_MAX_DEVICES:
             return plan
-        iteration_ms = simulate(plan, graph, profile, cluster).iteration_ms
+        iteration_ms = simulated_iteration_ms(plan, graph, profile, cluster)
         if best is None or iteration_ms < best[0] - 1e-9:
             best = (iteration_ms, plan)
     if best is None:
@@ -238,14 +240,21 @@ def level_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[Lev
     levels: list[list[PlannedWave]] = []
     for a in allocs:
         best: list[PlannedWave] | None = None
+        best_ms = math.inf
         num_tuples = sum(len(x.tuples) for x in a.ops)
+        # variants often build the same waves: each distinct result is shortened once
+        shortened: dict[tuple[PlannedWave, ...], list[PlannedWave]] = {}
         for rule, rounding, extension in (VARIANTS if num_tuples <= LARGE_LEVEL
                                           and not few_variants else LARGE_LEVEL_VARIANTS):
-            trial = schedule_level(a, curves, num_devices, preds, set(finished), sort_rule=rule,
-                                   rounding=rounding, extension=extension, max_ops=max_ops)
-            if best is None or (sum(w.duration_ms for w in trial)
-                                < sum(w.duration_ms for w in best) - 1e-9):
-                best = trial
+            raw = wavefront_level(a, curves, num_devices, preds, set(finished), sort_rule=rule,
+                                  rounding=rounding, extension=extension, max_ops=max_ops)
+            key = tuple(raw)
+            if key not in shortened:
+                shortened[key] = shorten_waves(raw, max_ops)
+            trial = shortened[key]
+            trial_ms = sum(w.duration_ms for w in trial)
+            if best is None or trial_ms < best_ms - 1e-9:
+                best, best_ms = trial, trial_ms
         assert best is not None
         finished |= {m.id for m in graph.metaops if m.level == a.level}
         levels.append(best)
@@ -326,9 +335,15 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     error: PlanInfeasible | None = None
     bounds = device_caps(cluster)
 
+    tried: set[tuple[PlannedWave, ...]] = set()
+
     def consider(caps: tuple[int, ...]) -> None:
         nonlocal best, error
         planned = [w for level, cap in enumerate(caps) for w in by_cap[cap][level]]
+        # bounds that change nothing give the same waves, hence the same plan and iteration
+        if tuple(planned) in tried:
+            return
+        tried.add(tuple(planned))
         try:
             plan = _assemble(graph, curves, cluster, options, inputs, allocs, planned)
         except PlanInfeasible as e:
@@ -336,7 +351,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
             return
         # a single candidate needs no simulation (and above SIMULATED_CHOICE_MAX_DEVICES one
         # would take longer than the planning target)
-        iteration_ms = (simulate(plan, graph, profile, cluster).iteration_ms
+        iteration_ms = (simulated_iteration_ms(plan, graph, profile, cluster)
                         if len(bounds) > 1 else 0.0)
         if best is None or iteration_ms < best[0] - 1e-9:
             best = (iteration_ms, plan, caps)
@@ -347,7 +362,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         except PlanInfeasible as e:
             error = error or e
             continue
-        capped_allocs = allocate(graph, capped, n_dev)
+        capped_allocs = allocs if cap == n_dev else allocate(graph, capped, n_dev)
         if best is not None and sum(a.lower_bound_ms for a in capped_allocs) >= best[0]:
             # its compute alone (>= its C*) would outlast the best plan's whole iteration
             continue

@@ -242,8 +242,16 @@ def row_flows(
     src_rows = split_rows(num_rows, len(src_groups))
     dst_rows = split_rows(num_rows, len(dst_groups))
     out: list[tuple[int, int, int]] = []
+    # Both row splits are ascending and contiguous: the producer groups overlapping a consumer
+    # group are a run that starts at or after the previous consumer's first (a merge walk).
+    first = 0
     for dg, (dlo, dhi) in zip(dst_groups, dst_rows, strict=True):
-        for sg, (slo, shi) in zip(src_groups, src_rows, strict=True):
+        while first < len(src_rows) and src_rows[first][1] <= dlo:
+            first += 1
+        k = first
+        while k < len(src_rows) and src_rows[k][0] < dhi:
+            sg, (slo, shi) = src_groups[k], src_rows[k]
+            k += 1
             overlap = min(dhi, shi) - max(dlo, slo)
             if overlap <= 0:
                 continue
@@ -278,10 +286,17 @@ class _Network:
         self.end_s = np.full(256, np.nan)
         self._remaining = np.empty(256)
         self._ports = np.empty((256, 2), dtype=np.int64)
-        self._live = np.empty(0, dtype=np.int64)
+        # Flows not started yet, and the earliest of their start times (inf when none).
+        self._waiting = np.empty(0, dtype=np.int64)
+        self._next_start_s = math.inf
+        # Flows moving bytes now, with their ports.
+        self._active = np.empty(0, dtype=np.int64)
+        self._active_ports = np.empty((0, 2), dtype=np.int64)
         self._new: list[int] = []
         self._port_index: dict[tuple[str, int, str], int] = {}
         self._port_capacity: list[float] = []
+        self._capacity = np.empty(0)
+        self._pair_ports: dict[tuple[int, int], tuple[int, int]] = {}
 
     def _port(self, link: str, where: int, direction: str) -> int:
         key = (link, where, direction)
@@ -294,15 +309,23 @@ class _Network:
                 "island": c.inter_node_bandwidth_bytes_per_s,
             }[link]
             self._port_capacity.append(capacity)
+            self._capacity = np.array(self._port_capacity)
         return self._port_index[key]
 
     def _ports_of(self, src: int, dst: int) -> tuple[int, int]:
+        pair = (src, dst)
+        if pair in self._pair_ports:
+            return self._pair_ports[pair]
         c = self.cluster
         if c.island_of(src) == c.island_of(dst):
-            return self._port("nvlink", src, "out"), self._port("nvlink", dst, "in")
-        if c.node_of(src) != c.node_of(dst):
-            return self._port("nic", c.node_of(src), "out"), self._port("nic", c.node_of(dst), "in")
-        return self._port("island", src, "out"), self._port("island", dst, "in")
+            ports = self._port("nvlink", src, "out"), self._port("nvlink", dst, "in")
+        elif c.node_of(src) != c.node_of(dst):
+            ports = (self._port("nic", c.node_of(src), "out"),
+                     self._port("nic", c.node_of(dst), "in"))
+        else:
+            ports = self._port("island", src, "out"), self._port("island", dst, "in")
+        self._pair_ports[pair] = ports
+        return ports
 
     def add(self, src: int, dst: int, num_bytes: float, start_s: float, latency_s: float) -> int:
         """Register a flow that may start at `start_s`; returns its id."""
@@ -331,33 +354,39 @@ class _Network:
         return float(self.end_s[index].max())
 
     def _step(self) -> None:
+        """Advance to the next event: a flow starts or the first active flow ends."""
         if self._new:
-            self._live = np.concatenate([self._live, np.array(self._new, dtype=np.int64)])
+            new = np.array(self._new, dtype=np.int64)
             self._new.clear()
-        ids = self._live
-        ready = self.ready_s[ids]
-        started = ready <= self.now_s
-        next_start = float(ready[~started].min()) if not started.all() else math.inf
-        active = ids[started]
+            self._waiting = np.concatenate([self._waiting, new])
+            self._next_start_s = min(self._next_start_s, float(self.ready_s[new].min()))
+        if self._next_start_s <= self.now_s:
+            ready = self.ready_s[self._waiting]
+            started = ready <= self.now_s
+            self._active = np.concatenate([self._active, self._waiting[started]])
+            self._active_ports = self._ports[self._active]
+            self._waiting = self._waiting[~started]
+            self._next_start_s = float(ready[~started].min()) if self._waiting.size else math.inf
+        active = self._active
         if active.size == 0:
-            self.now_s = next_start
+            self.now_s = self._next_start_s
             return
-        ports = self._ports[active]
-        cap = np.array(self._port_capacity)
+        ports = self._active_ports
+        cap = self._capacity
         load = np.bincount(ports.ravel(), minlength=len(cap))
         share = cap / np.maximum(load, 1)
         rate = np.minimum(share[ports[:, 0]], share[ports[:, 1]])
         rem = self._remaining[active]
-        dt = min(float(np.min(rem / rate)), next_start - self.now_s)
+        dt = min(float(np.min(rem / rate)), self._next_start_s - self.now_s)
         rem = rem - rate * dt
         self.now_s += dt
         # A flow within a relative 1e-9 of done ends now (float rounding of equal-rate flows).
         done = rem <= 1e-9 * np.maximum(rate * dt, 1.0)
         self._remaining[active] = np.where(done, 0.0, rem)
-        self.end_s[active[done]] = self.now_s
-        keep = np.ones(ids.size, dtype=bool)
-        keep[np.flatnonzero(started)[done]] = False
-        self._live = ids[keep]
+        if done.any():
+            self.end_s[active[done]] = self.now_s
+            self._active = active[~done]
+            self._active_ports = ports[~done]
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +460,37 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
     as data-parallel frameworks (PyTorch DDP, DeepSpeed) do with gradient buckets; without it
     every group starts after the last backward wave.
     """
+    return _result(plan, graph, profile, cluster,
+                   _run(plan, graph, profile, cluster, overlap_sync=overlap_sync))
+
+
+def simulated_iteration_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
+                           cluster: ClusterSpec) -> float:
+    """`simulate(...).iteration_ms`, without building the per-rank, per-slice and per-flow
+    records of the result (a planner choosing among candidate plans needs only this)."""
+    return _run(plan, graph, profile, cluster, overlap_sync=True).iteration_ms
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Timeline:
+    """What `_run` computed, for `_result` to report."""
+
+    costs: dict[str, _SliceCost]
+    starts: dict[str, list[float]]
+    """Per slice: forward start, forward end, backward start, backward end (ms)."""
+    net: _Network
+    flow_meta: list[tuple[FlowKind, str, int, int, int]]
+    fwd_timing: list[tuple[float, float, float]]
+    bwd_timing: dict[int, tuple[float, float, float]]
+    sync_start_ms: dict[int, float]
+    sync_end_ms: list[float]
+    backward_end_ms: float
+    iteration_ms: float
+
+
+def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
+         overlap_sync: bool) -> _Timeline:
+    """The event-driven timeline of `simulate`."""
     _check_inputs(plan, graph, profile, cluster)
     costs = _slice_costs(plan, graph, profile)
     latency_s = cluster.link_latency_s
@@ -553,17 +613,19 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
                    else sync_start_ms[gi] for gi in range(len(plan.param_groups))]
     iteration_ms = max([backward_end_ms, *sync_end_ms])
 
-    return _result(plan, graph, profile, cluster, costs, starts, net, flow_meta,
-                   fwd_timing, bwd_timing, sync_start_ms, sync_end_ms, backward_end_ms,
-                   iteration_ms)
+    return _Timeline(costs=costs, starts=starts, net=net, flow_meta=flow_meta,
+                     fwd_timing=fwd_timing, bwd_timing=bwd_timing, sync_start_ms=sync_start_ms,
+                     sync_end_ms=sync_end_ms, backward_end_ms=backward_end_ms,
+                     iteration_ms=iteration_ms)
 
 
 def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
-            costs: dict[str, _SliceCost], starts: dict[str, list[float]], net: _Network,
-            flow_meta: list[tuple[FlowKind, str, int, int, int]],
-            fwd_timing: list[tuple[float, float, float]],
-            bwd_timing: dict[int, tuple[float, float, float]], sync_start_ms: dict[int, float],
-            sync_end_ms: list[float], backward_end_ms: float, iteration_ms: float) -> SimResult:
+            timeline: _Timeline) -> SimResult:
+    costs, starts, net, flow_meta = (timeline.costs, timeline.starts, timeline.net,
+                                     timeline.flow_meta)
+    fwd_timing, bwd_timing = timeline.fwd_timing, timeline.bwd_timing
+    sync_start_ms, sync_end_ms = timeline.sync_start_ms, timeline.sync_end_ms
+    backward_end_ms, iteration_ms = timeline.backward_end_ms, timeline.iteration_ms
     waves = tuple(
         WaveTiming(index=w.index, forward_start_ms=fwd_timing[w.index][0],
                    forward_end_ms=fwd_timing[w.index][1], forward_wait_ms=fwd_timing[w.index][2],

@@ -28,6 +28,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from spindle_cli.planner.allocation import AslTuple, LevelAllocation, OpCurve
 
 _EPS = 1e-9
@@ -87,17 +89,21 @@ def align_fill(op_times_ms: list[float], num_ops: list[int], devices: list[int],
         spans = sorted({t * j for t, k in pairs for j in range(1, k + 1)})
     else:
         spans = sorted({t * k for t, k in pairs})
-    best: tuple[float, list[int]] | None = None
-    total_devices = sum(devices)
-    for span in spans:
-        ops = [min(k, max(1, math.floor(span / t + _EPS))) for t, k in pairs]
-        real = max(t * k for (t, _), k in zip(pairs, ops, strict=True))
-        busy = sum(n * t * k for n, (t, _), k in zip(devices, pairs, ops, strict=True))
-        share = busy / (total_devices * real)
-        if best is None or share > best[0] + 1e-12:
-            best = (share, ops)
-    assert best is not None
-    return best[1]
+    # every candidate at once, one row per span (operator counts are exact in float64); the
+    # busy time is summed tuple by tuple, in the order a scalar loop would
+    times = np.array(op_times_ms)
+    ops = np.minimum(np.array(num_ops, dtype=float),
+                     np.maximum(1.0, np.floor(np.array(spans)[:, None] / times + _EPS)))
+    real = (times * ops).max(axis=1)
+    busy = np.zeros(len(spans))
+    for i, (n, t) in enumerate(zip(devices, op_times_ms, strict=True)):
+        busy = busy + n * t * ops[:, i]
+    shares = (busy / (sum(devices) * real)).tolist()
+    best = 0
+    for i, share in enumerate(shares):
+        if share > shares[best] + 1e-12:
+            best = i
+    return [int(k) for k in ops[best]]
 
 
 MaxOps = Callable[[str, int], int]
@@ -172,9 +178,22 @@ def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devic
                    *, sort_rule: str = "bigN_bigT", rounding: str = "nearest",
                    extension: str = "remaining",
                    max_ops: MaxOps | None = None) -> list[PlannedWave]:
-    """Algorithm 1 for one level. `finished` holds the MetaOps completed by earlier levels and
-    is updated with this level's MetaOps. With `max_ops`, a tuple offers a wave at most that
-    many operators (the rest stays pending), so no slice outgrows device memory."""
+    """Algorithm 1 for one level (`wavefront_level`), then `shorten_waves`."""
+    return shorten_waves(wavefront_level(alloc, curves, num_devices, predecessors, finished,
+                                         sort_rule=sort_rule, rounding=rounding,
+                                         extension=extension, max_ops=max_ops), max_ops)
+
+
+def wavefront_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devices: int,
+                    predecessors: dict[str, tuple[str, ...]], finished: set[str],
+                    *, sort_rule: str = "bigN_bigT", rounding: str = "nearest",
+                    extension: str = "remaining",
+                    max_ops: MaxOps | None = None) -> list[PlannedWave]:
+    """Algorithm 1 for one level, without `shorten_waves` (variants often build the same
+    waves, and callers that try several shorten each distinct result once). `finished` holds
+    the MetaOps completed by earlier levels and is updated with this level's MetaOps. With
+    `max_ops`, a tuple offers a wave at most that many operators (the rest stays pending), so
+    no slice outgrows device memory."""
     pending = [_Pending(metaop=t.metaop, n=t.n, num_ops=t.num_ops)
                for a in alloc.ops for t in a.tuples]
     key = _proposal_key(sort_rule, curves)
@@ -211,7 +230,7 @@ def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devic
         left = {p.metaop for p in pending}
         finished |= {p.metaop for p in admitted if p.metaop not in left}
         merge_or_append(waves, PlannedWave(level=alloc.level, slots=slots), max_ops)
-    return shorten_waves(waves, max_ops)
+    return waves
 
 
 _SHORTEN_TARGETS = 2
