@@ -26,6 +26,9 @@ class Tracer:
         self.rank = rank
         self.events: list[dict[str, Any]] = []
         self._origin_ns = time.perf_counter_ns()
+        # wall-clock time of the origin of `ts`: `trace_document` aligns the ranks' timelines
+        # on it (exactly on one host; across hosts as well as their clocks agree)
+        self.origin_wall_ns = time.time_ns()
 
     @contextmanager
     def span(self, name: str, category: str, **args: Any) -> Iterator[None]:
@@ -61,14 +64,18 @@ def breakdown_ms(events: list[dict[str, Any]], num_steps: int) -> dict[str, floa
     return {k: v / steps for k, v in sorted(totals.items())}
 
 
-def trace_document(rank_events: list[list[dict[str, Any]]],
+def trace_document(rank_events: list[list[dict[str, Any]]], origins_wall_ns: list[int],
                    summary: dict[str, Any]) -> dict[str, Any]:
-    """The Chrome trace JSON object: every rank's events, process names and the summary."""
+    """The Chrome trace JSON object: every rank's events on one time axis (each rank's `ts`
+    shifted by its tracer's wall-clock origin, the earliest rank's at 0, so that a message or
+    collective lines up across ranks in Perfetto), process names and the summary."""
+    first = min(origins_wall_ns)
     events: list[dict[str, Any]] = []
-    for rank, evs in enumerate(rank_events):
+    for rank, (evs, origin) in enumerate(zip(rank_events, origins_wall_ns, strict=True)):
         events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
                        "args": {"name": f"rank {rank}"}})
-        events.extend(evs)
+        shift_us = (origin - first) / 1e3
+        events.extend({**e, "ts": e["ts"] + shift_us} for e in evs)
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": summary}
 
 

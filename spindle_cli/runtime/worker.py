@@ -135,22 +135,23 @@ def _write_trace(tracer: Tracer, result: TrainResult, plan: Plan, world: rdist.W
                  opts: TrainOptions) -> None:
     gathered: list[Any] = [None] * world.world_size
     if world.world_size > 1:
-        dist.all_gather_object(gathered, (tracer.events, result.step_ms))
+        dist.all_gather_object(gathered, (tracer.events, result.step_ms, tracer.origin_wall_ns))
     else:
-        gathered = [(tracer.events, result.step_ms)]
+        gathered = [(tracer.events, result.step_ms, tracer.origin_wall_ns)]
     if world.rank != 0:
         return
     # the iteration ends when the slowest rank ends it: take the slowest rank's median
-    measured = max(measured_iteration_ms(ms) for _, ms in gathered)
+    measured = max(measured_iteration_ms(ms) for _, ms, _ in gathered)
     predicted = opts.predicted_ms if opts.predicted_ms is not None else plan.estimated_iteration_ms
     summary = {"planner": plan.planner, "num_ranks": world.world_size, "backend": world.backend,
                "steps": len(result.step_ms), "measured_iteration_ms": measured,
                "predicted_iteration_ms": predicted,
                "measured_over_predicted": measured / predicted if predicted > 0 else None,
                "breakdown_ms_per_step": {str(r): breakdown_ms(evs, len(ms))
-                                         for r, (evs, ms) in enumerate(gathered)}}
+                                         for r, (evs, ms, _) in enumerate(gathered)}}
     assert opts.trace_path is not None
-    write_json(trace_document([evs for evs, _ in gathered], summary), opts.trace_path)
+    write_json(trace_document([evs for evs, _, _ in gathered],
+                              [origin for _, _, origin in gathered], summary), opts.trace_path)
     print(f"trace: {opts.trace_path}  measured {measured:.2f} ms/iteration, predicted "
           f"{predicted:.2f} ms", file=sys.stderr)
 
