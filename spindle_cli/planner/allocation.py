@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from spindle_cli.artifacts.graph import MetaOp
@@ -69,6 +69,12 @@ class OpCurve:
     """T(1) / T(n) at each count (0 at the dummy); non-decreasing for a fitted curve."""
     times_ms: tuple[float, ...]
     """Per-operator time at each count (infinite at the dummy)."""
+    _time_by_count: dict[int, float] = field(init=False, repr=False, compare=False)
+    """`times_ms` by count (the wave scheduler asks for times at counts very often)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_time_by_count",
+                           dict(zip(self.counts, self.times_ms, strict=True)))
 
     @property
     def work_ms(self) -> float:
@@ -82,7 +88,7 @@ class OpCurve:
 
     def time_at(self, n: int) -> float:
         """Per-operator time at a valid count n."""
-        return self.times_ms[self.counts.index(n)]
+        return self._time_by_count[n]
 
     def next_count(self, n: int) -> int | None:
         """The smallest valid count above n, or None."""

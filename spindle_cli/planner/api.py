@@ -156,7 +156,8 @@ def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
             continue
         if cluster.num_devices > SIMULATED_CHOICE_MAX_DEVICES:
             return plan
-        iteration_ms = simulated_iteration_ms(plan, graph, profile, cluster)
+        iteration_ms = simulated_iteration_ms(plan, graph, profile, cluster,
+                                              give_up_ms=best[0] if best else math.inf)
         if best is None or iteration_ms < best[0] - 1e-9:
             best = (iteration_ms, plan)
     if best is None:
@@ -351,8 +352,9 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
             return
         # a single candidate needs no simulation (and above SIMULATED_CHOICE_MAX_DEVICES one
         # would take longer than the planning target)
-        iteration_ms = (simulated_iteration_ms(plan, graph, profile, cluster)
-                        if len(bounds) > 1 else 0.0)
+        iteration_ms = (simulated_iteration_ms(
+            plan, graph, profile, cluster, give_up_ms=best[0] if best else math.inf)
+            if len(bounds) > 1 else 0.0)
         if best is None or iteration_ms < best[0] - 1e-9:
             best = (iteration_ms, plan, caps)
 

@@ -48,7 +48,9 @@ compute/communication interference, pipelining inside a wave, optimizer step tim
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -226,6 +228,7 @@ def operator_ms(curve: Curve, s: Slice) -> float:
     return piece.alpha_ms + piece.beta_ms * rows * len(groups) / n
 
 
+@lru_cache(maxsize=8192)
 def row_flows(
     num_bytes: int,
     src_ranks: tuple[int, ...],
@@ -233,10 +236,11 @@ def row_flows(
     dst_ranks: tuple[int, ...],
     dst_strategy: str,
     num_rows: int,
-) -> list[tuple[int, int, int]]:
+) -> tuple[tuple[int, int, int], ...]:
     """(src rank, dst rank, bytes) pieces of a transfer, rows matched by overlap; same-rank
     pieces are dropped. Every rank of a consumer tensor-parallel group needs its group's rows;
-    they come from the producer rank on the same device when there is one."""
+    they come from the producer rank on the same device when there is one. Cached: the
+    candidate plans a planner simulates share most of their slices."""
     src_groups = _groups(src_ranks, src_strategy)
     dst_groups = _groups(dst_ranks, dst_strategy)
     src_rows = split_rows(num_rows, len(src_groups))
@@ -260,7 +264,7 @@ def row_flows(
                 s = d if d in sg else sg[j % len(sg)]
                 if s != d and piece > 0:
                     out.append((s, d, piece))
-    return out
+    return tuple(out)
 
 
 class _Network:
@@ -278,9 +282,22 @@ class _Network:
     """
 
     def __init__(self, cluster: ClusterSpec) -> None:
-        self.cluster = cluster
         self.now_s = 0.0
         self.num_flows = 0
+        # Ports are numbered by kind: NVLink out/in per rank, island out/in per rank, NIC
+        # out/in per node.
+        n, nodes = cluster.num_devices, cluster.num_nodes
+        self._capacity = np.concatenate([
+            np.full(2 * n, float(cluster.intra_island_bandwidth_bytes_per_s)),
+            np.full(2 * n, float(cluster.inter_node_bandwidth_bytes_per_s)),
+            np.full(2 * nodes, float(cluster.inter_node_bandwidth_bytes_per_s
+                                     * cluster.devices_per_node)),
+        ])
+        self._island_of = [r // cluster.island_size for r in range(n)]
+        self._node_of = [r // cluster.devices_per_node for r in range(n)]
+        self._pair_ports: dict[tuple[int, int], tuple[int, int]] = {}
+        self._num_devices = n
+        self._num_nodes = nodes
         # Per flow, grown by doubling: when it may start, bytes left, its two ports, its end.
         self.ready_s = np.empty(256)
         self.end_s = np.full(256, np.nan)
@@ -289,72 +306,64 @@ class _Network:
         # Flows not started yet, and the earliest of their start times (inf when none).
         self._waiting = np.empty(0, dtype=np.int64)
         self._next_start_s = math.inf
-        # Flows moving bytes now, with their ports.
+        # Flows moving bytes now: ids, (send, receive) ports as two rows, those ports'
+        # capacities, bytes left; and how many active flows each port carries.
         self._active = np.empty(0, dtype=np.int64)
-        self._active_ports = np.empty((0, 2), dtype=np.int64)
+        self._active_ports = np.empty((2, 0), dtype=np.int64)
+        self._active_capacity = np.empty((2, 0))
+        self._active_left = np.empty(0)
+        self._load = np.zeros(len(self._capacity), dtype=np.int64)
         self._new: list[int] = []
-        self._port_index: dict[tuple[str, int, str], int] = {}
-        self._port_capacity: list[float] = []
-        self._capacity = np.empty(0)
-        self._pair_ports: dict[tuple[int, int], tuple[int, int]] = {}
-
-    def _port(self, link: str, where: int, direction: str) -> int:
-        key = (link, where, direction)
-        if key not in self._port_index:
-            self._port_index[key] = len(self._port_capacity)
-            c = self.cluster
-            capacity = {
-                "nvlink": c.intra_island_bandwidth_bytes_per_s,
-                "nic": c.inter_node_bandwidth_bytes_per_s * c.devices_per_node,
-                "island": c.inter_node_bandwidth_bytes_per_s,
-            }[link]
-            self._port_capacity.append(capacity)
-            self._capacity = np.array(self._port_capacity)
-        return self._port_index[key]
 
     def _ports_of(self, src: int, dst: int) -> tuple[int, int]:
+        """The (send, receive) port of a flow from src to dst."""
         pair = (src, dst)
-        if pair in self._pair_ports:
-            return self._pair_ports[pair]
-        c = self.cluster
-        if c.island_of(src) == c.island_of(dst):
-            ports = self._port("nvlink", src, "out"), self._port("nvlink", dst, "in")
-        elif c.node_of(src) != c.node_of(dst):
-            ports = (self._port("nic", c.node_of(src), "out"),
-                     self._port("nic", c.node_of(dst), "in"))
-        else:
-            ports = self._port("island", src, "out"), self._port("island", dst, "in")
-        self._pair_ports[pair] = ports
-        return ports
+        if pair not in self._pair_ports:
+            n, nic = self._num_devices, 4 * self._num_devices
+            if self._island_of[src] == self._island_of[dst]:
+                self._pair_ports[pair] = (src, n + dst)
+            elif self._node_of[src] == self._node_of[dst]:
+                self._pair_ports[pair] = (2 * n + src, 3 * n + dst)
+            else:
+                self._pair_ports[pair] = (nic + self._node_of[src],
+                                          nic + self._num_nodes + self._node_of[dst])
+        return self._pair_ports[pair]
 
-    def add(self, src: int, dst: int, num_bytes: float, start_s: float, latency_s: float) -> int:
-        """Register a flow that may start at `start_s`; returns its id."""
+    def add(self, pieces: Sequence[tuple[int, int, int]], start_s: float,
+            latency_s: float) -> list[int]:
+        """Register flows (src rank, dst rank, bytes) that may start at `start_s`; returns
+        their ids."""
         assert start_s >= self.now_s - 1e-12, "a flow cannot start in the simulated past"
-        i = self.num_flows
-        if i == len(self.ready_s):
+        i, k = self.num_flows, len(pieces)
+        while i + k > len(self.ready_s):
             grow = len(self.ready_s)
             self.ready_s = np.concatenate([self.ready_s, np.empty(grow)])
             self.end_s = np.concatenate([self.end_s, np.full(grow, np.nan)])
             self._remaining = np.concatenate([self._remaining, np.empty(grow)])
             self._ports = np.concatenate([self._ports, np.empty((grow, 2), dtype=np.int64)])
-        self._ports[i] = self._ports_of(src, dst)
-        self.ready_s[i] = start_s + latency_s
-        self._remaining[i] = num_bytes
-        self._new.append(i)
-        self.num_flows += 1
-        return i
+        if k:
+            self._ports[i : i + k] = [self._ports_of(src, dst) for src, dst, _ in pieces]
+            self.ready_s[i : i + k] = start_s + latency_s
+            self._remaining[i : i + k] = [num_bytes for _, _, num_bytes in pieces]
+        ids = list(range(i, i + k))
+        self._new.extend(ids)
+        self.num_flows += k
+        return ids
 
     def finish(self, ids: list[int]) -> float:
         """Advance until every flow in `ids` is done; returns the last one's end time."""
         if not ids:
             return 0.0
         index = np.array(ids, dtype=np.int64)
-        while np.isnan(self.end_s[index]).any():
-            self._step()
+        open_ = index[np.isnan(self.end_s[index])]
+        while open_.size:
+            if self._step():
+                open_ = open_[np.isnan(self.end_s[open_])]
         return float(self.end_s[index].max())
 
-    def _step(self) -> None:
-        """Advance to the next event: a flow starts or the first active flow ends."""
+    def _step(self) -> bool:
+        """Advance to the next event: a flow starts or the first active flow ends. Whether a
+        flow ended."""
         if self._new:
             new = np.array(self._new, dtype=np.int64)
             self._new.clear()
@@ -363,30 +372,41 @@ class _Network:
         if self._next_start_s <= self.now_s:
             ready = self.ready_s[self._waiting]
             started = ready <= self.now_s
-            self._active = np.concatenate([self._active, self._waiting[started]])
-            self._active_ports = self._ports[self._active]
+            begin = self._waiting[started]
+            ports = self._ports[begin].T
+            self._active = np.concatenate([self._active, begin])
+            self._active_ports = np.concatenate([self._active_ports, ports], axis=1)
+            self._active_capacity = np.concatenate([self._active_capacity,
+                                                    self._capacity[ports]], axis=1)
+            self._active_left = np.concatenate([self._active_left, self._remaining[begin]])
+            self._load += np.bincount(ports.ravel(), minlength=len(self._load))
             self._waiting = self._waiting[~started]
             self._next_start_s = float(ready[~started].min()) if self._waiting.size else math.inf
-        active = self._active
-        if active.size == 0:
+        if self._active.size == 0:
             self.now_s = self._next_start_s
-            return
-        ports = self._active_ports
-        cap = self._capacity
-        load = np.bincount(ports.ravel(), minlength=len(cap))
-        share = cap / np.maximum(load, 1)
-        rate = np.minimum(share[ports[:, 0]], share[ports[:, 1]])
-        rem = self._remaining[active]
-        dt = min(float(np.min(rem / rate)), self._next_start_s - self.now_s)
-        rem = rem - rate * dt
+            return False
+        # an active flow's ports carry at least that flow, so no load is 0 here
+        share = self._active_capacity / self._load[self._active_ports]
+        rate = np.minimum(share[0], share[1])
+        rem = self._active_left
+        dt = min(float((rem / rate).min()), self._next_start_s - self.now_s)
+        moved = rate * dt
+        rem = rem - moved
         self.now_s += dt
         # A flow within a relative 1e-9 of done ends now (float rounding of equal-rate flows).
-        done = rem <= 1e-9 * np.maximum(rate * dt, 1.0)
-        self._remaining[active] = np.where(done, 0.0, rem)
-        if done.any():
-            self.end_s[active[done]] = self.now_s
-            self._active = active[~done]
-            self._active_ports = ports[~done]
+        done = rem <= 1e-9 * np.maximum(moved, 1.0)
+        ended = bool(done.any())
+        if ended:
+            self.end_s[self._active[done]] = self.now_s
+            self._load -= np.bincount(self._active_ports[:, done].ravel(),
+                                      minlength=len(self._load))
+            keep = ~done
+            self._active = self._active[keep]
+            self._active_ports = self._active_ports[:, keep]
+            self._active_capacity = self._active_capacity[:, keep]
+            rem = rem[keep]
+        self._active_left = rem
+        return ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,11 +462,15 @@ def _check_inputs(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Clu
 def _group_slices(plan: Plan, graph: MetaOpGraph) -> list[list[str]]:
     """For each ParamGroup, the slices that compute gradients of its layers."""
     out: list[list[str]] = [[] for _ in plan.param_groups]
+    by_module: dict[str, list[int]] = {}
+    for gi, g in enumerate(plan.param_groups):
+        by_module.setdefault(g.module, []).append(gi)
     for _, s in plan.slices():
         m = graph.metaop(s.metaop)
         lo, hi = m.first_layer + s.first, m.first_layer + s.last
-        for gi, g in enumerate(plan.param_groups):
-            if g.module == m.module and lo < g.last_layer and g.first_layer < hi:
+        for gi in by_module.get(m.module, []):
+            g = plan.param_groups[gi]
+            if lo < g.last_layer and g.first_layer < hi:
                 out[gi].append(s.id)
     return out
 
@@ -465,10 +489,24 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
 
 
 def simulated_iteration_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
-                           cluster: ClusterSpec) -> float:
+                           cluster: ClusterSpec, *, give_up_ms: float = math.inf) -> float:
     """`simulate(...).iteration_ms`, without building the per-rank, per-slice and per-flow
-    records of the result (a planner choosing among candidate plans needs only this)."""
-    return _run(plan, graph, profile, cluster, overlap_sync=True).iteration_ms
+    records of the result (a planner choosing among candidate plans needs only this). Once a
+    wave ends after `give_up_ms` the simulation stops and returns that end: a plan that
+    cannot beat `give_up_ms` need not be simulated to the end."""
+    try:
+        return _run(plan, graph, profile, cluster, overlap_sync=True,
+                    give_up_ms=give_up_ms).iteration_ms
+    except _GaveUp as e:
+        return e.now_ms
+
+
+class _GaveUp(Exception):
+    """`_run` passed its `give_up_ms` at `now_ms`."""
+
+    def __init__(self, now_ms: float) -> None:
+        super().__init__(now_ms)
+        self.now_ms = now_ms
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -489,23 +527,21 @@ class _Timeline:
 
 
 def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
-         overlap_sync: bool) -> _Timeline:
-    """The event-driven timeline of `simulate`."""
+         overlap_sync: bool, give_up_ms: float = math.inf) -> _Timeline:
+    """The event-driven timeline of `simulate`; raises _GaveUp when a wave ends after
+    `give_up_ms`."""
     _check_inputs(plan, graph, profile, cluster)
     costs = _slice_costs(plan, graph, profile)
     latency_s = cluster.link_latency_s
     net = _Network(cluster)
     flow_meta: list[tuple[FlowKind, str, int, int, int]] = []
 
-    def issue(kind: FlowKind, label: str, pieces: list[tuple[int, int, int]],
+    def issue(kind: FlowKind, label: str, pieces: Sequence[tuple[int, int, int]],
               start_ms: float, latency: float) -> list[int]:
-        ids = []
-        for src, dst, num_bytes in pieces:
-            ids.append(net.add(src, dst, num_bytes, start_ms / 1e3, latency))
-            flow_meta.append((kind, label, src, dst, num_bytes))
-        return ids
+        flow_meta.extend((kind, label, src, dst, num_bytes) for src, dst, num_bytes in pieces)
+        return net.add(pieces, start_ms / 1e3, latency)
 
-    def pieces(t_index: int, backward: bool) -> list[tuple[int, int, int]]:
+    def pieces(t_index: int, backward: bool) -> Sequence[tuple[int, int, int]]:
         t = plan.transfers[t_index]
         src, dst = costs[t.src].slice, costs[t.dst].slice
         rows = graph.metaop(src.metaop).batch_size
@@ -581,6 +617,8 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                                  starts[t.src][1], latency_s)
         fwd_timing.append((start_ms, end_ms, start_ms - now_ms))
         now_ms = end_ms
+        if now_ms > give_up_ms:
+            raise _GaveUp(now_ms)
 
     bwd_flows: dict[int, list[int]] = {}
     bwd_timing: dict[int, tuple[float, float, float]] = {}
@@ -604,6 +642,8 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 issue_sync(gi, max(starts[i][3] for i in group_slices[gi]))
         bwd_timing[w.index] = (start_ms, end_ms, start_ms - now_ms)
         now_ms = end_ms
+        if now_ms > give_up_ms:
+            raise _GaveUp(now_ms)
     backward_end_ms = now_ms
 
     for gi in range(len(plan.param_groups)):

@@ -257,30 +257,35 @@ def shorten_waves(waves: list[PlannedWave], max_ops: MaxOps | None = None) -> li
     def span(i: int) -> float:
         return max((k * times[i][m] for m, k in ops[i].items()), default=0.0)
 
-    start = 0
-    while len(waves) > 1 and start >= 0:
-        start = _shorten_one(ops, times, sizes, span, max_ops, start)
-    out = []
-    for w, k in zip(waves, ops, strict=True):
-        slots = tuple(replace(s, num_ops=k[s.metaop]) for s in w.slots if k[s.metaop] > 0)
-        if slots:
-            out.append(PlannedWave(level=w.level, slots=slots))
-    return out
-
-
-def _shorten_one(ops: list[dict[str, int]], times: list[dict[str, float]],
-                 sizes: list[dict[str, int]], span: Callable[[int], float],
-                 max_ops: MaxOps | None, start: int) -> int:
-    """The first improving move of `shorten_waves` that shortens a wave from `start` on
-    (cyclically), applied; returns that wave's index, or -1 when there is no such move."""
-    spans = [span(i) for i in range(len(ops))]
-    total = sum(spans)
+    # a move changes operator counts only, never which waves hold a MetaOp (a slot emptied
+    # by a move keeps its entry) nor its limit: both are computed once
     holders: dict[str, list[int]] = {}
     for i, wave_ops in enumerate(ops):
         for m in wave_ops:
             holders.setdefault(m, []).append(i)
     caps = [{m: math.inf if max_ops is None else max_ops(m, sizes[j][m]) for m in wave_ops}
             for j, wave_ops in enumerate(ops)]
+    start = 0
+    while len(waves) > 1 and start >= 0:
+        start = _shorten_one(ops, times, holders, caps, span, start)
+    out = []
+    for w, k in zip(waves, ops, strict=True):
+        slots = tuple(s if s.num_ops == k[s.metaop] else
+                      Slot(metaop=s.metaop, n=s.n, num_ops=k[s.metaop], op_time_ms=s.op_time_ms)
+                      for s in w.slots if k[s.metaop] > 0)
+        if slots:
+            out.append(PlannedWave(level=w.level, slots=slots))
+    return out
+
+
+def _shorten_one(ops: list[dict[str, int]], times: list[dict[str, float]],
+                 holders: dict[str, list[int]], caps: list[dict[str, float]],
+                 span: Callable[[int], float], start: int) -> int:
+    """The first improving move of `shorten_waves` that shortens a wave from `start` on
+    (cyclically), applied; returns that wave's index, or -1 when there is no such move.
+    `holders`: the waves holding a slot of each MetaOp; `caps`: each slot's operator limit."""
+    spans = [span(i) for i in range(len(ops))]
+    total = sum(spans)
     for i in (*range(start, len(ops)), *range(start)):
         # a slot whose MetaOp has no other wave keeps all its operators: no shorter span
         floor_ms = max((k * times[i][m] for m, k in ops[i].items() if len(holders[m]) == 1),
