@@ -13,7 +13,9 @@
    clusters/local-cpu*.yaml take their link latency and bandwidth from. A pairwise exchange
    (both ranks send and receive in one batch_isend_irecv, as the executor's boundaries do) at
    4 B .. 4 MiB: latency = the median at 4 B, bandwidth = the slope between 64 KiB and 4 MiB;
-   and 2-rank all_reduce at 4 B, 480 KB, 4 MiB for comparison with the simulated ring.
+   and 2-rank all_reduce at 4 B, 480 KB, 4 MiB for comparison with the simulated ring. Then
+   "in situ": the 4 B exchange and the 480 KB all-reduce each issued after ~2 ms of compute
+   on both ranks, as the executor issues them (median and mean).
 
 Run: python benchmarks/bench_runtime.py [--steps 30] [--skip-fidelity] [--links]
 """
@@ -174,7 +176,31 @@ def _link_worker(rank: int, port: int, repeats: int) -> None:
     for num_bytes in ALL_REDUCE_BYTES:
         z = torch.zeros(max(1, num_bytes // 4))
         reduce[num_bytes] = statistics.median(_timed_ms(lambda z=z: dist.all_reduce(z), repeats))
+    # in situ: a 4 B exchange and a 480 KB all-reduce issued after ~2 ms of compute on both
+    # ranks, as the executor issues them (a gloo thread that slept through it must wake up)
+    a = torch.randn(128, 128)
+
+    def in_situ_ms(fn: object) -> list[float]:
+        spans = []
+        for _ in range(repeats + 10):
+            start = time.perf_counter()
+            while time.perf_counter() - start < 2e-3:
+                a @ a
+            start = time.perf_counter()
+            fn()  # type: ignore[operator]
+            spans.append((time.perf_counter() - start) * 1e3)
+        return spans[10:]
+
+    x4, y4, z = torch.zeros(1), torch.empty(1), torch.zeros(120_000)
+    ops4 = [dist.P2POp(dist.isend, x4, peer), dist.P2POp(dist.irecv, y4, peer)]
+    in_situ = {
+        "exchange 4 B": in_situ_ms(lambda: [w.wait() for w in dist.batch_isend_irecv(ops4)]),
+        "all_reduce 480000 B": in_situ_ms(lambda: dist.all_reduce(z)),
+    }
     if rank == 0:
+        for label, spans in in_situ.items():
+            print(f"  in situ {label:<20} median {statistics.median(spans) * 1e3:8.1f} us  "
+                  f"mean {statistics.fmean(spans) * 1e3:8.1f} us")
         for b, ms in exchange.items():
             print(f"  exchange   {b:>8d} B each way: median {ms * 1e3:8.1f} us")
         for b, ms in reduce.items():
