@@ -14,7 +14,8 @@ all-reduced (SUM), asynchronously, as soon as the backward wave that completes i
 lowest wave of any slice running its layers, the same on every rank; the overlap the simulator
 assumes, like DDP's buckets), in the order of those waves, then of rank sets; after the last
 backward wave the all-reduces are awaited, and AdamW steps the buckets' flat parameters (every
-layer parameter is a view of one).
+layer parameter is a view of one). The task losses are all-reduced over the world (for the log)
+asynchronously from the end of the forward pass.
 
 Every rank walks the same global sequence of boundaries and collectives, and each one involves
 only ranks that all reach it, so the schedule cannot deadlock (runtime-design.md §2.2).
@@ -219,6 +220,7 @@ class Executor:
             if self.eager:
                 with self.tracer.span("send", "comm", step=step, wave=w, phase="forward"):
                     self._post_forward_sends(w, st)
+        loss_reduction = self._reduce_losses(st)
         for w in reversed(range(self.program.num_waves)):
             if self.eager:
                 with self.tracer.span(receive, "comm", step=step, wave=w, phase="backward"):
@@ -233,7 +235,7 @@ class Executor:
         with self.tracer.span("sync", "sync", step=step):
             self._wait([work for work, _ in st.sends], [op.peer for _, op in st.sends],
                        "the transfers of this step")
-            losses = self._sync(st, pending)
+            losses = self._sync(pending, loss_reduction)
         if self.optimizer is not None:
             with self.tracer.span("optimizer", "compute", step=step):
                 self.optimizer.step()
@@ -250,21 +252,30 @@ class Executor:
                                                  async_op=True))
         return works
 
-    def _sync(self, st: StepState, pending: list[Any]) -> dict[str, float]:
-        """Await the bucket all-reduces and all-reduce the task losses over the world; returns
-        the losses."""
-        tasks = self.program.tasks
-        vec = torch.tensor([st.task_loss.get(t, 0.0) for t in tasks], dtype=torch.float64,
-                           device=self.world.device)
+    def _reduce_losses(self, st: StepState) -> tuple[torch.Tensor, Any]:
+        """Start the all-reduce of the task losses over the world (they are known once the
+        forward pass has run, so it overlaps the backward pass); returns the vector and its
+        work (None on one rank)."""
+        vec = torch.tensor([st.task_loss.get(t, 0.0) for t in self.program.tasks],
+                           dtype=torch.float64, device=self.world.device)
+        if self.world.world_size == 1:
+            return vec, None
+        others = [r for r in range(self.world.world_size) if r != self.rank]
+        with _with_peers("the loss reduction", others):
+            return vec, dist.all_reduce(vec, op=dist.ReduceOp.SUM, async_op=True)
+
+    def _sync(self, pending: list[Any], losses: tuple[torch.Tensor, Any]) -> dict[str, float]:
+        """Await the bucket all-reduces and the loss reduction; returns the losses."""
         with _with_peers("the gradient sync", [r for b in self.buckets for r in b.ranks
                                                if b.group is not None and r != self.rank]):
             for work in pending:
                 work.wait()
-        if self.world.world_size > 1:
+        vec, work = losses
+        if work is not None:
             others = [r for r in range(self.world.world_size) if r != self.rank]
             with _with_peers("the loss reduction", others):
-                dist.all_reduce(vec, op=dist.ReduceOp.SUM)
-        return dict(zip(tasks, vec.tolist(), strict=True))
+                work.wait()
+        return dict(zip(self.program.tasks, vec.tolist(), strict=True))
 
     # ---- slices ---------------------------------------------------------------------------
 
