@@ -179,7 +179,7 @@ def _choose(score: np.ndarray, n: int, island_size: int) -> Ranks:
     possible, else filling the islands with the most usable ranks first."""
     by_island = score.reshape(-1, island_size)
     order = np.argsort(-by_island, axis=1, kind="stable")
-    ranked = np.take_along_axis(by_island, order, axis=1)
+    ranked = by_island[np.arange(len(by_island))[:, None], order]
     if n <= island_size:
         top = ranked[:, :n].sum(axis=1)
         if np.isfinite(top).any():
