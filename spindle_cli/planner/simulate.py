@@ -281,8 +281,10 @@ class _Network:
     shares. Rates are recomputed whenever a flow starts or ends.
     """
 
-    def __init__(self, cluster: ClusterSpec) -> None:
+    def __init__(self, cluster: ClusterSpec, give_up_s: float = math.inf) -> None:
         self.now_s = 0.0
+        # `finish` raises _GaveUp once the clock passes this
+        self.give_up_s = give_up_s
         self.num_flows = 0
         # Ports are numbered by kind: NVLink out/in per rank, island out/in per rank, NIC
         # out/in per node.
@@ -359,6 +361,10 @@ class _Network:
         while open_.size:
             if self._step():
                 open_ = open_[np.isnan(self.end_s[open_])]
+            # the clock only advances to the end of a flow someone waits for, so the
+            # iteration lasts at least until now
+            if self.now_s > self.give_up_s:
+                raise _GaveUp(self.now_s * 1e3)
         return float(self.end_s[index].max())
 
     def _step(self) -> bool:
@@ -491,9 +497,11 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
 def simulated_iteration_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
                            cluster: ClusterSpec, *, give_up_ms: float = math.inf) -> float:
     """`simulate(...).iteration_ms`, without building the per-rank, per-slice and per-flow
-    records of the result (a planner choosing among candidate plans needs only this). Once a
-    wave ends after `give_up_ms` the simulation stops and returns that end: a plan that
-    cannot beat `give_up_ms` need not be simulated to the end."""
+    records of the result (a planner choosing among candidate plans needs only this). Once the
+    simulated clock passes `give_up_ms` (a wave ends, or a flow that a wave or the gradient
+    sync waits for ends, after it) the simulation stops and returns that time, a lower bound
+    of the iteration above `give_up_ms`: a plan that cannot beat `give_up_ms` need not be
+    simulated to the end."""
     try:
         return _run(plan, graph, profile, cluster, overlap_sync=True,
                     give_up_ms=give_up_ms).iteration_ms
@@ -528,12 +536,12 @@ class _Timeline:
 
 def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
          overlap_sync: bool, give_up_ms: float = math.inf) -> _Timeline:
-    """The event-driven timeline of `simulate`; raises _GaveUp when a wave ends after
+    """The event-driven timeline of `simulate`; raises _GaveUp once the clock passes
     `give_up_ms`."""
     _check_inputs(plan, graph, profile, cluster)
     costs = _slice_costs(plan, graph, profile)
     latency_s = cluster.link_latency_s
-    net = _Network(cluster)
+    net = _Network(cluster, give_up_ms / 1e3)
     flow_meta: list[tuple[FlowKind, str, int, int, int]] = []
 
     def issue(kind: FlowKind, label: str, pieces: Sequence[tuple[int, int, int]],

@@ -254,9 +254,6 @@ def shorten_waves(waves: list[PlannedWave], max_ops: MaxOps | None = None) -> li
     times = [{s.metaop: s.op_time_ms for s in w.slots} for w in waves]
     sizes = [{s.metaop: s.n for s in w.slots} for w in waves]
 
-    def span(i: int) -> float:
-        return max((k * times[i][m] for m, k in ops[i].items()), default=0.0)
-
     # a move changes operator counts only, never which waves hold a MetaOp (a slot emptied
     # by a move keeps its entry) nor its limit: both are computed once
     holders: dict[str, list[int]] = {}
@@ -265,9 +262,10 @@ def shorten_waves(waves: list[PlannedWave], max_ops: MaxOps | None = None) -> li
             holders.setdefault(m, []).append(i)
     caps = [{m: math.inf if max_ops is None else max_ops(m, sizes[j][m]) for m in wave_ops}
             for j, wave_ops in enumerate(ops)]
+    spans = [_span(wave_ops, wave_times) for wave_ops, wave_times in zip(ops, times, strict=True)]
     start = 0
     while len(waves) > 1 and start >= 0:
-        start = _shorten_one(ops, times, holders, caps, span, start)
+        start = _shorten_one(ops, times, holders, caps, spans, start)
     out = []
     for w, k in zip(waves, ops, strict=True):
         slots = tuple(s if s.num_ops == k[s.metaop] else
@@ -278,13 +276,18 @@ def shorten_waves(waves: list[PlannedWave], max_ops: MaxOps | None = None) -> li
     return out
 
 
+def _span(wave_ops: dict[str, int], wave_times: dict[str, float]) -> float:
+    """A wave's span: its longest slot."""
+    return max((k * wave_times[m] for m, k in wave_ops.items()), default=0.0)
+
+
 def _shorten_one(ops: list[dict[str, int]], times: list[dict[str, float]],
                  holders: dict[str, list[int]], caps: list[dict[str, float]],
-                 span: Callable[[int], float], start: int) -> int:
+                 spans: list[float], start: int) -> int:
     """The first improving move of `shorten_waves` that shortens a wave from `start` on
-    (cyclically), applied; returns that wave's index, or -1 when there is no such move.
-    `holders`: the waves holding a slot of each MetaOp; `caps`: each slot's operator limit."""
-    spans = [span(i) for i in range(len(ops))]
+    (cyclically), applied (`spans` updated); returns that wave's index, or -1 when there is
+    no such move. `holders`: the waves holding a slot of each MetaOp; `caps`: each slot's
+    operator limit; `spans`: each wave's span."""
     total = sum(spans)
     for i in (*range(start, len(ops)), *range(start)):
         # a slot whose MetaOp has no other wave keeps all its operators: no shorter span
@@ -302,8 +305,11 @@ def _shorten_one(ops: list[dict[str, int]], times: list[dict[str, float]],
             new_spans[i] = max((k * times[i][m] for m, k in kept.items()), default=0.0)
             added: dict[tuple[int, str], int] = {}
             placed = True
+            checked = False
             for m, k in ops[i].items():
                 moving = k - kept[m]
+                if moving == 0 and checked:
+                    continue  # nothing moves: the check below would repeat the last one
                 # first the slack of the other waves, which costs nothing (the same choice,
                 # in the same order, as placing those operators one at a time)
                 for j in holders[m]:
@@ -333,12 +339,15 @@ def _shorten_one(ops: list[dict[str, int]], times: list[dict[str, float]],
                     j = best[1]
                     added[(j, m)] = added.get((j, m), 0) + 1
                     new_spans[j] = max(new_spans[j], (ops[j][m] + added[(j, m)]) * times[j][m])
+                checked = True
                 if not placed or sum(new_spans) >= total * (1 - _EPS):
                     break
             if placed and sum(new_spans) < total * (1 - _EPS):
                 ops[i].update(kept)
                 for (j, m), k in added.items():
                     ops[j][m] += k
+                for j in {i, *(j for j, _ in added)}:
+                    spans[j] = _span(ops[j], times[j])
                 return i
     return -1
 
