@@ -1,0 +1,104 @@
+"""The planner's fast paths agree with the plain rules they replace: the row merge of
+`row_flows`, the vectorized `align_fill`, and the iteration-only simulation with its give-up
+bound (`simulated_iteration_ms`)."""
+
+from __future__ import annotations
+
+import math
+
+import _sim_fixtures as fx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_simulate_properties import plans
+
+from spindle_cli.planner.simulate import (
+    _groups,
+    row_flows,
+    simulate,
+    simulated_iteration_ms,
+    split_rows,
+)
+from spindle_cli.planner.waves import align_fill
+
+_EPS = 1e-9
+
+
+def row_flows_by_every_pair(num_bytes, src_ranks, src_strategy, dst_ranks, dst_strategy,
+                            num_rows):
+    """The rule of `row_flows` checked on every (consumer group, producer group) pair."""
+    src_groups = _groups(src_ranks, src_strategy)
+    dst_groups = _groups(dst_ranks, dst_strategy)
+    out = []
+    for dg, (dlo, dhi) in zip(dst_groups, split_rows(num_rows, len(dst_groups)), strict=True):
+        for sg, (slo, shi) in zip(src_groups, split_rows(num_rows, len(src_groups)),
+                                  strict=True):
+            overlap = min(dhi, shi) - max(dlo, slo)
+            if overlap <= 0:
+                continue
+            piece = num_bytes * overlap // num_rows
+            for j, d in enumerate(dg):
+                s = d if d in sg else sg[j % len(sg)]
+                if s != d and piece > 0:
+                    out.append((s, d, piece))
+    return out
+
+
+rank_sets = st.lists(st.integers(0, 15), min_size=1, max_size=12, unique=True).map(
+    lambda r: tuple(sorted(r)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(num_bytes=st.integers(0, 10**6), src=rank_sets, dst=rank_sets,
+       src_strategy=st.sampled_from(["dp", "tp2", "tp4"]),
+       dst_strategy=st.sampled_from(["dp", "tp2", "tp4"]), num_rows=st.integers(1, 20))
+def test_row_flows_merge_walk_matches_every_pair(num_bytes, src, dst, src_strategy,
+                                                 dst_strategy, num_rows):
+    fast = row_flows(num_bytes, src, src_strategy, dst, dst_strategy, num_rows)
+    assert list(fast) == row_flows_by_every_pair(num_bytes, src, src_strategy, dst,
+                                                 dst_strategy, num_rows)
+
+
+def align_fill_one_span_at_a_time(op_times_ms, num_ops, devices, every_operator):
+    """The rule of `align_fill`, one candidate span at a time."""
+    pairs = list(zip(op_times_ms, num_ops, strict=True))
+    if every_operator and sum(num_ops) <= 4096:
+        spans = sorted({t * j for t, k in pairs for j in range(1, k + 1)})
+    else:
+        spans = sorted({t * k for t, k in pairs})
+    best = None
+    for span in spans:
+        ops = [min(k, max(1, math.floor(span / t + _EPS))) for t, k in pairs]
+        real = max(t * k for (t, _), k in zip(pairs, ops, strict=True))
+        busy = sum(n * t * k for n, (t, _), k in zip(devices, pairs, ops, strict=True))
+        share = busy / (sum(devices) * real)
+        if best is None or share > best[0] + 1e-12:
+            best = (share, ops)
+    return best[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(tuples=st.lists(st.tuples(st.floats(0.01, 10.0), st.integers(1, 12),
+                                 st.sampled_from([1, 2, 4, 8])), min_size=1, max_size=6),
+       every_operator=st.booleans())
+def test_align_fill_matches_the_span_by_span_rule(tuples, every_operator):
+    times, ops, devices = (list(x) for x in zip(*tuples, strict=True))
+    assert align_fill(times, ops, devices, every_operator=every_operator) == \
+        align_fill_one_span_at_a_time(times, ops, devices, every_operator)
+
+
+@settings(max_examples=60, deadline=None)
+@given(plan=plans(), batch=st.integers(1, 9), num_nodes=st.sampled_from([1, 2]),
+       latency_s=st.sampled_from([0.0, 1e-5]), cut=st.floats(0.0, 1.5))
+def test_iteration_only_simulation_and_its_give_up_bound(plan, batch, num_nodes, latency_s,
+                                                         cut):
+    g, p, c = fx.graph(batch), fx.profile(batch), fx.cluster(latency_s=latency_s,
+                                                              num_nodes=num_nodes)
+    full = simulate(plan, g, p, c).iteration_ms
+    assert simulated_iteration_ms(plan, g, p, c) == full
+    give_up_ms = cut * full
+    bounded = simulated_iteration_ms(plan, g, p, c, give_up_ms=give_up_ms)
+    if full <= give_up_ms:
+        assert bounded == full
+    else:
+        # stopped early or not: above the bound it gave up on, never above the truth
+        assert give_up_ms < bounded <= full
