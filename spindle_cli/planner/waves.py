@@ -289,61 +289,64 @@ def _shorten_one(ops: list[dict[str, int]], times: list[dict[str, float]],
     no such move. `holders`: the waves holding a slot of each MetaOp; `caps`: each slot's
     operator limit; `spans`: each wave's span."""
     total = sum(spans)
+    limit = total * (1 - _EPS)
     for i in (*range(start, len(ops)), *range(start)):
+        here_ops, here_times = ops[i], times[i]
         # a slot whose MetaOp has no other wave keeps all its operators: no shorter span
-        floor_ms = max((k * times[i][m] for m, k in ops[i].items() if len(holders[m]) == 1),
+        floor_ms = max((k * here_times[m] for m, k in here_ops.items() if len(holders[m]) == 1),
                        default=0.0)
         boundaries: set[float] = set()
-        for m, k in ops[i].items():
-            t = times[i][m]
+        for m, k in here_ops.items():
+            t = here_times[m]
             top = min(k, math.ceil((spans[i] - _EPS) / t)) - 1  # last boundary below the span
             boundaries.update(j * t for j in range(max(top - _SHORTEN_TARGETS + 1, 0), top + 1)
                               if j * t >= floor_ms - _EPS)
         for target in sorted(boundaries, reverse=True)[:_SHORTEN_TARGETS]:
-            kept = {m: min(k, math.floor(target / times[i][m] + _EPS)) for m, k in ops[i].items()}
+            kept = {m: min(k, math.floor(target / here_times[m] + _EPS))
+                    for m, k in here_ops.items()}
             new_spans = list(spans)
-            new_spans[i] = max((k * times[i][m] for m, k in kept.items()), default=0.0)
+            new_spans[i] = max((k * here_times[m] for m, k in kept.items()), default=0.0)
             added: dict[tuple[int, str], int] = {}
             placed = True
             checked = False
-            for m, k in ops[i].items():
+            for m, k in here_ops.items():
                 moving = k - kept[m]
                 if moving == 0 and checked:
                     continue  # nothing moves: the check below would repeat the last one
+                others = [j for j in holders[m] if j != i]
                 # first the slack of the other waves, which costs nothing (the same choice,
                 # in the same order, as placing those operators one at a time)
-                for j in holders[m]:
-                    if j == i or moving == 0:
-                        continue
+                for j in others:
+                    if moving == 0:
+                        break
+                    t = times[j][m]
                     count = ops[j][m] + added.get((j, m), 0)
-                    slack = math.floor((new_spans[j] - count * times[j][m]) / times[j][m] + _EPS)
+                    slack = math.floor((new_spans[j] - count * t) / t + _EPS)
                     fits = int(min(moving, slack, caps[j][m] - count))
                     if fits > 0:
                         added[(j, m)] = added.get((j, m), 0) + fits
-                        new_spans[j] = max(new_spans[j], (count + fits) * times[j][m])
+                        new_spans[j] = max(new_spans[j], (count + fits) * t)
                         moving -= fits
                 for _ in range(moving):
-                    best: tuple[float, int] | None = None
-                    for j in holders[m]:
-                        if j == i:
-                            continue
+                    best_grow, best_j = math.inf, -1
+                    for j in others:
                         count = ops[j][m] + added.get((j, m), 0) + 1
                         if count > caps[j][m]:
                             continue
                         grow = max(new_spans[j], count * times[j][m]) - new_spans[j]
-                        if best is None or grow < best[0]:
-                            best = (grow, j)
-                    if best is None:
+                        if best_j < 0 or grow < best_grow:
+                            best_grow, best_j = grow, j
+                    if best_j < 0:
                         placed = False
                         break
-                    j = best[1]
+                    j = best_j
                     added[(j, m)] = added.get((j, m), 0) + 1
                     new_spans[j] = max(new_spans[j], (ops[j][m] + added[(j, m)]) * times[j][m])
                 checked = True
-                if not placed or sum(new_spans) >= total * (1 - _EPS):
+                if not placed or sum(new_spans) >= limit:
                     break
-            if placed and sum(new_spans) < total * (1 - _EPS):
-                ops[i].update(kept)
+            if placed and sum(new_spans) < limit:
+                here_ops.update(kept)
                 for (j, m), k in added.items():
                     ops[j][m] += k
                 for j in {i, *(j for j, _ in added)}:
