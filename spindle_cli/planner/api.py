@@ -47,9 +47,11 @@ from spindle_cli.planner.waves import (
     VARIANTS,
     MaxOps,
     PlannedWave,
+    TracedWaves,
+    Variant,
     schedule_level,
     shorten_waves,
-    wavefront_level,
+    traced_wavefront_level,
 )
 
 PLANNERS = ("spindle", "sequential", "optimus", "distmm")
@@ -244,12 +246,21 @@ def level_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[Lev
         best: list[PlannedWave] | None = None
         best_ms = math.inf
         num_tuples = sum(len(x.tuples) for x in a.ops)
-        # variants often build the same waves: each distinct result is shortened once
+        # variants often build the same waves: a variant differing from a traced one only in
+        # switches that made no difference there is not run again, and each distinct result
+        # is shortened once
+        traced: list[tuple[Variant, TracedWaves]] = []
         shortened: dict[tuple[PlannedWave, ...], list[PlannedWave]] = {}
-        for rule, rounding, extension in (VARIANTS if num_tuples <= LARGE_LEVEL
-                                          and not few_variants else LARGE_LEVEL_VARIANTS):
-            raw = wavefront_level(a, curves, num_devices, preds, set(finished), sort_rule=rule,
-                                  rounding=rounding, extension=extension, max_ops=max_ops)
+        for variant in (VARIANTS if num_tuples <= LARGE_LEVEL and not few_variants
+                        else LARGE_LEVEL_VARIANTS):
+            same = next((t for v, t in traced if t.covers(variant, v)), None)
+            if same is None:
+                rule, rounding, extension = variant
+                same = traced_wavefront_level(a, curves, num_devices, preds, set(finished),
+                                              sort_rule=rule, rounding=rounding,
+                                              extension=extension, max_ops=max_ops)
+                traced.append((variant, same))
+            raw = same.waves
             key = tuple(raw)
             if key not in shortened:
                 shortened[key] = shorten_waves(raw, max_ops)

@@ -194,12 +194,53 @@ def wavefront_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devi
     the MetaOps completed by earlier levels and is updated with this level's MetaOps. With
     `max_ops`, a tuple offers a wave at most that many operators (the rest stays pending), so
     no slice outgrows device memory."""
+    return traced_wavefront_level(alloc, curves, num_devices, predecessors, finished,
+                                  sort_rule=sort_rule, rounding=rounding, extension=extension,
+                                  max_ops=max_ops).waves
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TracedWaves:
+    """`wavefront_level`'s waves and which of its switches made no difference on the way: a
+    variant that differs only in those switches builds the same waves."""
+
+    waves: list[PlannedWave]
+    any_sort_rule: bool
+    """Every proposal order sorted the pending tuples alike in every wave."""
+    any_extension: bool
+    """Both extension rules would have given idle devices alike in every wave."""
+    any_rounding: bool
+    """The other rounding of the same kind ('nearest'/'down', 'fill'/'fill_steps') would
+    have aligned every wave alike."""
+
+    def covers(self, variant: tuple[str, str, str], traced: tuple[str, str, str]) -> bool:
+        """Whether `variant` builds the same waves as `traced`, the variant traced here."""
+        (rule, rounding, extension), (t_rule, t_rounding, t_extension) = variant, traced
+        kind = {"nearest": 0, "down": 0, "fill": 1, "fill_steps": 1}
+        return ((rule == t_rule or self.any_sort_rule)
+                and (extension == t_extension or self.any_extension)
+                and (rounding == t_rounding
+                     or (self.any_rounding and kind[rounding] == kind[t_rounding])))
+
+
+def traced_wavefront_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devices: int,
+                           predecessors: dict[str, tuple[str, ...]], finished: set[str],
+                           *, sort_rule: str = "bigN_bigT", rounding: str = "nearest",
+                           extension: str = "remaining",
+                           max_ops: MaxOps | None = None) -> TracedWaves:
+    """`wavefront_level`, noting which switches mattered (`TracedWaves`)."""
     pending = [_Pending(metaop=t.metaop, n=t.n, num_ops=t.num_ops)
                for a in alloc.ops for t in a.tuples]
     key = _proposal_key(sort_rule, curves)
+    other_keys = [_proposal_key(r, curves) for r in SORT_RULES if r != sort_rule]
+    any_sort_rule = any_extension = any_rounding = True
     waves: list[PlannedWave] = []
     while pending:
         order = sorted(pending, key=key)
+        if any_sort_rule:
+            any_sort_rule = all(all(a is b for a, b in zip(sorted(pending, key=k), order,
+                                                            strict=True))
+                                for k in other_keys)
         free = num_devices
         admitted: list[_Pending] = []
         in_wave: set[str] = set()
@@ -211,6 +252,10 @@ def wavefront_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devi
                 in_wave.add(p.metaop)
                 free -= p.n
         assert admitted, "no tuple fits in an empty wave"
+        if any_extension and free > 0:
+            # the rules differ only in the time of an admitted MetaOp's tuples left pending
+            any_extension = not any(p.metaop in in_wave and all(p is not q for q in admitted)
+                                    for p in pending)
         counts = {p.metaop: p.n for p in admitted}
         free = _extend(admitted, counts, pending, curves, free, extension)
         taus = [curves[p.metaop].time_at(counts[p.metaop]) for p in admitted]
@@ -220,8 +265,13 @@ def wavefront_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devi
         if rounding in ("fill", "fill_steps"):
             ops = align_fill(taus, offered, [counts[p.metaop] for p in admitted],
                              every_operator=rounding == "fill_steps")
+            # both try the same spans when no tuple offers more than one operator, or when
+            # 'fill_steps' falls back to the tuples' ends
+            any_rounding = any_rounding and (max(offered) <= 1 or sum(offered) > _MAX_SPANS)
         else:
             ops = align(taus, offered, rounding=rounding)
+            other = "down" if rounding == "nearest" else "nearest"
+            any_rounding = any_rounding and align(taus, offered, rounding=other) == ops
         slots = tuple(Slot(metaop=p.metaop, n=counts[p.metaop], num_ops=k, op_time_ms=tau)
                       for p, k, tau in zip(admitted, ops, taus, strict=True))
         for p, k in zip(admitted, ops, strict=True):
@@ -230,7 +280,8 @@ def wavefront_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devi
         left = {p.metaop for p in pending}
         finished |= {p.metaop for p in admitted if p.metaop not in left}
         merge_or_append(waves, PlannedWave(level=alloc.level, slots=slots), max_ops)
-    return waves
+    return TracedWaves(waves=waves, any_sort_rule=any_sort_rule, any_extension=any_extension,
+                       any_rounding=any_rounding)
 
 
 _SHORTEN_TARGETS = 2

@@ -1,16 +1,19 @@
 """The planner's fast paths agree with the plain rules they replace: the row merge of
-`row_flows`, the vectorized `align_fill`, and the iteration-only simulation with its give-up
-bound (`simulated_iteration_ms`)."""
+`row_flows`, the vectorized `align_fill`, the iteration-only simulation with its give-up
+bound (`simulated_iteration_ms`), and `level_waves` reusing traced variants."""
 
 from __future__ import annotations
 
 import math
 
 import _sim_fixtures as fx
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_properties import problems
 from test_simulate_properties import plans
 
+from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner import api
 from spindle_cli.planner.simulate import (
     _groups,
     row_flows,
@@ -18,7 +21,12 @@ from spindle_cli.planner.simulate import (
     simulated_iteration_ms,
     split_rows,
 )
-from spindle_cli.planner.waves import align_fill
+from spindle_cli.planner.waves import (
+    VARIANTS,
+    align_fill,
+    schedule_level,
+    traced_wavefront_level,
+)
 
 _EPS = 1e-9
 
@@ -102,3 +110,48 @@ def test_iteration_only_simulation_and_its_give_up_bound(plan, batch, num_nodes,
     else:
         # stopped early or not: above the bound it gave up on, never above the truth
         assert give_up_ms < bounded <= full
+
+
+def level_waves_by_every_variant(g, curves, allocs, num_devices, max_ops):
+    """`api.level_waves` without reuse: every variant scheduled and shortened."""
+    preds = {m.id: m.predecessors for m in g.metaops}
+    finished: set[str] = set()
+    levels = []
+    for a in allocs:
+        best = None
+        for rule, rounding, extension in VARIANTS:
+            trial = schedule_level(a, curves, num_devices, preds, set(finished), sort_rule=rule,
+                                   rounding=rounding, extension=extension, max_ops=max_ops)
+            if best is None or (sum(w.duration_ms for w in trial)
+                                < sum(w.duration_ms for w in best) - 1e-9):
+                best = trial
+        finished |= {m.id for m in g.metaops if m.level == a.level}
+        levels.append(best)
+    return levels
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_level_waves_reuse_matches_every_variant(problem):
+    g, p, c = problem
+    try:
+        curves = api.op_curves(g, p, c.num_devices)
+    except PlanInfeasible:
+        return
+    allocs = api.allocate(g, curves, c.num_devices)
+    max_ops = api.slice_limits(g, curves, c)
+    fast = api.level_waves(g, curves, allocs, c.num_devices, max_ops)
+    assert fast == level_waves_by_every_variant(g, curves, allocs, c.num_devices, max_ops)
+    # a variant a trace covers builds exactly the traced waves
+    preds = {m.id: m.predecessors for m in g.metaops}
+    finished: set[str] = set()
+    for a in allocs:
+        traces = {v: traced_wavefront_level(a, curves, c.num_devices, preds, set(finished),
+                                            sort_rule=v[0], rounding=v[1], extension=v[2],
+                                            max_ops=max_ops) for v in VARIANTS}
+        for v, t in traces.items():
+            for other in VARIANTS:
+                if t.covers(other, v):
+                    assert traces[other].waves == t.waves
+        finished |= {m.id for m in g.metaops if m.level == a.level}
