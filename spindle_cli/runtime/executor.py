@@ -9,13 +9,14 @@ messages (program.py). On gloo they are eager: each message is sent (tagged) as 
 slice that produces it has run, and a rank waits only for what it receives, so messages cross
 while both sides compute. On NCCL they are rendezvous: producer and consumer exchange at the
 consumer's boundary in one `batch_isend_irecv`, in the plan's canonical order.
-One flat gradient bucket per distinct holder rank set is
-all-reduced (SUM), asynchronously, as soon as the backward wave that completes it has run (the
-lowest wave of any slice running its layers, the same on every rank; the overlap the simulator
-assumes, like DDP's buckets), in the order of those waves, then of rank sets; after the last
-backward wave the all-reduces are awaited, and AdamW steps the buckets' flat parameters (every
-layer parameter is a view of one). The task losses are all-reduced over the world (for the log)
-asynchronously from the end of the forward pass.
+
+Gradients live in flat buckets, one per set of holder ranks and backward wave that completes
+them (the lowest wave of any slice running the layer; the same on every rank). A bucket is
+all-reduced (SUM), asynchronously, as soon as that wave's backward has run (the overlap the
+simulator assumes, like DDP's buckets), in the order of those waves, then of rank sets; after
+the last backward wave the all-reduces are awaited, and AdamW steps the buckets' flat
+parameters (every layer parameter is a view of one). The task losses are all-reduced over the
+world (for the log) asynchronously from the end of the forward pass.
 
 Every rank walks the same global sequence of boundaries and collectives, and each one involves
 only ranks that all reach it, so the schedule cannot deadlock (runtime-design.md §2.2).
@@ -92,7 +93,8 @@ class Bucket:
     param: nn.Parameter
     """The parameters; its .grad is `flat`."""
     ready_wave: int
-    """The backward wave after which every gradient of the bucket is complete."""
+    """The backward wave after which every gradient of the bucket is complete (-1 for a
+    single rank's bucket, which is not reduced)."""
 
 
 @dataclass(slots=True)
@@ -171,18 +173,23 @@ class Executor:
         self.optimizer = make_optimizer(flat, lr) if flat else None
 
     def _make_buckets(self) -> list[Bucket]:
-        by_set: dict[tuple[int, ...], list[nn.Parameter]] = {}
-        for key, ranks in self.program.holders.items():
-            if key in self.layers:
-                by_set.setdefault(ranks, []).extend(self.layers[key].parameters())
-        ready: dict[tuple[int, ...], int] = {}
+        """One bucket per set of holder ranks and, for a set of several ranks, per backward
+        wave that completes its layers' gradients (the lowest wave of a slice running each),
+        so that each all-reduce starts as soon as its gradients are complete (the simulator's
+        per-parameter-group sync); a single-rank set has nothing to reduce and one bucket."""
+        ready: dict[LayerKey, int] = {}
         for sp in self.program.slices:
             for i in sp.layers:
-                ranks = self.program.holders[(sp.metaop.module, i)]
-                ready[ranks] = min(ready.get(ranks, sp.wave), sp.wave)
+                key = (sp.metaop.module, i)
+                ready[key] = min(ready.get(key, sp.wave), sp.wave)
+        by_key: dict[tuple[tuple[int, ...], int], list[nn.Parameter]] = {}
+        for key, ranks in self.program.holders.items():
+            if key in self.layers:
+                due = ready[key] if len(ranks) > 1 else -1
+                by_key.setdefault((ranks, due), []).extend(self.layers[key].parameters())
         buckets = []
-        for ranks in sorted(by_set, key=lambda r: (-ready[r], r)):
-            params = by_set[ranks]
+        for ranks, due in sorted(by_key, key=lambda k: (-k[1], k[0])):
+            params = by_key[(ranks, due)]
             size = sum(p.numel() for p in params)
             flat = torch.zeros(size, dtype=self.dtype, device=self.world.device)
             param = nn.Parameter(torch.empty(size, dtype=self.dtype, device=self.world.device))
@@ -198,7 +205,7 @@ class Executor:
                     offset += p.numel()
             param.grad = flat
             buckets.append(Bucket(ranks=ranks, group=self.groups.get(ranks), flat=flat,
-                                  param=param, ready_wave=ready[ranks]))
+                                  param=param, ready_wave=due))
         return buckets
 
     # ---- one step -------------------------------------------------------------------------

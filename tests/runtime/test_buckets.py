@@ -1,6 +1,7 @@
 """The executor's buckets (runtime/executor.py): each holds its layers' parameters and
 gradients as views of two flat tensors, AdamW steps the flat parameter, and a bucket's
-all-reduce is due after the lowest wave of any slice running its layers."""
+all-reduce is due after the lowest wave of any slice running its layers (shared layers are
+bucketed by that wave, so each all-reduce starts as soon as its gradients are complete)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def test_layer_parameters_and_gradients_are_views_of_their_bucket_and_follow_the
         offset += n
 
 
-def test_buckets_are_reduced_after_the_lowest_wave_running_their_layers_in_that_order():
+def test_shared_layers_are_bucketed_by_the_wave_that_completes_them_reduced_in_that_order():
     model = load(str(REPO / "models" / "tiny-clip.yaml"), ModelSpec)
     graph = load(str(REPO / "graphs" / "tiny-clip.yaml"), MetaOpGraph)
     plan = load(str(REPO / "plans" / "tiny-clip-local-cpu-2.yaml"), Plan)
@@ -72,10 +73,23 @@ def test_buckets_are_reduced_after_the_lowest_wave_running_their_layers_in_that_
         ex = Executor(plan, program, model, world, {}, SyntheticData(model, 0), seed=0,
                       lr=1e-3, dtype=torch.float32)
         assert ex.buckets
+        due = {}
+        for sp in program.slices:
+            for i in sp.layers:
+                key = (sp.metaop.module, i)
+                due[key] = min(due.get(key, sp.wave), sp.wave)
+        held = {key: ranks for key, ranks in program.holders.items() if rank in ranks}
         for b in ex.buckets:
-            waves = [sp.wave for sp in program.slices for i in sp.layers
-                     if program.holders[(sp.metaop.module, i)] == b.ranks]
-            assert b.ready_wave == min(waves)
+            mine = {key for key, ranks in held.items() if ranks == b.ranks
+                    and (len(ranks) == 1 or due[key] == b.ready_wave)}
+            # the bucket holds exactly those layers' parameters
+            assert b.flat.numel() == sum(p.numel() for key in mine
+                                         for p in ex.layers[key].parameters())
+            assert (b.ready_wave == -1) == (len(b.ranks) == 1)
+        # one bucket per (rank set, due wave) among shared layers, one per own rank set
+        keys = {(ranks, due[k] if len(ranks) > 1 else -1) for k, ranks in held.items()}
+        assert sorted((b.ranks, b.ready_wave) for b in ex.buckets) == sorted(keys)
+        assert any(b.ready_wave > 0 for b in ex.buckets if len(b.ranks) > 1)
         # backward runs waves downwards: the bucket completed first is reduced first
         ready = [b.ready_wave for b in ex.buckets]
         assert ready == sorted(ready, reverse=True)
