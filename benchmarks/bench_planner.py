@@ -7,7 +7,9 @@ figures and ratios; asserts nothing (run: python benchmarks/bench_planner.py [--
    baselines' ratios and Spindle's speedup over each, and, per level small enough for the
    MILP, the exact packing of the level's rounded tuples (how much of the gap the bi-point
    discretization alone costs, and how the wave scheduler compares with the best packing of
-   those fixed tuples).
+   those fixed tuples). Spindle keeps the candidate that simulates fastest, so its makespan
+   here (compute only) can be longer than another candidate's; a plan that overlaps levels
+   (Spindle's fused candidate, optimus, distmm) is not bounded by the sum of per-level C*.
 2. Placement ablation: island-aware vs sequential placement, inter-wave bytes that leave a
    rank / cross islands and the simulated share of the iteration spent waiting for
    transfers.
