@@ -504,7 +504,7 @@ def simulated_iteration_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
     simulated to the end."""
     try:
         return _run(plan, graph, profile, cluster, overlap_sync=True,
-                    give_up_ms=give_up_ms).iteration_ms
+                    give_up_ms=give_up_ms, record_flows=False).iteration_ms
     except _GaveUp as e:
         return e.now_ms
 
@@ -535,9 +535,10 @@ class _Timeline:
 
 
 def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
-         overlap_sync: bool, give_up_ms: float = math.inf) -> _Timeline:
+         overlap_sync: bool, give_up_ms: float = math.inf,
+         record_flows: bool = True) -> _Timeline:
     """The event-driven timeline of `simulate`; raises _GaveUp once the clock passes
-    `give_up_ms`."""
+    `give_up_ms`. Without `record_flows` the timeline's `flow_meta` stays empty."""
     _check_inputs(plan, graph, profile, cluster)
     costs = _slice_costs(plan, graph, profile)
     latency_s = cluster.link_latency_s
@@ -546,7 +547,9 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     def issue(kind: FlowKind, label: str, pieces: Sequence[tuple[int, int, int]],
               start_ms: float, latency: float) -> list[int]:
-        flow_meta.extend((kind, label, src, dst, num_bytes) for src, dst, num_bytes in pieces)
+        if record_flows:
+            flow_meta.extend((kind, label, src, dst, num_bytes)
+                             for src, dst, num_bytes in pieces)
         return net.add(pieces, start_ms / 1e3, latency)
 
     def pieces(t_index: int, backward: bool) -> Sequence[tuple[int, int, int]]:
