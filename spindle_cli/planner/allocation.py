@@ -297,8 +297,12 @@ def allocate_level(level: int, curves: list[OpCurve], num_devices: int) -> Level
     for oc in curves:
         n_star = min(n_lin(oc, c_star), float(oc.counts[-1]))
         ops.append(split(oc, n_star, c_star))
-    return LevelAllocation(level=level, c_star_ms=c_star,
-                           lower_bound_ms=lower_bound_ms(curves, num_devices), ops=tuple(ops))
+    # concave speedups are their own envelope: the bound's bisection would repeat C*'s
+    concave = all(len(_upper_hull(oc.counts, oc.speedups)) == len(oc.counts) for oc in curves)
+    return LevelAllocation(
+        level=level, c_star_ms=c_star,
+        lower_bound_ms=c_star if concave else lower_bound_ms(curves, num_devices),
+        ops=tuple(ops))
 
 
 def analytic_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:
