@@ -107,6 +107,23 @@ class Fingerprint:
     dtype: str = field(metadata=meta("compute dtype"))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimizerCost:
+    """Time of one AdamW step on one device: a fixed cost per parameter tensor stepped (the
+    executor steps one flat tensor per gradient bucket) plus a cost per parameter."""
+
+    ms_per_tensor: float = field(metadata=meta("fixed cost per parameter tensor, ms", ge=0))
+    ms_per_million_params: float = field(
+        metadata=meta("cost per million parameters (fp32 optimizer state), ms", ge=0)
+    )
+
+    def time_ms(self, num_tensors: int, num_params: float) -> float:
+        """One step over `num_tensors` tensors holding `num_params` parameters in all."""
+        if num_params <= 0:
+            return 0.0
+        return num_tensors * self.ms_per_tensor + num_params / 1e6 * self.ms_per_million_params
+
+
 @register
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Profile(DerivedArtifact):
@@ -119,6 +136,10 @@ class Profile(DerivedArtifact):
     fingerprint: Fingerprint = field(metadata=meta("hardware and software the profile describes"))
     counts: tuple[int, ...] = field(metadata=meta("profiled device counts", ge=1))
     curves: tuple[Curve, ...] = field(metadata=meta("curves, sorted by signature"))
+    optimizer: OptimizerCost | None = field(
+        default=None,
+        metadata=meta("AdamW step time on one device (absent: the simulator charges none)"),
+    )
 
     def __post_init__(self) -> None:
         DerivedArtifact.__post_init__(self)

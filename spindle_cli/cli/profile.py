@@ -166,6 +166,7 @@ def _measured(graph: MetaOpGraph, graph_path: str, cluster: ClusterSpec | None,
             points.setdefault(job.op.signature, []).append(point)
             bar.advance(task)
     err.print(f"{measured} point(s) measured, {cached} from the cache")
+    optimizer = measure.measure_optimizer(target, settings)
     device_name = target.device_name
     if any(p.strategy != "dp" for pts in points.values() for p in pts):
         device_name += "; tensor-parallel collectives modelled from the cluster's links"
@@ -174,5 +175,5 @@ def _measured(graph: MetaOpGraph, graph_path: str, cluster: ClusterSpec | None,
         fingerprint=Fingerprint(hardware="local", device_name=device_name,
                                 torch_version=str(measure.torch.__version__),
                                 dtype=target.dtype_name),
-        counts=counts, validate=validate, inputs=inputs,
+        counts=counts, validate=validate, optimizer=optimizer, inputs=inputs,
     )

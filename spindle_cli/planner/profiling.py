@@ -32,6 +32,7 @@ from spindle_cli.artifacts.profile import (
     Curve,
     Fingerprint,
     MemoryModel,
+    OptimizerCost,
     Profile,
     ProfilePoint,
     tp_degree,
@@ -251,9 +252,11 @@ def assemble_profile(
     fingerprint: Fingerprint,
     counts: Sequence[int],
     validate: bool,
+    optimizer: OptimizerCost | None = None,
     inputs: Sequence[InputRef] = (),
 ) -> Profile:
-    """A Profile from the points of every signature (keyed by signature)."""
+    """A Profile from the points of every signature (keyed by signature) and the device's
+    optimizer step."""
     curves = []
     for op in signature_ops(graph):
         curves.append(
@@ -273,6 +276,7 @@ def assemble_profile(
         fingerprint=fingerprint,
         counts=tuple(counts),
         curves=tuple(curves),
+        optimizer=optimizer,
     )
 
 
@@ -321,6 +325,7 @@ def analytic_profile(
         ),
         counts=fit_counts,
         validate=validate,
+        optimizer=roofline.optimizer_cost(device),
         inputs=inputs,
     )
 

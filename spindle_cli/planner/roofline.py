@@ -40,6 +40,11 @@ Constants and where they come from:
   bytes per parameter (Rajbhandari et al., ZeRO, 2020); 8 bytes when training in fp32.
 - The data-parallel gradient all-reduce is NOT part of the operator time: the simulator charges
   parameter synchronization separately.
+- Optimizer step (`optimizer_cost`): AdamW is elementwise and memory-bound. Per parameter it
+  reads the fp32 master weight, the gradient and two fp32 moments and writes back the master
+  weight, the moments and the training-dtype copy: 4+2+4+4 read + 4+4+4+2 written = 28 bytes
+  with a 16-bit training dtype (4+4+4+4 + 4+4+4 = 28 in fp32). Per tensor, one multi-tensor
+  kernel launch plus dispatch, OPTIMIZER_TENSOR_S.
 """
 
 from __future__ import annotations
@@ -49,11 +54,13 @@ from dataclasses import dataclass
 
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp
-from spindle_cli.artifacts.profile import MemoryModel, tp_degree
+from spindle_cli.artifacts.profile import MemoryModel, OptimizerCost, tp_degree
 
 EFF_MAX = 0.8
 KERNEL_HALF_S = 6e-6
 LAUNCH_S = 4e-6
+ADAM_BYTES_PER_PARAM = 28
+OPTIMIZER_TENSOR_S = 10e-6
 REPLICATED_ACTIVATION_FRACTION = 10 / 34
 MIN_TP_SHARD_WIDTH = 64
 """Narrowest per-device width a tensor-parallel shard may have (one attention head of 64)."""
@@ -142,6 +149,15 @@ def links_for(device: DeviceModel, cluster: ClusterSpec | None) -> Links:
         island_size=cluster.island_size,
         bandwidth_bytes_per_s=cluster.intra_island_bandwidth_bytes_per_s,
         latency_s=cluster.link_latency_s,
+    )
+
+
+def optimizer_cost(device: DeviceModel) -> OptimizerCost:
+    """The AdamW step of `device` (module docstring: memory-bound, plus a launch per tensor)."""
+    return OptimizerCost(
+        ms_per_tensor=OPTIMIZER_TENSOR_S * 1e3,
+        ms_per_million_params=ADAM_BYTES_PER_PARAM * 1e6 / device.memory_bandwidth_bytes_per_s
+        * 1e3,
     )
 
 

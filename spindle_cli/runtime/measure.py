@@ -14,6 +14,9 @@ the per-device slice shape (`spindle profile --hardware local`).
   the bytes of parameters and gradients plus the activations autograd saves for backward
   (counted with saved-tensor hooks) and the input; both plus the Adam state the real step
   would hold (not allocated here).
+- The optimizer step (`measure_optimizer`): AdamW as the executor steps it, on two flat
+  tensors; a fixed cost per tensor and a cost per parameter. Not cached (it takes
+  milliseconds).
 - A per-point cache under `.spindle-cache/profile/` (keyed by signature, count, strategy,
   per-device batch, repeats, torch version, device and dtype) lets an interrupted profile
   resume.
@@ -25,6 +28,7 @@ import hashlib
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,8 +38,9 @@ from torch import nn
 
 from spindle_cli.artifacts.graph import MetaOp
 from spindle_cli.artifacts.model import ModuleSpec
-from spindle_cli.artifacts.profile import tp_degree
+from spindle_cli.artifacts.profile import OptimizerCost, tp_degree
 from spindle_cli.runtime.layers import build_layer
+from spindle_cli.runtime.model import make_optimizer
 
 CACHE_DIR = Path(".spindle-cache") / "profile"
 DATA_KINDS = ("embedding", "patch_embed")
@@ -251,19 +256,7 @@ def _run(
                 feasible=False, time_ms=0.0, peak_memory_bytes=0,
                 note=f"timed out: one iteration took over {settings.timeout_s:g} s",
             )
-    times_ms = []
-    for _ in range(settings.repeats):
-        if cuda:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            step()
-            end.record()
-            torch.cuda.synchronize(target.device)
-            times_ms.append(begin.elapsed_time(end))
-        else:
-            start = time.perf_counter()
-            step()
-            times_ms.append((time.perf_counter() - start) * 1e3)
+    time_ms = _median_ms(step, target, settings.repeats)
     num_params = sum(p.numel() for p in params)
     adam = _adam_bytes(num_params, target.dtype_name)
     if cuda:
@@ -272,7 +265,47 @@ def _run(
         tensors = sum(p.numel() * p.element_size() for p in params) * 2
         tensors += sum(x.numel() * x.element_size() for x in inputs)
         peak = tensors + saved_bytes + adam
-    return Measurement(feasible=True, time_ms=statistics.median(times_ms), peak_memory_bytes=peak)
+    return Measurement(feasible=True, time_ms=time_ms, peak_memory_bytes=peak)
+
+
+def _median_ms(fn: Callable[[], None], target: Target, repeats: int) -> float:
+    """Median time of `fn` over `repeats` calls: CUDA events on a GPU, perf_counter on the CPU."""
+    times_ms = []
+    for _ in range(repeats):
+        if target.device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(target.device)
+            times_ms.append(begin.elapsed_time(end))
+        else:
+            start = time.perf_counter()
+            fn()
+            times_ms.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times_ms)
+
+
+OPTIMIZER_SIZES = {"cpu": (1 << 14, 1 << 20), "cuda": (1 << 20, 1 << 26)}
+"""Parameters of the two flat tensors the optimizer step is timed on, per device type: the
+fixed cost per tensor is the intercept of the two times, the cost per parameter their slope."""
+
+
+def measure_optimizer(target: Target, settings: Settings) -> OptimizerCost:
+    """The AdamW step as the executor runs it (`make_optimizer` over one flat fp32 tensor per
+    gradient bucket), timed on one tensor of each of OPTIMIZER_SIZES."""
+    sizes = OPTIMIZER_SIZES[target.device.type]
+    times = []
+    for n in sizes:
+        param = nn.Parameter(torch.zeros(n, dtype=torch.float32, device=target.device))
+        param.grad = torch.full_like(param, 1e-3)
+        optimizer = make_optimizer([param], lr=1e-3)
+        for _ in range(settings.warmup + 1):
+            optimizer.step()
+        times.append(_median_ms(optimizer.step, target, settings.repeats))
+    slope = max(0.0, (times[1] - times[0]) / (sizes[1] - sizes[0]))
+    return OptimizerCost(ms_per_tensor=max(0.0, times[0] - slope * sizes[0]),
+                         ms_per_million_params=slope * 1e6)
 
 
 def cache_key(op: MetaOp, n: int, batch: int, strategy: str, *, target: Target,

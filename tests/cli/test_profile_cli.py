@@ -95,6 +95,9 @@ def test_measured_profile_resumes_from_the_cache(workdir, capsys, torch_threads)
     profile = load("m.yaml", Profile)
     assert profile.source == "measured"
     assert profile.fingerprint.hardware == "local" and profile.fingerprint.torch_version
+    # the optimizer step is measured too: it costs more for more parameters
+    assert profile.optimizer is not None
+    assert profile.optimizer.time_ms(1, 2e6) > profile.optimizer.time_ms(1, 1e6) > 0
     for curve in profile.curves:
         assert all(p.time_ms > 0 for p in curve.points if p.feasible)
         if not curve.signature.startswith("contrastive_loss"):
@@ -182,6 +185,7 @@ def test_show_prints_each_curve_and_plots(workdir, capsys):
     code, out, err = _run(["show", "p.yaml", "--plot", "curves.png"], capsys)
     assert code == 0, err
     assert out.startswith("profile p.yaml: analytic on a800")
+    assert "optimizer step: 0.01 ms per tensor + 0.0137 ms per million parameters" in out
     for curve in profile.curves:
         assert curve.signature in out
     lines = out.splitlines()

@@ -182,3 +182,13 @@ def test_decoder_adapter_and_lm_loss_measure(make_model):
     assert decoder.seq_len == 16  # the two inputs are concatenated along the sequence
     m = measure.measure(model.modules["llm"], decoder, 2, "tp2", target=target, settings=FAST)
     assert m.feasible
+
+
+def test_the_optimizer_step_is_timed_as_the_executor_runs_it():
+    """AdamW over one flat tensor: a fixed cost per tensor plus a cost per parameter, so a
+    step over the larger timed size takes several times one over the smaller."""
+    cost = measure.measure_optimizer(measure.local_target(), measure.Settings(repeats=5))
+    small, large = measure.OPTIMIZER_SIZES["cpu"]
+    assert cost.ms_per_tensor >= 0 and cost.ms_per_million_params > 0
+    assert cost.time_ms(1, large) > 2 * cost.time_ms(1, small)
+    assert cost.time_ms(3, 0) == 0.0

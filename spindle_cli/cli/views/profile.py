@@ -93,6 +93,9 @@ def show(obj: Profile, path: str, plot: str | None = None) -> None:
         f"profile {path}: {obj.source} on {f.hardware} ({f.device_name}{torch}, {f.dtype}), "
         f"{len(obj.curves)} curves, counts {','.join(map(str, obj.counts))}"
     )
+    if obj.optimizer is not None:
+        out.print(f"optimizer step: {obj.optimizer.ms_per_tensor:.3g} ms per tensor + "
+                  f"{obj.optimizer.ms_per_million_params:.3g} ms per million parameters")
     fitted = set(obj.counts)
     for curve in obj.curves:
         out.print(f"{curve.signature} (B={curve.batch_size})")
