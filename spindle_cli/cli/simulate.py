@@ -22,7 +22,7 @@ from spindle_cli.planner.simulate import SimResult
 
 SUMMARY_FIELDS = (
     "planner", "model", "cluster", "num_devices", "iteration_ms", "compute_ms", "forward_ms",
-    "backward_ms", "transfer_ms", "sync_ms", "idle_fraction", "transfer_fraction",
+    "backward_ms", "transfer_ms", "sync_ms", "optimizer_ms", "idle_fraction", "transfer_fraction",
     "lower_bound_ms", "planned_iteration_ms", "peak_memory_bytes", "transfer_bytes",
     "inter_island_bytes",
 )
@@ -84,7 +84,8 @@ def print_report(result: SimResult, path: str) -> None:
     table.add_column("ms", justify="right")
     table.add_column("share", justify="right")
     rows = [("forward compute", r.forward_ms), ("backward compute", r.backward_ms),
-            ("inter-wave transfer (exposed)", r.transfer_ms), ("parameter sync", r.sync_ms)]
+            ("inter-wave transfer (exposed)", r.transfer_ms), ("parameter sync", r.sync_ms),
+            ("optimizer step", r.optimizer_ms)]
     for name, ms in rows:
         table.add_row(name, f"{ms:.2f}", _pct(ms, r.iteration_ms))
     table.add_section()

@@ -40,9 +40,13 @@ What is modelled (and what is not):
   waits for its own like for its inputs. Recomputation runs the forward again before each
   backward (backward_ms += forward_ms) and stashes only what memory.py keeps, plus the largest
   one-operator stash alive during a backward.
+- Optimizer step. Each rank steps AdamW once its own parameter groups are synchronized, for the
+  profile's `optimizer` cost (none when the profile has none) over one tensor per distinct rank
+  set among its groups (the executor's gradient buckets) and its groups' parameters (a 1/p
+  share of a group of p ranks under ZeRO).
 
 Not modelled: tensor-parallel collectives inside a slice (they are inside the measured curve),
-compute/communication interference, pipelining inside a wave, optimizer step time.
+compute/communication interference, pipelining inside a wave.
 """
 
 from __future__ import annotations
@@ -160,10 +164,11 @@ class MetaOpStats:
 class SimResult:
     """One simulated training iteration of a plan.
 
-    iteration_ms = compute_ms + transfer_ms + sync_ms exactly: compute is the sum of the wave
-    durations (both directions), transfer the time waves waited for their inputs (exposed
-    inter-wave communication, and under ZeRO-3 the weight gathers a wave waits for), sync the
-    time after the last backward wave.
+    iteration_ms = compute_ms + transfer_ms + sync_ms + optimizer_ms exactly: compute is the
+    sum of the wave durations (both directions), transfer the time waves waited for their
+    inputs (exposed inter-wave communication, and under ZeRO-3 the weight gathers a wave waits
+    for), sync the time from the last backward wave until every parameter group is
+    synchronized, optimizer the rest (the slowest rank's step after its own groups' sync).
     """
 
     planner: str
@@ -176,6 +181,7 @@ class SimResult:
     backward_ms: float
     transfer_ms: float
     sync_ms: float
+    optimizer_ms: float
     idle_fraction: float
     """1 - (sum of rank busy time) / (num_devices x iteration_ms)."""
     lower_bound_ms: float
@@ -531,7 +537,28 @@ class _Timeline:
     sync_start_ms: dict[int, float]
     sync_end_ms: list[float]
     backward_end_ms: float
+    synced_ms: float
+    """When the last parameter group is synchronized (or the backward pass ends)."""
     iteration_ms: float
+
+
+def _optimizer_ms(plan: Plan, graph: MetaOpGraph, profile: Profile) -> list[float]:
+    """Each rank's optimizer step (Profile.optimizer; none without it): one tensor per distinct
+    rank set among the rank's parameter groups (the executor's gradient buckets), holding the
+    groups' parameters, a 1/p share of a group of p ranks under ZeRO (sharded optimizer
+    state)."""
+    cost = profile.optimizer
+    if cost is None:
+        return [0.0] * plan.num_devices
+    sharded = _zero_stage(plan) >= 1
+    params = [0.0] * plan.num_devices
+    buckets: list[set[tuple[int, ...]]] = [set() for _ in range(plan.num_devices)]
+    for g in plan.param_groups:
+        share = g.bytes / graph.dtype_bytes / (len(g.ranks) if sharded else 1)
+        for r in g.ranks:
+            params[r] += share
+            buckets[r].add(g.ranks)
+    return [cost.time_ms(len(b), n) for b, n in zip(buckets, params, strict=True)]
 
 
 def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
@@ -662,12 +689,19 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             issue_sync(gi, backward_end_ms)
     sync_end_ms = [max(net.finish(sync_ids[gi]) * 1e3, sync_start_ms[gi]) if sync_ids[gi]
                    else sync_start_ms[gi] for gi in range(len(plan.param_groups))]
-    iteration_ms = max([backward_end_ms, *sync_end_ms])
+    synced_ms = max([backward_end_ms, *sync_end_ms])
+    # each rank steps its optimizer once its own groups are synchronized
+    ready_ms = [backward_end_ms] * plan.num_devices
+    for gi, g in enumerate(plan.param_groups):
+        for r in g.ranks:
+            ready_ms[r] = max(ready_ms[r], sync_end_ms[gi])
+    optimizer_ms = _optimizer_ms(plan, graph, profile)
+    iteration_ms = max([synced_ms, *(a + b for a, b in zip(ready_ms, optimizer_ms, strict=True))])
 
     return _Timeline(costs=costs, starts=starts, net=net, flow_meta=flow_meta,
                      fwd_timing=fwd_timing, bwd_timing=bwd_timing, sync_start_ms=sync_start_ms,
                      sync_end_ms=sync_end_ms, backward_end_ms=backward_end_ms,
-                     iteration_ms=iteration_ms)
+                     synced_ms=synced_ms, iteration_ms=iteration_ms)
 
 
 def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
@@ -677,6 +711,7 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     fwd_timing, bwd_timing = timeline.fwd_timing, timeline.bwd_timing
     sync_start_ms, sync_end_ms = timeline.sync_start_ms, timeline.sync_end_ms
     backward_end_ms, iteration_ms = timeline.backward_end_ms, timeline.iteration_ms
+    synced_ms = timeline.synced_ms
     waves = tuple(
         WaveTiming(index=w.index, forward_start_ms=fwd_timing[w.index][0],
                    forward_end_ms=fwd_timing[w.index][1], forward_wait_ms=fwd_timing[w.index][2],
@@ -748,7 +783,8 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         planner=plan.planner, model=plan.model, cluster=plan.cluster,
         num_devices=plan.num_devices, iteration_ms=iteration_ms,
         compute_ms=forward_ms + backward_ms, forward_ms=forward_ms, backward_ms=backward_ms,
-        transfer_ms=transfer_ms, sync_ms=iteration_ms - backward_end_ms,
+        transfer_ms=transfer_ms, sync_ms=synced_ms - backward_end_ms,
+        optimizer_ms=iteration_ms - synced_ms,
         idle_fraction=1.0 - total_busy / (plan.num_devices * iteration_ms)
         if iteration_ms > 0 else 0.0,
         lower_bound_ms=plan.lower_bound_ms, planned_iteration_ms=plan.estimated_iteration_ms,

@@ -50,7 +50,8 @@ def test_timeline_is_causal_and_the_breakdown_adds_up(plan, batch, num_nodes, la
                                                       overlap):
     r = simulate(plan, fx.graph(batch), fx.profile(batch),
                  fx.cluster(latency_s=latency_s, num_nodes=num_nodes), overlap_sync=overlap)
-    assert r.compute_ms + r.transfer_ms + r.sync_ms == pytest.approx(r.iteration_ms)
+    assert (r.compute_ms + r.transfer_ms + r.sync_ms + r.optimizer_ms
+            == pytest.approx(r.iteration_ms))
     assert min(r.transfer_ms, r.sync_ms, r.idle_fraction) >= 0
     by_id = {s.slice_id: s for s in r.slices}
     # Waves follow each other; every slice's backward comes after its forward.

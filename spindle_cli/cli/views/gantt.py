@@ -101,7 +101,7 @@ def _sim_timeline(plan: Plan, sim: SimResult) -> Timeline:
     return Timeline(
         num_ranks=plan.num_devices, end_ms=sim.iteration_ms, bars=tuple(bars),
         boundaries=tuple(sorted(boundaries)), flows=flows,
-        sync_start_ms=sim.iteration_ms - sim.sync_ms if sim.syncs else None,
+        sync_start_ms=sim.iteration_ms - sim.optimizer_ms - sim.sync_ms if sim.syncs else None,
     )
 
 
