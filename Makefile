@@ -66,10 +66,14 @@ measure: install
 	$(SPINDLE) profile graphs/tiny-clip.yaml --hardware local --cluster clusters/local-cpu.yaml \
 		--validate --repeats 20 --no-cache -o profiles/tiny-clip-local-cpu.yaml
 
-# plan NAME GRAPH PROFILE CLUSTER
+# plan NAME GRAPH PROFILE CLUSTER [OPTIONS]
 define plan_one
-	$(SPINDLE) plan graphs/$(2).yaml profiles/$(3).yaml --cluster clusters/$(4).yaml $(CHECK) -o plans/$(1).yaml
+	$(SPINDLE) plan graphs/$(2).yaml profiles/$(3).yaml --cluster clusters/$(4).yaml $(5) $(CHECK) -o plans/$(1).yaml
 endef
+# The tiny-clip plans are what `spindle run` trains on CPU ranks: the executor keeps full
+# replicas and every activation, so they are planned without ZeRO or recomputation (which
+# `--memory auto` would pick whenever it simulates faster: ZeRO-1 shards the optimizer step).
+RUNNABLE := --memory none --recompute off
 
 plans: install
 	$(call plan_one,multitask-clip-4-a800-2x8,multitask-clip-4,multitask-clip-a800-8x8,a800-2x8)
@@ -81,8 +85,8 @@ plans: install
 	$(call plan_one,qwen-val-a800-8x8,qwen-val,qwen-val-a800-8x8,a800-8x8)
 	$(call plan_one,qwen-val-30b-a800-32x8,qwen-val-30b,qwen-val-30b-a800-32x8,a800-32x8)
 	$(call plan_one,qwen-val-70b-a800-32x8,qwen-val-70b,qwen-val-70b-a800-32x8,a800-32x8)
-	$(call plan_one,tiny-clip-local-cpu,tiny-clip,tiny-clip-local-cpu,local-cpu)
-	$(call plan_one,tiny-clip-local-cpu-2,tiny-clip,tiny-clip-local-cpu,local-cpu-2)
+	$(call plan_one,tiny-clip-local-cpu,tiny-clip,tiny-clip-local-cpu,local-cpu,$(RUNNABLE))
+	$(call plan_one,tiny-clip-local-cpu-2,tiny-clip,tiny-clip-local-cpu,local-cpu-2,$(RUNNABLE))
 
 # Verify that every committed graph, analytic profile and plan is what the code makes now.
 plans-check:
