@@ -115,8 +115,9 @@ def fidelity(steps: int) -> None:
                  "-o", str(d / "graph.yaml"))
         _spindle("profile", str(d / "graph.yaml"), "--hardware", "local", "--cluster", cluster,
                  "--counts", "1,2", "-o", str(d / "profile.yaml"))
+        # the executor implements no memory strategy (--memory auto could pick ZeRO-1)
         _spindle("plan", str(d / "graph.yaml"), str(d / "profile.yaml"), "--cluster", cluster,
-                 "-o", str(d / "plan.yaml"))
+                 "--memory", "none", "--recompute", "off", "-o", str(d / "plan.yaml"))
         _spindle("run", str(d / "plan.yaml"), "--nproc-per-node", "2", "--steps", str(steps),
                  "--trace", str(d / "trace.json"))
         doc = json.loads((d / "trace.json").read_text())
