@@ -60,7 +60,7 @@ def _find(rows: list[lib.BenchRow], key: tuple[str, int, int], planner: str,
 
 def speedup_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]]:
     """Fig. 8: iteration ms and speedup over sequential (paper's speedup over DeepSpeed)
-    [memory setting, when the plan needed one]."""
+    [memory setting, when the kept plan uses one]."""
     header = ["model", "tasks", "GPUs", "optimum ms", *PLANNER_ORDER]
     body = []
     for key in _configs(rows):
@@ -251,8 +251,8 @@ def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
         failures = "".join(f"- {line}\n" for line in _failures(rows))
         write_text(out_dir / "bench.md",
                    "## Iteration time (ms) and speedup over `sequential` "
-                   "(paper's speedup over DeepSpeed in parentheses; [memory setting] where "
-                   "the plan needed ZeRO or recomputation)\n\n" + _markdown(*fig8)
+                   "(paper's speedup over DeepSpeed in parentheses; [memory setting] when the "
+                   "kept plan uses ZeRO or recomputation)\n\n" + _markdown(*fig8)
                    + "\n## Spindle: gap to the relaxed optimum, inter-wave transfer share "
                    "(paper in parentheses), planning time\n\n" + _markdown(*detail)
                    + ("\n## Configurations that could not be planned\n\n" + failures

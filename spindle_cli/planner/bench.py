@@ -116,7 +116,7 @@ class BenchRow:
     peak_memory_bytes: int | None
     planned_iteration_ms: float | None
     memory: str
-    """The memory setting the plan needed: 'zero<k>' and/or 'recompute', or 'none'."""
+    """The memory setting of the kept plan: 'zero<k>' and/or 'recompute', or 'none'."""
     plan_seconds: float | None
     """Planning time of the plan kept (one memory setting)."""
     paper_speedup: float | None
