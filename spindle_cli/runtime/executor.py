@@ -1,22 +1,23 @@
 """The wave executor: one training step of a plan on this rank.
 
-Forward, wave by wave: first the boundary (receive every activation the wave consumes; a
-received activation becomes a leaf, so autograd stops at slice boundaries; same-rank pieces are
-local copies), then the rank's slice of the wave. Backward, waves in reverse: the slice's
-backward from its loss or from the gradients its consumers sent, then its input gradients go
-back the same way (the messages with roles swapped). Transfers are split into row-range
-messages (program.py). On gloo they are eager: each message is sent (tagged) as soon as the
-slice that produces it has run, and a rank waits only for what it receives, so messages cross
-while both sides compute. On NCCL they are rendezvous: producer and consumer exchange at the
-consumer's boundary in one `batch_isend_irecv`, in the plan's canonical order.
+Forward, wave by wave: first the boundary (every transfer into the wave: one
+`batch_isend_irecv` per rank with its messages in the plan's canonical order, local copies for
+same-rank pieces; a received activation becomes a leaf, so autograd stops at slice
+boundaries), then the rank's slice of the wave. Backward, waves in reverse: the slice's backward
+from its loss or from the gradients its consumers sent, then the boundary backward (the same
+messages with roles swapped).
 
-Gradients live in flat buckets, one per set of holder ranks and backward wave that completes
-them (the lowest wave of any slice running the layer; the same on every rank). A bucket is
-all-reduced (SUM), asynchronously, as soon as that wave's backward has run (the overlap the
-simulator assumes, like DDP's buckets), in the order of those waves, then of rank sets; after
-the last backward wave the all-reduces are awaited, and AdamW steps the buckets' flat
-parameters (every layer parameter is a view of one). The task losses are all-reduced over the
-world (for the log) asynchronously from the end of the forward pass.
+Gradients live in flat buckets (every layer parameter and its gradient are views of one), one
+per set of holder ranks. With `overlap_sync` (the default on NCCL) a set's shared layers are
+further split by the backward wave that completes them (the lowest wave of a slice running the
+layer), so each all-reduce starts as soon as its gradients are complete, as DDP's buckets do and
+as the simulator assumes; without it (the default on gloo, where the collective's threads take
+their CPU time from the rank's compute: 44 vs 52 ms per step for tiny-clip on 2 CPU ranks here)
+a set has one bucket, due at the lowest wave of any of its layers. A bucket is all-reduced
+(SUM), asynchronously, once its wave's backward has run, in the order of those waves, then of
+rank sets (the same on every rank); after the last backward wave the all-reduces are awaited,
+and AdamW steps the buckets' flat parameters. The task losses are all-reduced over the world
+(for the log) asynchronously from the end of the forward pass.
 
 Every rank walks the same global sequence of boundaries and collectives, and each one involves
 only ranks that all reach it, so the schedule cannot deadlock (runtime-design.md §2.2).
@@ -111,8 +112,6 @@ class StepState:
     """Loss slice id -> (scaled loss, gathered leaves for a contrastive loss)."""
     task_loss: dict[str, float] = field(default_factory=dict)
     """This rank's share of each task's loss."""
-    sends: list[tuple[Any, dist.P2POp]] = field(default_factory=list)
-    """Eager sends in flight (work, op): the op keeps its tensor alive until the send ends."""
 
 
 def _shape(t: torch.Tensor) -> list[int]:
@@ -125,7 +124,7 @@ class Executor:
     def __init__(self, plan: Plan, program: Program, model: ModelSpec, world: World,
                  groups: Groups, data: DataSource, *, seed: int, lr: float,
                  dtype: torch.dtype, tracer: Tracer | None = None,
-                 eager: bool | None = None) -> None:
+                 overlap_sync: bool | None = None) -> None:
         self.plan = plan
         self.program = program
         self.model = model
@@ -140,18 +139,8 @@ class Executor:
                           for w in range(program.num_waves)]
         wave_of = {sp.slice.id: sp.wave for sp in program.slices}
         self.into_wave: list[list[int]] = [[] for _ in range(program.num_waves)]
-        self.out_of_wave: list[list[int]] = [[] for _ in range(program.num_waves)]
         for ti, t in enumerate(plan.transfers):
             self.into_wave[wave_of[t.dst]].append(ti)
-            self.out_of_wave[wave_of[t.src]].append(ti)
-        # Eager transfers (gloo): a rank sends as soon as the producing (forward) or consuming
-        # (backward) slice has run and waits only for what it receives, so a message crosses
-        # while both sides compute, as the simulator assumes. Rendezvous (NCCL, which ignores
-        # tags and may queue a receive behind an unmatched send on the pair's stream): both
-        # sides exchange at the consumer's boundary in one batch.
-        self.eager = world.backend == "gloo" if eager is None else eager
-        sizes = [len(m) for m in program.transfer_messages]
-        self.message_base = [sum(sizes[:ti]) for ti in range(len(sizes))]
         batch_of = {sp.slice.id: sp.metaop.batch_size for sp in program.slices}
         self.transfer_batch = [batch_of[t.dst] for t in plan.transfers]
         # Transfers between two slices that both run on this rank alone need no message: the
@@ -162,6 +151,7 @@ class Executor:
         keys = [(m, i) for (m, i), ranks in program.holders.items() if me in ranks]
         self.layers: dict[LayerKey, nn.Module] = build_layers(
             model, keys, seed=seed, dtype=dtype, device=world.device)
+        self.overlap_sync = world.backend == "nccl" if overlap_sync is None else overlap_sync
         self.buckets = self._make_buckets()
         self.named = named_parameters(self.layers)
         # AdamW is elementwise, so stepping each bucket's flat parameter updates every layer
@@ -173,20 +163,27 @@ class Executor:
         self.optimizer = make_optimizer(flat, lr) if flat else None
 
     def _make_buckets(self) -> list[Bucket]:
-        """One bucket per set of holder ranks and, for a set of several ranks, per backward
-        wave that completes its layers' gradients (the lowest wave of a slice running each),
-        so that each all-reduce starts as soon as its gradients are complete (the simulator's
-        per-parameter-group sync); a single-rank set has nothing to reduce and one bucket."""
+        """One bucket per set of holder ranks, due after the lowest backward wave of a slice
+        running any of its layers; with `overlap_sync`, a set of several ranks has one per
+        wave that completes some of its layers (the lowest wave of a slice running each), so
+        each all-reduce starts as soon as its gradients are complete. A single-rank set has
+        nothing to reduce (due -1)."""
         ready: dict[LayerKey, int] = {}
         for sp in self.program.slices:
             for i in sp.layers:
                 key = (sp.metaop.module, i)
                 ready[key] = min(ready.get(key, sp.wave), sp.wave)
+        mine = {key: ranks for key, ranks in self.program.holders.items() if key in self.layers}
+        lowest: dict[tuple[int, ...], int] = {}
+        for key, ranks in mine.items():
+            lowest[ranks] = min(lowest.get(ranks, ready[key]), ready[key])
         by_key: dict[tuple[tuple[int, ...], int], list[nn.Parameter]] = {}
-        for key, ranks in self.program.holders.items():
-            if key in self.layers:
-                due = ready[key] if len(ranks) > 1 else -1
-                by_key.setdefault((ranks, due), []).extend(self.layers[key].parameters())
+        for key, ranks in mine.items():
+            if len(ranks) == 1:
+                due = -1
+            else:
+                due = ready[key] if self.overlap_sync else lowest[ranks]
+            by_key.setdefault((ranks, due), []).extend(self.layers[key].parameters())
         buckets = []
         for ranks, due in sorted(by_key, key=lambda k: (-k[1], k[0])):
             params = by_key[(ranks, due)]
@@ -217,31 +214,21 @@ class Executor:
             b.flat.zero_()
         st = StepState()
         pending: list[Any] = []
-        receive = "recv" if self.eager else "send/recv"
         for w in range(self.program.num_waves):
-            with self.tracer.span(receive, "comm", step=step, wave=w, phase="forward"):
+            with self.tracer.span("send/recv", "comm", step=step, wave=w, phase="forward"):
                 self._forward_boundary(w, st)
             with self.tracer.span("compute", "compute", step=step, wave=w, phase="forward"):
                 for sp in self.my_slices[w]:
                     self._forward_slice(sp, st, step)
-            if self.eager:
-                with self.tracer.span("send", "comm", step=step, wave=w, phase="forward"):
-                    self._post_forward_sends(w, st)
         loss_reduction = self._reduce_losses(st)
         for w in reversed(range(self.program.num_waves)):
-            if self.eager:
-                with self.tracer.span(receive, "comm", step=step, wave=w, phase="backward"):
-                    self._receive_gradients(w, st)
             with self.tracer.span("compute", "compute", step=step, wave=w, phase="backward"):
                 for sp in self.my_slices[w]:
                     self._backward_slice(sp, st)
             pending += self._start_all_reduces(w)
-            name = "send" if self.eager else "send/recv"
-            with self.tracer.span(name, "comm", step=step, wave=w, phase="backward"):
+            with self.tracer.span("send/recv", "comm", step=step, wave=w, phase="backward"):
                 self._backward_boundary(w, st)
         with self.tracer.span("sync", "sync", step=step):
-            self._wait([work for work, _ in st.sends], [op.peer for _, op in st.sends],
-                       "the transfers of this step")
             losses = self._sync(pending, loss_reduction)
         if self.optimizer is not None:
             with self.tracer.span("optimizer", "compute", step=step):
@@ -378,160 +365,93 @@ class Executor:
 
     # ---- boundaries -----------------------------------------------------------------------
 
-    def _tag(self, ti: int, k: int, backward: bool) -> int:
-        """A tag unique to message k of transfer ti in one direction: eager sends are posted
-        in production order and received in consumption order, so messages between two ranks
-        are matched by tag, not by posting order (gloo honours tags; NCCL, which ignores them,
-        uses rendezvous boundaries)."""
-        return 2 * (self.message_base[ti] + k) + backward
+    def _run_ops(self, ops: list[dist.P2POp], where: str) -> None:
+        if ops:
+            with _with_peers(where, [op.peer for op in ops]):
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
 
-    def _wait(self, works: list[Any], peers: list[int], where: str) -> None:
-        with _with_peers(where, peers):
-            for work in works:
-                work.wait()
-
-    def _run_ops(self, ops: list[dist.P2POp], where: str) -> list[Any]:
-        """Issue `ops`; returns their works. Eager (gloo): one by one, which costs about half
-        of a `batch_isend_irecv` per message to post (gloo does not coalesce a batch anyway);
-        rendezvous: as one batch, as NCCL needs."""
-        if not ops:
-            return []
-        with _with_peers(where, [op.peer for op in ops]):
-            if self.eager:
-                return [op.op(op.tensor, op.peer, tag=op.tag) for op in ops]
-            return list(dist.batch_isend_irecv(ops))
-
-    def _forward_ops(self, ti: int, st: StepState, *, send: bool,
-                     receive: bool) -> list[dist.P2POp]:
-        """This rank's messages of transfer ti's activations: sends of the producer's rows
-        and/or receives into a new buffer (`st.recv`); receiving also does the pieces that
-        stay on this rank."""
-        t = self.plan.transfers[ti]
+    def _forward_boundary(self, w: int, st: StepState) -> None:
+        ops: list[dist.P2POp] = []
+        local: list[tuple[torch.Tensor, torch.Tensor]] = []
         me = self.rank
-        if ti in self.same_rank:
-            if receive:
+        for ti in self.into_wave[w]:
+            t = self.plan.transfers[ti]
+            if ti in self.same_rank:
                 st.recv[ti] = st.out[t.src].detach().requires_grad_(True)
-            return []
-        batch = self.transfer_batch[ti]
-        out, a = None, 0
-        if me in t.src_ranks:
-            out = st.out[t.src].detach()
-            a = rows_of(batch, t.src_ranks, me)[0]
-        buf, c = None, 0
-        if receive and me in t.dst_ranks:
-            c, e = rows_of(batch, t.dst_ranks, me)
-            buf = torch.empty((e - c, *self.program.transfer_shapes[ti]), dtype=self.dtype,
-                              device=self.world.device)
-            st.recv[ti] = buf
-        ops = []
-        for k, msg in enumerate(self.program.transfer_messages[ti]):
-            if msg.src == me and msg.dst == me:
-                if receive:
+                continue
+            batch = self.transfer_batch[ti]
+            out, a = None, 0
+            if me in t.src_ranks:
+                out = st.out[t.src].detach()
+                a = rows_of(batch, t.src_ranks, me)[0]
+            buf, c = None, 0
+            if me in t.dst_ranks:
+                c, e = rows_of(batch, t.dst_ranks, me)
+                buf = torch.empty((e - c, *self.program.transfer_shapes[ti]), dtype=self.dtype,
+                                  device=self.world.device)
+                st.recv[ti] = buf
+            for msg in self.program.transfer_messages[ti]:
+                if msg.src == me and msg.dst == me:
                     assert out is not None and buf is not None
-                    buf[msg.lo - c:msg.hi - c].copy_(out[msg.lo - a:msg.hi - a])
-            elif msg.src == me and send:
-                assert out is not None
-                ops.append(dist.P2POp(dist.isend, out[msg.lo - a:msg.hi - a].contiguous(),
-                                      msg.dst, tag=self._tag(ti, k, False)))
-            elif msg.dst == me and receive:
-                assert buf is not None
-                ops.append(dist.P2POp(dist.irecv, buf[msg.lo - c:msg.hi - c], msg.src,
-                                      tag=self._tag(ti, k, False)))
-        return ops
+                    local.append((buf[msg.lo - c:msg.hi - c], out[msg.lo - a:msg.hi - a]))
+                elif msg.src == me:
+                    assert out is not None
+                    ops.append(dist.P2POp(dist.isend, out[msg.lo - a:msg.hi - a].contiguous(),
+                                          msg.dst))
+                elif msg.dst == me:
+                    assert buf is not None
+                    ops.append(dist.P2POp(dist.irecv, buf[msg.lo - c:msg.hi - c], msg.src))
+        self._run_ops(ops, f"the forward transfers into wave {w}")
+        for dst, src in local:
+            dst.copy_(src)
+        for ti in self.into_wave[w]:
+            if ti in st.recv and ti not in self.same_rank:
+                st.recv[ti].requires_grad_(True)
 
-    def _backward_ops(self, ti: int, st: StepState, received: list[tuple[str, torch.Tensor]],
-                      *, send: bool, receive: bool) -> list[dist.P2POp]:
-        """This rank's messages of transfer ti's gradients (the activations' messages with
-        roles swapped): sends of the consumer's input gradient and/or receives into a new
-        buffer of the producer, appended to `received` with the pieces that stay here."""
-        t = self.plan.transfers[ti]
+    def _backward_boundary(self, w: int, st: StepState) -> None:
+        ops: list[dist.P2POp] = []
+        local: list[tuple[torch.Tensor, torch.Tensor]] = []
+        received: list[tuple[str, torch.Tensor]] = []
         me = self.rank
-        if ti in self.same_rank:
-            if receive:
+        for ti in self.into_wave[w]:
+            t = self.plan.transfers[ti]
+            if ti in self.same_rank:
                 leaf = st.recv[ti]
                 received.append((t.src, leaf.grad if leaf.grad is not None
                                  else torch.zeros_like(leaf)))
-            return []
-        batch = self.transfer_batch[ti]
-        grad, c = None, 0
-        if me in t.dst_ranks:
-            leaf = st.recv[ti]
-            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-            c = rows_of(batch, t.dst_ranks, me)[0]
-        gbuf, a = None, 0
-        if receive and me in t.src_ranks:
-            a, b = rows_of(batch, t.src_ranks, me)
-            gbuf = torch.zeros((b - a, *self.program.transfer_shapes[ti]), dtype=self.dtype,
-                               device=self.world.device)
-            received.append((t.src, gbuf))
-        ops = []
-        for k, msg in enumerate(self.program.transfer_messages[ti]):
-            if msg.src == me and msg.dst == me:
-                if receive:
+                continue
+            batch = self.transfer_batch[ti]
+            grad, c = None, 0
+            if me in t.dst_ranks:
+                leaf = st.recv[ti]
+                grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                c = rows_of(batch, t.dst_ranks, me)[0]
+            gbuf, a = None, 0
+            if me in t.src_ranks:
+                a, b = rows_of(batch, t.src_ranks, me)
+                gbuf = torch.zeros((b - a, *self.program.transfer_shapes[ti]), dtype=self.dtype,
+                                   device=self.world.device)
+                received.append((t.src, gbuf))
+            for msg in self.program.transfer_messages[ti]:
+                if msg.src == me and msg.dst == me:
                     assert grad is not None and gbuf is not None
-                    gbuf[msg.lo - a:msg.hi - a].copy_(grad[msg.lo - c:msg.hi - c])
-            elif msg.dst == me and send:
-                assert grad is not None
-                ops.append(dist.P2POp(dist.isend, grad[msg.lo - c:msg.hi - c].contiguous(),
-                                      msg.src, tag=self._tag(ti, k, True)))
-            elif msg.src == me and receive:
-                assert gbuf is not None
-                ops.append(dist.P2POp(dist.irecv, gbuf[msg.lo - a:msg.hi - a], msg.dst,
-                                      tag=self._tag(ti, k, True)))
-        return ops
-
-    def _forward_boundary(self, w: int, st: StepState) -> None:
-        """Receive every activation wave `w` consumes (and, at a rendezvous boundary, send this
-        rank's share of them); wait for the receives."""
-        ops = [op for ti in self.into_wave[w]
-               for op in self._forward_ops(ti, st, send=not self.eager, receive=True)]
-        where = f"the forward transfers into wave {w}"
-        self._wait(self._run_ops(ops, where), [op.peer for op in ops], where)
-        for ti in self.into_wave[w]:
-            if ti not in self.same_rank and ti in st.recv:
-                st.recv[ti].requires_grad_(True)
-
-    def _post_forward_sends(self, w: int, st: StepState) -> None:
-        """Eager: send the activations wave `w` produced as soon as it has run."""
-        ops = [op for ti in self.out_of_wave[w]
-               for op in self._forward_ops(ti, st, send=True, receive=False)]
-        st.sends += zip(self._run_ops(ops, f"the forward transfers out of wave {w}"),
-                        ops, strict=True)
-
-    def _backward_boundary(self, w: int, st: StepState) -> None:
-        """After wave `w`'s backward: send the gradients of its inputs. At a rendezvous
-        boundary, also receive the gradients of its producers' outputs and wait."""
-        received: list[tuple[str, torch.Tensor]] = []
-        ops = [op for ti in self.into_wave[w]
-               for op in self._backward_ops(ti, st, received, send=True,
-                                            receive=not self.eager)]
-        where = f"the backward transfers of wave {w}"
-        works = self._run_ops(ops, where)
-        if self.eager:
-            st.sends += zip(works, ops, strict=True)
-            return
-        self._wait(works, [op.peer for op in ops], where)
-        self._add_gradients(received, st)
-        for ti in self.into_wave[w]:
-            st.recv.pop(ti, None)
-
-    def _receive_gradients(self, w: int, st: StepState) -> None:
-        """Eager, before wave `w`'s backward: receive the gradients of its outputs from their
-        consumers (sent as soon as each consumer's backward ran) and wait."""
-        received: list[tuple[str, torch.Tensor]] = []
-        ops = [op for ti in self.out_of_wave[w]
-               for op in self._backward_ops(ti, st, received, send=False, receive=True)]
-        where = f"the backward transfers out of wave {w}"
-        self._wait(self._run_ops(ops, where), [op.peer for op in ops], where)
-        self._add_gradients(received, st)
-        for ti in self.out_of_wave[w]:
-            st.recv.pop(ti, None)
-
-    @staticmethod
-    def _add_gradients(received: list[tuple[str, torch.Tensor]], st: StepState) -> None:
+                    local.append((gbuf[msg.lo - a:msg.hi - a], grad[msg.lo - c:msg.hi - c]))
+                elif msg.dst == me:
+                    assert grad is not None
+                    ops.append(dist.P2POp(dist.isend, grad[msg.lo - c:msg.hi - c].contiguous(),
+                                          msg.src))
+                elif msg.src == me:
+                    assert gbuf is not None
+                    ops.append(dist.P2POp(dist.irecv, gbuf[msg.lo - a:msg.hi - a], msg.dst))
+        self._run_ops(ops, f"the backward transfers of wave {w}")
+        for dst, src in local:
+            dst.copy_(src)
         for sid, g in received:
             # fan-out: a producer feeding several consumers sums their gradients
             st.grad_out[sid] = st.grad_out[sid] + g if sid in st.grad_out else g
+        for ti in self.into_wave[w]:
+            st.recv.pop(ti, None)
 
     # ---- state ----------------------------------------------------------------------------
 

@@ -62,8 +62,8 @@ class TrainOptions:
     trace_path: str | None = None
     predicted_ms: float | None = None
     """Predicted iteration time for the trace summary (default: the plan's estimate)."""
-    eager_transfers: bool | None = None
-    """Eager or rendezvous transfers (Executor); None: eager on gloo, rendezvous on NCCL."""
+    overlap_sync: bool | None = None
+    """Bucket shared layers by the wave that completes them (Executor); None: on NCCL only."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -92,7 +92,7 @@ def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
     data = load_data_source(opts.dataset, model, opts.seed, dtype)
     tracer = Tracer(enabled=opts.trace_path is not None, rank=world.rank)
     ex = Executor(plan, program, model, world, groups, data, seed=opts.seed, lr=opts.lr,
-                  dtype=dtype, tracer=tracer, eager=opts.eager_transfers)
+                  dtype=dtype, tracer=tracer, overlap_sync=opts.overlap_sync)
     meta = _meta(plan, opts)
     start = 0
     if opts.resume:

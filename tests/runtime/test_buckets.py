@@ -1,13 +1,14 @@
 """The executor's buckets (runtime/executor.py): each holds its layers' parameters and
 gradients as views of two flat tensors, AdamW steps the flat parameter, and a bucket's
-all-reduce is due after the lowest wave of any slice running its layers (shared layers are
-bucketed by that wave, so each all-reduce starts as soon as its gradients are complete)."""
+all-reduce is due after the lowest wave of any slice running its layers (with overlap_sync,
+shared layers are bucketed by that wave, so each all-reduce starts as soon as it can)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
+import pytest
 import torch
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Plan, load
@@ -61,7 +62,12 @@ def test_layer_parameters_and_gradients_are_views_of_their_bucket_and_follow_the
         offset += n
 
 
-def test_shared_layers_are_bucketed_by_the_wave_that_completes_them_reduced_in_that_order():
+@pytest.mark.parametrize("overlap_sync", [False, True])
+def test_buckets_are_due_after_the_wave_that_completes_them_and_reduced_in_that_order(
+        overlap_sync: bool):
+    """Without overlap_sync (gloo's default) one bucket per holder set, due at the lowest wave
+    of any of its layers; with it (NCCL's default) shared layers are split by the wave that
+    completes them."""
     model = load(str(REPO / "models" / "tiny-clip.yaml"), ModelSpec)
     graph = load(str(REPO / "graphs" / "tiny-clip.yaml"), MetaOpGraph)
     plan = load(str(REPO / "plans" / "tiny-clip-local-cpu-2.yaml"), Plan)
@@ -71,25 +77,30 @@ def test_shared_layers_are_bucketed_by_the_wave_that_completes_them_reduced_in_t
                       backend="gloo", device=torch.device("cpu"))
         # building the executor does not communicate: no process group needed
         ex = Executor(plan, program, model, world, {}, SyntheticData(model, 0), seed=0,
-                      lr=1e-3, dtype=torch.float32)
+                      lr=1e-3, dtype=torch.float32, overlap_sync=overlap_sync)
         assert ex.buckets
-        due = {}
+        ready = {}
         for sp in program.slices:
             for i in sp.layers:
                 key = (sp.metaop.module, i)
-                due[key] = min(due.get(key, sp.wave), sp.wave)
+                ready[key] = min(ready.get(key, sp.wave), sp.wave)
         held = {key: ranks for key, ranks in program.holders.items() if rank in ranks}
+        lowest = {}
+        for key, ranks in held.items():
+            lowest[ranks] = min(lowest.get(ranks, ready[key]), ready[key])
+
+        due = {key: -1 if len(ranks) == 1 else ready[key] if overlap_sync else lowest[ranks]
+               for key, ranks in held.items()}
         for b in ex.buckets:
-            mine = {key for key, ranks in held.items() if ranks == b.ranks
-                    and (len(ranks) == 1 or due[key] == b.ready_wave)}
+            mine = [key for key, ranks in held.items() if ranks == b.ranks
+                    and due[key] == b.ready_wave]
             # the bucket holds exactly those layers' parameters
             assert b.flat.numel() == sum(p.numel() for key in mine
                                          for p in ex.layers[key].parameters())
-            assert (b.ready_wave == -1) == (len(b.ranks) == 1)
-        # one bucket per (rank set, due wave) among shared layers, one per own rank set
-        keys = {(ranks, due[k] if len(ranks) > 1 else -1) for k, ranks in held.items()}
-        assert sorted((b.ranks, b.ready_wave) for b in ex.buckets) == sorted(keys)
-        assert any(b.ready_wave > 0 for b in ex.buckets if len(b.ranks) > 1)
+        assert sorted((b.ranks, b.ready_wave) for b in ex.buckets) == sorted(
+            {(ranks, due[key]) for key, ranks in held.items()})
+        shared = [b for b in ex.buckets if len(b.ranks) > 1]
+        assert len(shared) > 1 if overlap_sync else len(shared) == len({b.ranks for b in shared})
         # backward runs waves downwards: the bucket completed first is reduced first
-        ready = [b.ready_wave for b in ex.buckets]
-        assert ready == sorted(ready, reverse=True)
+        waves = [b.ready_wave for b in ex.buckets]
+        assert waves == sorted(waves, reverse=True)

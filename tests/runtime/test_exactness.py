@@ -30,7 +30,7 @@ RTOL, ATOL = 1e-6, 1e-9
 
 
 def train_rank(rank: int, world: int, plan: Plan, graph: MetaOpGraph, model: ModelSpec,
-               dtype: str, eager: bool | None = None
+               dtype: str, overlap_sync: bool | None = None
                ) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
     import torch as t
 
@@ -40,7 +40,7 @@ def train_rank(rank: int, world: int, plan: Plan, graph: MetaOpGraph, model: Mod
 
     w = World(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
               backend="gloo", device=t.device("cpu"))
-    opts = TrainOptions(steps=STEPS, seed=SEED, lr=LR, dtype=dtype, eager_transfers=eager)
+    opts = TrainOptions(steps=STEPS, seed=SEED, lr=LR, dtype=dtype, overlap_sync=overlap_sync)
     result = train(plan, graph, model, build_program(plan, graph, model), w, opts)
     return result.losses, result.params
 
@@ -154,15 +154,16 @@ def shared_encoder_plan(graph: MetaOpGraph) -> Plan:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("eager", [True, False], ids=["eager", "rendezvous"])
-def test_shared_encoder_on_different_rank_groups(eager: bool, graph: MetaOpGraph,
+@pytest.mark.parametrize("overlap_sync", [False, True], ids=["one-bucket-per-set", "per-wave"])
+def test_shared_encoder_on_different_rank_groups(overlap_sync: bool, graph: MetaOpGraph,
                                                  model: ModelSpec, reference: Any) -> None:
     plan = shared_encoder_plan(graph)
     enc_groups = {s.ranks for w in plan.waves for s in w.slices if "/text_enc" in s.metaop}
     assert len(enc_groups) >= 3
     text_enc_groups = [g for g in plan.param_groups if g.module == "text_enc"]
     assert {g.ranks for g in text_enc_groups} == {(0, 1, 2, 3)}
-    results = run_distributed(train_rank, 4, plan, graph, model, "fp64", eager, timeout_s=90)
+    results = run_distributed(train_rank, 4, plan, graph, model, "fp64", overlap_sync,
+                              timeout_s=90)
     assert_matches_reference(results, reference, plan, graph)
 
 
