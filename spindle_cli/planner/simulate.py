@@ -42,8 +42,9 @@ What is modelled (and what is not):
   one-operator stash alive during a backward.
 - Optimizer step. Each rank steps AdamW once its own parameter groups are synchronized, for the
   profile's `optimizer` cost (none when the profile has none) over one tensor per distinct rank
-  set among its groups (the executor's gradient buckets) and its groups' parameters (a 1/p
-  share of a group of p ranks under ZeRO).
+  set among its groups (the executor's gradient buckets on gloo; with its `overlap_sync`, the
+  NCCL default, shared sets are split further, a few more tensors) and its groups' parameters
+  (a 1/p share of a group of p ranks under ZeRO).
 
 Not modelled: tensor-parallel collectives inside a slice (they are inside the measured curve),
 compute/communication interference, pipelining inside a wave.
@@ -544,9 +545,9 @@ class _Timeline:
 
 def _optimizer_ms(plan: Plan, graph: MetaOpGraph, profile: Profile) -> list[float]:
     """Each rank's optimizer step (Profile.optimizer; none without it): one tensor per distinct
-    rank set among the rank's parameter groups (the executor's gradient buckets), holding the
-    groups' parameters, a 1/p share of a group of p ranks under ZeRO (sharded optimizer
-    state)."""
+    rank set among the rank's parameter groups (the executor's gradient buckets on gloo),
+    holding the groups' parameters, a 1/p share of a group of p ranks under ZeRO (sharded
+    optimizer state)."""
     cost = profile.optimizer
     if cost is None:
         return [0.0] * plan.num_devices
