@@ -7,15 +7,17 @@
    median step times. Target: ratio <= 1.10.
 2. Simulator fidelity. `spindle profile --hardware local` measures tiny-clip's operators here,
    `spindle plan` plans for 2 ranks (clusters/local-cpu-2.yaml), `spindle run` trains with 2
-   processes of one thread each and writes a trace whose summary holds the measured iteration
-   time and the simulator's prediction. Goal: within 15%.
+   processes of one thread each and writes a trace whose summary holds the measured
+   iteration time and the simulator's prediction. Goal: within 15%.
 3. Link costs (--links): gloo between 2 local processes of one thread each, the figures
    clusters/local-cpu*.yaml take their link latency and bandwidth from. A pairwise exchange
    (both ranks send and receive in one batch_isend_irecv, as the executor's boundaries do) at
    4 B .. 4 MiB: latency = the median at 4 B, bandwidth = the slope between 64 KiB and 4 MiB;
    and 2-rank all_reduce at 4 B, 480 KB, 4 MiB for comparison with the simulated ring. Then
-   "in situ": the 4 B exchange and the 480 KB all-reduce each issued after ~2 ms of compute
-   on both ranks, as the executor issues them (median and mean).
+   "in situ": the 4 B exchange and the 480 KB all-reduce each issued after 0.1-3 ms of
+   compute on both ranks, as the executor issues them (median and mean); the exchange both
+   when the two ranks arrive together and when one arrives 0.3 ms after the other (timed on
+   the late rank: the message alone, without the wait for the peer).
 
 Run: python benchmarks/bench_runtime.py [--steps 30] [--skip-fidelity] [--links]
 """
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -141,6 +144,46 @@ EXCHANGE_BYTES = (4, 4096, 65536, 1 << 20, 4 << 20)
 ALL_REDUCE_BYTES = (4, 480_000, 4 << 20)
 
 
+# Compute spans before each in-situ message, cycled: the wave lengths of tiny-clip's plans on
+# a CPU rank (0.05-2 ms).
+IN_SITU_SPANS_S = (1e-4, 3e-4, 1e-3, 3e-3)
+
+
+def _exchange(peer: int) -> Callable[[], None]:
+    """A 4 B pairwise exchange in one batch_isend_irecv, as the executor's boundaries post it."""
+    import torch.distributed as dist
+
+    x, y = torch.zeros(1), torch.empty(1)
+
+    def run() -> None:
+        ops = [dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, y, peer)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    return run
+
+
+def _after_compute_s(fn: Callable[[], None], repeats: int, rank: int,
+                     lag_s: float = 0.0) -> list[float]:
+    """Seconds `fn` takes on this rank when issued after a span of compute (IN_SITU_SPANS_S,
+    cycled), after 10 warm-up rounds. With `lag_s`, one rank computes that much longer, the
+    two taking turns, and only the late rank's rounds are kept: its peer is already waiting,
+    so they time the message alone."""
+    a = torch.randn(64, 64)
+    spans = []
+    for i in range(repeats + 10):
+        late = i % 2 == rank
+        start = time.perf_counter()
+        while time.perf_counter() - start < (IN_SITU_SPANS_S[i % len(IN_SITU_SPANS_S)]
+                                             + (lag_s if late else 0.0)):
+            a @ a
+        start = time.perf_counter()
+        fn()
+        if i >= 10 and (late or lag_s == 0.0):
+            spans.append(time.perf_counter() - start)
+    return spans
+
+
 def _timed_ms(fn: object, repeats: int) -> list[float]:
     import torch.distributed as dist
 
@@ -177,31 +220,19 @@ def _link_worker(rank: int, port: int, repeats: int) -> None:
     for num_bytes in ALL_REDUCE_BYTES:
         z = torch.zeros(max(1, num_bytes // 4))
         reduce[num_bytes] = statistics.median(_timed_ms(lambda z=z: dist.all_reduce(z), repeats))
-    # in situ: a 4 B exchange and a 480 KB all-reduce issued after ~2 ms of compute on both
-    # ranks, as the executor issues them (a gloo thread that slept through it must wake up)
-    a = torch.randn(128, 128)
-
-    def in_situ_ms(fn: object) -> list[float]:
-        spans = []
-        for _ in range(repeats + 10):
-            start = time.perf_counter()
-            while time.perf_counter() - start < 2e-3:
-                a @ a
-            start = time.perf_counter()
-            fn()  # type: ignore[operator]
-            spans.append((time.perf_counter() - start) * 1e3)
-        return spans[10:]
-
-    x4, y4, z = torch.zeros(1), torch.empty(1), torch.zeros(120_000)
-    ops4 = [dist.P2POp(dist.isend, x4, peer), dist.P2POp(dist.irecv, y4, peer)]
+    # in situ: issued after compute, as the executor issues them; a gloo message costs far
+    # more when both ranks arrive together (each thread goes to sleep in its wait) than when
+    # one is already waiting
+    z = torch.zeros(120_000)
     in_situ = {
-        "exchange 4 B": in_situ_ms(lambda: [w.wait() for w in dist.batch_isend_irecv(ops4)]),
-        "all_reduce 480000 B": in_situ_ms(lambda: dist.all_reduce(z)),
+        "exchange 4 B, together": _after_compute_s(_exchange(peer), repeats, rank),
+        "exchange 4 B, 0.3 ms late": _after_compute_s(_exchange(peer), repeats, rank, 3e-4),
+        "all_reduce 480000 B": _after_compute_s(lambda: dist.all_reduce(z), repeats, rank),
     }
     if rank == 0:
         for label, spans in in_situ.items():
-            print(f"  in situ {label:<20} median {statistics.median(spans) * 1e3:8.1f} us  "
-                  f"mean {statistics.fmean(spans) * 1e3:8.1f} us")
+            print(f"  in situ {label:<26} median {statistics.median(spans) * 1e6:8.1f} us  "
+                  f"mean {statistics.fmean(spans) * 1e6:8.1f} us")
         for b, ms in exchange.items():
             print(f"  exchange   {b:>8d} B each way: median {ms * 1e3:8.1f} us")
         for b, ms in reduce.items():
