@@ -9,17 +9,19 @@ What is modelled (and what is not):
   forward+backward time; forward is 1/3 and backward 2/3 of it (the usual 1:2 FLOP ratio of
   the forward and backward passes, also the convention of planner/costs.py).
 - Waves. Forward waves run in order, then backward waves in reverse order. A wave is a barrier:
-  it starts when the previous wave has ended and every activation (forward) or gradient
-  (backward) it consumes has arrived. Its slices start together; the wave ends with its
-  longest slice.
-- Inter-wave transfers. Each plan Transfer moves `bytes` (forward activations; the same bytes
-  of gradients flow back). Rows are split between producer and consumer ranks by the overlap
-  of their `split_rows` ranges; pieces that stay on one rank are free. A flow leaves when its
-  producing slice finishes, costs one message latency, and then shares bandwidth with the
-  flows in flight: each rank has an NVLink port inside its island, each node one NIC between
-  nodes (see `_Network`); a port carrying k flows gives each bandwidth/k and a flow moves at
-  the rate of its slower port. Transfers overlap with compute (copy engines), but a wave
-  waits for them.
+  it starts when the previous wave has ended and the messages of its boundary have arrived.
+  Its slices start together; the wave ends with its longest slice.
+- Inter-wave transfers, as the executor makes them (rendezvous boundaries). Each plan Transfer
+  moves `bytes` (forward activations; the same bytes of gradients flow back). Rows are split
+  between producer and consumer ranks by the overlap of their `split_rows` ranges; pieces that
+  stay on one rank are free. The boundary into a wave carries the activations of every
+  transfer into it, and after that wave's backward their gradients back. A message leaves
+  once both of its ranks have reached the boundary (finished their slices of the wave before
+  it, forward, or of the wave itself, backward), so a transfer that skips waves does not
+  overlap them; it costs one message latency, and then shares bandwidth with the flows in
+  flight: each rank has an NVLink port inside its island, each node one NIC between nodes
+  (see `_Network`); a port carrying k flows gives each bandwidth/k and a flow moves at the
+  rate of its slower port. The next wave waits for all of the boundary's messages.
 - Parameter synchronization. Every ParamGroup all-reduces its gradients with a ring over its
   ranks (ascending): each rank sends 2(p-1)/p * bytes to its ring successor, with 2(p-1)
   message latencies; the group finishes with its slowest link. A group starts when the last
@@ -62,7 +64,7 @@ import numpy as np
 
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOpGraph
-from spindle_cli.artifacts.plan import Plan, Slice
+from spindle_cli.artifacts.plan import Plan, Slice, Wave
 from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.memory import kept_bytes_per_sample, state_bytes_per_param
@@ -630,19 +632,43 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             ready_in_wave.setdefault(min(costs[i].wave for i in ids), []).append(gi)
 
     into_wave: dict[int, list[int]] = {}
-    out_of_wave: dict[int, list[int]] = {}
     for i, t in enumerate(plan.transfers):
         into_wave.setdefault(costs[t.dst].wave, []).append(i)
-        out_of_wave.setdefault(costs[t.src].wave, []).append(i)
+
+    def issue_boundary(wave: int, backward: bool, ready_ms: list[float]) -> list[int]:
+        """The messages of the boundary into `wave`: its inputs' activations (forward) or,
+        after its backward, their gradients back. A message starts once both of its ranks
+        have reached the boundary (`ready_ms`), as the executor posts a boundary's messages
+        together; a rank moves on when all of them have arrived."""
+        ids: list[int] = []
+        for i in into_wave.get(wave, []):
+            t = plan.transfers[i]
+            kind: FlowKind = "gradient" if backward else "activation"
+            label = f"{t.dst}->{t.src}" if backward else f"{t.src}->{t.dst}"
+            by_start: dict[float, list[tuple[int, int, int]]] = {}
+            for src, dst, num_bytes in pieces(i, backward):
+                start = max(ready_ms[src], ready_ms[dst])
+                by_start.setdefault(start, []).append((src, dst, num_bytes))
+            for start, group in sorted(by_start.items()):
+                ids += issue(kind, label, group, start, latency_s)
+        return ids
+
+    def reached(w: Wave, start_ms: float, end: int) -> list[float]:
+        """When each rank reaches the boundary after wave `w` (started at `start_ms`): the end
+        of its slices (`starts` index `end`), or the wave's start for a rank with none."""
+        ready_ms = [start_ms] * plan.num_devices
+        for s in w.slices:
+            for r in s.ranks:
+                ready_ms[r] = max(ready_ms[r], starts[s.id][end])
+        return ready_ms
 
     starts: dict[str, list[float]] = {s.id: [0.0] * 4 for _, s in plan.slices()}
-    fwd_flows: dict[int, list[int]] = {}
     fwd_timing: list[tuple[float, float, float]] = []
     now_ms = 0.0
+    ready = [0.0] * plan.num_devices
     prefetched = {0: issue_gathers(0, 0.0)}
     for w in plan.waves:
-        needed = [f for i in into_wave.get(w.index, []) for f in fwd_flows[i]]
-        needed += prefetched.pop(w.index)
+        needed = issue_boundary(w.index, False, ready) + prefetched.pop(w.index)
         start_ms = max(now_ms, net.finish(needed) * 1e3)
         prefetched[w.index + 1] = issue_gathers(w.index + 1, start_ms)
         end_ms = start_ms
@@ -650,21 +676,17 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             starts[s.id][0] = start_ms
             starts[s.id][1] = start_ms + costs[s.id].forward_ms
             end_ms = max(end_ms, starts[s.id][1])
-        for i in out_of_wave.get(w.index, []):
-            t = plan.transfers[i]
-            fwd_flows[i] = issue("activation", f"{t.src}->{t.dst}", pieces(i, False),
-                                 starts[t.src][1], latency_s)
+        ready = reached(w, start_ms, 1)
         fwd_timing.append((start_ms, end_ms, start_ms - now_ms))
         now_ms = end_ms
         if now_ms > give_up_ms:
             raise _GaveUp(now_ms)
 
-    bwd_flows: dict[int, list[int]] = {}
     bwd_timing: dict[int, tuple[float, float, float]] = {}
+    boundary: list[int] = []
     prefetched = {len(plan.waves) - 1: issue_gathers(len(plan.waves) - 1, now_ms)}
     for w in reversed(plan.waves):
-        needed = [f for i in out_of_wave.get(w.index, []) for f in bwd_flows[i]]
-        needed += prefetched.pop(w.index)
+        needed = boundary + prefetched.pop(w.index)
         start_ms = max(now_ms, net.finish(needed) * 1e3)
         prefetched[w.index - 1] = issue_gathers(w.index - 1, start_ms)
         end_ms = start_ms
@@ -672,10 +694,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             starts[s.id][2] = start_ms
             starts[s.id][3] = start_ms + costs[s.id].backward_ms
             end_ms = max(end_ms, starts[s.id][3])
-        for i in into_wave.get(w.index, []):
-            t = plan.transfers[i]
-            bwd_flows[i] = issue("gradient", f"{t.dst}->{t.src}", pieces(i, True),
-                                 starts[t.dst][3], latency_s)
+        boundary = issue_boundary(w.index, True, reached(w, start_ms, 3))
         if overlap_sync:
             for gi in ready_in_wave.get(w.index, []):
                 issue_sync(gi, max(starts[i][3] for i in group_slices[gi]))

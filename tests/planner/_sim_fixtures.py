@@ -99,3 +99,48 @@ def plan(enc_ranks: tuple[int, ...] = (0, 1), head_ranks: tuple[int, ...] = (2, 
                 LevelBound(level=1, lower_bound_ms=1.5, estimated_ms=3.0)),
         lower_bound_ms=7.5, estimated_iteration_ms=15.0,
     )
+
+
+def graph_with_aux(batch: int = BATCH) -> MetaOpGraph:
+    """`graph` plus `t/aux` (1 layer, level 0, no predecessors), which runs between t/enc and
+    t/head in `plan_skipping_a_wave`."""
+    g = graph(batch)
+    aux = _metaop("t/aux", "aux", 1, 0, (), 1_000, batch)
+    return MetaOpGraph(**derived_header(MetaOpGraph, []), model="toy", tasks=("t",),
+                       dtype="bf16", num_levels=2,
+                       metaops=(g.metaops[0], aux, g.metaops[1]))
+
+
+def profile_with_aux(batch: int = BATCH) -> Profile:
+    """`profile` plus t/aux at 1.5 ms per sample per operator."""
+    p = profile(batch)
+    return Profile(**derived_header(Profile, []), source="analytic", fingerprint=p.fingerprint,
+                   counts=p.counts, curves=(_curve("sig-aux", 1.5, batch), *p.curves))
+
+
+def plan_skipping_a_wave() -> Plan:
+    """Wave 0: t/enc on ranks 0-1; wave 1: t/aux on ranks 2-3; wave 2: t/head on ranks 2-3,
+    fed by t/enc across the two nodes (a transfer that skips wave 1). No parameter sync."""
+    enc = Slice(id="w0.0", metaop="t/enc", first=0, last=2, ranks=(0, 1), strategy="dp",
+                time_ms=12.0)
+    aux = Slice(id="w1.0", metaop="t/aux", first=0, last=1, ranks=(2, 3), strategy="dp",
+                time_ms=3.0)
+    head = Slice(id="w2.0", metaop="t/head", first=0, last=1, ranks=(2, 3), strategy="dp",
+                 time_ms=3.0)
+    return Plan(
+        **derived_header(Plan, []), model="toy", cluster="toy-2x2", planner="spindle",
+        num_devices=4, islands=((0, 1), (2, 3)),
+        waves=(Wave(index=0, level=0, start_ms=0.0, duration_ms=12.0, slices=(enc,)),
+               Wave(index=1, level=0, start_ms=12.0, duration_ms=3.0, slices=(aux,)),
+               Wave(index=2, level=1, start_ms=15.0, duration_ms=3.0, slices=(head,))),
+        transfers=(Transfer(src="w0.0", dst="w2.0", bytes=400_000_000, src_ranks=(0, 1),
+                            dst_ranks=(2, 3)),),
+        param_groups=tuple(
+            ParamGroup(module=m, first_layer=0, last_layer=n, ranks=r, bytes=0)
+            for m, n, r in (("aux", 1, (2, 3)), ("enc", 2, (0, 1)), ("head", 1, (2, 3)))),
+        memory=tuple(RankMemory(rank=r, param_bytes=0, grad_bytes=0, optimizer_bytes=0,
+                                activation_bytes=0) for r in range(4)),
+        levels=(LevelBound(level=0, lower_bound_ms=6.0, estimated_ms=15.0),
+                LevelBound(level=1, lower_bound_ms=1.5, estimated_ms=3.0)),
+        lower_bound_ms=7.5, estimated_iteration_ms=18.0,
+    )

@@ -51,6 +51,28 @@ def test_two_waves_one_transfer_one_sync_group_exact_times():
     assert r.lower_bound_ms == 7.5 and r.planned_iteration_ms == 15.0
 
 
+def test_messages_wait_for_the_boundary_of_their_consumers_wave():
+    # The executor posts a boundary's messages when both ranks reach it, so a transfer that
+    # skips a wave does not overlap that wave. enc (ranks 0-1) forward 0-4; aux (ranks 2-3)
+    # forward 4-5; the 400 MB into head leaves once both ends reach wave 2's boundary: ranks
+    # 0-1 at 4 (idle in wave 1), ranks 2-3 at 5, so 5-25 over node 0's NIC; head 25-26.
+    r = simulate(fx.plan_skipping_a_wave(), fx.graph_with_aux(), fx.profile_with_aux(),
+                 fx.cluster())
+    enc, aux, head = r.waves
+    acts = [f for f in r.flows if f.kind == "activation"]
+    assert [(f.start_ms, f.end_ms) for f in acts] == pytest.approx([(5.0, 25.0)] * 2)
+    assert (aux.forward_start_ms, aux.forward_end_ms) == pytest.approx((4.0, 5.0))
+    assert (head.forward_start_ms, head.forward_end_ms) == pytest.approx((25.0, 26.0))
+    # Backward: head 26-28, then its boundary sends the gradients back 28-48 and every rank
+    # waits for it (aux too, though it needs none of them): aux 48-50, enc 50-58.
+    grads = [f for f in r.flows if f.kind == "gradient"]
+    assert [(f.start_ms, f.end_ms) for f in grads] == pytest.approx([(28.0, 48.0)] * 2)
+    assert (aux.backward_start_ms, aux.backward_end_ms) == pytest.approx((48.0, 50.0))
+    assert (enc.backward_start_ms, enc.backward_end_ms) == pytest.approx((50.0, 58.0))
+    assert r.iteration_ms == pytest.approx(58.0)
+    assert r.transfer_ms == pytest.approx(40.0)
+
+
 def test_sync_after_backward_when_not_overlapped():
     r = simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster(), overlap_sync=False)
     enc_sync, head_sync = r.syncs
