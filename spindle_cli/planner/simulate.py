@@ -24,11 +24,14 @@ What is modelled (and what is not):
   rate of its slower port. The next wave waits for all of the boundary's messages.
 - Parameter synchronization. Every ParamGroup all-reduces its gradients with a ring over its
   ranks (ascending): each rank sends 2(p-1)/p * bytes to its ring successor, with 2(p-1)
-  message latencies; the group finishes with its slowest link. A group starts when the last
-  backward slice of its layers is done (overlapping the rest of the backward pass, like DDP's
-  gradient buckets), or after the last backward wave with `overlap_sync=False`. Groups run
-  concurrently and share ports with each other and with transfers. Only the sync that
-  outlasts the backward pass adds to the iteration.
+  message latencies; the group finishes with its slowest link. A group is synchronized in
+  buckets, as the executor's `overlap_sync` (its NCCL default) makes them: its layers split by
+  the backward wave that completes their gradients (the lowest wave of a slice running the
+  layer), each bucket with its share of the bytes by layer count, starting when that wave's
+  slices of its layers have finished their backward (overlapping the rest of the backward
+  pass, like DDP's gradient buckets). With `overlap_sync=False` each group starts whole after
+  the last backward wave. Buckets run concurrently and share ports with each other and with
+  transfers. Only the sync that outlasts the backward pass adds to the iteration.
 - Memory. Parameters, gradients and optimizer state per rank are the plan's estimate; the
   activations stashed for backward are simulated: every slice keeps stash_bytes_per_sample *
   rows * layers on each rank until its backward, so a rank peaks at the end of the forward pass.
@@ -474,19 +477,49 @@ def _check_inputs(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Clu
                                "later wave")
 
 
-def _group_slices(plan: Plan, graph: MetaOpGraph) -> list[list[str]]:
-    """For each ParamGroup, the slices that compute gradients of its layers."""
-    out: list[list[str]] = [[] for _ in plan.param_groups]
+@dataclass(frozen=True, slots=True)
+class _Bucket:
+    """Part of a ParamGroup's gradients: the layers that one backward wave completes."""
+
+    group: int
+    wave: int
+    bytes: int
+    slices: tuple[str, ...]
+    """The wave's slices that compute gradients of those layers."""
+
+
+def _buckets(plan: Plan, graph: MetaOpGraph, costs: dict[str, _SliceCost]) -> list[_Bucket]:
+    """Every ParamGroup split by the backward wave that completes each of its layers (the
+    lowest wave of a slice running it), as the executor's `overlap_sync` buckets them; a
+    bucket holds its share of the group's bytes by layer count."""
     by_module: dict[str, list[int]] = {}
     for gi, g in enumerate(plan.param_groups):
         by_module.setdefault(g.module, []).append(gi)
+    completing: dict[tuple[int, int], int] = {}
     for _, s in plan.slices():
         m = graph.metaop(s.metaop)
         lo, hi = m.first_layer + s.first, m.first_layer + s.last
         for gi in by_module.get(m.module, []):
             g = plan.param_groups[gi]
-            if lo < g.last_layer and g.first_layer < hi:
-                out[gi].append(s.id)
+            for layer in range(max(lo, g.first_layer), min(hi, g.last_layer)):
+                key = (gi, layer)
+                completing[key] = min(completing.get(key, costs[s.id].wave), costs[s.id].wave)
+    layers: dict[tuple[int, int], int] = {}
+    for (gi, _), wave in completing.items():
+        layers[(gi, wave)] = layers.get((gi, wave), 0) + 1
+    slices: dict[tuple[int, int], list[str]] = {}
+    for _, s in plan.slices():
+        m = graph.metaop(s.metaop)
+        lo, hi = m.first_layer + s.first, m.first_layer + s.last
+        for gi in by_module.get(m.module, []):
+            if any(completing.get((gi, layer)) == costs[s.id].wave for layer in range(lo, hi)):
+                slices.setdefault((gi, costs[s.id].wave), []).append(s.id)
+    out = []
+    for (gi, wave), count in sorted(layers.items()):
+        g = plan.param_groups[gi]
+        out.append(_Bucket(group=gi, wave=wave,
+                           bytes=round(g.bytes * count / (g.last_layer - g.first_layer)),
+                           slices=tuple(slices[(gi, wave)])))
     return out
 
 
@@ -494,10 +527,11 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
              overlap_sync: bool = True) -> SimResult:
     """Simulate one training iteration of `plan` (see the module docstring for the model).
 
-    With `overlap_sync` (the default) a parameter group's all-reduce starts as soon as the
-    last backward slice of its layers has finished, overlapping the rest of the backward pass,
-    as data-parallel frameworks (PyTorch DDP, DeepSpeed) do with gradient buckets; without it
-    every group starts after the last backward wave.
+    With `overlap_sync` (the default) a parameter group's all-reduce runs in buckets, each
+    starting as soon as the backward wave that completes its layers has finished them,
+    overlapping the rest of the backward pass, as data-parallel frameworks (PyTorch DDP,
+    DeepSpeed) do with gradient buckets; without it every group starts after the last
+    backward wave.
     """
     return _result(plan, graph, profile, cluster,
                    _run(plan, graph, profile, cluster, overlap_sync=overlap_sync))
@@ -590,17 +624,18 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             return row_flows(t.bytes, dst.ranks, dst.strategy, src.ranks, src.strategy, rows)
         return row_flows(t.bytes, src.ranks, src.strategy, dst.ranks, dst.strategy, rows)
 
-    sync_ids: dict[int, list[int]] = {}
+    sync_ids: dict[int, list[int]] = {gi: [] for gi in range(len(plan.param_groups))}
     sync_start_ms: dict[int, float] = {}
 
-    def issue_sync(gi: int, start_ms: float) -> None:
+    def issue_sync(gi: int, num_bytes: int, start_ms: float) -> None:
+        """A ring all-reduce of `num_bytes` of group `gi`'s gradients from `start_ms`."""
         g = plan.param_groups[gi]
         p = len(g.ranks)
-        ring = [(g.ranks[k], g.ranks[(k + 1) % p], round(2 * (p - 1) / p * g.bytes))
-                for k in range(p)] if p > 1 and g.bytes > 0 else []
+        ring = [(g.ranks[k], g.ranks[(k + 1) % p], round(2 * (p - 1) / p * num_bytes))
+                for k in range(p)] if p > 1 and num_bytes > 0 else []
         label = f"{g.module}[{g.first_layer}:{g.last_layer}]"
-        sync_start_ms[gi] = start_ms
-        sync_ids[gi] = issue("sync", label, ring, start_ms, 2 * (p - 1) * latency_s)
+        sync_start_ms[gi] = min(sync_start_ms.get(gi, start_ms), start_ms)
+        sync_ids[gi] += issue("sync", label, ring, start_ms, 2 * (p - 1) * latency_s)
 
     weight_b = state_bytes_per_param(graph.dtype)[0]
     gathers = _zero_stage(plan) >= 3
@@ -625,11 +660,10 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                              f"{min(hi, g.last_layer)}]", ring, start_ms, (p - 1) * latency_s)
         return ids
 
-    group_slices = _group_slices(plan, graph)
-    ready_in_wave: dict[int, list[int]] = {}
-    for gi, ids in enumerate(group_slices):
-        if ids:
-            ready_in_wave.setdefault(min(costs[i].wave for i in ids), []).append(gi)
+    due_in_wave: dict[int, list[_Bucket]] = {}
+    if overlap_sync:
+        for b in _buckets(plan, graph, costs):
+            due_in_wave.setdefault(b.wave, []).append(b)
 
     into_wave: dict[int, list[int]] = {}
     for i, t in enumerate(plan.transfers):
@@ -695,18 +729,17 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             starts[s.id][3] = start_ms + costs[s.id].backward_ms
             end_ms = max(end_ms, starts[s.id][3])
         boundary = issue_boundary(w.index, True, reached(w, start_ms, 3))
-        if overlap_sync:
-            for gi in ready_in_wave.get(w.index, []):
-                issue_sync(gi, max(starts[i][3] for i in group_slices[gi]))
+        for b in due_in_wave.get(w.index, []):
+            issue_sync(b.group, b.bytes, max(starts[i][3] for i in b.slices))
         bwd_timing[w.index] = (start_ms, end_ms, start_ms - now_ms)
         now_ms = end_ms
         if now_ms > give_up_ms:
             raise _GaveUp(now_ms)
     backward_end_ms = now_ms
 
-    for gi in range(len(plan.param_groups)):
-        if gi not in sync_ids:
-            issue_sync(gi, backward_end_ms)
+    for gi, g in enumerate(plan.param_groups):
+        if gi not in sync_start_ms:
+            issue_sync(gi, g.bytes, backward_end_ms)
     sync_end_ms = [max(net.finish(sync_ids[gi]) * 1e3, sync_start_ms[gi]) if sync_ids[gi]
                    else sync_start_ms[gi] for gi in range(len(plan.param_groups))]
     synced_ms = max([backward_end_ms, *sync_end_ms])

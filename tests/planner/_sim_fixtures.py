@@ -144,3 +144,34 @@ def plan_skipping_a_wave() -> Plan:
                 LevelBound(level=1, lower_bound_ms=1.5, estimated_ms=3.0)),
         lower_bound_ms=7.5, estimated_iteration_ms=18.0,
     )
+
+
+def plan_split_encoder(enc_sync_bytes: int = 1_000_000_000) -> Plan:
+    """t/enc's two layers in waves 0 and 1, then t/head in wave 2, all on ranks 0-1 (no
+    transfer between ranks); t/enc's parameter group holds `enc_sync_bytes`, t/head's none."""
+    ranks = (0, 1)
+    slices = [Slice(id="w0.0", metaop="t/enc", first=0, last=1, ranks=ranks, strategy="dp",
+                    time_ms=6.0),
+              Slice(id="w1.0", metaop="t/enc", first=1, last=2, ranks=ranks, strategy="dp",
+                    time_ms=6.0),
+              Slice(id="w2.0", metaop="t/head", first=0, last=1, ranks=ranks, strategy="dp",
+                    time_ms=3.0)]
+    return Plan(
+        **derived_header(Plan, []), model="toy", cluster="toy-2x2", planner="spindle",
+        num_devices=4, islands=((0, 1), (2, 3)),
+        waves=tuple(Wave(index=i, level=min(i, 1), start_ms=6.0 * i, duration_ms=s.time_ms,
+                         slices=(s,)) for i, s in enumerate(slices)),
+        transfers=(Transfer(src="w0.0", dst="w1.0", bytes=400_000_000, src_ranks=ranks,
+                            dst_ranks=ranks),
+                   Transfer(src="w1.0", dst="w2.0", bytes=400_000_000, src_ranks=ranks,
+                            dst_ranks=ranks)),
+        param_groups=(ParamGroup(module="enc", first_layer=0, last_layer=2, ranks=ranks,
+                                 bytes=enc_sync_bytes),
+                      ParamGroup(module="head", first_layer=0, last_layer=1, ranks=ranks,
+                                 bytes=0)),
+        memory=tuple(RankMemory(rank=r, param_bytes=0, grad_bytes=0, optimizer_bytes=0,
+                                activation_bytes=0) for r in range(4)),
+        levels=(LevelBound(level=0, lower_bound_ms=6.0, estimated_ms=12.0),
+                LevelBound(level=1, lower_bound_ms=1.5, estimated_ms=3.0)),
+        lower_bound_ms=7.5, estimated_iteration_ms=15.0,
+    )

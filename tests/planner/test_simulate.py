@@ -73,6 +73,23 @@ def test_messages_wait_for_the_boundary_of_their_consumers_wave():
     assert r.transfer_ms == pytest.approx(40.0)
 
 
+def test_a_group_split_over_waves_syncs_each_waves_layers_once_they_are_done():
+    # t/enc's layer 1 runs in wave 1, layer 0 in wave 0 (ranks 0-1; 6 ms each, backward 4):
+    # backward of wave 1 ends at 11, of wave 0 at 15. The group's 1 GB syncs in two halves, as
+    # the executor buckets it: layer 1's 0.5 GB (a 0.5 GB ring step at 100 GB/s: 5 ms) from 11,
+    # layer 0's from 15; they share the ports from 15, so the first ends at 17 and the second,
+    # alone again for its last 0.4 GB, at 21.
+    r = simulate(fx.plan_split_encoder(), fx.graph(), fx.profile(), fx.cluster())
+    rings = sorted((f.start_ms, f.end_ms) for f in r.flows if f.kind == "sync")
+    assert rings == pytest.approx([(11.0, 17.0)] * 2 + [(15.0, 21.0)] * 2)
+    assert (r.syncs[0].start_ms, r.syncs[0].end_ms) == pytest.approx((11.0, 21.0))
+    assert r.iteration_ms == pytest.approx(21.0)
+    # after the backward pass, the whole 1 GB at once: 15-25
+    r = simulate(fx.plan_split_encoder(), fx.graph(), fx.profile(), fx.cluster(),
+                 overlap_sync=False)
+    assert r.iteration_ms == pytest.approx(25.0)
+
+
 def test_sync_after_backward_when_not_overlapped():
     r = simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster(), overlap_sync=False)
     enc_sync, head_sync = r.syncs

@@ -72,10 +72,18 @@ def test_timeline_is_causal_and_the_breakdown_adds_up(plan, batch, num_nodes, la
             src, dst = f.label.split("->")
             assert f.start_ms >= by_id[src].backward_end_ms - 1e-9
             assert by_id[dst].backward_start_ms >= f.end_ms - 1e-9
-    # Gradients sync only once computed, and the iteration waits for them.
+    # Gradients sync only once computed (a bucket once its layers are: nothing before the
+    # first of the group's layers, its last bucket after the last), and the iteration waits
+    # for them.
     for g in r.syncs:
-        computed = max(s.backward_end_ms for s in r.slices if s.module == g.module)
-        assert g.start_ms >= computed - 1e-9
+        done = [max(s.backward_end_ms for s in r.slices
+                    if s.module == g.module and s.first <= layer < s.last)
+                for layer in range(g.first_layer, g.last_layer)]
+        rings = [f.start_ms for f in r.flows if f.kind == "sync" and f.label.startswith(g.module)]
+        assert g.start_ms >= min(done) - 1e-9
+        assert all(start >= min(done) - 1e-9 for start in rings)
+        if rings:
+            assert max(rings) >= max(done) - 1e-9
         assert g.end_ms <= r.iteration_ms + 1e-9
     # Bytes are conserved: between disjoint rank sets every row moves (up to the rounding of
     # each piece down to whole bytes); nothing moves more than the transfer holds.
