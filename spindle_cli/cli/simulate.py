@@ -121,7 +121,8 @@ def print_report(result: SimResult, path: str) -> None:
               help="Also draw the simulated timeline as a Gantt chart.")
 @click.option("--sync-after-backward", is_flag=True,
               help="Start every gradient all-reduce after the last backward wave (default: "
-                   "as soon as the group's last backward slice is done).")
+                   "in buckets, each as soon as the backward wave that completes its layers "
+                   "is done).")
 def simulate(plan_path: str, as_json: bool, gantt: str | None,
              sync_after_backward: bool) -> None:
     """Simulate one training iteration of PLAN on its cluster."""
