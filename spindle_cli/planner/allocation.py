@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from spindle_cli.artifacts.graph import MetaOp
@@ -303,6 +303,19 @@ def allocate_level(level: int, curves: list[OpCurve], num_devices: int) -> Level
         level=level, c_star_ms=c_star,
         lower_bound_ms=c_star if concave else lower_bound_ms(curves, num_devices),
         ops=tuple(ops))
+
+
+def single_count(alloc: LevelAllocation) -> LevelAllocation:
+    """`alloc` with each MetaOp's operators all on one count: the tuple holding most of them
+    (the larger count on ties). A MetaOp then keeps one device count through the level, so its
+    rows are never re-split between its own slices: slower compute than the bi-point split,
+    less inter-wave traffic (the planner's simulator decides, `api.make_plan`)."""
+    ops = []
+    for a in alloc.ops:
+        keep = max(a.tuples, key=lambda t: (t.num_ops, t.n))
+        total = sum(t.num_ops for t in a.tuples)
+        ops.append(replace(a, tuples=(AslTuple(metaop=a.metaop, n=keep.n, num_ops=total),)))
+    return replace(alloc, ops=tuple(ops))
 
 
 def analytic_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:

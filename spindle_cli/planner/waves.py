@@ -13,11 +13,13 @@ Levels are concatenated. Ranks are chosen later (`placement.py`).
 
 Beyond the paper: `api.spindle_waves` runs each level under several VARIANTS (proposal order,
 alignment rule, extension rule; the public code has the same kinds of switches) and keeps the
-shortest; `align_fill` aligns a wave to the span that keeps its devices busiest; `max_ops`
-caps a slice so that it fits in a share of device memory; `shorten_waves` (run at the end of
-every `schedule_level`) moves whole operators between a level's waves while that shortens the
-level; `refine_level` searches the integer rounding of the allocator's tuples for one that
-packs into shorter waves (not called by `api` yet: planning time).
+shortest (`without_extension` gives the same with idle devices left idle, a schedule that
+re-splits fewer rows); `align_fill` aligns a wave to the span that keeps its devices
+busiest; `max_ops` caps a slice so that it fits in a share of device memory;
+`shorten_waves` (run at the end of every `schedule_level`) moves whole operators between a
+level's waves while that shortens the level; `refine_level` searches the integer rounding
+of the allocator's tuples for one that packs into shorter waves (not called by `api` yet:
+planning time).
 """
 
 from __future__ import annotations
@@ -150,12 +152,24 @@ ROUNDINGS = ("nearest", "down", "fill", "fill_steps")
 down (`align`), or to the span that keeps its devices busiest among the tuples' ends or
 operator boundaries (`align_fill`)."""
 EXTENSIONS = ("remaining", "scheduled")
-"""Which admitted MetaOp idle devices go to first (see `_extend`)."""
+"""Which admitted MetaOp idle devices go to first (see `_extend`); beyond these, 'none' leaves
+them idle (`without_extension`)."""
+Variant = tuple[str, str, str]
+"""(sort rule, rounding, extension), as in VARIANTS."""
 VARIANTS = tuple(itertools.product(SORT_RULES, ROUNDINGS, EXTENSIONS))
 """Every (sort rule, rounding, extension) combination, tried on levels of few tuples."""
 LARGE_LEVEL_VARIANTS = (("bigN_bigT", "nearest", "remaining"), ("bigN_bigT", "fill", "remaining"),
                         ("bigT", "fill", "scheduled"))
 """The variants tried on levels of more than LARGE_LEVEL tuples (planning time)."""
+
+
+def without_extension(variants: tuple[Variant, ...]) -> tuple[Variant, ...]:
+    """`variants` with idle devices left idle (extension 'none'), once each. An extension
+    gives a MetaOp more devices for one wave only, so its rows are re-split twice: faster
+    compute, more inter-wave traffic; the planner's simulator decides (`api.make_plan`)."""
+    return tuple(dict.fromkeys((rule, rounding, "none") for rule, rounding, _ in variants))
+
+
 LARGE_LEVEL = 128
 _MAX_SPANS = 4096
 """Above this many operators in a wave, `fill_steps` tries only the tuples' ends."""
@@ -218,7 +232,8 @@ class TracedWaves:
         (rule, rounding, extension), (t_rule, t_rounding, t_extension) = variant, traced
         kind = {"nearest": 0, "down": 0, "fill": 1, "fill_steps": 1}
         return ((rule == t_rule or self.any_sort_rule)
-                and (extension == t_extension or self.any_extension)
+                and (extension == t_extension
+                     or (self.any_extension and "none" not in (extension, t_extension)))
                 and (rounding == t_rounding
                      or (self.any_rounding and kind[rounding] == kind[t_rounding])))
 
@@ -410,8 +425,11 @@ def _extend(admitted: list[_Pending], counts: dict[str, int], pending: list[_Pen
             curves: dict[str, OpCurve], free: int, rule: str = "remaining") -> int:
     """Give idle devices to the admitted MetaOps with the most remaining time (at the wave's
     counts; rule 'remaining', the paper's) or the longest tuple in this wave ('scheduled'),
-    one valid step at a time; returns the devices still idle. A MetaOp whose next step does
-    not fit never will (free devices only shrink), so it leaves the heap."""
+    one valid step at a time, or to none (rule 'none'); returns the devices still idle. A
+    MetaOp whose next step does not fit never will (free devices only shrink), so it leaves
+    the heap."""
+    if rule == "none":
+        return free
     ids = {id(p) for p in admitted}
     rest: dict[str, float] = {}
     if rule == "remaining":
@@ -441,10 +459,6 @@ MAX_REFINE_RUNS = 100
 
 REFINE_VARIANTS = 3
 """How many of the best variants on the allocator's rounding each trial re-runs."""
-
-Variant = tuple[str, str, str]
-"""(sort rule, rounding, extension), as in VARIANTS."""
-
 
 def best_schedule(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devices: int,
                   predecessors: dict[str, tuple[str, ...]], finished: set[str],

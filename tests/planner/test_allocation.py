@@ -16,7 +16,7 @@ from plan_builders import (
 )
 
 from spindle_cli.planner import scaling
-from spindle_cli.planner.allocation import n_lin, op_curve, op_time_ms
+from spindle_cli.planner.allocation import n_lin, op_curve, op_time_ms, single_count
 from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves
 
 C_MS = 100.0
@@ -59,6 +59,17 @@ def test_worked_example_tuples_before_and_after_rounding():
     assert (a3.ops_hi, a3.ops_lo) == pytest.approx((6.0, 0.0), abs=1e-9)
     rounded = {a.metaop: [(t.n, t.num_ops) for t in a.tuples] for a in level.ops}
     assert rounded == {"a/m1": [(2, 8)], "b/m2": [(2, 8), (1, 4)], "c/m3": [(1, 6)]}
+
+
+def test_single_count_puts_every_operator_on_the_majority_tuple():
+    g, p = worked_example()
+    [level] = allocate(g, op_curves(g, p, 4), 4)
+    one = single_count(level)
+    # b/m2's 8 + 4 operators on 2 and 1 devices all go to 2; the others had one tuple
+    got = {a.metaop: [(t.n, t.num_ops) for t in a.tuples] for a in one.ops}
+    assert got == {"a/m1": [(2, 8)], "b/m2": [(2, 12)], "c/m3": [(1, 6)]}
+    assert (one.c_star_ms, one.lower_bound_ms) == (level.c_star_ms, level.lower_bound_ms)
+    assert [a.n_star for a in one.ops] == [a.n_star for a in level.ops]
 
 
 def test_bisection_bracket_and_balance_on_alpha_beta_curves():

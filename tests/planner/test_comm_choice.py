@@ -71,6 +71,33 @@ def test_the_kept_plan_is_the_fastest_simulated_candidate(params_per_layer, isla
         sum(a.c_star_ms for a in api.allocate(g, curves, c.num_devices)))
 
 
+def test_a_schedule_that_re_splits_less_is_kept_when_its_rows_are_heavy():
+    # Three MetaOps of one level on 2 nodes x 4: the bi-point split and the extension give
+    # each of them 2 and 4 devices in turn, the fastest compute. With light activations that
+    # plan is kept; with 100 MB ones every re-split costs more than it saves, and the kept
+    # plan (one of `make_plan`'s lighter rebuilds) runs each MetaOp on one count.
+    def level(act_bytes):
+        ms = [metaop(mid, layers=k, batch=8, act_bytes=act_bytes)
+              for mid, k in (("a/x", 6), ("b/y", 5), ("c/z", 3))]
+        return graph(ms), profile([alpha_beta_curve(m.id, 8, 0.1, 1.0) for m in ms]), cluster(
+            num_nodes=2, per_node=4)
+
+    for act_bytes, lighter in ((4096, False), (10**8, True)):
+        g, p, c = level(act_bytes)
+        plan = api.make_plan(g, p, c)
+        kept = simulate(plan, g, p, c).iteration_ms
+        standard = min(_candidate_ms(g, p, c, cap) for cap in api.device_caps(c))
+        counts: dict[str, set[int]] = {}
+        for _, s in plan.slices():
+            counts.setdefault(s.metaop, set()).add(len(s.ranks))
+        if lighter:
+            assert kept < standard - 1e-9
+            assert all(len(n) == 1 for n in counts.values())
+        else:
+            assert kept == pytest.approx(standard)
+            assert any(len(n) > 1 for n in counts.values())
+
+
 @pytest.mark.parametrize("model, task_set, cluster_name", [
     ("multitask-clip", "4", "a800-4x8"),
     pytest.param("ofasys", "7", "a800-4x8", marks=pytest.mark.xfail(strict=True, reason=(

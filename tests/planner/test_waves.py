@@ -9,6 +9,8 @@ from test_allocation import worked_example
 from spindle_cli.planner.allocation import AslTuple, LevelAllocation, OpAllocation
 from spindle_cli.planner.api import allocate, op_curves, spindle_waves
 from spindle_cli.planner.waves import (
+    ROUNDINGS,
+    SORT_RULES,
     VARIANTS,
     PlannedWave,
     Slot,
@@ -18,6 +20,7 @@ from spindle_cli.planner.waves import (
     refine_level,
     schedule_level,
     shorten_waves,
+    without_extension,
 )
 
 
@@ -84,6 +87,27 @@ def test_extension_gives_idle_devices_to_the_longest_remaining_work():
     assert first == {"a/big": 4, "b/small": 4}
     # the remainder of a/big comes back with its original n = 2, then is extended again
     assert sum(s.num_ops for w in waves for s in w.slots if s.metaop == "a/big") == 8
+
+
+def test_without_extension_idle_devices_stay_idle():
+    g = graph([metaop("a/big", layers=8, batch=8), metaop("b/small", layers=1, batch=8)])
+    p = profile([alpha_beta_curve("a/big", 8, 0.0, 1.0), alpha_beta_curve("b/small", 8, 0.0, 1.0)])
+    curves = op_curves(g, p, 8)
+    alloc = LevelAllocation(level=0, c_star_ms=1.0, lower_bound_ms=1.0, ops=(
+        OpAllocation(metaop="a/big", n_star=2, n_lo=2, n_hi=2, ops_lo=0, ops_hi=8,
+                     tuples=(AslTuple(metaop="a/big", n=2, num_ops=8),)),
+        OpAllocation(metaop="b/small", n_star=2, n_lo=2, n_hi=2, ops_lo=0, ops_hi=1,
+                     tuples=(AslTuple(metaop="b/small", n=2, num_ops=1),)),
+    ))
+    waves = schedule_level(alloc, curves, 8, {"a/big": (), "b/small": ()}, set(),
+                           extension="none")
+    # the same level as in the extension test, but the 4 idle devices stay idle: every
+    # MetaOp keeps its 2 devices, so its rows never move between its own slices
+    assert {(s.metaop, s.n) for w in waves for s in w.slots} == {("a/big", 2), ("b/small", 2)}
+    assert sum(s.num_ops for w in waves for s in w.slots if s.metaop == "a/big") == 8
+    assert all(sum(s.n for s in w.slots) <= 4 for w in waves)
+    assert without_extension(VARIANTS) == tuple(
+        (rule, rounding, "none") for rule in SORT_RULES for rounding in ROUNDINGS)
 
 
 def test_successors_wait_for_their_predecessors():
