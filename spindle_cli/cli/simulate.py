@@ -37,11 +37,12 @@ def load_plan_inputs(plan: Plan, plan_path: str) -> tuple[MetaOpGraph, Profile, 
     return graph, profile, cluster
 
 
-def simulate_file(plan_path: str, *, overlap_sync: bool = True) -> tuple[Plan, SimResult]:
+def simulate_file(plan_path: str, *,
+                  sync: simulation.SyncMode = "per-wave") -> tuple[Plan, SimResult]:
     """Load a plan and its inputs and simulate it."""
     plan = load_input(plan_path, Plan)
     graph, profile, cluster = load_plan_inputs(plan, plan_path)
-    return plan, simulation.simulate(plan, graph, profile, cluster, overlap_sync=overlap_sync)
+    return plan, simulation.simulate(plan, graph, profile, cluster, sync=sync)
 
 
 def summary(result: SimResult) -> dict[str, Any]:
@@ -119,14 +120,16 @@ def print_report(result: SimResult, path: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("--gantt", default=None, metavar="SVG|PNG",
               help="Also draw the simulated timeline as a Gantt chart.")
-@click.option("--sync-after-backward", is_flag=True,
-              help="Start every gradient all-reduce after the last backward wave (default: "
-                   "in buckets, each as soon as the backward wave that completes its layers "
-                   "is done).")
+@click.option("--sync", "sync", type=click.Choice(simulation.SYNC_MODES), default="per-wave",
+              show_default=True,
+              help="Gradient buckets: per-wave, each as soon as the backward wave that "
+                   "completes its layers is done (what `spindle run` does on nccl); per-set, "
+                   "one per rank set once all its layers are done (on gloo); after-backward, "
+                   "every group after the last backward wave.")
 def simulate(plan_path: str, as_json: bool, gantt: str | None,
-             sync_after_backward: bool) -> None:
+             sync: simulation.SyncMode) -> None:
     """Simulate one training iteration of PLAN on its cluster."""
-    plan, result = simulate_file(plan_path, overlap_sync=not sync_after_backward)
+    plan, result = simulate_file(plan_path, sync=sync)
     if gantt is not None:
         from spindle_cli.cli.views.gantt import write_gantt
 

@@ -22,14 +22,15 @@ What is modelled (and what is not):
   flight: each rank has an NVLink port inside its island, each node one NIC between nodes
   (see `_Network`); a port carrying k flows gives each bandwidth/k and a flow moves at the
   rate of its slower port. The next wave waits for all of the boundary's messages.
-- Parameter synchronization. Every ParamGroup all-reduces its gradients with a ring over its
+- Parameter synchronization. Gradients are all-reduced in buckets with a ring over their
   ranks (ascending): each rank sends 2(p-1)/p * bytes to its ring successor, with 2(p-1)
-  message latencies; the group finishes with its slowest link. A group is synchronized in
-  buckets, as the executor's `overlap_sync` (its NCCL default) makes them: its layers split by
-  the backward wave that completes their gradients (the lowest wave of a slice running the
+  message latencies; a bucket finishes with its slowest link. The buckets are the executor's
+  (`simulate`'s `sync`): by default (its NCCL default) a ParamGroup's layers split by the
+  backward wave that completes their gradients (the lowest wave of a slice running the
   layer), each bucket with its share of the bytes by layer count, starting when that wave's
   slices of its layers have finished their backward (overlapping the rest of the backward
-  pass, like DDP's gradient buckets). With `overlap_sync=False` each group starts whole after
+  pass, like DDP's gradient buckets); 'per-set' (its gloo default) one bucket for all groups
+  of one rank set, once all their layers are done; 'after-backward' each group whole after
   the last backward wave. Buckets run concurrently and share ports with each other and with
   transfers. Only the sync that outlasts the backward pass adds to the iteration.
 - Memory. Parameters, gradients and optimizer state per rank are the plan's estimate; the
@@ -477,21 +478,30 @@ def _check_inputs(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Clu
                                "later wave")
 
 
+SyncMode = Literal["per-wave", "per-set", "after-backward"]
+"""How gradients are bucketed for the sync (`simulate`)."""
+SYNC_MODES: tuple[SyncMode, ...] = ("per-wave", "per-set", "after-backward")
+
+
 @dataclass(frozen=True, slots=True)
 class _Bucket:
-    """Part of a ParamGroup's gradients: the layers that one backward wave completes."""
+    """Gradients all-reduced together: the layers of `groups` (one rank set) due after the
+    backward of one wave."""
 
-    group: int
+    groups: tuple[int, ...]
     wave: int
     bytes: int
     slices: tuple[str, ...]
     """The wave's slices that compute gradients of those layers."""
 
 
-def _buckets(plan: Plan, graph: MetaOpGraph, costs: dict[str, _SliceCost]) -> list[_Bucket]:
-    """Every ParamGroup split by the backward wave that completes each of its layers (the
-    lowest wave of a slice running it), as the executor's `overlap_sync` buckets them; a
-    bucket holds its share of the group's bytes by layer count."""
+def _buckets(plan: Plan, graph: MetaOpGraph, costs: dict[str, _SliceCost],
+             per_set: bool) -> list[_Bucket]:
+    """The gradient buckets as the executor makes them. Every layer of a ParamGroup is due
+    after the backward wave that completes it (the lowest wave of a slice running it). Per
+    wave (the executor's `overlap_sync`, its NCCL default) a group's layers due in one wave
+    form a bucket with their share of its bytes by layer count; per set (its gloo default)
+    the groups of one rank set form one bucket due at the lowest of their layers' waves."""
     by_module: dict[str, list[int]] = {}
     for gi, g in enumerate(plan.param_groups):
         by_module.setdefault(g.module, []).append(gi)
@@ -504,6 +514,12 @@ def _buckets(plan: Plan, graph: MetaOpGraph, costs: dict[str, _SliceCost]) -> li
             for layer in range(max(lo, g.first_layer), min(hi, g.last_layer)):
                 key = (gi, layer)
                 completing[key] = min(completing.get(key, costs[s.id].wave), costs[s.id].wave)
+    if per_set:
+        lowest: dict[tuple[int, ...], int] = {}
+        for (gi, _), wave in completing.items():
+            ranks = plan.param_groups[gi].ranks
+            lowest[ranks] = min(lowest.get(ranks, wave), wave)
+        completing = {key: lowest[plan.param_groups[key[0]].ranks] for key in completing}
     layers: dict[tuple[int, int], int] = {}
     for (gi, _), wave in completing.items():
         layers[(gi, wave)] = layers.get((gi, wave), 0) + 1
@@ -514,27 +530,32 @@ def _buckets(plan: Plan, graph: MetaOpGraph, costs: dict[str, _SliceCost]) -> li
         for gi in by_module.get(m.module, []):
             if any(completing.get((gi, layer)) == costs[s.id].wave for layer in range(lo, hi)):
                 slices.setdefault((gi, costs[s.id].wave), []).append(s.id)
-    out = []
+    merged: dict[tuple[tuple[int, ...], int], list[tuple[int, int]]] = {}
     for (gi, wave), count in sorted(layers.items()):
         g = plan.param_groups[gi]
-        out.append(_Bucket(group=gi, wave=wave,
-                           bytes=round(g.bytes * count / (g.last_layer - g.first_layer)),
-                           slices=tuple(slices[(gi, wave)])))
-    return out
+        key = (g.ranks if per_set else (gi,), wave)
+        merged.setdefault(key, []).append((gi, round(g.bytes * count / (g.last_layer
+                                                                         - g.first_layer))))
+    return [_Bucket(groups=tuple(gi for gi, _ in parts), wave=wave,
+                    bytes=sum(b for _, b in parts),
+                    slices=tuple(dict.fromkeys(i for gi, _ in parts
+                                               for i in slices.get((gi, wave), []))))
+            for (_, wave), parts in merged.items()]
 
 
 def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
-             overlap_sync: bool = True) -> SimResult:
+             sync: SyncMode = "per-wave") -> SimResult:
     """Simulate one training iteration of `plan` (see the module docstring for the model).
 
-    With `overlap_sync` (the default) a parameter group's all-reduce runs in buckets, each
-    starting as soon as the backward wave that completes its layers has finished them,
-    overlapping the rest of the backward pass, as data-parallel frameworks (PyTorch DDP,
-    DeepSpeed) do with gradient buckets; without it every group starts after the last
-    backward wave.
+    `sync` buckets the gradients as the executor does (`_buckets`): 'per-wave' (the default,
+    the executor's on NCCL) all-reduces each group's layers as soon as the backward wave that
+    completes them has finished them, overlapping the rest of the backward pass, as
+    data-parallel frameworks (PyTorch DDP, DeepSpeed) do with gradient buckets; 'per-set' (the
+    executor's on gloo) one bucket per rank set, once all of its layers are done;
+    'after-backward' every group after the last backward wave.
     """
     return _result(plan, graph, profile, cluster,
-                   _run(plan, graph, profile, cluster, overlap_sync=overlap_sync))
+                   _run(plan, graph, profile, cluster, sync=sync))
 
 
 def simulated_iteration_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
@@ -546,7 +567,7 @@ def simulated_iteration_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
     of the iteration above `give_up_ms`: a plan that cannot beat `give_up_ms` need not be
     simulated to the end."""
     try:
-        return _run(plan, graph, profile, cluster, overlap_sync=True,
+        return _run(plan, graph, profile, cluster, sync="per-wave",
                     give_up_ms=give_up_ms, record_flows=False).iteration_ms
     except _GaveUp as e:
         return e.now_ms
@@ -599,7 +620,7 @@ def _optimizer_ms(plan: Plan, graph: MetaOpGraph, profile: Profile) -> list[floa
 
 
 def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
-         overlap_sync: bool, give_up_ms: float = math.inf,
+         sync: SyncMode, give_up_ms: float = math.inf,
          record_flows: bool = True) -> _Timeline:
     """The event-driven timeline of `simulate`; raises _GaveUp once the clock passes
     `give_up_ms`. Without `record_flows` the timeline's `flow_meta` stays empty."""
@@ -627,15 +648,19 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     sync_ids: dict[int, list[int]] = {gi: [] for gi in range(len(plan.param_groups))}
     sync_start_ms: dict[int, float] = {}
 
-    def issue_sync(gi: int, num_bytes: int, start_ms: float) -> None:
-        """A ring all-reduce of `num_bytes` of group `gi`'s gradients from `start_ms`."""
-        g = plan.param_groups[gi]
+    def issue_sync(groups: tuple[int, ...], num_bytes: int, start_ms: float) -> None:
+        """A ring all-reduce of `num_bytes` of the gradients of `groups` (one rank set) from
+        `start_ms`."""
+        g = plan.param_groups[groups[0]]
         p = len(g.ranks)
         ring = [(g.ranks[k], g.ranks[(k + 1) % p], round(2 * (p - 1) / p * num_bytes))
                 for k in range(p)] if p > 1 and num_bytes > 0 else []
-        label = f"{g.module}[{g.first_layer}:{g.last_layer}]"
-        sync_start_ms[gi] = min(sync_start_ms.get(gi, start_ms), start_ms)
-        sync_ids[gi] += issue("sync", label, ring, start_ms, 2 * (p - 1) * latency_s)
+        label = "+".join(f"{plan.param_groups[gi].module}[{plan.param_groups[gi].first_layer}:"
+                         f"{plan.param_groups[gi].last_layer}]" for gi in groups)
+        ids = issue("sync", label, ring, start_ms, 2 * (p - 1) * latency_s)
+        for gi in groups:
+            sync_start_ms[gi] = min(sync_start_ms.get(gi, start_ms), start_ms)
+            sync_ids[gi] += ids
 
     weight_b = state_bytes_per_param(graph.dtype)[0]
     gathers = _zero_stage(plan) >= 3
@@ -661,8 +686,8 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         return ids
 
     due_in_wave: dict[int, list[_Bucket]] = {}
-    if overlap_sync:
-        for b in _buckets(plan, graph, costs):
+    if sync != "after-backward":
+        for b in _buckets(plan, graph, costs, per_set=sync == "per-set"):
             due_in_wave.setdefault(b.wave, []).append(b)
 
     into_wave: dict[int, list[int]] = {}
@@ -730,7 +755,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             end_ms = max(end_ms, starts[s.id][3])
         boundary = issue_boundary(w.index, True, reached(w, start_ms, 3))
         for b in due_in_wave.get(w.index, []):
-            issue_sync(b.group, b.bytes, max(starts[i][3] for i in b.slices))
+            issue_sync(b.groups, b.bytes, max(starts[i][3] for i in b.slices))
         bwd_timing[w.index] = (start_ms, end_ms, start_ms - now_ms)
         now_ms = end_ms
         if now_ms > give_up_ms:
@@ -739,7 +764,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     for gi, g in enumerate(plan.param_groups):
         if gi not in sync_start_ms:
-            issue_sync(gi, g.bytes, backward_end_ms)
+            issue_sync((gi,), g.bytes, backward_end_ms)
     sync_end_ms = [max(net.finish(sync_ids[gi]) * 1e3, sync_start_ms[gi]) if sync_ids[gi]
                    else sync_start_ms[gi] for gi in range(len(plan.param_groups))]
     synced_ms = max([backward_end_ms, *sync_end_ms])

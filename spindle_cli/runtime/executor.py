@@ -118,6 +118,12 @@ def _shape(t: torch.Tensor) -> list[int]:
     return list(t.shape)
 
 
+def overlaps_sync(backend: str) -> bool:
+    """Whether the executor buckets shared layers by completing wave by default on `backend`
+    (`overlap_sync`: on NCCL, not on gloo, whose collective threads take the rank's CPU)."""
+    return backend == "nccl"
+
+
 class Executor:
     """The rank's layers, buckets and optimizer, and the step loop over the plan."""
 
@@ -151,7 +157,8 @@ class Executor:
         keys = [(m, i) for (m, i), ranks in program.holders.items() if me in ranks]
         self.layers: dict[LayerKey, nn.Module] = build_layers(
             model, keys, seed=seed, dtype=dtype, device=world.device)
-        self.overlap_sync = world.backend == "nccl" if overlap_sync is None else overlap_sync
+        self.overlap_sync = (overlaps_sync(world.backend) if overlap_sync is None
+                             else overlap_sync)
         self.buckets = self._make_buckets()
         self.named = named_parameters(self.layers)
         # AdamW is elementwise, so stepping each bucket's flat parameter updates every layer

@@ -37,7 +37,7 @@ from spindle_cli.errors import SpindleError
 from spindle_cli.runtime import checkpoint
 from spindle_cli.runtime import dist as rdist
 from spindle_cli.runtime.data import load_data_source
-from spindle_cli.runtime.executor import Executor, PeerLost
+from spindle_cli.runtime.executor import Executor, PeerLost, overlaps_sync
 from spindle_cli.runtime.groups import make_groups
 from spindle_cli.runtime.inputs import check_world, load_run_inputs
 from spindle_cli.runtime.program import Program
@@ -158,16 +158,19 @@ def _write_trace(tracer: Tracer, result: TrainResult, plan: Plan, world: rdist.W
           f"{predicted:.2f} ms", file=sys.stderr)
 
 
-def predicted_iteration_ms(plan_path: str, plan: Plan, graph: MetaOpGraph) -> float:
-    """The simulator's iteration time for the plan when its profile and cluster files are at
-    hand, else the plan's own estimate."""
+def predicted_iteration_ms(plan_path: str, plan: Plan, graph: MetaOpGraph,
+                           overlap_sync: bool) -> float:
+    """The simulator's iteration time for the plan, with the executor's gradient buckets
+    (per wave with `overlap_sync`, else per rank set), when its profile and cluster files are
+    at hand, else the plan's own estimate."""
     from spindle_cli.planner.simulate import simulate
     try:
         _, profile = load_recorded_input(plan, plan_path, Profile)
         _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
     except SpindleError:
         return plan.estimated_iteration_ms
-    return simulate(plan, graph, profile, cluster).iteration_ms
+    return simulate(plan, graph, profile, cluster,
+                    sync="per-wave" if overlap_sync else "per-set").iteration_ms
 
 
 def _device_memory_bytes(world: rdist.World) -> int:
@@ -227,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             check_world(inputs.plan, world.world_size, rank=world.rank,
                         memory_bytes=_device_memory_bytes(world))
-            predicted = (predicted_iteration_ms(args.plan, inputs.plan, inputs.graph)
+            predicted = (predicted_iteration_ms(args.plan, inputs.plan, inputs.graph,
+                                                overlap_sync=overlaps_sync(world.backend))
                          if args.trace and world.rank == 0 else None)
             opts = TrainOptions(steps=args.steps, seed=args.seed, lr=args.lr, dtype=args.dtype,
                                 dataset=args.dataset, checkpoint_dir=args.checkpoint_dir,

@@ -58,11 +58,13 @@ def test_json_has_the_contract_fields_with_exact_values(tmp_path):
     assert len(data["ranks"]) == 4 and len(data["waves"]) == 2
 
 
-def test_sync_after_backward_flag(tmp_path):
-    res = _run(["simulate", str(write_case(tmp_path)), "--json", "--sync-after-backward"])
+def test_sync_flag(tmp_path):
+    res = _run(["simulate", str(write_case(tmp_path)), "--json", "--sync", "after-backward"])
     assert res.exit_code == 0, res.stderr
     head = json.loads(res.stdout)["syncs"][1]
     assert head["end_ms"] == pytest.approx(60.0)  # 55 + 5 ms instead of 27 + 5 ms
+    res = _run(["simulate", str(write_case(tmp_path)), "--json", "--sync", "sideways"])
+    assert res.exit_code == 2 and "sideways" in res.stderr
 
 
 def test_table_report_goes_to_stdout(tmp_path):

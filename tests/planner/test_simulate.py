@@ -86,12 +86,28 @@ def test_a_group_split_over_waves_syncs_each_waves_layers_once_they_are_done():
     assert r.iteration_ms == pytest.approx(21.0)
     # after the backward pass, the whole 1 GB at once: 15-25
     r = simulate(fx.plan_split_encoder(), fx.graph(), fx.profile(), fx.cluster(),
-                 overlap_sync=False)
+                 sync="after-backward")
     assert r.iteration_ms == pytest.approx(25.0)
 
 
+def test_per_set_buckets_wait_for_every_layer_of_their_rank_set():
+    # The executor's gloo buckets: one per rank set, due once its lowest wave's backward is
+    # done. In the split-encoder plan ranks 0-1 hold all of enc and head: one 1 GB ring from
+    # 15 (wave 0's backward end) to 25, where per wave the halves ended at 17 and 21.
+    r = simulate(fx.plan_split_encoder(), fx.graph(), fx.profile(), fx.cluster(),
+                 sync="per-set")
+    rings = [(f.label, f.bytes, f.start_ms, f.end_ms) for f in r.flows if f.kind == "sync"]
+    assert rings == [("enc[0:2]+head[0:1]", 1_000_000_000, 15.0, pytest.approx(25.0))] * 2
+    assert r.iteration_ms == pytest.approx(25.0)
+    # Two rank sets, each with all its layers in one wave: the same as per wave (head's 0.5 GB
+    # from 27 under enc's backward), unlike after the backward pass (from 55).
+    r = simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster(), sync="per-set")
+    assert (r.syncs[1].start_ms, r.syncs[1].end_ms) == pytest.approx((27.0, 32.0))
+    assert r.iteration_ms == pytest.approx(65.0)
+
+
 def test_sync_after_backward_when_not_overlapped():
-    r = simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster(), overlap_sync=False)
+    r = simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster(), sync="after-backward")
     enc_sync, head_sync = r.syncs
     assert (head_sync.start_ms, head_sync.end_ms) == pytest.approx((55.0, 60.0))
     assert r.iteration_ms == pytest.approx(65.0)
@@ -126,7 +142,7 @@ def test_same_rank_transfer_is_free():
     # Both after the backward pass, they share each rank's NVLink port: 50 GB/s each until
     # the small one ends at 10 ms, then the rest of the big one at 100 GB/s: 5 ms more.
     r = simulate(fx.plan(enc_ranks=(0, 1), head_ranks=(0, 1)), fx.graph(), fx.profile(),
-                 fx.cluster(), overlap_sync=False)
+                 fx.cluster(), sync="after-backward")
     assert r.syncs[1].end_ms == pytest.approx(15.0 + 10.0)
     assert r.iteration_ms == pytest.approx(15.0 + 15.0)
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spindle_cli.artifacts.plan import ParamGroup, Slice, Transfer, Wave
-from spindle_cli.planner.simulate import simulate
+from spindle_cli.planner.simulate import SYNC_MODES, simulate
 
 ranks = st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True).map(
     lambda r: tuple(sorted(r)))
@@ -45,11 +45,11 @@ def plans(draw):
 
 @settings(max_examples=60, deadline=None)
 @given(plan=plans(), batch=st.integers(1, 9), num_nodes=st.sampled_from([1, 2]),
-       latency_s=st.sampled_from([0.0, 1e-5]), overlap=st.booleans())
+       latency_s=st.sampled_from([0.0, 1e-5]), sync=st.sampled_from(SYNC_MODES))
 def test_timeline_is_causal_and_the_breakdown_adds_up(plan, batch, num_nodes, latency_s,
-                                                      overlap):
+                                                      sync):
     r = simulate(plan, fx.graph(batch), fx.profile(batch),
-                 fx.cluster(latency_s=latency_s, num_nodes=num_nodes), overlap_sync=overlap)
+                 fx.cluster(latency_s=latency_s, num_nodes=num_nodes), sync=sync)
     assert (r.compute_ms + r.transfer_ms + r.sync_ms + r.optimizer_ms
             == pytest.approx(r.iteration_ms))
     assert min(r.transfer_ms, r.sync_ms, r.idle_fraction) >= 0
