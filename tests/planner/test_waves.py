@@ -70,16 +70,22 @@ def test_worked_example_waves():
         assert w.duration_ms == max(s.time_ms for s in w.slots)
 
 
-def test_extension_gives_idle_devices_to_the_longest_remaining_work():
+def big_and_small():
+    """A level of 8 operators and 1 operator, each allocated 2 of 8 devices: its curves and
+    allocation."""
     g = graph([metaop("a/big", layers=8, batch=8), metaop("b/small", layers=1, batch=8)])
     p = profile([alpha_beta_curve("a/big", 8, 0.0, 1.0), alpha_beta_curve("b/small", 8, 0.0, 1.0)])
-    curves = op_curves(g, p, 8)
     alloc = LevelAllocation(level=0, c_star_ms=1.0, lower_bound_ms=1.0, ops=(
         OpAllocation(metaop="a/big", n_star=2, n_lo=2, n_hi=2, ops_lo=0, ops_hi=8,
                      tuples=(AslTuple(metaop="a/big", n=2, num_ops=8),)),
         OpAllocation(metaop="b/small", n_star=2, n_lo=2, n_hi=2, ops_lo=0, ops_hi=1,
                      tuples=(AslTuple(metaop="b/small", n=2, num_ops=1),)),
     ))
+    return op_curves(g, p, 8), alloc
+
+
+def test_extension_gives_idle_devices_to_the_longest_remaining_work():
+    curves, alloc = big_and_small()
     waves = schedule_level(alloc, curves, 8, {"a/big": (), "b/small": ()}, set())
     first = {s.metaop: s.n for s in waves[0].slots}
     # 4 devices idle after proposing 2 + 2: a/big has the most remaining time and goes to 4;
@@ -90,15 +96,7 @@ def test_extension_gives_idle_devices_to_the_longest_remaining_work():
 
 
 def test_without_extension_idle_devices_stay_idle():
-    g = graph([metaop("a/big", layers=8, batch=8), metaop("b/small", layers=1, batch=8)])
-    p = profile([alpha_beta_curve("a/big", 8, 0.0, 1.0), alpha_beta_curve("b/small", 8, 0.0, 1.0)])
-    curves = op_curves(g, p, 8)
-    alloc = LevelAllocation(level=0, c_star_ms=1.0, lower_bound_ms=1.0, ops=(
-        OpAllocation(metaop="a/big", n_star=2, n_lo=2, n_hi=2, ops_lo=0, ops_hi=8,
-                     tuples=(AslTuple(metaop="a/big", n=2, num_ops=8),)),
-        OpAllocation(metaop="b/small", n_star=2, n_lo=2, n_hi=2, ops_lo=0, ops_hi=1,
-                     tuples=(AslTuple(metaop="b/small", n=2, num_ops=1),)),
-    ))
+    curves, alloc = big_and_small()
     waves = schedule_level(alloc, curves, 8, {"a/big": (), "b/small": ()}, set(),
                            extension="none")
     # the same level as in the extension test, but the 4 idle devices stay idle: every
