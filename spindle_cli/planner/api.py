@@ -400,8 +400,10 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         nonlocal best, error
         if planned is None:
             planned = [w for level, cap in enumerate(caps) for w in by_cap[cap][level]]
-        # bounds that change nothing give the same waves, hence the same plan and iteration
-        if tuple(planned) in tried:
+        # bounds that change nothing give the same waves, hence the same plan and iteration;
+        # and a plan whose waves alone outlast the best iteration cannot beat it
+        if tuple(planned) in tried or (
+                best is not None and sum(w.duration_ms for w in planned) >= best[0]):
             return
         tried.add(tuple(planned))
         try:
