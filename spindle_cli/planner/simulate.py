@@ -497,11 +497,11 @@ class _Bucket:
 
 def _buckets(plan: Plan, graph: MetaOpGraph, costs: dict[str, _SliceCost],
              per_set: bool) -> list[_Bucket]:
-    """The gradient buckets as the executor makes them. Every layer of a ParamGroup is due
-    after the backward wave that completes it (the lowest wave of a slice running it). Per
-    wave (the executor's `overlap_sync`, its NCCL default) a group's layers due in one wave
-    form a bucket with their share of its bytes by layer count; per set (its gloo default)
-    the groups of one rank set form one bucket due at the lowest of their layers' waves."""
+    """The gradient buckets as the executor makes them: one per rank set and due wave, over
+    the layers of its groups due then, each with its share of its group's bytes by layer
+    count. A layer is due after the backward wave that completes it (the lowest wave of a
+    slice running it; the executor's `overlap_sync`, its NCCL default), or `per_set` (its gloo
+    default) after the lowest such wave among all the layers of its rank set."""
     by_module: dict[str, list[int]] = {}
     for gi, g in enumerate(plan.param_groups):
         by_module.setdefault(g.module, []).append(gi)
@@ -533,7 +533,7 @@ def _buckets(plan: Plan, graph: MetaOpGraph, costs: dict[str, _SliceCost],
     merged: dict[tuple[tuple[int, ...], int], list[tuple[int, int]]] = {}
     for (gi, wave), count in sorted(layers.items()):
         g = plan.param_groups[gi]
-        key = (g.ranks if per_set else (gi,), wave)
+        key = (g.ranks, wave)
         merged.setdefault(key, []).append((gi, round(g.bytes * count / (g.last_layer
                                                                          - g.first_layer))))
     return [_Bucket(groups=tuple(gi for gi, _ in parts), wave=wave,
