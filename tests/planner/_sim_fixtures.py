@@ -146,9 +146,9 @@ def plan_skipping_a_wave() -> Plan:
     )
 
 
-def plan_split_encoder(enc_sync_bytes: int = 1_000_000_000) -> Plan:
+def plan_split_encoder() -> Plan:
     """t/enc's two layers in waves 0 and 1, then t/head in wave 2, all on ranks 0-1 (no
-    transfer between ranks); t/enc's parameter group holds `enc_sync_bytes`, t/head's none."""
+    transfer between ranks); t/enc's parameter group holds 1 GB, t/head's none."""
     ranks = (0, 1)
     slices = [Slice(id="w0.0", metaop="t/enc", first=0, last=1, ranks=ranks, strategy="dp",
                     time_ms=6.0),
@@ -166,7 +166,7 @@ def plan_split_encoder(enc_sync_bytes: int = 1_000_000_000) -> Plan:
                    Transfer(src="w1.0", dst="w2.0", bytes=400_000_000, src_ranks=ranks,
                             dst_ranks=ranks)),
         param_groups=(ParamGroup(module="enc", first_layer=0, last_layer=2, ranks=ranks,
-                                 bytes=enc_sync_bytes),
+                                 bytes=1_000_000_000),
                       ParamGroup(module="head", first_layer=0, last_layer=1, ranks=ranks,
                                  bytes=0)),
         memory=tuple(RankMemory(rank=r, param_bytes=0, grad_bytes=0, optimizer_bytes=0,
