@@ -72,7 +72,12 @@ def init(backend: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  local_world_size=local_world, backend=backend, device=device)
 
 
-def teardown() -> None:
-    """Destroy the default group (and every subgroup) if one exists."""
+def teardown(*, synchronize: bool = False) -> None:
+    """Destroy the default group (and every subgroup) if one exists. With `synchronize` (a run
+    that succeeded on every rank) the ranks first meet in a barrier, so that none closes its
+    connections while another still writes its results (rank 0 writes the trace after the
+    last collective)."""
     if dist.is_initialized():
+        if synchronize:
+            dist.barrier()
         dist.destroy_process_group()

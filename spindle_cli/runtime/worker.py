@@ -239,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
                                 trace_path=args.trace, predicted_ms=predicted)
             log = (lambda line: print(line, flush=True)) if world.rank == 0 else None
             train(inputs.plan, inputs.graph, inputs.model, inputs.program, world, opts, log)
-        finally:
+        except BaseException:
             rdist.teardown()
+            raise
+        rdist.teardown(synchronize=True)
     except BaseException as e:  # noqa: BLE001 - every failure becomes one line and an exit code
         if isinstance(e, SystemExit):
             raise
