@@ -386,8 +386,8 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
             planned = baselines.distmm(graph, curves, n_dev, max_ops)
         return _assemble(graph, curves, cluster, options, inputs, allocs, planned)
     by_cap: dict[int, list[list[PlannedWave]]] = {}
+    # (simulated iteration, plan, device bound per level, whether the levels were fused)
     best: tuple[float, Plan, tuple[int, ...], bool] | None = None
-    """(simulated iteration, plan, device bound per level, whether the levels were fused)"""
     error: PlanInfeasible | None = None
     bounds = device_caps(cluster)
 

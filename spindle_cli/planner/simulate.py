@@ -505,33 +505,35 @@ def _buckets(plan: Plan, graph: MetaOpGraph, costs: dict[str, _SliceCost],
     by_module: dict[str, list[int]] = {}
     for gi, g in enumerate(plan.param_groups):
         by_module.setdefault(g.module, []).append(gi)
-    completing: dict[tuple[int, int], int] = {}
+    # (group, slice, wave, the group's layers the slice runs)
+    runs: list[tuple[int, str, int, range]] = []
     for _, s in plan.slices():
         m = graph.metaop(s.metaop)
         lo, hi = m.first_layer + s.first, m.first_layer + s.last
         for gi in by_module.get(m.module, []):
             g = plan.param_groups[gi]
-            for layer in range(max(lo, g.first_layer), min(hi, g.last_layer)):
-                key = (gi, layer)
-                completing[key] = min(completing.get(key, costs[s.id].wave), costs[s.id].wave)
+            layers = range(max(lo, g.first_layer), min(hi, g.last_layer))
+            if layers:
+                runs.append((gi, s.id, costs[s.id].wave, layers))
+    completing: dict[tuple[int, int], int] = {}
+    for gi, _, wave, layers in runs:
+        for layer in layers:
+            completing[(gi, layer)] = min(completing.get((gi, layer), wave), wave)
     if per_set:
         lowest: dict[tuple[int, ...], int] = {}
         for (gi, _), wave in completing.items():
             ranks = plan.param_groups[gi].ranks
             lowest[ranks] = min(lowest.get(ranks, wave), wave)
         completing = {key: lowest[plan.param_groups[key[0]].ranks] for key in completing}
-    layers: dict[tuple[int, int], int] = {}
+    layer_counts: dict[tuple[int, int], int] = {}
     for (gi, _), wave in completing.items():
-        layers[(gi, wave)] = layers.get((gi, wave), 0) + 1
+        layer_counts[(gi, wave)] = layer_counts.get((gi, wave), 0) + 1
     slices: dict[tuple[int, int], list[str]] = {}
-    for _, s in plan.slices():
-        m = graph.metaop(s.metaop)
-        lo, hi = m.first_layer + s.first, m.first_layer + s.last
-        for gi in by_module.get(m.module, []):
-            if any(completing.get((gi, layer)) == costs[s.id].wave for layer in range(lo, hi)):
-                slices.setdefault((gi, costs[s.id].wave), []).append(s.id)
+    for gi, sid, wave, layers in runs:
+        if any(completing[(gi, layer)] == wave for layer in layers):
+            slices.setdefault((gi, wave), []).append(sid)
     merged: dict[tuple[tuple[int, ...], int], list[tuple[int, int]]] = {}
-    for (gi, wave), count in sorted(layers.items()):
+    for (gi, wave), count in sorted(layer_counts.items()):
         g = plan.param_groups[gi]
         key = (g.ranks, wave)
         merged.setdefault(key, []).append((gi, round(g.bytes * count / (g.last_layer
