@@ -124,11 +124,11 @@ def fidelity(steps: int) -> None:
         _spindle("run", str(d / "plan.yaml"), "--nproc-per-node", "2", "--steps", str(steps),
                  "--trace", str(d / "trace.json"))
         doc = json.loads((d / "trace.json").read_text())
-        # the gloo executor's gradient buckets, as `spindle run` predicts on gloo
+        # the gloo executor's gradient buckets and ranks, as `spindle run` predicts on gloo
         sim = simulate(load(str(d / "plan.yaml"), Plan), load(str(d / "graph.yaml"), MetaOpGraph),
                        load(str(d / "profile.yaml"), Profile), load(cluster, ClusterSpec),
-                       sync="per-set")
-    print(f"  simulated: compute {sim.compute_ms:.2f} ms (waves), transfers {sim.transfer_ms:.2f}"
+                       sync="per-set", progress="rank")
+    print(f"  simulated: compute {sim.compute_ms:.2f} ms, waiting {sim.transfer_ms:.2f}"
           f" ms, sync {sim.sync_ms:.2f} ms; busy per rank "
           + ", ".join(f"{r.busy_ms:.2f} ms" for r in sim.ranks))
     summary = doc["otherData"]

@@ -37,12 +37,13 @@ def load_plan_inputs(plan: Plan, plan_path: str) -> tuple[MetaOpGraph, Profile, 
     return graph, profile, cluster
 
 
-def simulate_file(plan_path: str, *,
-                  sync: simulation.SyncMode = "per-wave") -> tuple[Plan, SimResult]:
+def simulate_file(plan_path: str, *, sync: simulation.SyncMode = "per-wave",
+                  progress: simulation.Progress = "wave") -> tuple[Plan, SimResult]:
     """Load a plan and its inputs and simulate it."""
     plan = load_input(plan_path, Plan)
     graph, profile, cluster = load_plan_inputs(plan, plan_path)
-    return plan, simulation.simulate(plan, graph, profile, cluster, sync=sync)
+    return plan, simulation.simulate(plan, graph, profile, cluster, sync=sync,
+                                     progress=progress)
 
 
 def summary(result: SimResult) -> dict[str, Any]:
@@ -126,10 +127,16 @@ def print_report(result: SimResult, path: str) -> None:
                    "completes its layers is done (what `spindle run` does on nccl); per-set, "
                    "one per rank set once all its layers are done (on gloo); after-backward, "
                    "every group after the last backward wave.")
+@click.option("--progress", type=click.Choice(simulation.PROGRESS_MODES), default="wave",
+              show_default=True,
+              help="wave: every wave is a barrier (the planner's model); rank: each rank "
+                   "goes on once its own messages have arrived, as `spindle run` executes a "
+                   "plan (the breakdown is then the time of the rank that ends the "
+                   "iteration).")
 def simulate(plan_path: str, as_json: bool, gantt: str | None,
-             sync: simulation.SyncMode) -> None:
+             sync: simulation.SyncMode, progress: simulation.Progress) -> None:
     """Simulate one training iteration of PLAN on its cluster."""
-    plan, result = simulate_file(plan_path, sync=sync)
+    plan, result = simulate_file(plan_path, sync=sync, progress=progress)
     if gantt is not None:
         from spindle_cli.cli.views.gantt import write_gantt
 

@@ -8,9 +8,14 @@ What is modelled (and what is not):
   with `split_rows`, so an uneven split costs the time of the largest share. The curves give
   forward+backward time; forward is 1/3 and backward 2/3 of it (the usual 1:2 FLOP ratio of
   the forward and backward passes, also the convention of planner/costs.py).
-- Waves. Forward waves run in order, then backward waves in reverse order. A wave is a barrier:
-  it starts when the previous wave has ended and the messages of its boundary have arrived.
-  Its slices start together; the wave ends with its longest slice.
+- Waves. Forward waves run in order, then backward waves in reverse order. By default
+  (`progress` 'wave', the planner's model) a wave is a barrier: it starts when the previous
+  wave has ended and the messages of its boundary have arrived. Its slices start together;
+  the wave ends with its longest slice. With `progress` 'rank' each rank runs on its own, as
+  the executor does: it posts a boundary's messages when it reaches the boundary, goes on
+  once they have arrived, and starts a slice when all of the slice's ranks are there; a rank
+  with nothing to exchange runs ahead. Then the iteration's breakdown is the time of the
+  rank that ends it (its compute, its waiting, its sync and optimizer step).
 - Inter-wave transfers, as the executor makes them (rendezvous boundaries). Each plan Transfer
   moves `bytes` (forward activations; the same bytes of gradients flow back). Rows are split
   between producer and consumer ranks by the overlap of their `split_rows` ranges; pieces that
@@ -380,6 +385,14 @@ class _Network:
                 raise _GaveUp(self.now_s * 1e3)
         return float(self.end_s[index].max())
 
+    def step(self) -> None:
+        """Advance to the next event (`_step`), for a caller waiting on flows it knows are
+        pending; raises _GaveUp once the clock passes `give_up_s`."""
+        assert self._new or self._waiting.size or self._active.size, "no flow is pending"
+        self._step()
+        if self.now_s > self.give_up_s:
+            raise _GaveUp(self.now_s * 1e3)
+
     def _step(self) -> bool:
         """Advance to the next event: a flow starts or the first active flow ends. Whether a
         flow ended."""
@@ -478,6 +491,10 @@ def _check_inputs(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Clu
                                "later wave")
 
 
+Progress = Literal["wave", "rank"]
+"""How ranks move from wave to wave (`simulate`)."""
+PROGRESS_MODES: tuple[Progress, ...] = ("wave", "rank")
+
 SyncMode = Literal["per-wave", "per-set", "after-backward"]
 """How gradients are bucketed for the sync (`simulate`)."""
 SYNC_MODES: tuple[SyncMode, ...] = ("per-wave", "per-set", "after-backward")
@@ -546,7 +563,7 @@ def _buckets(plan: Plan, graph: MetaOpGraph, costs: dict[str, _SliceCost],
 
 
 def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
-             sync: SyncMode = "per-wave") -> SimResult:
+             sync: SyncMode = "per-wave", progress: Progress = "wave") -> SimResult:
     """Simulate one training iteration of `plan` (see the module docstring for the model).
 
     `sync` buckets the gradients as the executor does (`_buckets`): 'per-wave' (the default,
@@ -555,9 +572,15 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
     data-parallel frameworks (PyTorch DDP, DeepSpeed) do with gradient buckets; 'per-set' (the
     executor's on gloo) one bucket per rank set, once all of its layers are done;
     'after-backward' every group after the last backward wave.
+
+    `progress` 'wave' (the default) runs waves as barriers, the wave model the planner plans
+    with; 'rank' runs each rank on its own, as the executor does: a rank posts a boundary's
+    messages when it reaches it and goes on once they have arrived, so ranks whose slices end
+    early, or that exchange nothing, run ahead (a slice still starts when all of its ranks
+    are there). Then the iteration's parts are the time of the rank that ends it.
     """
     return _result(plan, graph, profile, cluster,
-                   _run(plan, graph, profile, cluster, sync=sync))
+                   _run(plan, graph, profile, cluster, sync=sync, progress=progress))
 
 
 def simulated_iteration_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
@@ -596,10 +619,21 @@ class _Timeline:
     bwd_timing: dict[int, tuple[float, float, float]]
     sync_start_ms: dict[int, float]
     sync_end_ms: list[float]
-    backward_end_ms: float
-    synced_ms: float
-    """When the last parameter group is synchronized (or the backward pass ends)."""
     iteration_ms: float
+    parts: tuple[float, float, float, float, float]
+    """The iteration as forward, backward, transfer wait, sync and optimizer (ms), summing to
+    it: with waves as barriers, the sums over waves; with ranks on their own, the time of the
+    rank that ends the iteration."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _RankTimes:
+    """Per rank, with ranks on their own: forward and backward compute, and the time spent
+    waiting for messages, slice peers and ZeRO-3 gathers, up to its last backward boundary."""
+
+    forward_ms: list[float]
+    backward_ms: list[float]
+    waiting_ms: list[float]
 
 
 def _optimizer_ms(plan: Plan, graph: MetaOpGraph, profile: Profile) -> list[float]:
@@ -622,7 +656,7 @@ def _optimizer_ms(plan: Plan, graph: MetaOpGraph, profile: Profile) -> list[floa
 
 
 def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
-         sync: SyncMode, give_up_ms: float = math.inf,
+         sync: SyncMode, progress: Progress = "wave", give_up_ms: float = math.inf,
          record_flows: bool = True) -> _Timeline:
     """The event-driven timeline of `simulate`; raises _GaveUp once the clock passes
     `give_up_ms`. Without `record_flows` the timeline's `flow_meta` stays empty."""
@@ -667,25 +701,30 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     weight_b = state_bytes_per_param(graph.dtype)[0]
     gathers = _zero_stage(plan) >= 3
 
+    def issue_slice_gathers(s: Slice, start_ms: float) -> list[int]:
+        """ZeRO-3: all-gather the weights of slice `s` over its groups."""
+        if not gathers:
+            return []
+        ids: list[int] = []
+        m = graph.metaop(s.metaop)
+        lo, hi = m.first_layer + s.first, m.first_layer + s.last
+        for g in plan.param_groups:
+            layers = min(hi, g.last_layer) - max(lo, g.first_layer)
+            p = len(g.ranks)
+            size = layers * m.params_per_layer * weight_b
+            if g.module != m.module or layers <= 0 or p < 2 or size <= 0:
+                continue
+            ring = [(g.ranks[k], g.ranks[(k + 1) % p], round((p - 1) / p * size))
+                    for k in range(p)]
+            ids += issue("gather", f"{s.id}:{g.module}[{max(lo, g.first_layer)}:"
+                         f"{min(hi, g.last_layer)}]", ring, start_ms, (p - 1) * latency_s)
+        return ids
+
     def issue_gathers(wave: int, start_ms: float) -> list[int]:
         """ZeRO-3: all-gather the weights of every slice of the wave over its groups."""
         if not gathers or not 0 <= wave < len(plan.waves):
             return []
-        ids: list[int] = []
-        for s in plan.waves[wave].slices:
-            m = graph.metaop(s.metaop)
-            lo, hi = m.first_layer + s.first, m.first_layer + s.last
-            for g in plan.param_groups:
-                layers = min(hi, g.last_layer) - max(lo, g.first_layer)
-                p = len(g.ranks)
-                size = layers * m.params_per_layer * weight_b
-                if g.module != m.module or layers <= 0 or p < 2 or size <= 0:
-                    continue
-                ring = [(g.ranks[k], g.ranks[(k + 1) % p], round((p - 1) / p * size))
-                        for k in range(p)]
-                ids += issue("gather", f"{s.id}:{g.module}[{max(lo, g.first_layer)}:"
-                             f"{min(hi, g.last_layer)}]", ring, start_ms, (p - 1) * latency_s)
-        return ids
+        return [i for s in plan.waves[wave].slices for i in issue_slice_gathers(s, start_ms)]
 
     due_in_wave: dict[int, list[_Bucket]] = {}
     if sync != "after-backward":
@@ -725,63 +764,234 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     starts: dict[str, list[float]] = {s.id: [0.0] * 4 for _, s in plan.slices()}
     fwd_timing: list[tuple[float, float, float]] = []
-    now_ms = 0.0
-    ready = [0.0] * plan.num_devices
-    prefetched = {0: issue_gathers(0, 0.0)}
-    for w in plan.waves:
-        needed = issue_boundary(w.index, False, ready) + prefetched.pop(w.index)
-        start_ms = max(now_ms, net.finish(needed) * 1e3)
-        prefetched[w.index + 1] = issue_gathers(w.index + 1, start_ms)
-        end_ms = start_ms
-        for s in w.slices:
-            starts[s.id][0] = start_ms
-            starts[s.id][1] = start_ms + costs[s.id].forward_ms
-            end_ms = max(end_ms, starts[s.id][1])
-        ready = reached(w, start_ms, 1)
-        fwd_timing.append((start_ms, end_ms, start_ms - now_ms))
-        now_ms = end_ms
-        if now_ms > give_up_ms:
-            raise _GaveUp(now_ms)
-
     bwd_timing: dict[int, tuple[float, float, float]] = {}
-    boundary: list[int] = []
-    prefetched = {len(plan.waves) - 1: issue_gathers(len(plan.waves) - 1, now_ms)}
-    for w in reversed(plan.waves):
-        needed = boundary + prefetched.pop(w.index)
-        start_ms = max(now_ms, net.finish(needed) * 1e3)
-        prefetched[w.index - 1] = issue_gathers(w.index - 1, start_ms)
-        end_ms = start_ms
-        for s in w.slices:
-            starts[s.id][2] = start_ms
-            starts[s.id][3] = start_ms + costs[s.id].backward_ms
-            end_ms = max(end_ms, starts[s.id][3])
-        boundary = issue_boundary(w.index, True, reached(w, start_ms, 3))
-        for b in due_in_wave.get(w.index, []):
-            issue_sync(b.groups, b.bytes, max(starts[i][3] for i in b.slices))
-        bwd_timing[w.index] = (start_ms, end_ms, start_ms - now_ms)
-        now_ms = end_ms
-        if now_ms > give_up_ms:
-            raise _GaveUp(now_ms)
-    backward_end_ms = now_ms
+
+    def barrier_loops() -> tuple[list[float], _RankTimes | None]:
+        """Waves as barriers (`Progress` 'wave')."""
+        now_ms = 0.0
+        ready = [0.0] * plan.num_devices
+        prefetched = {0: issue_gathers(0, 0.0)}
+        for w in plan.waves:
+            needed = issue_boundary(w.index, False, ready) + prefetched.pop(w.index)
+            start_ms = max(now_ms, net.finish(needed) * 1e3)
+            prefetched[w.index + 1] = issue_gathers(w.index + 1, start_ms)
+            end_ms = start_ms
+            for s in w.slices:
+                starts[s.id][0] = start_ms
+                starts[s.id][1] = start_ms + costs[s.id].forward_ms
+                end_ms = max(end_ms, starts[s.id][1])
+            ready = reached(w, start_ms, 1)
+            fwd_timing.append((start_ms, end_ms, start_ms - now_ms))
+            now_ms = end_ms
+            if now_ms > give_up_ms:
+                raise _GaveUp(now_ms)
+
+        boundary: list[int] = []
+        prefetched = {len(plan.waves) - 1: issue_gathers(len(plan.waves) - 1, now_ms)}
+        for w in reversed(plan.waves):
+            needed = boundary + prefetched.pop(w.index)
+            start_ms = max(now_ms, net.finish(needed) * 1e3)
+            prefetched[w.index - 1] = issue_gathers(w.index - 1, start_ms)
+            end_ms = start_ms
+            for s in w.slices:
+                starts[s.id][2] = start_ms
+                starts[s.id][3] = start_ms + costs[s.id].backward_ms
+                end_ms = max(end_ms, starts[s.id][3])
+            boundary = issue_boundary(w.index, True, reached(w, start_ms, 3))
+            for b in due_in_wave.get(w.index, []):
+                issue_sync(b.groups, b.bytes, max(starts[i][3] for i in b.slices))
+            bwd_timing[w.index] = (start_ms, end_ms, start_ms - now_ms)
+            now_ms = end_ms
+            if now_ms > give_up_ms:
+                raise _GaveUp(now_ms)
+        return [now_ms] * plan.num_devices, None
+
+    def rank_loops() -> tuple[list[float], _RankTimes]:
+        """Each rank on its own (`Progress` 'rank'): it posts the messages of a boundary
+        when it reaches it and goes on once they have arrived; a slice starts when all of its
+        ranks are there (and, under ZeRO-3, its weights, gathered from when its ranks started
+        their previous compute step). Ranks are advanced as far as they can go, and the
+        network only when every rank waits for a flow, so flows are issued in time order."""
+        n = plan.num_devices
+        # every rank's program: the boundary into each wave and its forward, then each wave's
+        # backward and the gradients of its boundary back; (compute?, wave, backward)
+        steps: list[tuple[bool, int, bool]] = []
+        for w in range(len(plan.waves)):
+            steps += [(False, w, False), (True, w, False)]
+        for w in reversed(range(len(plan.waves))):
+            steps += [(True, w, True), (False, w, True)]
+        computes = [k for k, st in enumerate(steps) if st[0]]
+        next_compute = dict(zip(computes, computes[1:], strict=False))
+        slice_at = [{r: s for s in w.slices for r in s.ranks} for w in plan.waves]
+        # a boundary's messages: (kind, label, src, dst, bytes), and each rank's among them
+        messages: dict[int, list[tuple[FlowKind, str, int, int, int]]] = {}
+        mine: dict[tuple[int, int], list[int]] = {}
+        for k, (is_compute, w, backward) in enumerate(steps):
+            if is_compute:
+                continue
+            kind: FlowKind = "gradient" if backward else "activation"
+            found = messages.setdefault(k, [])
+            for i in into_wave.get(w, []):
+                t = plan.transfers[i]
+                label = f"{t.dst}->{t.src}" if backward else f"{t.src}->{t.dst}"
+                for src, dst, num_bytes in pieces(i, backward):
+                    if src != dst:
+                        for r in (src, dst):
+                            mine.setdefault((k, r), []).append(len(found))
+                        found.append((kind, label, src, dst, num_bytes))
+        bucket_left = {id(b): len(set(b.slices)) for bs in due_in_wave.values() for b in bs}
+        pos, clock = [0] * n, [0.0] * n
+        forward, backward_ms, waiting_ms = [0.0] * n, [0.0] * n, [0.0] * n
+        arrived: dict[tuple[int, int], float] = {}
+        flow_of: dict[tuple[int, int], int] = {}
+        computed: dict[tuple[int, int], float] = {}
+        """When each rank started (or passed) each compute step."""
+        weights: dict[tuple[int, str], list[int]] = {}
+        """ZeRO-3 gathers of a slice at a compute step."""
+        waits_on: dict[int, list[int]] = {}
+        """Flows a blocked rank waits for."""
+
+        def finished(ids: list[int]) -> bool:
+            return not np.isnan(net.end_s[ids]).any()
+
+        def pass_compute(k: int, r: int, at_ms: float) -> None:
+            """Rank r starts (or passes) compute step k at `at_ms`: the next compute step's
+            slice gathers its weights once all of its ranks have."""
+            computed[(k, r)] = at_ms
+            nxt = next_compute.get(k)
+            s = slice_at[steps[nxt][1]].get(r) if nxt is not None else None
+            if s is not None and all((k, q) in computed for q in s.ranks):
+                weights[(nxt, s.id)] = issue_slice_gathers(
+                    s, max(computed[(k, q)] for q in s.ranks))
+
+        def run_slice(k: int, s: Slice, start_ms: float) -> None:
+            _, w, backward = steps[k]
+            c = costs[s.id]
+            cost_ms = c.backward_ms if backward else c.forward_ms
+            starts[s.id][2 if backward else 0] = start_ms
+            starts[s.id][3 if backward else 1] = start_ms + cost_ms
+            for q in s.ranks:
+                waiting_ms[q] += start_ms - arrived[(k, q)]
+                (backward_ms if backward else forward)[q] += cost_ms
+                clock[q] = start_ms + cost_ms
+                pos[q] += 1
+                waits_on.pop(q, None)
+                pass_compute(k, q, start_ms)
+            if backward:
+                for b in due_in_wave.get(w, []):
+                    if s.id in b.slices:
+                        bucket_left[id(b)] -= 1
+                        if bucket_left[id(b)] == 0:
+                            issue_sync(b.groups, b.bytes, max(starts[i][3] for i in b.slices))
+            if clock[s.ranks[0]] > give_up_ms:
+                raise _GaveUp(clock[s.ranks[0]])
+
+        def advance(r: int) -> bool:
+            """Move rank r on as far as it can go now; whether it moved."""
+            moved = False
+            while pos[r] < len(steps):
+                k = pos[r]
+                is_compute, w, _ = steps[k]
+                if (k, r) not in arrived:
+                    arrived[(k, r)] = clock[r]
+                    moved = True
+                    for j in mine.get((k, r), []) if not is_compute else []:
+                        kind, label, src, dst, num_bytes = messages[k][j]
+                        if (k, dst if src == r else src) in arrived:
+                            start_ms = max(arrived[(k, src)], arrived[(k, dst)])
+                            flow_of[(k, j)] = issue(kind, label, [(src, dst, num_bytes)],
+                                                    start_ms, latency_s)[0]
+                if is_compute:
+                    s = slice_at[w].get(r)
+                    if s is None:
+                        pass_compute(k, r, clock[r])
+                        pos[r] += 1
+                        continue
+                    if not all((k, q) in arrived for q in s.ranks):
+                        return moved
+                    ids = weights.get((k, s.id), [])
+                    if not finished(ids):
+                        for q in s.ranks:
+                            waits_on[q] = ids
+                        return moved
+                    run_slice(k, s, max([*(arrived[(k, q)] for q in s.ranks),
+                                         *(float(net.end_s[i]) * 1e3 for i in ids)]))
+                    return True
+                ids = [flow_of.get((k, j), -1) for j in mine.get((k, r), [])]
+                if -1 in ids:
+                    return moved
+                if not finished(ids):
+                    waits_on[r] = ids
+                    return moved
+                leave_ms = max([clock[r], *(float(net.end_s[i]) * 1e3 for i in ids)])
+                waiting_ms[r] += leave_ms - clock[r]
+                clock[r] = leave_ms
+                pos[r] += 1
+                waits_on.pop(r, None)
+            return moved
+
+        first = computes[0] if computes else None
+        if first is not None:
+            for s in plan.waves[steps[first][1]].slices:
+                weights[(first, s.id)] = issue_slice_gathers(s, 0.0)
+        while True:
+            moved = True
+            while moved:
+                moved = False
+                for r in range(n):
+                    if pos[r] < len(steps) and advance(r):
+                        moved = True
+            if all(p == len(steps) for p in pos):
+                break
+            assert waits_on, "every rank waits for a peer that never comes"
+            while not any(finished(ids) for ids in waits_on.values()):
+                net.step()
+        for w in plan.waves:
+            f0 = min(starts[s.id][0] for s in w.slices)
+            f1 = max(starts[s.id][1] for s in w.slices)
+            prev = fwd_timing[-1][1] if fwd_timing else 0.0
+            fwd_timing.append((f0, f1, max(0.0, f0 - prev)))
+        prev = fwd_timing[-1][1] if fwd_timing else 0.0
+        for w in reversed(plan.waves):
+            b0 = min(starts[s.id][2] for s in w.slices)
+            b1 = max(starts[s.id][3] for s in w.slices)
+            bwd_timing[w.index] = (b0, b1, max(0.0, b0 - prev))
+            prev = b1
+        return clock, _RankTimes(forward_ms=forward, backward_ms=backward_ms,
+                                 waiting_ms=waiting_ms)
+    end_ms, rank_times = barrier_loops() if progress == "wave" else rank_loops()
+    backward_end_ms = max(end_ms)
 
     for gi, g in enumerate(plan.param_groups):
         if gi not in sync_start_ms:
-            issue_sync((gi,), g.bytes, backward_end_ms)
+            issue_sync((gi,), g.bytes, max(end_ms[r] for r in g.ranks))
     sync_end_ms = [max(net.finish(sync_ids[gi]) * 1e3, sync_start_ms[gi]) if sync_ids[gi]
                    else sync_start_ms[gi] for gi in range(len(plan.param_groups))]
     synced_ms = max([backward_end_ms, *sync_end_ms])
     # each rank steps its optimizer once its own groups are synchronized
-    ready_ms = [backward_end_ms] * plan.num_devices
+    ready_ms = list(end_ms)
     for gi, g in enumerate(plan.param_groups):
         for r in g.ranks:
             ready_ms[r] = max(ready_ms[r], sync_end_ms[gi])
     optimizer_ms = _optimizer_ms(plan, graph, profile)
-    iteration_ms = max([synced_ms, *(a + b for a, b in zip(ready_ms, optimizer_ms, strict=True))])
+    done_ms = [a + b for a, b in zip(ready_ms, optimizer_ms, strict=True)]
+    iteration_ms = max([synced_ms, *done_ms])
+    if rank_times is None:
+        forward_ms = sum(end - start for start, end, _ in fwd_timing)
+        backward_ms = sum(end - start for start, end, _ in bwd_timing.values())
+        transfer_ms = (sum(wait for _, _, wait in fwd_timing)
+                       + sum(wait for _, _, wait in bwd_timing.values()))
+        parts = (forward_ms, backward_ms, transfer_ms, synced_ms - backward_end_ms,
+                 iteration_ms - synced_ms)
+    else:
+        # the rank that ends the iteration: its own time is compute, waiting, sync, step
+        r = max(range(plan.num_devices), key=lambda q: (done_ms[q], -q))
+        parts = (rank_times.forward_ms[r], rank_times.backward_ms[r],
+                 rank_times.waiting_ms[r], ready_ms[r] - end_ms[r], optimizer_ms[r])
 
     return _Timeline(costs=costs, starts=starts, net=net, flow_meta=flow_meta,
                      fwd_timing=fwd_timing, bwd_timing=bwd_timing, sync_start_ms=sync_start_ms,
-                     sync_end_ms=sync_end_ms, backward_end_ms=backward_end_ms,
-                     synced_ms=synced_ms, iteration_ms=iteration_ms)
+                     sync_end_ms=sync_end_ms, iteration_ms=iteration_ms, parts=parts)
 
 
 def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
@@ -790,8 +1000,7 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                                      timeline.flow_meta)
     fwd_timing, bwd_timing = timeline.fwd_timing, timeline.bwd_timing
     sync_start_ms, sync_end_ms = timeline.sync_start_ms, timeline.sync_end_ms
-    backward_end_ms, iteration_ms = timeline.backward_end_ms, timeline.iteration_ms
-    synced_ms = timeline.synced_ms
+    iteration_ms = timeline.iteration_ms
     waves = tuple(
         WaveTiming(index=w.index, forward_start_ms=fwd_timing[w.index][0],
                    forward_end_ms=fwd_timing[w.index][1], forward_wait_ms=fwd_timing[w.index][2],
@@ -800,9 +1009,7 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                    backward_wait_ms=bwd_timing[w.index][2])
         for w in plan.waves
     )
-    forward_ms = sum(w.forward_end_ms - w.forward_start_ms for w in waves)
-    backward_ms = sum(w.backward_end_ms - w.backward_start_ms for w in waves)
-    transfer_ms = sum(w.forward_wait_ms + w.backward_wait_ms for w in waves)
+    forward_ms, backward_ms, transfer_ms, sync_ms, optimizer_ms = timeline.parts
 
     busy = [0.0] * plan.num_devices
     stash = [0] * plan.num_devices
@@ -863,8 +1070,7 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         planner=plan.planner, model=plan.model, cluster=plan.cluster,
         num_devices=plan.num_devices, iteration_ms=iteration_ms,
         compute_ms=forward_ms + backward_ms, forward_ms=forward_ms, backward_ms=backward_ms,
-        transfer_ms=transfer_ms, sync_ms=synced_ms - backward_end_ms,
-        optimizer_ms=iteration_ms - synced_ms,
+        transfer_ms=transfer_ms, sync_ms=sync_ms, optimizer_ms=optimizer_ms,
         idle_fraction=1.0 - total_busy / (plan.num_devices * iteration_ms)
         if iteration_ms > 0 else 0.0,
         lower_bound_ms=plan.lower_bound_ms, planned_iteration_ms=plan.estimated_iteration_ms,

@@ -160,17 +160,17 @@ def _write_trace(tracer: Tracer, result: TrainResult, plan: Plan, world: rdist.W
 
 def predicted_iteration_ms(plan_path: str, plan: Plan, graph: MetaOpGraph,
                            overlap_sync: bool) -> float:
-    """The simulator's iteration time for the plan, with the executor's gradient buckets
-    (per wave with `overlap_sync`, else per rank set), when its profile and cluster files are
-    at hand, else the plan's own estimate."""
+    """The simulator's iteration time for the plan as the executor runs it (each rank on its
+    own, with its gradient buckets: per wave with `overlap_sync`, else per rank set), when
+    its profile and cluster files are at hand, else the plan's own estimate."""
     from spindle_cli.planner.simulate import simulate
     try:
         _, profile = load_recorded_input(plan, plan_path, Profile)
         _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
     except SpindleError:
         return plan.estimated_iteration_ms
-    return simulate(plan, graph, profile, cluster,
-                    sync="per-wave" if overlap_sync else "per-set").iteration_ms
+    return simulate(plan, graph, profile, cluster, sync="per-wave" if overlap_sync else "per-set",
+                    progress="rank").iteration_ms
 
 
 def _device_memory_bytes(world: rdist.World) -> int:

@@ -74,3 +74,16 @@ def test_recompute_stashes_inputs_and_one_operator():
     # operator's 2 x 1000 B during backward; head keeps its 1000 B / 4 rows input = 250 B.
     assert by_rank[0].activation_bytes == 1000 * 2 * 2 + 1000 * 2
     assert by_rank[2].activation_bytes == 250 * 2 * 1 + 1000 * 2
+
+
+def test_zero3_gathers_with_ranks_on_their_own():
+    # The first wave's weights are gathered from 0 as behind barriers (enc forward 5-9); enc's
+    # backward gather leaves when ranks 0-1 pass head's backward step, at 29, once their
+    # activations into head (9-29) are out.
+    plan = dataclasses.replace(fx.plan(), options={**fx.plan().options, "zero": "3"})
+    r = simulate(plan, _big_enc_graph(), fx.profile(), fx.cluster(), progress="rank")
+    w0 = r.waves[0]
+    assert (w0.forward_start_ms, w0.forward_end_ms) == pytest.approx((5.0, 9.0))
+    starts = sorted(f.start_ms for f in r.flows if f.kind == "gather")
+    assert starts == pytest.approx([0.0, 0.0, 29.0, 29.0])
+    assert r.compute_ms + r.transfer_ms + r.sync_ms == pytest.approx(r.iteration_ms)

@@ -281,3 +281,41 @@ def test_simulated_compute_matches_the_planners_estimate(planner):
     assert (r.compute_ms + r.transfer_ms + r.sync_ms + r.optimizer_ms
             == pytest.approx(r.iteration_ms))
     assert 0.0 <= r.idle_fraction < 1.0
+
+
+def test_ranks_on_their_own_run_ahead_of_the_waves():
+    # As the executor runs them: ranks 2-3 have nothing to receive before aux, so aux runs
+    # 0-1 while enc (ranks 0-1) runs 0-4; the 400 MB into head leaves at 4, when both ends are
+    # there, and takes 20 ms over node 0's NIC (4-24); head 24-25 forward, 25-27 backward.
+    # Its gradients go back 27-47 (ranks 0-1 wait at that boundary from 24), then aux's
+    # backward (47-49) runs beside enc's (47-55) instead of before it.
+    r = simulate(fx.plan_skipping_a_wave(), fx.graph_with_aux(), fx.profile_with_aux(),
+                 fx.cluster(), progress="rank")
+    enc, aux, head = r.waves
+    assert (aux.forward_start_ms, aux.forward_end_ms) == pytest.approx((0.0, 1.0))
+    acts = [f for f in r.flows if f.kind == "activation"]
+    assert [(f.start_ms, f.end_ms) for f in acts] == pytest.approx([(4.0, 24.0)] * 2)
+    assert (head.forward_start_ms, head.backward_end_ms) == pytest.approx((24.0, 27.0))
+    grads = [f for f in r.flows if f.kind == "gradient"]
+    assert [(f.start_ms, f.end_ms) for f in grads] == pytest.approx([(27.0, 47.0)] * 2)
+    assert (aux.backward_start_ms, aux.backward_end_ms) == pytest.approx((47.0, 49.0))
+    assert (enc.backward_start_ms, enc.backward_end_ms) == pytest.approx((47.0, 55.0))
+    # behind barriers the same plan takes 58 ms; the parts are rank 0's own time
+    assert r.iteration_ms == pytest.approx(55.0)
+    assert (r.forward_ms, r.backward_ms) == pytest.approx((4.0, 8.0))
+    assert r.transfer_ms == pytest.approx(20.0 + 23.0)
+    assert r.sync_ms == pytest.approx(0.0)
+
+
+def test_a_slice_starts_when_all_of_its_ranks_are_there():
+    # enc on ranks 0-1, head on ranks 1-2: rank 2 reaches head's boundary at 0, ranks 0-1 at
+    # 4 (after enc). Head's rows 0-1 come from rank 0 to rank 1 over NVLink (200 MB at
+    # 100 GB/s: 4-6), rows 2-3 from rank 1 to rank 2 over node 0's NIC (4-14); rank 1 has
+    # its rows at 6 but head starts on both of its ranks at 14.
+    r = simulate(fx.plan((0, 1), (1, 2), enc_sync_bytes=0, head_sync_bytes=0), fx.graph(),
+                 fx.profile(), fx.cluster(), progress="rank")
+    w0, w1 = r.waves
+    acts = [f for f in r.flows if f.kind == "activation"]
+    assert [(f.src_rank, f.dst_rank) for f in acts] == [(0, 1), (1, 2)]
+    assert [(f.start_ms, f.end_ms) for f in acts] == pytest.approx([(4.0, 6.0), (4.0, 14.0)])
+    assert (w1.forward_start_ms, w1.forward_end_ms) == pytest.approx((14.0, 15.0))

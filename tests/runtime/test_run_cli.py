@@ -75,7 +75,7 @@ def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
     assert set(summary["breakdown_ms_per_step"]) == {"0", "1"}
     assert all(parts["compute"] > 0 for parts in summary["breakdown_ms_per_step"].values())
     # the prediction is the simulator's (the plan's profile and cluster files are at hand),
-    # with the gradient buckets of the executor on gloo: one per rank set
+    # as the executor on gloo runs: each rank on its own, one gradient bucket per rank set
     from spindle_cli.artifacts import MetaOpGraph, Plan, Profile
     from spindle_cli.planner.simulate import simulate
 
@@ -83,7 +83,7 @@ def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
             load(str(tmp_path / "profile.yaml"), Profile),
             load(str(REPO / "clusters" / "local-cpu-2.yaml"), ClusterSpec))
     assert summary["predicted_iteration_ms"] == pytest.approx(
-        simulate(*args, sync="per-set").iteration_ms)
+        simulate(*args, sync="per-set", progress="rank").iteration_ms)
 
 
 def invoke(*args: str) -> object:
