@@ -71,6 +71,26 @@ def speedup_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]]
     return header, body
 
 
+def executed_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]]:
+    """Each planner's kept plan with every rank on its own, as `spindle run` executes it
+    (iteration ms, and its change from the wave-by-wave figure); the fastest is marked."""
+    header = ["model", "tasks", "GPUs", *PLANNER_ORDER]
+    body = []
+    for key in _configs(rows):
+        found = [_find(rows, key, p) for p in PLANNER_ORDER]
+        times = [r.executed_ms for r in found if r is not None and r.executed_ms is not None]
+        cells = []
+        for r in found:
+            if r is None or r.executed_ms is None or r.iteration_ms is None:
+                cells.append("failed")
+                continue
+            mark = " *" if r.executed_ms == min(times) else ""
+            cells.append(f"{r.executed_ms:.1f} ({r.executed_ms / r.iteration_ms - 1:+.1%})"
+                         f"{mark}")
+        body.append([key[0], str(key[1]), str(key[2]), *cells])
+    return header, body
+
+
 def detail_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]]:
     """Figs. 10-12: Spindle's gap to the optimum, transfer shares, sync, planning time."""
     header = ["model", "tasks", "GPUs", "gap (iter/C*)", "compute/C*", "transfer island",
@@ -234,7 +254,7 @@ def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
         err.print(f"bench: {cfg.model} {cfg.num_tasks} tasks on {cfg.num_devices} devices")
         rows += lib.run_config(models[cfg.model], clusters[cfg.cluster], cfg)
     records = [dataclasses.asdict(r) for r in rows]
-    fig8, detail = speedup_table(rows), detail_table(rows)
+    fig8, detail, executed = speedup_table(rows), detail_table(rows), executed_table(rows)
     if as_json:
         click.echo(json.dumps(records, indent=2))
     else:
@@ -242,6 +262,9 @@ def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
                           "DeepSpeed) [ZeRO stage / recomputation used]", *fig8))
         print_table(_rich("spindle: gap to optimum, inter-wave transfer share with island vs "
                           "sequential placement (paper), planning time", *detail))
+        print_table(_rich("the same plans with each rank on its own, as spindle run executes "
+                          "them: iteration ms (change from wave by wave); * fastest",
+                          *executed))
         for line in _failures(rows):
             out.print(f"failed: {line}")
     if out_dir is not None:
@@ -255,6 +278,9 @@ def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
                    "kept plan uses ZeRO or recomputation)\n\n" + _markdown(*fig8)
                    + "\n## Spindle: gap to the relaxed optimum, inter-wave transfer share "
                    "(paper in parentheses), planning time\n\n" + _markdown(*detail)
+                   + "\n## The same plans with each rank on its own, as `spindle run` "
+                   "executes them (iteration ms, change from wave by wave; * fastest)\n\n"
+                   + _markdown(*executed)
                    + ("\n## Configurations that could not be planned\n\n" + failures
                       if failures else ""))
         _charts(rows, out_dir)

@@ -98,6 +98,9 @@ class BenchRow:
     placement: str
     iteration_ms: float | None
     """Simulated iteration (for `optimum`: the relaxed optimum itself)."""
+    executed_ms: float | None
+    """The same plan simulated with each rank on its own (`simulate`'s progress 'rank'), as
+    `spindle run` executes it, instead of wave by wave."""
     speedup_vs_sequential: float | None
     lower_bound_ms: float | None
     """Relaxed optimum sum of C* (compute only)."""
@@ -192,19 +195,21 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
     for planner, placement in VARIANTS:
         try:
             plan, sim, seconds = plan_and_simulate(graph, profile, cluster, planner, placement)
-            results.append((planner, placement, sim, seconds, memory_setting(plan), ""))
+            executed = simulate(plan, graph, profile, cluster, progress="rank").iteration_ms
+            results.append((planner, placement, sim, executed, seconds, memory_setting(plan),
+                            ""))
         except SpindleError as e:
-            results.append((planner, placement, None, None, "-", str(e)))
-    baseline = next((s.iteration_ms for p, _, s, _, _, _ in results
+            results.append((planner, placement, None, None, None, "-", str(e)))
+    baseline = next((s.iteration_ms for p, _, s, _, _, _, _ in results
                      if p == "sequential" and s is not None), None)
     key = (config.model, config.num_tasks, config.num_devices)
     rows = []
-    for planner, placement, sim, seconds, memory, error in results:
+    for planner, placement, sim, executed, seconds, memory, error in results:
         it = sim.iteration_ms if sim else None
         rows.append(BenchRow(
             model=config.model, num_tasks=config.num_tasks, num_devices=config.num_devices,
             cluster=cluster.name, planner=planner, placement=placement, iteration_ms=it,
-            speedup_vs_sequential=_ratio(baseline, it), lower_bound_ms=bound,
+            executed_ms=executed, speedup_vs_sequential=_ratio(baseline, it), lower_bound_ms=bound,
             gap_to_optimum=_ratio(it, bound),
             compute_gap=_ratio(sim.compute_ms, bound) if sim else None,
             compute_ms=sim.compute_ms if sim else None,
@@ -224,7 +229,7 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
     rows.append(BenchRow(
         model=config.model, num_tasks=config.num_tasks, num_devices=config.num_devices,
         cluster=cluster.name, planner=OPTIMUM, placement="-", iteration_ms=bound,
-        speedup_vs_sequential=_ratio(baseline, bound), lower_bound_ms=bound,
+        executed_ms=None, speedup_vs_sequential=_ratio(baseline, bound), lower_bound_ms=bound,
         gap_to_optimum=1.0 if bound else None, compute_gap=1.0 if bound else None,
         compute_ms=bound, transfer_ms=None, sync_ms=None, transfer_fraction=None,
         idle_fraction=None, inter_island_bytes=None, peak_memory_bytes=None,

@@ -65,7 +65,10 @@ def test_out_dir_gets_csv_json_markdown_and_charts(tiny_matrix, tmp_path):
     with (out / "bench.csv").open() as f:
         table = list(csv.DictReader(f))
     assert [r["planner"] for r in table] == [r["planner"] for r in rows]
-    assert "| tiny-clip | 2 | 8 |" in (out / "bench.md").read_text()
+    md = (out / "bench.md").read_text()
+    assert "| tiny-clip | 2 | 8 |" in md
+    executed = md.split("as `spindle run` executes them")[1]
+    assert executed.count("| tiny-clip | 2 | 8 |") == 1 and " *" in executed
     for name in ("fig8_speedup.png", "fig10_transfer.png", "fig11_gap.png",
                  "fig12_plan_time.png", "gantt.png", "utilization.png"):
         assert (out / name).read_bytes().startswith(b"\x89PNG"), name

@@ -74,6 +74,8 @@ def test_rows_agree_with_a_direct_simulation(clip4_rows):
     assert row.iteration_ms == pytest.approx(sim.iteration_ms)
     assert row.transfer_fraction == pytest.approx(sim.transfer_ms / sim.iteration_ms)
     assert row.gap_to_optimum == pytest.approx(sim.iteration_ms / row.lower_bound_ms)
+    assert row.executed_ms == pytest.approx(
+        simulate(plan, graph, profile, c, progress="rank").iteration_ms)
     assert seconds > 0
 
 
