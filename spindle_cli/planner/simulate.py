@@ -959,6 +959,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             prev = b1
         return clock, _RankTimes(forward_ms=forward, backward_ms=backward_ms,
                                  waiting_ms=waiting_ms)
+
     end_ms, rank_times = barrier_loops() if progress == "wave" else rank_loops()
     backward_end_ms = max(end_ms)
 
