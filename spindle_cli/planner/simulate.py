@@ -839,7 +839,13 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                         for r in (src, dst):
                             mine.setdefault((k, r), []).append(len(found))
                         found.append((kind, label, src, dst, num_bytes))
-        bucket_left = {id(b): len(set(b.slices)) for bs in due_in_wave.values() for b in bs}
+        # a bucket's all-reduce runs once every rank of its set has passed its due wave's
+        # backward (the executor issues it there on each rank)
+        passed: dict[int, dict[int, float]] = {id(b): {} for bs in due_in_wave.values()
+                                                for b in bs}
+        # groups in no bucket sync whole once all of their ranks are through the backward
+        bucketed = {gi for bs in due_in_wave.values() for b in bs for gi in b.groups}
+        whole = [gi for gi in range(len(plan.param_groups)) if gi not in bucketed]
         pos, clock = [0] * n, [0.0] * n
         forward, backward_ms, waiting_ms = [0.0] * n, [0.0] * n, [0.0] * n
         arrived: dict[tuple[int, int], float] = {}
@@ -864,6 +870,15 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 weights[(nxt, s.id)] = issue_slice_gathers(
                     s, max(computed[(k, q)] for q in s.ranks))
 
+        def through_backward(w: int, r: int) -> None:
+            """Rank r has passed wave w's backward (at its clock)."""
+            for b in due_in_wave.get(w, []):
+                ranks = plan.param_groups[b.groups[0]].ranks
+                if r in ranks:
+                    passed[id(b)][r] = clock[r]
+                    if len(passed[id(b)]) == len(ranks):
+                        issue_sync(b.groups, b.bytes, max(passed[id(b)].values()))
+
         def run_slice(k: int, s: Slice, start_ms: float) -> None:
             _, w, backward = steps[k]
             c = costs[s.id]
@@ -877,12 +892,8 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 pos[q] += 1
                 waits_on.pop(q, None)
                 pass_compute(k, q, start_ms)
-            if backward:
-                for b in due_in_wave.get(w, []):
-                    if s.id in b.slices:
-                        bucket_left[id(b)] -= 1
-                        if bucket_left[id(b)] == 0:
-                            issue_sync(b.groups, b.bytes, max(starts[i][3] for i in b.slices))
+                if backward:
+                    through_backward(w, q)
             if clock[s.ranks[0]] > give_up_ms:
                 raise _GaveUp(clock[s.ranks[0]])
 
@@ -905,6 +916,8 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                     s = slice_at[w].get(r)
                     if s is None:
                         pass_compute(k, r, clock[r])
+                        if steps[k][2]:
+                            through_backward(w, r)
                         pos[r] += 1
                         continue
                     if not all((k, q) in arrived for q in s.ranks):
@@ -928,6 +941,11 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 clock[r] = leave_ms
                 pos[r] += 1
                 waits_on.pop(r, None)
+                if pos[r] == len(steps):
+                    for gi in whole:
+                        g = plan.param_groups[gi]
+                        if r in g.ranks and all(pos[q] == len(steps) for q in g.ranks):
+                            issue_sync((gi,), g.bytes, max(clock[q] for q in g.ranks))
             return moved
 
         first = computes[0] if computes else None

@@ -46,9 +46,10 @@ def plans(draw):
 @settings(max_examples=60, deadline=None)
 @given(plan=plans(), batch=st.integers(1, 9), num_nodes=st.sampled_from([1, 2]),
        latency_s=st.sampled_from([0.0, 1e-5]), sync=st.sampled_from(SYNC_MODES),
-       progress=st.sampled_from(PROGRESS_MODES))
+       progress=st.sampled_from(PROGRESS_MODES), zero=st.sampled_from(["0", "3"]))
 def test_timeline_is_causal_and_the_breakdown_adds_up(plan, batch, num_nodes, latency_s,
-                                                      sync, progress):
+                                                      sync, progress, zero):
+    plan = dataclasses.replace(plan, options={**plan.options, "zero": zero})
     args = (plan, fx.graph(batch), fx.profile(batch),
             fx.cluster(latency_s=latency_s, num_nodes=num_nodes))
     r = simulate(*args, sync=sync, progress=progress)
