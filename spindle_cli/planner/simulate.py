@@ -181,6 +181,9 @@ class SimResult:
     inputs (exposed inter-wave communication, and under ZeRO-3 the weight gathers a wave waits
     for), sync the time from the last backward wave until every parameter group is
     synchronized, optimizer the rest (the slowest rank's step after its own groups' sync).
+    With ranks on their own (`simulate`'s progress 'rank') the same four parts are the time
+    of the rank that ends the iteration: its compute, its waiting (for messages, slice peers
+    and gathers), its wait for its groups' sync after its last backward boundary, its step.
     """
 
     planner: str
