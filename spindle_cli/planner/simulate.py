@@ -725,7 +725,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     def issue_gathers(wave: int, start_ms: float) -> list[int]:
         """ZeRO-3: all-gather the weights of every slice of the wave over its groups."""
-        if not gathers or not 0 <= wave < len(plan.waves):
+        if not 0 <= wave < len(plan.waves):
             return []
         return [i for s in plan.waves[wave].slices for i in issue_slice_gathers(s, start_ms)]
 
@@ -738,18 +738,26 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     for i, t in enumerate(plan.transfers):
         into_wave.setdefault(costs[t.dst].wave, []).append(i)
 
-    def issue_boundary(wave: int, backward: bool, ready_ms: list[float]) -> list[int]:
-        """The messages of the boundary into `wave`: its inputs' activations (forward) or,
-        after its backward, their gradients back. A message starts once both of its ranks
-        have reached the boundary (`ready_ms`), as the executor posts a boundary's messages
-        together; a rank moves on when all of them have arrived."""
-        ids: list[int] = []
+    def boundary_messages(wave: int, backward: bool
+                          ) -> list[tuple[FlowKind, str, list[tuple[int, int, int]]]]:
+        """(kind, label, pieces) of every transfer into `wave`: its inputs' activations
+        (forward) or, after its backward, their gradients back."""
+        kind: FlowKind = "gradient" if backward else "activation"
+        found = []
         for i in into_wave.get(wave, []):
             t = plan.transfers[i]
-            kind: FlowKind = "gradient" if backward else "activation"
             label = f"{t.dst}->{t.src}" if backward else f"{t.src}->{t.dst}"
+            found.append((kind, label, list(pieces(i, backward))))
+        return found
+
+    def issue_boundary(wave: int, backward: bool, ready_ms: list[float]) -> list[int]:
+        """The messages of the boundary into `wave` (`boundary_messages`). A message starts
+        once both of its ranks have reached the boundary (`ready_ms`), as the executor posts a
+        boundary's messages together; a rank moves on when all of them have arrived."""
+        ids: list[int] = []
+        for kind, label, found in boundary_messages(wave, backward):
             by_start: dict[float, list[tuple[int, int, int]]] = {}
-            for src, dst, num_bytes in pieces(i, backward):
+            for src, dst, num_bytes in found:
                 start = max(ready_ms[src], ready_ms[dst])
                 by_start.setdefault(start, []).append((src, dst, num_bytes))
             for start, group in sorted(by_start.items()):
@@ -826,22 +834,18 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         computes = [k for k, st in enumerate(steps) if st[0]]
         next_compute = dict(zip(computes, computes[1:], strict=False))
         slice_at = [{r: s for s in w.slices for r in s.ranks} for w in plan.waves]
-        # a boundary's messages: (kind, label, src, dst, bytes), and each rank's among them
+        # a boundary's messages one by one: (kind, label, src, dst, bytes), and each rank's
         messages: dict[int, list[tuple[FlowKind, str, int, int, int]]] = {}
         mine: dict[tuple[int, int], list[int]] = {}
         for k, (is_compute, w, backward) in enumerate(steps):
             if is_compute:
                 continue
-            kind: FlowKind = "gradient" if backward else "activation"
             found = messages.setdefault(k, [])
-            for i in into_wave.get(w, []):
-                t = plan.transfers[i]
-                label = f"{t.dst}->{t.src}" if backward else f"{t.src}->{t.dst}"
-                for src, dst, num_bytes in pieces(i, backward):
-                    if src != dst:
-                        for r in (src, dst):
-                            mine.setdefault((k, r), []).append(len(found))
-                        found.append((kind, label, src, dst, num_bytes))
+            for kind, label, parts in boundary_messages(w, backward):
+                for src, dst, num_bytes in parts:
+                    for r in (src, dst):
+                        mine.setdefault((k, r), []).append(len(found))
+                    found.append((kind, label, src, dst, num_bytes))
         # a bucket's all-reduce runs once every rank of its set has passed its due wave's
         # backward (the executor issues it there on each rank)
         passed: dict[int, dict[int, float]] = {id(b): {} for bs in due_in_wave.values()
@@ -851,14 +855,14 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         whole = [gi for gi in range(len(plan.param_groups)) if gi not in bucketed]
         pos, clock = [0] * n, [0.0] * n
         forward, backward_ms, waiting_ms = [0.0] * n, [0.0] * n, [0.0] * n
+        # when each rank reached each step; the flow of each (boundary step, message)
         arrived: dict[tuple[int, int], float] = {}
         flow_of: dict[tuple[int, int], int] = {}
+        # when each rank started (or passed) each compute step; a slice's ZeRO-3 gathers at
+        # a compute step; the flows a blocked rank waits for
         computed: dict[tuple[int, int], float] = {}
-        """When each rank started (or passed) each compute step."""
         weights: dict[tuple[int, str], list[int]] = {}
-        """ZeRO-3 gathers of a slice at a compute step."""
         waits_on: dict[int, list[int]] = {}
-        """Flows a blocked rank waits for."""
 
         def finished(ids: list[int]) -> bool:
             return not np.isnan(net.end_s[ids]).any()
@@ -909,7 +913,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 if (k, r) not in arrived:
                     arrived[(k, r)] = clock[r]
                     moved = True
-                    for j in mine.get((k, r), []) if not is_compute else []:
+                    for j in mine.get((k, r), []):
                         kind, label, src, dst, num_bytes = messages[k][j]
                         if (k, dst if src == r else src) in arrived:
                             start_ms = max(arrived[(k, src)], arrived[(k, dst)])
