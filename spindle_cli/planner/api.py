@@ -41,7 +41,8 @@ from spindle_cli.planner.memory import (
     state_bytes_per_param,
 )
 from spindle_cli.planner.placement import Flow, Ranks, SliceSpec, place
-from spindle_cli.planner.simulate import simulated_iteration_ms
+from spindle_cli.planner.simulate import QuickCost, simulated_cost
+from spindle_cli.planner.tasks import task_stable
 from spindle_cli.planner.waves import (
     LARGE_LEVEL,
     LARGE_LEVEL_VARIANTS,
@@ -161,8 +162,8 @@ def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
             continue
         if cluster.num_devices > SIMULATED_CHOICE_MAX_DEVICES:
             return plan
-        iteration_ms = simulated_iteration_ms(plan, graph, profile, cluster,
-                                              give_up_ms=best[0] if best else math.inf)
+        iteration_ms = simulated_cost(plan, graph, profile, cluster,
+                                      give_up_ms=best[0] if best else math.inf).iteration_ms
         if best is None or iteration_ms < best[0] - 1e-9:
             best = (iteration_ms, plan)
     if best is None:
@@ -363,13 +364,14 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     encoders on the whole cluster, the short levels inside islands), then all levels fused
     into one schedule under the smallest bound (`fused_waves`; OFASys 4 tasks on 32
     devices: each task's chain inside one node, no level barriers) when that computes
-    faster than its level-by-level schedule, and last the kept plan rebuilt to move fewer
-    rows between ranks (`consider_lighter`: no extension, or one device count per MetaOp;
+    faster than its level-by-level schedule, then the kept plan rebuilt to move fewer rows
+    between ranks (`consider_lighter`: no extension, or one device count per MetaOp;
     multitask-clip 4 tasks on 32 devices: 49.5 ms instead of 53.1, qwen-val on 64: 813.0
-    instead of 862.5). Candidates with the same waves are simulated once. The allocator and
-    the wave scheduler see compute only; the simulator is the planner's cost model for what
-    they cannot see. The levels' lower bounds stay the
-    uncapped C*, so `lower_bound_ms` is the relaxed optimum whichever plan is kept.
+    instead of 862.5), and last each task on one device group through all its levels
+    (`consider_task_stable`). Candidates with the same waves are simulated once. The
+    allocator and the wave scheduler see compute only; the simulator is the planner's cost
+    model for what they cannot see. The levels' lower bounds stay the uncapped C*, so
+    `lower_bound_ms` is the relaxed optimum whichever plan is kept.
     Baselines are planned once, as their rules say."""
     n_dev = cluster.num_devices
     profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
@@ -386,8 +388,9 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
             planned = baselines.distmm(graph, curves, n_dev, max_ops)
         return _assemble(graph, curves, cluster, options, inputs, allocs, planned)
     by_cap: dict[int, list[list[PlannedWave]]] = {}
-    # (simulated iteration, plan, device bound per level, whether the levels were fused)
-    best: tuple[float, Plan, tuple[int, ...], bool] | None = None
+    # (simulated iteration, plan, device bound per level, whether the levels were fused,
+    # its simulated transfer wait)
+    best: tuple[float, Plan, tuple[int, ...], bool, float] | None = None
     error: PlanInfeasible | None = None
     bounds = device_caps(cluster)
 
@@ -413,11 +416,11 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
             return
         # a single candidate needs no simulation (and above SIMULATED_CHOICE_MAX_DEVICES one
         # would take longer than the planning target)
-        iteration_ms = (simulated_iteration_ms(
-            plan, graph, profile, cluster, give_up_ms=best[0] if best else math.inf)
-            if len(bounds) > 1 else 0.0)
-        if best is None or iteration_ms < best[0] - 1e-9:
-            best = (iteration_ms, plan, caps, fused)
+        cost = (simulated_cost(plan, graph, profile, cluster,
+                               give_up_ms=best[0] if best else math.inf)
+                if len(bounds) > 1 else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
+        if best is None or cost.iteration_ms < best[0] - 1e-9:
+            best = (cost.iteration_ms, plan, caps, fused, cost.transfer_ms)
 
     def capped_for(cap: int) -> tuple[dict[str, OpCurve], list[LevelAllocation]]:
         """The curves and allocation under a device bound (PlanInfeasible when some MetaOp
@@ -464,6 +467,26 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
             if not fused:
                 consider(caps, [w for level, cap in enumerate(caps) for w in levels[cap][level]])
 
+    def consider_task_stable() -> None:
+        """Each task on one device group through all its levels (`tasks.task_stable`), the
+        levels fused, with and without extension: no rows re-split inside a task, where the
+        level-by-level balance re-splits them at every level (OFASys 7 tasks on 32 devices:
+        80.4 ms simulated instead of 85.4). What it saves is mostly the kept plan's wait for
+        transfers, so a schedule that computes longer than the kept plan's compute and
+        transfer wait together is not simulated: a cut-off for planning time, since a
+        task-stable plan could also sync faster (in `spindle bench` it skips 61 of the 88
+        schedules multitask-clip's memory settings make, and keeps every plan it found
+        without it)."""
+        assert best is not None
+        stable = task_stable(allocs, graph, curves, n_dev)
+        if stable is None:
+            return
+        bar_ms = best[1].estimated_iteration_ms + best[4]
+        for extend in (True, False):
+            planned = fused_waves(graph, curves, stable, n_dev, max_ops, extend=extend)
+            if sum(w.duration_ms for w in planned) < bar_ms:
+                consider((n_dev,) * len(allocs), planned, fused=True)
+
     for cap in bounds:
         try:
             capped, capped_allocs = capped_for(cap)
@@ -489,6 +512,8 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         consider_fused(bounds[-1])
     if best is not None and len(bounds) > 1:
         consider_lighter(best[2], best[3])
+    if best is not None and len(bounds) > 1 and len(graph.tasks) > 1:
+        consider_task_stable()
     if best is None:
         assert error is not None
         raise error

@@ -19,30 +19,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from bisect import bisect_right
 
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.allocation import OpCurve
+from spindle_cli.planner.tasks import Chain, by_task, chain, chain_ms, task_counts
 from spindle_cli.planner.waves import MaxOps, PlannedWave, Slot, align, merge_or_append
 
 _MAX_COMBINATIONS = 20000
-
-Chain = list[tuple[str, int]]
-"""MetaOps run one after another on one device group, with their device counts."""
-
-
-def _order(metaops: list[MetaOp]) -> list[MetaOp]:
-    return sorted(metaops, key=lambda m: (m.level, m.id))
-
-
-def _by_task(graph: MetaOpGraph) -> list[list[MetaOp]]:
-    return [_order([m for m in graph.metaops if m.task == t]) for t in graph.tasks]
-
-
-def _largest_within(oc: OpCurve, n: int) -> int:
-    """The largest valid count <= n (0 when there is none)."""
-    return oc.counts[bisect_right(oc.counts, n) - 1]
 
 
 def _one_per_wave(metaops: list[MetaOp], curves: dict[str, OpCurve],
@@ -64,7 +47,7 @@ def _one_per_wave(metaops: list[MetaOp], curves: dict[str, OpCurve],
 def sequential(graph: MetaOpGraph, curves: dict[str, OpCurve],
                max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Each task's MetaOps on the whole cluster in turn."""
-    return [w for ms in _by_task(graph) for w in _one_per_wave(ms, curves, max_ops)]
+    return [w for ms in by_task(graph) for w in _one_per_wave(ms, curves, max_ops)]
 
 
 def concurrent(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGraph,
@@ -95,43 +78,11 @@ def concurrent(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGra
         merge_or_append(waves, PlannedWave(level=level, slots=slots), max_ops)
 
 
-def _task_counts(ms: list[MetaOp], curves: dict[str, OpCurve], num_devices: int) -> list[int]:
-    """Device counts valid for every MetaOp of a task (any count from the largest minimum up
-    when the MetaOps share none)."""
-    common = set(range(1, num_devices + 1))
-    for m in ms:
-        common &= set(curves[m.id].counts[1:])
-    if common:
-        return sorted(common)
-    lowest = max(curves[m.id].counts[1] for m in ms)
-    return list(range(lowest, num_devices + 1))
-
-
-def _chain_ms(ms: list[MetaOp], curves: dict[str, OpCurve], n: int) -> float:
-    total = 0.0
-    for m in ms:
-        k = _largest_within(curves[m.id], n)
-        if k == 0:
-            return math.inf
-        total += m.num_layers * curves[m.id].time_at(k)
-    return total
-
-
-def _chain(ms: list[MetaOp], curves: dict[str, OpCurve], n: int) -> Chain:
-    chain = []
-    for m in ms:
-        k = _largest_within(curves[m.id], n)
-        if k == 0:
-            raise PlanInfeasible(f"{m.id}: no valid device count <= {n}")
-        chain.append((m.id, k))
-    return chain
-
-
 def optimus(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,
             max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Task-level allocation by largest marginal gain; tasks run concurrently."""
-    tasks = [ms for ms in _by_task(graph) if ms]
-    counts = [_task_counts(ms, curves, num_devices) for ms in tasks]
+    tasks = [ms for ms in by_task(graph) if ms]
+    counts = [task_counts(ms, curves, num_devices) for ms in tasks]
     if len(tasks) > num_devices or sum(c[0] for c in counts) > num_devices:
         return _list_scheduled(tasks, curves, num_devices, graph, max_ops)
     alloc = [c[0] for c in counts]
@@ -143,7 +94,7 @@ def optimus(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,
             if not higher or higher[0] - alloc[i] > free:
                 continue
             nxt = higher[0]
-            gain = (_chain_ms(ms, curves, alloc[i]) - _chain_ms(ms, curves, nxt)) / (nxt - alloc[i])
+            gain = (chain_ms(ms, curves, alloc[i]) - chain_ms(ms, curves, nxt)) / (nxt - alloc[i])
             if gain > best_gain:
                 best, best_gain = i, gain
         if best < 0:
@@ -152,21 +103,21 @@ def optimus(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,
         free -= nxt - alloc[best]
         alloc[best] = nxt
     order = sorted(range(len(tasks)),
-                   key=lambda i: (-_chain_ms(tasks[i], curves, alloc[i]), tasks[i][0].task))
-    return concurrent([_chain(tasks[i], curves, alloc[i]) for i in order], curves, graph,
+                   key=lambda i: (-chain_ms(tasks[i], curves, alloc[i]), tasks[i][0].task))
+    return concurrent([chain(tasks[i], curves, alloc[i]) for i in order], curves, graph,
                       max_ops)
 
 
 def _list_scheduled(tasks: list[list[MetaOp]], curves: dict[str, OpCurve], num_devices: int,
                     graph: MetaOpGraph, max_ops: MaxOps | None) -> list[PlannedWave]:
     """One device per task; longest task first onto the earliest-free device."""
-    order = sorted(tasks, key=lambda ms: (-_chain_ms(ms, curves, 1), ms[0].task))
+    order = sorted(tasks, key=lambda ms: (-chain_ms(ms, curves, 1), ms[0].task))
     busy_ms = [0.0] * num_devices
     chains: list[Chain] = [[] for _ in range(num_devices)]
     for ms in order:
         d = min(range(num_devices), key=lambda k: (busy_ms[k], k))
-        busy_ms[d] += _chain_ms(ms, curves, 1)
-        chains[d].extend(_chain(ms, curves, 1))
+        busy_ms[d] += chain_ms(ms, curves, 1)
+        chains[d].extend(chain(ms, curves, 1))
     return concurrent([c for c in chains if c], curves, graph, max_ops)
 
 
@@ -204,7 +155,7 @@ def _tower_sizes(towers: list[list[MetaOp]], curves: dict[str, OpCurve],
     options = []
     for t in towers:
         cand = sorted({c for m in t for c in curves[m.id].counts[1:]})
-        useful = [n for n in cand if _chain_ms(t, curves, n) < math.inf]
+        useful = [n for n in cand if chain_ms(t, curves, n) < math.inf]
         if not useful:
             return None
         options.append(useful)
@@ -213,7 +164,7 @@ def _tower_sizes(towers: list[list[MetaOp]], curves: dict[str, OpCurve],
         for combo in itertools.product(*options):
             if sum(combo) > num_devices:
                 continue
-            times = [_chain_ms(t, curves, n) for t, n in zip(towers, combo, strict=True)]
+            times = [chain_ms(t, curves, n) for t, n in zip(towers, combo, strict=True)]
             key = (max(times), sum(times), combo)
             if best is None or key < best:
                 best = key
@@ -223,7 +174,7 @@ def _tower_sizes(towers: list[list[MetaOp]], curves: dict[str, OpCurve],
         return None
     while True:
         slowest = sorted(range(len(towers)),
-                         key=lambda i: (-_chain_ms(towers[i], curves, sizes[i]), i))
+                         key=lambda i: (-chain_ms(towers[i], curves, sizes[i]), i))
         for i in slowest:
             higher = [n for n in options[i] if n > sizes[i]]
             if higher and sum(sizes) - sizes[i] + higher[0] <= num_devices:
@@ -237,13 +188,13 @@ def distmm(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,
            max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Tasks in sequence; towers side by side, then the cross-modal MetaOps on all devices."""
     waves: list[PlannedWave] = []
-    for ms in _by_task(graph):
+    for ms in by_task(graph):
         towers, joined = _towers(ms)
         sizes = _tower_sizes(towers, curves, num_devices) if len(towers) > 1 else None
         if sizes is None:
             waves.extend(_one_per_wave(ms, curves, max_ops))
             continue
-        chains = [_chain(t, curves, n) for t, n in zip(towers, sizes, strict=True)]
+        chains = [chain(t, curves, n) for t, n in zip(towers, sizes, strict=True)]
         waves.extend(concurrent(chains, curves, graph, max_ops))
         waves.extend(_one_per_wave(joined, curves, max_ops))
     return waves

@@ -67,7 +67,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -586,19 +586,27 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
                    _run(plan, graph, profile, cluster, sync=sync, progress=progress))
 
 
-def simulated_iteration_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
-                           cluster: ClusterSpec, *, give_up_ms: float = math.inf) -> float:
-    """`simulate(...).iteration_ms`, without building the per-rank, per-slice and per-flow
-    records of the result (a planner choosing among candidate plans needs only this). Once the
-    simulated clock passes `give_up_ms` (a wave ends, or a flow that a wave or the gradient
-    sync waits for ends, after it) the simulation stops and returns that time, a lower bound
-    of the iteration above `give_up_ms`: a plan that cannot beat `give_up_ms` need not be
-    simulated to the end."""
+class QuickCost(NamedTuple):
+    """What a planner choosing among candidate plans needs of one's simulation."""
+
+    iteration_ms: float
+    transfer_ms: float
+    """Waiting for inter-wave transfers (`SimResult.transfer_ms`); inf when given up."""
+
+
+def simulated_cost(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
+                   give_up_ms: float = math.inf) -> QuickCost:
+    """`simulate(...)`'s iteration and transfer wait, without building the per-rank, per-slice
+    and per-flow records of the result. Once the simulated clock passes `give_up_ms` (a wave
+    ends, or a flow that a wave or the gradient sync waits for ends, after it) the simulation
+    stops and returns that time, a lower bound of the iteration above `give_up_ms`: a plan
+    that cannot beat `give_up_ms` need not be simulated to the end."""
     try:
-        return _run(plan, graph, profile, cluster, sync="per-wave",
-                    give_up_ms=give_up_ms, record_flows=False).iteration_ms
+        timeline = _run(plan, graph, profile, cluster, sync="per-wave", give_up_ms=give_up_ms,
+                        record_flows=False)
     except _GaveUp as e:
-        return e.now_ms
+        return QuickCost(iteration_ms=e.now_ms, transfer_ms=math.inf)
+    return QuickCost(iteration_ms=timeline.iteration_ms, transfer_ms=timeline.parts[2])
 
 
 class _GaveUp(Exception):

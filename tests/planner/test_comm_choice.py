@@ -100,11 +100,7 @@ def test_a_schedule_that_re_splits_less_is_kept_when_its_rows_are_heavy():
 
 @pytest.mark.parametrize("model, task_set, cluster_name", [
     ("multitask-clip", "4", "a800-4x8"),
-    pytest.param("ofasys", "7", "a800-4x8", marks=pytest.mark.xfail(strict=True, reason=(
-        "issue 5, known loss: Spindle's plans move activations between ranks at most of "
-        "their boundaries (13-25 ms of transfers against Optimus's 2.5) and spread the "
-        "shared encoder and decoder over wider sync groups; the allocator and the wave "
-        "scheduler do not see communication"))),
+    ("ofasys", "7", "a800-4x8"),
 ])
 def test_spindle_is_not_slower_than_optimus_at_32(model, task_set, cluster_name):
     """Issue 5's closest cells, each planner under its fastest fitting memory setting, as

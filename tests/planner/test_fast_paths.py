@@ -1,6 +1,6 @@
 """The planner's fast paths agree with the plain rules they replace: the row merge of
 `row_flows`, the vectorized `align_fill`, the iteration-only simulation with its give-up
-bound (`simulated_iteration_ms`), and `level_waves` reusing traced variants."""
+bound (`simulated_cost`), and `level_waves` reusing traced variants."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from spindle_cli.planner.simulate import (
     _groups,
     row_flows,
     simulate,
-    simulated_iteration_ms,
+    simulated_cost,
     split_rows,
 )
 from spindle_cli.planner.waves import (
@@ -101,12 +101,13 @@ def test_iteration_only_simulation_and_its_give_up_bound(plan, batch, num_nodes,
                                                          cut):
     g, p, c = fx.graph(batch), fx.profile(batch), fx.cluster(latency_s=latency_s,
                                                               num_nodes=num_nodes)
-    full = simulate(plan, g, p, c).iteration_ms
-    assert simulated_iteration_ms(plan, g, p, c) == full
+    result = simulate(plan, g, p, c)
+    full = result.iteration_ms
+    assert simulated_cost(plan, g, p, c) == (full, result.transfer_ms)
     give_up_ms = cut * full
-    bounded = simulated_iteration_ms(plan, g, p, c, give_up_ms=give_up_ms)
+    bounded, transfer_ms = simulated_cost(plan, g, p, c, give_up_ms=give_up_ms)
     if full <= give_up_ms:
-        assert bounded == full
+        assert (bounded, transfer_ms) == (full, result.transfer_ms)
     else:
         # stopped early or not: above the bound it gave up on, never above the truth
         assert give_up_ms < bounded <= full

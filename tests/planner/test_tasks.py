@@ -1,0 +1,97 @@
+"""Task-level chains (planner/tasks.py) and Spindle's task-stable candidate."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
+
+from spindle_cli.planner import api
+from spindle_cli.planner.simulate import simulate
+from spindle_cli.planner.tasks import balanced_counts, by_task, chain_ms, task_counts, task_stable
+
+
+def three_tasks():
+    """Two-level chains of different lengths; batches 8, 12 and 6 give each task its own
+    valid counts on 8 devices."""
+    ms = [metaop("a/enc", layers=6, batch=8), metaop("b/enc", layers=3, batch=12),
+          metaop("c/enc", layers=2, batch=6),
+          metaop("a/head", level=1, layers=2, batch=8, preds=("a/enc",)),
+          metaop("b/head", level=1, layers=4, batch=12, preds=("b/enc",)),
+          metaop("c/head", level=1, layers=1, batch=6, preds=("c/enc",))]
+    p = profile([alpha_beta_curve(m.id, m.batch_size, 0.2, 1.0) for m in ms])
+    return graph(ms), p, cluster(per_node=8)
+
+
+def _curves(g, p, n):
+    return api.op_curves(g, p, n)
+
+
+def test_balanced_counts_minimize_the_longest_chain_then_the_sum():
+    g, p, c = three_tasks()
+    curves = _curves(g, p, c.num_devices)
+    tasks = by_task(g)
+    got = balanced_counts(tasks, curves, c.num_devices)
+    options = [task_counts(ms, curves, c.num_devices) for ms in tasks]
+    best = min((max(times), sum(times), combo) for combo in itertools.product(*options)
+               if sum(combo) <= c.num_devices
+               for times in [[chain_ms(ms, curves, n) for ms, n in zip(tasks, combo, strict=True)]])
+    assert sum(got) <= c.num_devices
+    times = [chain_ms(ms, curves, n) for ms, n in zip(tasks, got, strict=True)]
+    assert (max(times), sum(times)) == pytest.approx(best[:2])
+
+
+def test_balanced_counts_is_none_when_the_smallest_groups_do_not_fit():
+    g, p, _ = three_tasks()
+    curves = _curves(g, p, 2)
+    assert balanced_counts(by_task(g), curves, 2) is None
+
+
+def test_task_stable_keeps_one_count_per_task_and_every_operator():
+    g, p, c = three_tasks()
+    curves = _curves(g, p, c.num_devices)
+    allocs = api.allocate(g, curves, c.num_devices)
+    stable = task_stable(allocs, g, curves, c.num_devices)
+    sizes = dict(zip(g.tasks, balanced_counts(by_task(g), curves, c.num_devices), strict=True))
+    for a_old, a_new in zip(allocs, stable, strict=True):
+        assert a_new.c_star_ms == a_old.c_star_ms
+        for o_old, o_new in zip(a_old.ops, a_new.ops, strict=True):
+            (t,) = o_new.tuples
+            assert t.num_ops == sum(x.num_ops for x in o_old.tuples)
+            task = g.metaop(o_new.metaop).task
+            # the largest valid count within the task's group
+            assert t.n == max(n for n in curves[o_new.metaop].counts if n <= sizes[task])
+
+
+def heavy_rows():
+    """Two tasks with 16 MiB rows on two nodes joined by 1 GB/s: a's encoder is three times
+    b's, b's head twice a's, so each level's balance gives a and b different groups and
+    re-splits their rows between the levels; on one group per task they never move."""
+    ms = [metaop("a/enc", layers=12, batch=8, act_bytes=16 << 20),
+          metaop("b/enc", layers=4, batch=8, act_bytes=16 << 20),
+          metaop("a/head", level=1, layers=2, batch=8, preds=("a/enc",), act_bytes=16 << 20),
+          metaop("b/head", level=1, layers=4, batch=8, preds=("b/enc",), act_bytes=16 << 20)]
+    p = profile([alpha_beta_curve(m.id, 8, 0.05, 1.0) for m in ms])
+    return graph(ms), p, replace(cluster(num_nodes=2, per_node=4),
+                                 inter_node_bandwidth_bytes_per_s=1e9)
+
+
+def test_make_plan_keeps_a_task_stable_plan_when_it_simulates_faster():
+    g, p, c = heavy_rows()
+    curves = api.op_curves(g, p, c.num_devices)
+    allocs = api.allocate(g, curves, c.num_devices)
+    max_ops = api.slice_limits(g, curves, c)
+    stable = task_stable(allocs, g, curves, c.num_devices)
+    candidate = api._assemble(g, curves, c, api.PlanOptions(), (), allocs,
+                              api.fused_waves(g, curves, stable, c.num_devices, max_ops))
+    kept = api.make_plan(g, p, c)
+    assert simulate(kept, g, p, c).iteration_ms <= simulate(candidate, g, p, c).iteration_ms
+    ranks: dict[str, set[tuple[int, ...]]] = {}
+    for _, s in kept.slices():
+        ranks.setdefault(g.metaop(s.metaop).task, set()).add(tuple(s.ranks))
+    # b keeps its group through both levels; a, the longest chain, takes the whole cluster
+    # once b is done (the extension)
+    assert len(ranks["b"]) == 1
+    assert max(len(r) for r in ranks["a"]) == c.num_devices
