@@ -17,15 +17,19 @@ plan synchronizes only at wave boundaries.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.planner.allocation import OpCurve
-from spindle_cli.planner.tasks import Chain, by_task, chain, chain_ms, task_counts
+from spindle_cli.planner.tasks import (
+    Chain,
+    balanced_counts,
+    by_task,
+    chain,
+    chain_ms,
+    task_counts,
+)
 from spindle_cli.planner.waves import MaxOps, PlannedWave, Slot, align, merge_or_append
-
-_MAX_COMBINATIONS = 20000
 
 
 def _one_per_wave(metaops: list[MetaOp], curves: dict[str, OpCurve],
@@ -150,38 +154,10 @@ def _towers(ms: list[MetaOp]) -> tuple[list[list[MetaOp]], list[MetaOp]]:
 
 def _tower_sizes(towers: list[list[MetaOp]], curves: dict[str, OpCurve],
                  num_devices: int) -> list[int] | None:
-    """Group sizes (sum <= N) minimizing the slowest tower: exhaustive over the counts where
-    a tower's time changes when that is small, else the slowest-first greedy."""
-    options = []
-    for t in towers:
-        cand = sorted({c for m in t for c in curves[m.id].counts[1:]})
-        useful = [n for n in cand if chain_ms(t, curves, n) < math.inf]
-        if not useful:
-            return None
-        options.append(useful)
-    if math.prod(len(o) for o in options) <= _MAX_COMBINATIONS:
-        best: tuple[float, float, tuple[int, ...]] | None = None
-        for combo in itertools.product(*options):
-            if sum(combo) > num_devices:
-                continue
-            times = [chain_ms(t, curves, n) for t, n in zip(towers, combo, strict=True)]
-            key = (max(times), sum(times), combo)
-            if best is None or key < best:
-                best = key
-        return list(best[2]) if best else None
-    sizes = [o[0] for o in options]
-    if sum(sizes) > num_devices:
-        return None
-    while True:
-        slowest = sorted(range(len(towers)),
-                         key=lambda i: (-chain_ms(towers[i], curves, sizes[i]), i))
-        for i in slowest:
-            higher = [n for n in options[i] if n > sizes[i]]
-            if higher and sum(sizes) - sizes[i] + higher[0] <= num_devices:
-                sizes[i] = higher[0]
-                break
-        else:
-            return sizes
+    """Group sizes (sum <= N) minimizing the slowest tower, then the sum of towers, over the
+    counts where a tower's time changes (`tasks.balanced_counts`)."""
+    options = [sorted({c for m in t for c in curves[m.id].counts[1:]}) for t in towers]
+    return balanced_counts(towers, options, curves, num_devices)
 
 
 def distmm(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,

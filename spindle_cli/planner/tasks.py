@@ -1,9 +1,9 @@
 """Task-level views of a MetaOp graph: a task's MetaOps as one chain on one device group.
 
 The task-level baselines (`baselines.optimus`, `baselines.distmm`) size device groups per
-task or tower; Spindle's task-stable candidate (`balanced_counts`, used by `api.make_plan`)
-sizes them by its own rule. A chain's MetaOps each run on the largest of their valid counts
-that fits the group.
+task or tower; Spindle's task-stable candidate (`task_stable`, used by `api.make_plan`)
+sizes them as DistMM-MT sizes its towers (`balanced_counts`). A chain's MetaOps each run on
+the largest of their valid counts that fits the group.
 """
 
 from __future__ import annotations
@@ -66,32 +66,47 @@ def chain(ms: list[MetaOp], curves: dict[str, OpCurve], n: int) -> Chain:
     return result
 
 
-def balanced_counts(tasks: list[list[MetaOp]], curves: dict[str, OpCurve],
-                    num_devices: int) -> list[int] | None:
-    """One group size per task, summing to at most N, that minimizes the longest chain
-    (`chain_ms`), and among those the sum of all chains: exact, by dynamic programming over
-    the tasks and the devices used so far (O(tasks x N x counts)). The task-level
-    counterpart of the level allocator's equal finish: Optimus's marginal-gain rule instead
+def balanced_counts(chains: list[list[MetaOp]], options: list[list[int]],
+                    curves: dict[str, OpCurve], num_devices: int) -> list[int] | None:
+    """One group size per chain, from its `options`, summing to at most N, that minimizes the
+    longest chain (`chain_ms`), then the sum of all chains, then the sizes themselves in
+    order. Exact: the longest chain is one of the chains' times, the smallest feasible one
+    is found by bisection, and under it `_least_sum` minimizes the sum. The task-level
+    counterpart of the level allocator's equal finish; Optimus's marginal-gain rule instead
     feeds whichever task gains most per device, which need not shorten the longest one.
-    None when the tasks' smallest groups do not fit."""
-    # devices used -> (longest chain, sum of chains, sizes so far); the first best kept
-    states: dict[int, tuple[float, float, tuple[int, ...]]] = {0: (0.0, 0.0, ())}
-    for ms in tasks:
-        options = [(n, chain_ms(ms, curves, n)) for n in task_counts(ms, curves, num_devices)]
-        nxt: dict[int, tuple[float, float, tuple[int, ...]]] = {}
-        for used in sorted(states):
-            longest, total, sizes = states[used]
-            for n, t in options:
-                if used + n > num_devices or t == math.inf:
-                    continue
-                cand = (max(longest, t), total + t, sizes + (n,))
-                old = nxt.get(used + n)
-                if old is None or cand[:2] < old[:2]:
-                    nxt[used + n] = cand
+    None when the smallest groups do not fit."""
+    timed = [[(n, t) for n in sizes if (t := chain_ms(ms, curves, n)) < math.inf]
+             for ms, sizes in zip(chains, options, strict=True)]
+    bounds = sorted({t for chain_times in timed for _, t in chain_times})
+    lo, hi = 0, len(bounds)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _least_sum(timed, bounds[mid], num_devices) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    return None if lo == len(bounds) else _least_sum(timed, bounds[lo], num_devices)
+
+
+def _least_sum(timed: list[list[tuple[int, float]]], bound_ms: float,
+               num_devices: int) -> list[int] | None:
+    """Sizes with every chain within `bound_ms` and at most N devices in all, minimizing the
+    sum of chains, then the sizes in order (None when none fit): dynamic programming over
+    the chains, keeping the best prefix per number of devices used (both criteria only grow
+    as chains are added, so the best prefix extends to the best whole)."""
+    states: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
+    for chain_times in timed:
+        nxt: dict[int, tuple[float, tuple[int, ...]]] = {}
+        for used, (total, chosen) in states.items():
+            for n, t in chain_times:
+                if used + n <= num_devices and t <= bound_ms:
+                    cand = (total + t, (*chosen, n))
+                    if used + n not in nxt or cand < nxt[used + n]:
+                        nxt[used + n] = cand
         if not nxt:
             return None
         states = nxt
-    return list(min(states.values(), key=lambda s: s[:2])[2])
+    return list(min(states.values())[1])
 
 
 def task_stable(allocs: list[LevelAllocation], graph: MetaOpGraph, curves: dict[str, OpCurve],
@@ -102,7 +117,8 @@ def task_stable(allocs: list[LevelAllocation], graph: MetaOpGraph, curves: dict[
     Slower compute than the levels' own balance when encoders differ in cost, no re-split
     rows inside a task. None when the tasks' smallest groups do not fit."""
     tasks = [ms for ms in by_task(graph) if ms]
-    sizes = balanced_counts(tasks, curves, num_devices)
+    sizes = balanced_counts(tasks, [task_counts(ms, curves, num_devices) for ms in tasks],
+                            curves, num_devices)
     if sizes is None:
         return None
     count = {mid: k for ms, n in zip(tasks, sizes, strict=True)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
 from spindle_cli.planner import api
@@ -29,24 +32,56 @@ def _curves(g, p, n):
     return api.op_curves(g, p, n)
 
 
+def _brute_force(chains, options, curves, num_devices):
+    """The lexicographic least (longest chain, sum of chains, sizes) over every combination."""
+    best = None
+    for combo in itertools.product(*options):
+        times = [chain_ms(ms, curves, n) for ms, n in zip(chains, combo, strict=True)]
+        if sum(combo) <= num_devices and max(times) < math.inf:
+            key = (max(times), sum(times), combo)
+            best = key if best is None or key < best else best
+    return best
+
+
 def test_balanced_counts_minimize_the_longest_chain_then_the_sum():
     g, p, c = three_tasks()
     curves = _curves(g, p, c.num_devices)
     tasks = by_task(g)
-    got = balanced_counts(tasks, curves, c.num_devices)
     options = [task_counts(ms, curves, c.num_devices) for ms in tasks]
-    best = min((max(times), sum(times), combo) for combo in itertools.product(*options)
-               if sum(combo) <= c.num_devices
-               for times in [[chain_ms(ms, curves, n) for ms, n in zip(tasks, combo, strict=True)]])
-    assert sum(got) <= c.num_devices
-    times = [chain_ms(ms, curves, n) for ms, n in zip(tasks, got, strict=True)]
-    assert (max(times), sum(times)) == pytest.approx(best[:2])
+    got = balanced_counts(tasks, options, curves, c.num_devices)
+    best = _brute_force(tasks, options, curves, c.num_devices)
+    assert tuple(got) == best[2]
+
+
+@settings(max_examples=40, deadline=None)
+@given(layers=st.lists(st.integers(1, 12), min_size=2, max_size=4),
+       alphas=st.lists(st.floats(0.0, 2.0), min_size=4, max_size=4),
+       num_devices=st.integers(2, 12))
+def test_balanced_counts_is_the_exhaustive_optimum(layers, alphas, num_devices):
+    """Against every combination: the longest chain first, the sum of chains on ties (where a
+    dynamic program keeping only the best longest chain per device count goes wrong)."""
+    ms = [metaop(f"t{i}/x", layers=k, batch=12) for i, k in enumerate(layers)]
+    p = profile([alpha_beta_curve(m.id, 12, a, 1.0) for m, a in zip(ms, alphas, strict=False)])
+    g = graph(ms)
+    curves = _curves(g, p, num_devices)
+    tasks = by_task(g)
+    options = [task_counts(t, curves, num_devices) for t in tasks]
+    got = balanced_counts(tasks, options, curves, num_devices)
+    best = _brute_force(tasks, options, curves, num_devices)
+    if best is None:
+        assert got is None
+    else:
+        times = [chain_ms(t, curves, n) for t, n in zip(tasks, got, strict=True)]
+        assert sum(got) <= num_devices
+        assert max(times) == best[0]
+        assert sum(times) == pytest.approx(best[1])
 
 
 def test_balanced_counts_is_none_when_the_smallest_groups_do_not_fit():
     g, p, _ = three_tasks()
     curves = _curves(g, p, 2)
-    assert balanced_counts(by_task(g), curves, 2) is None
+    tasks = by_task(g)
+    assert balanced_counts(tasks, [task_counts(t, curves, 2) for t in tasks], curves, 2) is None
 
 
 def test_task_stable_keeps_one_count_per_task_and_every_operator():
@@ -54,7 +89,10 @@ def test_task_stable_keeps_one_count_per_task_and_every_operator():
     curves = _curves(g, p, c.num_devices)
     allocs = api.allocate(g, curves, c.num_devices)
     stable = task_stable(allocs, g, curves, c.num_devices)
-    sizes = dict(zip(g.tasks, balanced_counts(by_task(g), curves, c.num_devices), strict=True))
+    tasks = by_task(g)
+    options = [task_counts(t, curves, c.num_devices) for t in tasks]
+    sizes = dict(zip(g.tasks, balanced_counts(tasks, options, curves, c.num_devices),
+                     strict=True))
     for a_old, a_new in zip(allocs, stable, strict=True):
         assert a_new.c_star_ms == a_old.c_star_ms
         for o_old, o_new in zip(a_old.ops, a_new.ops, strict=True):
