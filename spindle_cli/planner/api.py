@@ -394,23 +394,24 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     error: PlanInfeasible | None = None
     bounds = device_caps(cluster)
 
-    tried: set[tuple[PlannedWave, ...]] = set()
+    tried: set[tuple[tuple[PlannedWave, ...], bool]] = set()
     capped_by_cap: dict[int, tuple[dict[str, OpCurve], list[LevelAllocation]]] = {
         n_dev: (curves, allocs)}
 
     def consider(caps: tuple[int, ...], planned: list[PlannedWave] | None = None, *,
-                 fused: bool = False) -> None:
+                 fused: bool = False, home: dict[str, Ranks] | None = None) -> None:
         nonlocal best, error
         if planned is None:
             planned = [w for level, cap in enumerate(caps) for w in by_cap[cap][level]]
-        # bounds that change nothing give the same waves, hence the same plan and iteration;
-        # and a plan whose waves alone outlast the best iteration cannot beat it
-        if tuple(planned) in tried or (
+        # bounds that change nothing give the same waves, hence (placed alike) the same plan
+        # and iteration; and a plan whose waves alone outlast the best iteration cannot beat it
+        key = (tuple(planned), home is not None)
+        if key in tried or (
                 best is not None and sum(w.duration_ms for w in planned) >= best[0]):
             return
-        tried.add(tuple(planned))
+        tried.add(key)
         try:
-            plan = _assemble(graph, curves, cluster, options, inputs, allocs, planned)
+            plan = _assemble(graph, curves, cluster, options, inputs, allocs, planned, home)
         except PlanInfeasible as e:
             error = error or e
             return
@@ -471,21 +472,24 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         """Each task on one device group through all its levels (`tasks.task_stable`), the
         levels fused, with and without extension: no rows re-split inside a task, where the
         level-by-level balance re-splits them at every level (OFASys 7 tasks on 32 devices:
-        80.4 ms simulated instead of 85.4). What it saves is mostly the kept plan's wait for
-        transfers, so a schedule that computes longer than the kept plan's compute and
-        transfer wait together is not simulated: a cut-off for planning time, since a
-        task-stable plan could also sync faster (in `spindle bench` it skips 61 of the 88
-        schedules multitask-clip's memory settings make, and keeps every plan it found
-        without it)."""
+        80.35 ms simulated instead of 85.4). Each schedule is placed as usual and with every
+        task preferring its own ranks (`tasks.home_groups`): neither wins everywhere (OFASys
+        7 tasks on 16 devices 121.1 ms against 123.0, on 32 devices 82.4 against 80.35).
+        What it saves is mostly the kept plan's wait for transfers, so a schedule that
+        computes longer than the kept plan's compute and transfer wait together is not
+        simulated: a cut-off for planning time, since a task-stable plan could also sync
+        faster (in `spindle bench` it skips 61 of the 88 schedules multitask-clip's memory
+        settings make, and keeps every plan it found without it)."""
         assert best is not None
-        stable = task_stable(allocs, graph, curves, n_dev)
+        stable = task_stable(allocs, graph, curves, cluster)
         if stable is None:
             return
         bar_ms = best[1].estimated_iteration_ms + best[4]
         for extend in (True, False):
-            planned = fused_waves(graph, curves, stable, n_dev, max_ops, extend=extend)
+            planned = fused_waves(graph, curves, stable.allocs, n_dev, max_ops, extend=extend)
             if sum(w.duration_ms for w in planned) < bar_ms:
-                consider((n_dev,) * len(allocs), planned, fused=True)
+                for home in (None, stable.home):
+                    consider((n_dev,) * len(allocs), planned, fused=True, home=home)
 
     for cap in bounds:
         try:
@@ -522,13 +526,15 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
 
 def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpec,
               options: PlanOptions, inputs: tuple[InputRef, ...],
-              allocs: list[LevelAllocation], planned: list[PlannedWave]) -> Plan:
-    """Place the planned waves and build the Plan; `allocs` give the levels' lower bounds."""
+              allocs: list[LevelAllocation], planned: list[PlannedWave],
+              home: dict[str, Ranks] | None = None) -> Plan:
+    """Place the planned waves (`home`: ranks each MetaOp prefers, `placement.place`) and
+    build the Plan; `allocs` give the levels' lower bounds."""
     n_dev = cluster.num_devices
     specs = _slice_specs(graph, curves, planned)
     flows = _flows(graph, specs)
     ranks, ledger = place(specs, flows, graph, cluster, mode=options.placement,
-                          memory=options.memory)
+                          memory=options.memory, home=home)
     waves = _waves(planned, specs, ranks)
     transfers = tuple(
         Transfer(src=_sid(f.src), dst=_sid(f.dst), bytes=f.bytes,

@@ -70,10 +70,12 @@ def _describe(s: SliceSpec) -> str:
 
 
 def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
-          cluster: ClusterSpec, *, mode: str = "island",
-          memory: MemoryStrategy = NO_SAVING) -> tuple[list[list[Ranks]], Ledger]:
+          cluster: ClusterSpec, *, mode: str = "island", memory: MemoryStrategy = NO_SAVING,
+          home: dict[str, Ranks] | None = None) -> tuple[list[list[Ranks]], Ledger]:
     """Ranks for every slice (indexed like `waves`) and the memory ledger of the placement,
-    with per-rank memory under the plan's memory strategy."""
+    with per-rank memory under the plan's memory strategy. `home` (island mode): ranks each
+    MetaOp's slices prefer, weighed like keeping every incoming row local (a task-stable
+    plan's task groups, `tasks.home_groups`)."""
     if mode == "sequential":
         return _place_sequential(waves, graph, cluster, memory)
     incoming: dict[tuple[int, int], list[Flow]] = {}
@@ -81,7 +83,7 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
         incoming.setdefault(f.dst, []).append(f)
     memory_first: set[int] = set()
     for _ in range(_MAX_ATTEMPTS):
-        result = _attempt(waves, incoming, graph, cluster, memory_first, memory)
+        result = _attempt(waves, incoming, graph, cluster, memory_first, memory, home or {})
         if not isinstance(result, _Failure):
             return result
         k = result.wave
@@ -93,7 +95,8 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
             if len(memory_first) == len(waves):
                 raise PlanInfeasible(result.message)
             memory_first = set(range(len(waves)))
-    result = _attempt(waves, incoming, graph, cluster, set(range(len(waves))), memory)
+    result = _attempt(waves, incoming, graph, cluster, set(range(len(waves))), memory,
+                      home or {})
     if isinstance(result, _Failure):
         raise PlanInfeasible(result.message)
     return result
@@ -101,8 +104,8 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
 
 def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[Flow]],
              graph: MetaOpGraph, cluster: ClusterSpec,
-             memory_first: set[int],
-             memory: MemoryStrategy) -> tuple[list[list[Ranks]], Ledger] | _Failure:
+             memory_first: set[int], memory: MemoryStrategy,
+             home: dict[str, Ranks]) -> tuple[list[list[Ranks]], Ledger] | _Failure:
     n_dev = cluster.num_devices
     cap = float(cluster.device.memory_bytes)
     island_of = np.arange(n_dev) // cluster.island_size
@@ -138,6 +141,8 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
                 score = 4.0 * _flow_score(incoming.get((wi, i), []), placed, island_of, n_dev,
                                           s.n)
                 score += 2.0 * ledger.shared_fraction(s.metaop, s.first, s.last) + headroom
+                if s.metaop.id in home:
+                    score[list(home[s.metaop.id])] += 4.0
             chosen = _choose(np.where(ok, score, -np.inf), s.n, cluster.island_size)
             free[list(chosen)] = False
             ledger.commit(s.metaop, s.first, s.last, chosen, s.strategy)

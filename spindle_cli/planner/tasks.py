@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.allocation import AslTuple, LevelAllocation, OpCurve
@@ -109,13 +110,55 @@ def _least_sum(timed: list[list[tuple[int, float]]], bound_ms: float,
     return list(min(states.values())[1])
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskStable:
+    """A task-stable allocation (`task_stable`) and where each task lives."""
+
+    allocs: list[LevelAllocation]
+    home: dict[str, tuple[int, ...]]
+    """Per MetaOp: its task's group of ranks (`home_groups`), for placement to prefer."""
+
+
+def home_groups(sizes: list[int], island_size: int, num_devices: int) -> list[tuple[int, ...]]:
+    """Disjoint rank groups of the given sizes (sum <= N), largest first: a group of at least
+    an island takes whole free islands, a smaller one the island with the fewest free ranks
+    that still holds it (best fit, so islands stay whole for larger groups), and when none
+    does, the lowest free ranks."""
+    free = [list(range(k, min(k + island_size, num_devices)))
+            for k in range(0, num_devices, island_size)]
+    groups: list[tuple[int, ...]] = [()] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        n = sizes[i]
+        fits = [k for k, f in enumerate(free) if len(f) >= n]
+        if n >= island_size:
+            whole = [k for k, f in enumerate(free) if len(f) == island_size]
+            take = whole[: -(-n // island_size)]
+        elif fits:
+            take = [min(fits, key=lambda k: (len(free[k]), k))]
+        else:
+            take = [k for k, f in enumerate(free) if f]
+        chosen: list[int] = []
+        for k in take:
+            want = n - len(chosen)
+            chosen += free[k][:want]
+            free[k] = free[k][want:]
+        if len(chosen) < n:
+            rest = sorted(r for f in free for r in f)[: n - len(chosen)]
+            chosen += rest
+            free = [[r for r in f if r not in rest] for f in free]
+        groups[i] = tuple(sorted(chosen))
+    return groups
+
+
 def task_stable(allocs: list[LevelAllocation], graph: MetaOpGraph, curves: dict[str, OpCurve],
-                num_devices: int) -> list[LevelAllocation] | None:
+                cluster: ClusterSpec) -> TaskStable | None:
     """Beyond the paper: `allocs` with every MetaOp's operators on one count, its task's group
     size from `balanced_counts` (the largest valid count within it), so a task keeps one
-    group from its first MetaOp to its loss and its rows are never re-split between levels.
-    Slower compute than the levels' own balance when encoders differ in cost, no re-split
-    rows inside a task. None when the tasks' smallest groups do not fit."""
+    group from its first MetaOp to its loss and its rows are never re-split between levels;
+    and each task's group of ranks (`home_groups`). Slower compute than the levels' own
+    balance when encoders differ in cost, no re-split rows inside a task. None when the
+    tasks' smallest groups do not fit."""
+    num_devices = cluster.num_devices
     tasks = [ms for ms in by_task(graph) if ms]
     sizes = balanced_counts(tasks, [task_counts(ms, curves, num_devices) for ms in tasks],
                             curves, num_devices)
@@ -123,7 +166,10 @@ def task_stable(allocs: list[LevelAllocation], graph: MetaOpGraph, curves: dict[
         return None
     count = {mid: k for ms, n in zip(tasks, sizes, strict=True)
              for mid, k in chain(ms, curves, n)}
-    return [replace(a, ops=tuple(
+    stable = [replace(a, ops=tuple(
         replace(o, tuples=(AslTuple(metaop=o.metaop, n=count[o.metaop],
                                     num_ops=sum(t.num_ops for t in o.tuples)),))
         for o in a.ops)) for a in allocs]
+    groups = home_groups(sizes, cluster.island_size, num_devices)
+    home = {m.id: g for ms, g in zip(tasks, groups, strict=True) for m in ms}
+    return TaskStable(allocs=stable, home=home)

@@ -65,6 +65,19 @@ def test_the_consumer_lands_on_its_producers_ranks():
     assert ranks[1][1] == ranks[0][0]
 
 
+def test_a_slice_goes_to_its_home_ranks_when_nothing_else_pulls_it():
+    g = graph([metaop("t/a", layers=2, batch=8), metaop("u/b", layers=2, batch=8)])
+    c = cluster(num_nodes=2, per_node=4)
+    waves = [[spec(g.metaop("t/a"), 0, 1, 2), spec(g.metaop("u/b"), 0, 1, 2)],
+             [spec(g.metaop("u/b"), 1, 2, 2), spec(g.metaop("t/a"), 1, 2, 2)]]
+    home = {"t/a": (6, 7), "u/b": (2, 3)}
+    ranks, _ = place(waves, [], g, c, home=home)
+    assert ranks == [[(6, 7), (2, 3)], [(2, 3), (6, 7)]]
+    # without homes the two slices take the first free ranks of the first island
+    plain, _ = place(waves, [], g, c)
+    assert plain[0] != ranks[0]
+
+
 def test_sequential_placement_uses_consecutive_ranks_in_slot_order():
     g = graph([metaop("t/a", layers=2, batch=8), metaop("t/b", layers=2, batch=8)])
     c = cluster(num_nodes=2, per_node=4)

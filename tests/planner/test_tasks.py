@@ -13,7 +13,14 @@ from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
 from spindle_cli.planner import api
 from spindle_cli.planner.simulate import simulate
-from spindle_cli.planner.tasks import balanced_counts, by_task, chain_ms, task_counts, task_stable
+from spindle_cli.planner.tasks import (
+    balanced_counts,
+    by_task,
+    chain_ms,
+    home_groups,
+    task_counts,
+    task_stable,
+)
 
 
 def three_tasks():
@@ -88,12 +95,12 @@ def test_task_stable_keeps_one_count_per_task_and_every_operator():
     g, p, c = three_tasks()
     curves = _curves(g, p, c.num_devices)
     allocs = api.allocate(g, curves, c.num_devices)
-    stable = task_stable(allocs, g, curves, c.num_devices)
+    stable = task_stable(allocs, g, curves, c)
     tasks = by_task(g)
     options = [task_counts(t, curves, c.num_devices) for t in tasks]
     sizes = dict(zip(g.tasks, balanced_counts(tasks, options, curves, c.num_devices),
                      strict=True))
-    for a_old, a_new in zip(allocs, stable, strict=True):
+    for a_old, a_new in zip(allocs, stable.allocs, strict=True):
         assert a_new.c_star_ms == a_old.c_star_ms
         for o_old, o_new in zip(a_old.ops, a_new.ops, strict=True):
             (t,) = o_new.tuples
@@ -121,11 +128,12 @@ def test_make_plan_keeps_a_task_stable_plan_when_it_simulates_faster():
     curves = api.op_curves(g, p, c.num_devices)
     allocs = api.allocate(g, curves, c.num_devices)
     max_ops = api.slice_limits(g, curves, c)
-    stable = task_stable(allocs, g, curves, c.num_devices)
-    candidate = api._assemble(g, curves, c, api.PlanOptions(), (), allocs,
-                              api.fused_waves(g, curves, stable, c.num_devices, max_ops))
+    stable = task_stable(allocs, g, curves, c)
+    waves = api.fused_waves(g, curves, stable.allocs, c.num_devices, max_ops)
     kept = api.make_plan(g, p, c)
-    assert simulate(kept, g, p, c).iteration_ms <= simulate(candidate, g, p, c).iteration_ms
+    for home in (None, stable.home):
+        candidate = api._assemble(g, curves, c, api.PlanOptions(), (), allocs, waves, home)
+        assert simulate(kept, g, p, c).iteration_ms <= simulate(candidate, g, p, c).iteration_ms
     ranks: dict[str, set[tuple[int, ...]]] = {}
     for _, s in kept.slices():
         ranks.setdefault(g.metaop(s.metaop).task, set()).add(tuple(s.ranks))
@@ -133,3 +141,27 @@ def test_make_plan_keeps_a_task_stable_plan_when_it_simulates_faster():
     # once b is done (the extension)
     assert len(ranks["b"]) == 1
     assert max(len(r) for r in ranks["a"]) == c.num_devices
+
+
+def test_home_groups_keep_small_groups_inside_one_island_and_large_ones_on_whole_islands():
+    sizes = [4, 8, 2, 8, 4, 2, 4]
+    groups = home_groups(sizes, island_size=8, num_devices=32)
+    assert [len(g) for g in groups] == sizes
+    flat = [r for g in groups for r in g]
+    assert len(flat) == len(set(flat)) == 32
+    for n, g in zip(sizes, groups, strict=True):
+        islands = {r // 8 for r in g}
+        assert len(islands) == max(1, n // 8)
+        if n >= 8:
+            assert all(r // 8 in islands for r in g) and len(g) == 8 * len(islands)
+
+
+def test_home_groups_spill_over_islands_when_no_island_has_room():
+    # three groups of 3 on two islands of 4: the third has no island with 3 free ranks
+    groups = home_groups([3, 3, 2], island_size=4, num_devices=8)
+    assert [len(g) for g in groups] == [3, 3, 2]
+    assert {r // 4 for r in groups[2]} == {0, 1}
+    assert len({r for g in groups for r in g}) == 8
+    # a group larger than an island once the whole islands run out takes the lowest free ranks
+    groups = home_groups([6, 6], island_size=4, num_devices=12)
+    assert groups == [(0, 1, 2, 3, 4, 5), (6, 7, 8, 9, 10, 11)]
