@@ -9,6 +9,8 @@ Island-aware placement, greedy wave by wave:
   - a rank's score rewards holding the producer's activations (same rank, then same island),
     already holding the slice's parameters (shared layers are not replicated again), and free
     memory (balance);
+  - with `home` (Spindle's task-stable plans), a rank also scores for being in the group its
+    MetaOp's task lives on;
   - a rank that would exceed its memory is never chosen. When a wave cannot be placed, the
     failed wave and then up to `_BACKTRACK_DEPTH` earlier waves are re-placed memory-first
     (worse locality, better balance) before giving up with PlanInfeasible naming the rank, the
