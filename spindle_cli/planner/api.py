@@ -399,7 +399,8 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         n_dev: (curves, allocs)}
 
     def consider(caps: tuple[int, ...], planned: list[PlannedWave] | None = None, *,
-                 fused: bool = False, home: dict[str, Ranks] | None = None) -> None:
+                 fused: bool = False, home: dict[str, Ranks] | None = None) -> bool:
+        """Assemble and simulate a candidate (placed with `home`); whether it is now the best."""
         nonlocal best, error
         if planned is None:
             planned = [w for level, cap in enumerate(caps) for w in by_cap[cap][level]]
@@ -408,13 +409,13 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         key = (tuple(planned), home is not None)
         if key in tried or (
                 best is not None and sum(w.duration_ms for w in planned) >= best[0]):
-            return
+            return False
         tried.add(key)
         try:
             plan = _assemble(graph, curves, cluster, options, inputs, allocs, planned, home)
         except PlanInfeasible as e:
             error = error or e
-            return
+            return False
         # a single candidate needs no simulation (and above SIMULATED_CHOICE_MAX_DEVICES one
         # would take longer than the planning target)
         cost = (simulated_cost(plan, graph, profile, cluster,
@@ -422,6 +423,8 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
                 if len(bounds) > 1 else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
         if best is None or cost.iteration_ms < best[0] - 1e-9:
             best = (cost.iteration_ms, plan, caps, fused, cost.transfer_ms)
+            return True
+        return False
 
     def capped_for(cap: int) -> tuple[dict[str, OpCurve], list[LevelAllocation]]:
         """The curves and allocation under a device bound (PlanInfeasible when some MetaOp
@@ -472,9 +475,10 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         """Each task on one device group through all its levels (`tasks.task_stable`), the
         levels fused, with and without extension: no rows re-split inside a task, where the
         level-by-level balance re-splits them at every level (OFASys 7 tasks on 32 devices:
-        80.35 ms simulated instead of 85.4). Each schedule is placed as usual and with every
-        task preferring its own ranks (`tasks.home_groups`): neither wins everywhere (OFASys
-        7 tasks on 16 devices 121.1 ms against 123.0, on 32 devices 82.4 against 80.35).
+        80.35 ms simulated instead of 85.4). A schedule placed as usual that becomes the best
+        plan is placed again with every task preferring its own ranks (`tasks.home_groups`),
+        and the faster kept: neither wins everywhere (OFASys 7 tasks on 16 devices 121.1 ms
+        against 123.0, on 32 devices 82.4 against 80.35).
         What it saves is mostly the kept plan's wait for transfers, so a schedule that
         computes longer than the kept plan's compute and transfer wait together is not
         simulated: a cut-off for planning time, since a task-stable plan could also sync
@@ -487,9 +491,9 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         bar_ms = best[1].estimated_iteration_ms + best[4]
         for extend in (True, False):
             planned = fused_waves(graph, curves, stable.allocs, n_dev, max_ops, extend=extend)
-            if sum(w.duration_ms for w in planned) < bar_ms:
-                for home in (None, stable.home):
-                    consider((n_dev,) * len(allocs), planned, fused=True, home=home)
+            if (sum(w.duration_ms for w in planned) < bar_ms
+                    and consider((n_dev,) * len(allocs), planned, fused=True)):
+                consider((n_dev,) * len(allocs), planned, fused=True, home=stable.home)
 
     for cap in bounds:
         try:
