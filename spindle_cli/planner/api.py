@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from spindle_cli.artifacts.base import InputRef
 from spindle_cli.artifacts.cluster import ClusterSpec
@@ -353,6 +354,19 @@ def capped_curves(curves: dict[str, OpCurve], cap: int) -> dict[str, OpCurve]:
     return result
 
 
+class _Kept(NamedTuple):
+    """The best candidate so far in `make_plan`."""
+
+    iteration_ms: float
+    plan: Plan
+    caps: tuple[int, ...]
+    """The device bound of each level."""
+    fused: bool
+    """Whether its levels were scheduled at once (`fused_waves`)."""
+    transfer_ms: float
+    """Its simulated wait for transfers (`simulated_cost`)."""
+
+
 def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
               options: PlanOptions = PlanOptions(), inputs: tuple[InputRef, ...] = ()) -> Plan:
     """Plan one training iteration of `graph` on `cluster`.
@@ -388,9 +402,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
             planned = baselines.distmm(graph, curves, n_dev, max_ops)
         return _assemble(graph, curves, cluster, options, inputs, allocs, planned)
     by_cap: dict[int, list[list[PlannedWave]]] = {}
-    # (simulated iteration, plan, device bound per level, whether the levels were fused,
-    # its simulated transfer wait)
-    best: tuple[float, Plan, tuple[int, ...], bool, float] | None = None
+    best: _Kept | None = None
     error: PlanInfeasible | None = None
     bounds = device_caps(cluster)
 
@@ -408,7 +420,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         # and iteration; and a plan whose waves alone outlast the best iteration cannot beat it
         key = (tuple(planned), home is not None)
         if key in tried or (
-                best is not None and sum(w.duration_ms for w in planned) >= best[0]):
+                best is not None and sum(w.duration_ms for w in planned) >= best.iteration_ms):
             return False
         tried.add(key)
         try:
@@ -419,10 +431,11 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         # a single candidate needs no simulation (and above SIMULATED_CHOICE_MAX_DEVICES one
         # would take longer than the planning target)
         cost = (simulated_cost(plan, graph, profile, cluster,
-                               give_up_ms=best[0] if best else math.inf)
+                               give_up_ms=best.iteration_ms if best else math.inf)
                 if len(bounds) > 1 else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
-        if best is None or cost.iteration_ms < best[0] - 1e-9:
-            best = (cost.iteration_ms, plan, caps, fused, cost.transfer_ms)
+        if best is None or cost.iteration_ms < best.iteration_ms - 1e-9:
+            best = _Kept(iteration_ms=cost.iteration_ms, plan=plan, caps=caps, fused=fused,
+                         transfer_ms=cost.transfer_ms)
             return True
         return False
 
@@ -441,7 +454,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         computes faster than level by level under the same bound (or, when that schedule
         was pruned, than the best plan's whole iteration)."""
         bar_ms = (sum(w.duration_ms for level in by_cap[cap] for w in level) if cap in by_cap
-                  else best[0] if best is not None else math.inf)
+                  else best.iteration_ms if best is not None else math.inf)
         try:
             capped, capped_allocs = capped_for(cap)
         except PlanInfeasible:
@@ -488,7 +501,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         stable = task_stable(allocs, graph, curves, cluster)
         if stable is None:
             return
-        bar_ms = best[1].estimated_iteration_ms + best[4]
+        bar_ms = best.plan.estimated_iteration_ms + best.transfer_ms
         for extend in (True, False):
             planned = fused_waves(graph, curves, stable.allocs, n_dev, max_ops, extend=extend)
             if (sum(w.duration_ms for w in planned) < bar_ms
@@ -501,7 +514,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         except PlanInfeasible as e:
             error = error or e
             continue
-        if best is not None and sum(a.lower_bound_ms for a in capped_allocs) >= best[0]:
+        if best is not None and sum(a.lower_bound_ms for a in capped_allocs) >= best.iteration_ms:
             # its compute alone (>= its C*) would outlast the best plan's whole iteration
             continue
         by_cap[cap] = level_waves(graph, capped, capped_allocs, n_dev, max_ops,
@@ -510,7 +523,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     if best is not None and len(by_cap) > 1:
         # the longest level under the kept bound may do better under another bound while the
         # others keep theirs (long encoders computing on more than an island, the rest inside)
-        caps = best[2]
+        caps = best.caps
         longest = max(range(len(allocs)),
                       key=lambda i: sum(w.duration_ms for w in by_cap[caps[i]][i]))
         for cap in by_cap:
@@ -519,13 +532,13 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     if len(allocs) > 1 and len(bounds) > 1:
         consider_fused(bounds[-1])
     if best is not None and len(bounds) > 1:
-        consider_lighter(best[2], best[3])
+        consider_lighter(best.caps, best.fused)
     if best is not None and len(bounds) > 1 and len(graph.tasks) > 1:
         consider_task_stable()
     if best is None:
         assert error is not None
         raise error
-    return best[1]
+    return best.plan
 
 
 def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpec,

@@ -129,11 +129,9 @@ def home_groups(sizes: list[int], island_size: int, num_devices: int) -> list[tu
     groups: list[tuple[int, ...]] = [()] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         n = sizes[i]
-        fits = [k for k, f in enumerate(free) if len(f) >= n]
         if n >= island_size:
-            whole = [k for k, f in enumerate(free) if len(f) == island_size]
-            take = whole[: -(-n // island_size)]
-        elif fits:
+            take = [k for k, f in enumerate(free) if len(f) == island_size][: -(-n // island_size)]
+        elif fits := [k for k, f in enumerate(free) if len(f) >= n]:
             take = [min(fits, key=lambda k: (len(free[k]), k))]
         else:
             take = [k for k, f in enumerate(free) if f]
