@@ -123,6 +123,8 @@ class Plan(DerivedArtifact):
     cluster: str = field(metadata=meta("cluster name"))
     planner: str = field(metadata=meta("planner that made the plan"))
     options: dict[str, str] = field(default_factory=dict, metadata=meta("planner options"))
+    candidate: str = field(default="", metadata=meta(
+        "which of the spindle planner's candidate schedules this is (empty for baselines)"))
     num_devices: int = field(metadata=meta("world size N", ge=1))
     islands: tuple[tuple[int, ...], ...] = field(metadata=meta("ranks of each NVLink island"))
     waves: tuple[Wave, ...] = field(metadata=meta("waves in execution order"))

@@ -35,7 +35,7 @@ def differences(a: Plan, b: Plan) -> list[str]:
     db = {k: v for k, v in to_data(b).items() if k not in _HEADER}
     if da == db:
         return lines
-    for key in ("model", "cluster", "planner", "num_devices"):
+    for key in ("model", "cluster", "planner", "candidate", "num_devices"):
         if da[key] != db[key]:
             lines.append(f"{key}: {da[key]} -> {db[key]}")
     if a.options != b.options:

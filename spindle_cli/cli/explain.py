@@ -64,6 +64,9 @@ def explain(plan_path: str, metaop_id: str) -> None:
     out.print(f"tuples before rounding (n, ops): ({a.n_hi}, {a.ops_hi:.2f}), {lo}")
     out.print("tuples after rounding: "
               + ", ".join(f"({t.n}, {t.num_ops})" for t in a.tuples))
+    if plan.candidate:
+        out.print(f"the plan is Spindle's candidate '{plan.candidate}': the waves below, not "
+                  "these tuples, are what it runs")
     waves = Table(title="waves running it")
     for col in ("wave", "start ms", "wave ms", "ops", "ranks", "strategy", "slice ms"):
         waves.add_column(col, justify="right")

@@ -411,8 +411,10 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         n_dev: (curves, allocs)}
 
     def consider(caps: tuple[int, ...], planned: list[PlannedWave] | None = None, *,
-                 fused: bool = False, home: dict[str, Ranks] | None = None) -> bool:
-        """Assemble and simulate a candidate (placed with `home`); whether it is now the best."""
+                 fused: bool = False, home: dict[str, Ranks] | None = None,
+                 label: str = "") -> bool:
+        """Assemble and simulate a candidate (placed with `home`; `label`: what it is, after its
+        device bounds, in Plan.candidate); whether it is now the best."""
         nonlocal best, error
         if planned is None:
             planned = [w for level, cap in enumerate(caps) for w in by_cap[cap][level]]
@@ -428,6 +430,10 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         except PlanInfeasible as e:
             error = error or e
             return False
+        bounds_text = "/".join(map(str, caps)) if len(set(caps)) > 1 else str(caps[0])
+        plan = replace(plan, candidate=", ".join(
+            x for x in ("fused" if fused else "level by level",
+                        f"device bound {bounds_text}", label) if x))
         # a single candidate needs no simulation (and above SIMULATED_CHOICE_MAX_DEVICES one
         # would take longer than the planning target)
         cost = (simulated_cost(plan, graph, profile, cluster,
@@ -470,6 +476,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         (`allocation.single_count`: the bi-point split re-splits them once). Each computes
         slower and may simulate faster."""
         for extend, one_count in ((False, False), (True, True)):
+            label = "one count per MetaOp" if one_count else "no extension"
             levels: dict[int, list[list[PlannedWave]]] = {}
             for cap in sorted(set(caps)):
                 capped, capped_allocs = capped_for(cap)
@@ -477,12 +484,13 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
                     capped_allocs = [single_count(a) for a in capped_allocs]
                 if fused:
                     consider(caps, fused_waves(graph, capped, capped_allocs, n_dev, max_ops,
-                                               extend=extend), fused=True)
+                                               extend=extend), fused=True, label=label)
                 else:
                     levels[cap] = level_waves(graph, capped, capped_allocs, n_dev, max_ops,
                                               few_variants=cap != n_dev, extend=extend)
             if not fused:
-                consider(caps, [w for level, cap in enumerate(caps) for w in levels[cap][level]])
+                consider(caps, [w for level, cap in enumerate(caps) for w in levels[cap][level]],
+                         label=label)
 
     def consider_task_stable() -> None:
         """Each task on one device group through all its levels (`tasks.task_stable`), the
@@ -504,9 +512,11 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         bar_ms = best.plan.estimated_iteration_ms + best.transfer_ms
         for extend in (True, False):
             planned = fused_waves(graph, curves, stable.allocs, n_dev, max_ops, extend=extend)
+            label = "task-stable" if extend else "task-stable, no extension"
             if (sum(w.duration_ms for w in planned) < bar_ms
-                    and consider((n_dev,) * len(allocs), planned, fused=True)):
-                consider((n_dev,) * len(allocs), planned, fused=True, home=stable.home)
+                    and consider((n_dev,) * len(allocs), planned, fused=True, label=label)):
+                consider((n_dev,) * len(allocs), planned, fused=True, home=stable.home,
+                         label=f"{label}, home ranks")
 
     for cap in bounds:
         try:

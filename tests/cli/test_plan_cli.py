@@ -111,6 +111,9 @@ def test_diff_is_semantic(case):
     r = invoke("diff", "a.yaml", "c.yaml")
     assert r.exit_code == 1
     assert "planner: spindle -> sequential" in r.output
+    # the kept spindle candidate against a baseline, which has none
+    kept = load("a.yaml", Plan).candidate
+    assert kept and f"candidate: {kept} -> " in r.output
     assert "allocation t1/img:" in r.output
     assert "estimated iteration:" in r.output
 
@@ -140,6 +143,7 @@ def test_show_plan(case):
     r = invoke("show", "plan.yaml")
     assert r.exit_code == 0, r.output
     assert "gap" in r.output and "memory per rank" in r.output and "waves" in r.output
+    assert f"kept candidate: {load('plan.yaml', Plan).candidate}" in r.output
 
 
 def test_show_plan_text_gantt(case):

@@ -141,6 +141,7 @@ def test_make_plan_keeps_a_task_stable_plan_when_it_simulates_faster():
     # once b is done (the extension)
     assert len(ranks["b"]) == 1
     assert max(len(r) for r in ranks["a"]) == c.num_devices
+    assert kept.candidate.startswith("fused, device bound 8, task-stable")
 
 
 def test_home_groups_keep_small_groups_inside_one_island_and_large_ones_on_whole_islands():

@@ -73,6 +73,8 @@ def show(obj: Plan, path: str, *, gantt: str | None = None, utilization: str | N
     moved = sum(t.bytes for t in obj.transfers if t.src_ranks != t.dst_ranks)
     out.print(f"plan of {obj.model} on {obj.cluster} ({path}): planner {obj.planner}, "
               f"options {', '.join(f'{k}={v}' for k, v in obj.options.items())}")
+    if obj.candidate:
+        out.print(f"kept candidate: {obj.candidate}")
     out.print(f"{obj.num_devices} ranks in {len(obj.islands)} island(s), {len(obj.waves)} waves, "
               f"{len(obj.transfers)} transfers ({fmt_bytes(moved)} between different ranks), "
               f"{len(obj.param_groups)} parameter groups")
