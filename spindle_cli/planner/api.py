@@ -43,7 +43,7 @@ from spindle_cli.planner.memory import (
 )
 from spindle_cli.planner.placement import Flow, Ranks, SliceSpec, place
 from spindle_cli.planner.simulate import QuickCost, simulated_cost
-from spindle_cli.planner.tasks import task_stable
+from spindle_cli.planner.tasks import task_sizes, task_stable
 from spindle_cli.planner.waves import (
     LARGE_LEVEL,
     LARGE_LEVEL_VARIANTS,
@@ -495,28 +495,37 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     def consider_task_stable() -> None:
         """Each task on one device group through all its levels (`tasks.task_stable`), the
         levels fused, with and without extension: no rows re-split inside a task, where the
-        level-by-level balance re-splits them at every level (OFASys 7 tasks on 32 devices:
-        80.35 ms simulated instead of 85.4). A schedule placed as usual that becomes the best
-        plan is placed again with every task preferring its own ranks (`tasks.home_groups`),
-        and the faster kept: neither wins everywhere (OFASys 7 tasks on 16 devices 121.1 ms
-        against 123.0, on 32 devices 82.4 against 80.35).
+        level-by-level balance re-splits them at every level. The group sizes are
+        `tasks.balanced_counts` and its nearest neighbours (`tasks.task_sizes`; OFASys 7
+        tasks on 32 devices: 73.3 ms simulated, against 80.35 for the balanced counts alone
+        and 85.4 level by level). A schedule placed as usual that becomes the best plan is
+        placed again with every task preferring its own ranks (`tasks.home_groups`), and the
+        faster kept: neither wins everywhere (with the balanced counts alone, OFASys 7 tasks
+        on 16 devices 121.1 ms against 123.0, on 32 devices 82.4 against 80.35).
         What it saves is mostly the kept plan's wait for transfers, so a schedule that
         computes longer than the kept plan's compute and transfer wait together is not
         simulated: a cut-off for planning time, since a task-stable plan could also sync
-        faster (in `spindle bench` it skips 61 of the 88 schedules multitask-clip's memory
-        settings make, and keeps every plan it found without it)."""
+        faster (with the balanced counts alone it skipped 61 of the 88 schedules that
+        multitask-clip's memory settings make in `spindle bench`, and every bench plan was
+        the same as without it); when neither schedule of the balanced counts is simulated,
+        their neighbours are not tried."""
         assert best is not None
-        stable = task_stable(allocs, graph, curves, cluster)
-        if stable is None:
-            return
-        bar_ms = best.plan.estimated_iteration_ms + best.transfer_ms
-        for extend in (True, False):
-            planned = fused_waves(graph, curves, stable.allocs, n_dev, max_ops, extend=extend)
-            label = "task-stable" if extend else "task-stable, no extension"
-            if (sum(w.duration_ms for w in planned) < bar_ms
-                    and consider((n_dev,) * len(allocs), planned, fused=True, label=label)):
-                consider((n_dev,) * len(allocs), planned, fused=True, home=stable.home,
-                         label=f"{label}, home ranks")
+        for k, sizes in enumerate(task_sizes(graph, curves, n_dev)):
+            stable = task_stable(allocs, graph, curves, cluster, sizes)
+            bar_ms = best.plan.estimated_iteration_ms + best.transfer_ms
+            simulated = False
+            for extend in (True, False):
+                planned = fused_waves(graph, curves, stable.allocs, n_dev, max_ops,
+                                      extend=extend)
+                label = "task-stable" if extend else "task-stable, no extension"
+                if sum(w.duration_ms for w in planned) >= bar_ms:
+                    continue
+                simulated = True
+                if consider((n_dev,) * len(allocs), planned, fused=True, label=label):
+                    consider((n_dev,) * len(allocs), planned, fused=True, home=stable.home,
+                             label=f"{label}, home ranks")
+            if k == 0 and not simulated:
+                return
 
     for cap in bounds:
         try:

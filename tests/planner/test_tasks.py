@@ -14,11 +14,14 @@ from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 from spindle_cli.planner import api
 from spindle_cli.planner.simulate import simulate
 from spindle_cli.planner.tasks import (
+    NEAR_LONGEST,
+    NEIGHBOURS,
     balanced_counts,
     by_task,
     chain_ms,
     home_groups,
     task_counts,
+    task_sizes,
     task_stable,
 )
 
@@ -95,11 +98,14 @@ def test_task_stable_keeps_one_count_per_task_and_every_operator():
     g, p, c = three_tasks()
     curves = _curves(g, p, c.num_devices)
     allocs = api.allocate(g, curves, c.num_devices)
-    stable = task_stable(allocs, g, curves, c)
     tasks = by_task(g)
     options = [task_counts(t, curves, c.num_devices) for t in tasks]
-    sizes = dict(zip(g.tasks, balanced_counts(tasks, options, curves, c.num_devices),
-                     strict=True))
+    best = balanced_counts(tasks, options, curves, c.num_devices)
+    stable = task_stable(allocs, g, curves, c, best)
+    sizes = dict(zip(g.tasks, best, strict=True))
+    assert stable.home == {m.id: grp for ms, grp in
+                           zip(tasks, home_groups(best, 8, c.num_devices), strict=True)
+                           for m in ms}
     for a_old, a_new in zip(allocs, stable.allocs, strict=True):
         assert a_new.c_star_ms == a_old.c_star_ms
         for o_old, o_new in zip(a_old.ops, a_new.ops, strict=True):
@@ -128,7 +134,7 @@ def test_make_plan_keeps_a_task_stable_plan_when_it_simulates_faster():
     curves = api.op_curves(g, p, c.num_devices)
     allocs = api.allocate(g, curves, c.num_devices)
     max_ops = api.slice_limits(g, curves, c)
-    stable = task_stable(allocs, g, curves, c)
+    stable = task_stable(allocs, g, curves, c, task_sizes(g, curves, c.num_devices)[0])
     waves = api.fused_waves(g, curves, stable.allocs, c.num_devices, max_ops)
     kept = api.make_plan(g, p, c)
     for home in (None, stable.home):
@@ -166,3 +172,37 @@ def test_home_groups_spill_over_islands_when_no_island_has_room():
     # a group larger than an island once the whole islands run out takes the lowest free ranks
     groups = home_groups([6, 6], island_size=4, num_devices=12)
     assert groups == [(0, 1, 2, 3, 4, 5), (6, 7, 8, 9, 10, 11)]
+
+
+def test_task_sizes_start_from_the_balanced_counts_then_their_nearest_neighbours():
+    # four one-MetaOp tasks of 6, 6, 2 and 2 operators on 10 devices (batch 12: counts 1, 2,
+    # 3, 4, 6, 12): the two short tasks on one device each bound the longest chain, so
+    # vectors that move a device between the long tasks and a short one nearly tie
+    ms = [metaop(f"t{i}/x", layers=k, batch=12) for i, k in enumerate((6, 6, 2, 2))]
+    g = graph(ms)
+    p = profile([alpha_beta_curve(m.id, 12, 0.2, 1.0) for m in ms])
+    c = cluster(per_node=10)
+    curves = _curves(g, p, c.num_devices)
+    tasks = by_task(g)
+    options = [task_counts(t, curves, c.num_devices) for t in tasks]
+    found = task_sizes(g, curves, c.num_devices)
+    best = balanced_counts(tasks, options, curves, c.num_devices)
+    assert found[0] == best
+    assert 1 < len(found) <= 1 + NEIGHBOURS and len({tuple(v) for v in found}) == len(found)
+
+    def times(sizes):
+        return [chain_ms(ms, curves, n) for ms, n in zip(tasks, sizes, strict=True)]
+
+    least = max(times(best))
+    keys = [(max(times(v)), sum(times(v))) for v in found[1:]]
+    assert keys == sorted(keys)
+    for sizes in found[1:]:
+        assert sum(sizes) <= c.num_devices
+        assert max(times(sizes)) <= NEAR_LONGEST * least
+        # one task a valid count up, at most one other a valid count down
+        moved = [i for i, (a, b) in enumerate(zip(best, sizes, strict=True)) if a != b]
+        ups = [i for i in moved if sizes[i] > best[i]]
+        assert len(ups) == 1 and len(moved) <= 2
+        for i in moved:
+            step = [n for n in options[i] if (n > best[i]) == (i in ups) and n != best[i]]
+            assert sizes[i] == (min(step) if i in ups else max(step))
