@@ -507,24 +507,23 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         simulated: a cut-off for planning time, since a task-stable plan could also sync
         faster (with the balanced counts alone it skipped 61 of the 88 schedules that
         multitask-clip's memory settings make in `spindle bench`, and every bench plan was
-        the same as without it); when neither schedule of the balanced counts is simulated,
-        their neighbours are not tried."""
+        the same as without it). The neighbours are tried only when a schedule of the
+        balanced counts became the best plan."""
         assert best is not None
         for k, sizes in enumerate(task_sizes(graph, curves, n_dev)):
             stable = task_stable(allocs, graph, curves, cluster, sizes)
             bar_ms = best.plan.estimated_iteration_ms + best.transfer_ms
-            simulated = False
+            kept = False
             for extend in (True, False):
                 planned = fused_waves(graph, curves, stable.allocs, n_dev, max_ops,
                                       extend=extend)
                 label = "task-stable" if extend else "task-stable, no extension"
-                if sum(w.duration_ms for w in planned) >= bar_ms:
-                    continue
-                simulated = True
-                if consider((n_dev,) * len(allocs), planned, fused=True, label=label):
+                if (sum(w.duration_ms for w in planned) < bar_ms
+                        and consider((n_dev,) * len(allocs), planned, fused=True, label=label)):
+                    kept = True
                     consider((n_dev,) * len(allocs), planned, fused=True, home=stable.home,
                              label=f"{label}, home ranks")
-            if k == 0 and not simulated:
+            if k == 0 and not kept:
                 return
 
     for cap in bounds:
