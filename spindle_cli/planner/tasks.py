@@ -8,7 +8,6 @@ the largest of their valid counts that fits the group.
 
 from __future__ import annotations
 
-import itertools
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, replace
@@ -170,23 +169,25 @@ def task_sizes(graph: MetaOpGraph, curves: dict[str, OpCurve],
     if best is None:
         return []
     limit = NEAR_LONGEST * max(chain_ms(ms, curves, n) for ms, n in zip(tasks, best, strict=True))
-    found = [best]
-    keys: list[tuple[float, float]] = []
-    for i, j in itertools.product(range(len(tasks)), range(-1, len(tasks))):
-        up = [n for n in options[i] if n > best[i]]
-        down = [n for n in options[j] if n < best[j]] if j >= 0 else [best[i]]
-        if i == j or not up or not down:
-            continue
-        sizes = list(best)
-        sizes[i] = up[0]
-        if j >= 0:
-            sizes[j] = down[-1]
-        times = [chain_ms(ms, curves, n) for ms, n in zip(tasks, sizes, strict=True)]
-        if sum(sizes) <= num_devices and max(times) <= limit and sizes not in found:
-            found.append(sizes)
-            keys.append((max(times), sum(times)))
-    order = sorted(range(1, len(found)), key=lambda k: keys[k - 1])
-    return [best] + [found[k] for k in order[:NEIGHBOURS]]
+    # (longest chain, sum of chains) and sizes of each neighbour within the limit
+    near: list[tuple[tuple[float, float], list[int]]] = []
+    for i in range(len(tasks)):
+        up = next((n for n in options[i] if n > best[i]), None)
+        for j in (None, *range(len(tasks))):
+            if up is None or j == i:
+                continue
+            sizes = list(best)
+            sizes[i] = up
+            if j is not None:
+                down = [n for n in options[j] if n < best[j]]
+                if not down:
+                    continue
+                sizes[j] = down[-1]
+            times = [chain_ms(ms, curves, n) for ms, n in zip(tasks, sizes, strict=True)]
+            if sum(sizes) <= num_devices and max(times) <= limit:
+                near.append(((max(times), sum(times)), sizes))
+    near.sort(key=lambda x: x[0])
+    return [best] + [sizes for _, sizes in near[:NEIGHBOURS]]
 
 
 def task_stable(allocs: list[LevelAllocation], graph: MetaOpGraph, curves: dict[str, OpCurve],
