@@ -2,8 +2,9 @@
 
 The task-level baselines (`baselines.optimus`, `baselines.distmm`) size device groups per
 task or tower; Spindle's task-stable candidate (`task_stable`, used by `api.make_plan`)
-sizes them as DistMM-MT sizes its towers (`balanced_counts`). A chain's MetaOps each run on
-the largest of their valid counts that fits the group.
+sizes them as DistMM-MT sizes its towers (`balanced_counts`), then tries that sizing's
+nearest neighbours (`task_sizes`), and places each task on its own ranks (`home_groups`).
+A chain's MetaOps each run on the largest of their valid counts that fits the group.
 """
 
 from __future__ import annotations
