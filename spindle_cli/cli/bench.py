@@ -94,7 +94,7 @@ def executed_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]
 def detail_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]]:
     """Figs. 10-12: Spindle's gap to the optimum, transfer shares, sync, planning time."""
     header = ["model", "tasks", "GPUs", "gap (iter/C*)", "compute/C*", "transfer island",
-              "transfer seq-place", "sync ms", "plan s (max)"]
+              "transfer seq-place", "sync ms", "plan s (max)", "kept candidate"]
     body = []
     for key in _configs(rows):
         sp, seq = _find(rows, key, "spindle"), _find(rows, key, "spindle", "sequential")
@@ -111,7 +111,8 @@ def detail_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]]:
                      _num(sp.gap_to_optimum if sp else None, ".3f"),
                      _num(sp.compute_gap if sp else None, ".3f"),
                      share(sp), share(seq), _num(sp.sync_ms if sp else None, ".1f"),
-                     _num(max(seconds) if seconds else None, ".3f")])
+                     _num(max(seconds) if seconds else None, ".3f"),
+                     sp.candidate if sp else "-"])
     return header, body
 
 

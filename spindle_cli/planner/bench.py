@@ -120,6 +120,8 @@ class BenchRow:
     planned_iteration_ms: float | None
     memory: str
     """The memory setting of the kept plan: 'zero<k>' and/or 'recompute', or 'none'."""
+    candidate: str
+    """Which of the spindle planner's candidates was kept (Plan.candidate; '' otherwise)."""
     plan_seconds: float | None
     """Planning time of the plan kept (one memory setting)."""
     paper_speedup: float | None
@@ -191,20 +193,21 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
         bound: float | None = lower_bound_ms(graph, profile, cluster)
     except SpindleError:
         bound = None
-    results: list[tuple[str, str, SimResult | None, float | None, str, str]] = []
+    results: list[tuple[str, str, SimResult | None, float | None, float | None, str, str,
+                        str]] = []
     for planner, placement in VARIANTS:
         try:
             plan, sim, seconds = plan_and_simulate(graph, profile, cluster, planner, placement)
             executed = simulate(plan, graph, profile, cluster, progress="rank").iteration_ms
             results.append((planner, placement, sim, executed, seconds, memory_setting(plan),
-                            ""))
+                            plan.candidate, ""))
         except SpindleError as e:
-            results.append((planner, placement, None, None, None, "-", str(e)))
-    baseline = next((s.iteration_ms for p, _, s, _, _, _, _ in results
+            results.append((planner, placement, None, None, None, "-", "", str(e)))
+    baseline = next((s.iteration_ms for p, _, s, _, _, _, _, _ in results
                      if p == "sequential" and s is not None), None)
     key = (config.model, config.num_tasks, config.num_devices)
     rows = []
-    for planner, placement, sim, executed, seconds, memory, error in results:
+    for planner, placement, sim, executed, seconds, memory, candidate, error in results:
         it = sim.iteration_ms if sim else None
         rows.append(BenchRow(
             model=config.model, num_tasks=config.num_tasks, num_devices=config.num_devices,
@@ -220,7 +223,7 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
             inter_island_bytes=sim.inter_island_bytes if sim else None,
             peak_memory_bytes=sim.peak_memory_bytes if sim else None,
             planned_iteration_ms=sim.planned_iteration_ms if sim else None,
-            memory=memory, plan_seconds=seconds,
+            memory=memory, candidate=candidate, plan_seconds=seconds,
             paper_speedup=paper_numbers.speedup(*key, planner) if placement == "island" else None,
             paper_transfer_share=paper_numbers.transfer_share(*key, placement)
             if planner == "spindle" else None,
@@ -233,7 +236,8 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
         gap_to_optimum=1.0 if bound else None, compute_gap=1.0 if bound else None,
         compute_ms=bound, transfer_ms=None, sync_ms=None, transfer_fraction=None,
         idle_fraction=None, inter_island_bytes=None, peak_memory_bytes=None,
-        planned_iteration_ms=None, memory="-", plan_seconds=None, paper_speedup=None,
+        planned_iteration_ms=None, memory="-", candidate="", plan_seconds=None,
+        paper_speedup=None,
         paper_transfer_share=None,
         error="" if bound is not None else "no relaxed optimum (no valid allocation)",
     ))

@@ -76,6 +76,8 @@ def test_rows_agree_with_a_direct_simulation(clip4_rows):
     assert row.gap_to_optimum == pytest.approx(sim.iteration_ms / row.lower_bound_ms)
     assert row.executed_ms == pytest.approx(
         simulate(plan, graph, profile, c, progress="rank").iteration_ms)
+    assert row.candidate == plan.candidate and plan.candidate
+    assert all(r.candidate == "" for r in clip4_rows if r.planner != "spindle")
     assert seconds > 0
 
 
