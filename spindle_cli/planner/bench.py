@@ -193,22 +193,22 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
         bound: float | None = lower_bound_ms(graph, profile, cluster)
     except SpindleError:
         bound = None
-    results: list[tuple[str, str, SimResult | None, float | None, float | None, str, str,
-                        str]] = []
+    # (planner, placement, kept plan, its simulation, planning seconds, error)
+    results: list[tuple[str, str, Plan | None, SimResult | None, float | None, str]] = []
     for planner, placement in VARIANTS:
         try:
             plan, sim, seconds = plan_and_simulate(graph, profile, cluster, planner, placement)
-            executed = simulate(plan, graph, profile, cluster, progress="rank").iteration_ms
-            results.append((planner, placement, sim, executed, seconds, memory_setting(plan),
-                            plan.candidate, ""))
+            results.append((planner, placement, plan, sim, seconds, ""))
         except SpindleError as e:
-            results.append((planner, placement, None, None, None, "-", "", str(e)))
-    baseline = next((s.iteration_ms for p, _, s, _, _, _, _, _ in results
+            results.append((planner, placement, None, None, None, str(e)))
+    baseline = next((s.iteration_ms for p, _, _, s, _, _ in results
                      if p == "sequential" and s is not None), None)
     key = (config.model, config.num_tasks, config.num_devices)
     rows = []
-    for planner, placement, sim, executed, seconds, memory, candidate, error in results:
+    for planner, placement, plan, sim, seconds, error in results:
         it = sim.iteration_ms if sim else None
+        executed = (simulate(plan, graph, profile, cluster, progress="rank").iteration_ms
+                    if plan else None)
         rows.append(BenchRow(
             model=config.model, num_tasks=config.num_tasks, num_devices=config.num_devices,
             cluster=cluster.name, planner=planner, placement=placement, iteration_ms=it,
@@ -223,7 +223,8 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
             inter_island_bytes=sim.inter_island_bytes if sim else None,
             peak_memory_bytes=sim.peak_memory_bytes if sim else None,
             planned_iteration_ms=sim.planned_iteration_ms if sim else None,
-            memory=memory, candidate=candidate, plan_seconds=seconds,
+            memory=memory_setting(plan) if plan else "-",
+            candidate=plan.candidate if plan else "", plan_seconds=seconds,
             paper_speedup=paper_numbers.speedup(*key, planner) if placement == "island" else None,
             paper_transfer_share=paper_numbers.transfer_share(*key, placement)
             if planner == "spindle" else None,

@@ -83,9 +83,10 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
     incoming: dict[tuple[int, int], list[Flow]] = {}
     for f in flows:
         incoming.setdefault(f.dst, []).append(f)
+    home = home or {}
     memory_first: set[int] = set()
     for _ in range(_MAX_ATTEMPTS):
-        result = _attempt(waves, incoming, graph, cluster, memory_first, memory, home or {})
+        result = _attempt(waves, incoming, graph, cluster, memory_first, memory, home)
         if not isinstance(result, _Failure):
             return result
         k = result.wave
@@ -97,8 +98,7 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
             if len(memory_first) == len(waves):
                 raise PlanInfeasible(result.message)
             memory_first = set(range(len(waves)))
-    result = _attempt(waves, incoming, graph, cluster, set(range(len(waves))), memory,
-                      home or {})
+    result = _attempt(waves, incoming, graph, cluster, set(range(len(waves))), memory, home)
     if isinstance(result, _Failure):
         raise PlanInfeasible(result.message)
     return result
