@@ -43,7 +43,7 @@ from spindle_cli.planner.memory import (
 )
 from spindle_cli.planner.placement import Flow, Ranks, SliceSpec, place
 from spindle_cli.planner.simulate import QuickCost, simulated_cost
-from spindle_cli.planner.tasks import task_sizes, task_stable
+from spindle_cli.planner.tasks import lane_waves, task_lanes, task_sizes, task_stable
 from spindle_cli.planner.waves import (
     LARGE_LEVEL,
     LARGE_LEVEL_VARIANTS,
@@ -381,8 +381,11 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     faster than its level-by-level schedule, then the kept plan rebuilt to move fewer rows
     between ranks (`consider_lighter`: no extension, or one device count per MetaOp;
     multitask-clip 4 tasks on 32 devices: 49.5 ms instead of 53.1, qwen-val on 64: 813.0
-    instead of 862.5), and last each task on one device group through all its levels
-    (`consider_task_stable`). Candidates with the same waves are simulated once. The
+    instead of 862.5), then each task on one device group through all its levels
+    (`consider_task_stable`), and last, where tasks outnumber the groups, tasks one after
+    another on lanes of equal groups (`consider_lanes`). Candidates with the same waves are
+    simulated once; on one island (one device bound) the candidates are the same but for
+    the bounds. The
     allocator and the wave scheduler see compute only; the simulator is the planner's cost
     model for what they cannot see. The levels' lower bounds stay the uncapped C*, so
     `lower_bound_ms` is the relaxed optimum whichever plan is kept.
@@ -405,6 +408,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     best: _Kept | None = None
     error: PlanInfeasible | None = None
     bounds = device_caps(cluster)
+    simulated = n_dev <= SIMULATED_CHOICE_MAX_DEVICES
 
     tried: set[tuple[tuple[PlannedWave, ...], bool]] = set()
     capped_by_cap: dict[int, tuple[dict[str, OpCurve], list[LevelAllocation]]] = {
@@ -434,11 +438,11 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         plan = replace(plan, candidate=", ".join(
             x for x in ("fused" if fused else "level by level",
                         f"device bound {bounds_text}", label) if x))
-        # a single candidate needs no simulation (and above SIMULATED_CHOICE_MAX_DEVICES one
-        # would take longer than the planning target)
+        # above SIMULATED_CHOICE_MAX_DEVICES one simulation would take longer than the
+        # planning target: the first candidate is the plan
         cost = (simulated_cost(plan, graph, profile, cluster,
                                give_up_ms=best.iteration_ms if best else math.inf)
-                if len(bounds) > 1 else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
+                if simulated else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
         if best is None or cost.iteration_ms < best.iteration_ms - 1e-9:
             best = _Kept(iteration_ms=cost.iteration_ms, plan=plan, caps=caps, fused=fused,
                          transfer_ms=cost.transfer_ms)
@@ -526,6 +530,22 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
             if k == 0 and not kept:
                 return
 
+    def consider_lanes() -> None:
+        """Tasks one after another on lanes of equal device groups, each task on its lane's
+        ranks (`tasks.task_lanes`), for clusters with fewer groups than tasks (tiny-clip's 4
+        tasks on 2 CPU ranks: no rows between ranks until the gradient sync). Like the
+        task-stable schedules, simulated only when the lanes' compute is below the kept
+        plan's compute and transfer wait."""
+        assert best is not None
+        for lanes in task_lanes(graph, curves, cluster):
+            bar_ms = best.plan.estimated_iteration_ms + best.transfer_ms
+            if lanes.load_ms >= bar_ms:
+                continue
+            planned, home = lane_waves(graph, curves, lanes, max_ops)
+            if sum(w.duration_ms for w in planned) < bar_ms:
+                consider((n_dev,) * len(allocs), planned, fused=True, home=home,
+                         label=f"task lanes of {lanes.size}")
+
     for cap in bounds:
         try:
             capped, capped_allocs = capped_for(cap)
@@ -547,12 +567,13 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         for cap in by_cap:
             if cap != caps[longest]:
                 consider(caps[:longest] + (cap,) + caps[longest + 1:])
-    if len(allocs) > 1 and len(bounds) > 1:
+    if len(allocs) > 1 and simulated:
         consider_fused(bounds[-1])
-    if best is not None and len(bounds) > 1:
+    if best is not None and simulated:
         consider_lighter(best.caps, best.fused)
-    if best is not None and len(bounds) > 1 and len(graph.tasks) > 1:
+    if best is not None and simulated and len(graph.tasks) > 1:
         consider_task_stable()
+        consider_lanes()
     if best is None:
         assert error is not None
         raise error

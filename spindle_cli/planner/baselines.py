@@ -27,9 +27,10 @@ from spindle_cli.planner.tasks import (
     by_task,
     chain,
     chain_ms,
+    concurrent,
     task_counts,
 )
-from spindle_cli.planner.waves import MaxOps, PlannedWave, Slot, align, merge_or_append
+from spindle_cli.planner.waves import MaxOps, PlannedWave, Slot
 
 
 def _one_per_wave(metaops: list[MetaOp], curves: dict[str, OpCurve],
@@ -52,34 +53,6 @@ def sequential(graph: MetaOpGraph, curves: dict[str, OpCurve],
                max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Each task's MetaOps on the whole cluster in turn."""
     return [w for ms in by_task(graph) for w in _one_per_wave(ms, curves, max_ops)]
-
-
-def concurrent(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGraph,
-               max_ops: MaxOps | None = None) -> list[PlannedWave]:
-    """Waves for chains running side by side: each wave is aligned to the shortest current
-    MetaOp remainder; the others run as many whole operators as fit."""
-    pos = [0] * len(chains)
-    left = [graph.metaop(c[0][0]).num_layers if c else 0 for c in chains]
-    waves: list[PlannedWave] = []
-    while True:
-        active = [i for i, c in enumerate(chains) if pos[i] < len(c)]
-        if not active:
-            return waves
-        heads = [chains[i][pos[i]] for i in active]
-        taus = [curves[m].time_at(n) for m, n in heads]
-        offered = [left[i] if max_ops is None else min(left[i], max_ops(m, n))
-                   for i, (m, n) in zip(active, heads, strict=True)]
-        ops = align(taus, offered)
-        slots = tuple(Slot(metaop=m, n=n, num_ops=k, op_time_ms=tau)
-                      for (m, n), k, tau in zip(heads, ops, taus, strict=True))
-        for i, k in zip(active, ops, strict=True):
-            left[i] -= k
-            if left[i] == 0:
-                pos[i] += 1
-                if pos[i] < len(chains[i]):
-                    left[i] = graph.metaop(chains[i][pos[i]][0]).num_layers
-        level = min(graph.metaop(s.metaop).level for s in slots)
-        merge_or_append(waves, PlannedWave(level=level, slots=slots), max_ops)
 
 
 def optimus(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,

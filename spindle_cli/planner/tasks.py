@@ -17,6 +17,7 @@ from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.allocation import AslTuple, LevelAllocation, OpCurve
+from spindle_cli.planner.waves import MaxOps, PlannedWave, Slot, align, merge_or_append
 
 Chain = list[tuple[str, int]]
 """MetaOps run one after another on one device group, with their device counts."""
@@ -109,6 +110,34 @@ def _least_sum(timed: list[list[tuple[int, float]]], bound_ms: float,
             return None
         states = nxt
     return list(min(states.values())[1])
+
+
+def concurrent(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGraph,
+               max_ops: MaxOps | None = None) -> list[PlannedWave]:
+    """Waves for chains running side by side: each wave is aligned to the shortest current
+    MetaOp remainder; the others run as many whole operators as fit."""
+    pos = [0] * len(chains)
+    left = [graph.metaop(c[0][0]).num_layers if c else 0 for c in chains]
+    waves: list[PlannedWave] = []
+    while True:
+        active = [i for i, c in enumerate(chains) if pos[i] < len(c)]
+        if not active:
+            return waves
+        heads = [chains[i][pos[i]] for i in active]
+        taus = [curves[m].time_at(n) for m, n in heads]
+        offered = [left[i] if max_ops is None else min(left[i], max_ops(m, n))
+                   for i, (m, n) in zip(active, heads, strict=True)]
+        ops = align(taus, offered)
+        slots = tuple(Slot(metaop=m, n=n, num_ops=k, op_time_ms=tau)
+                      for (m, n), k, tau in zip(heads, ops, taus, strict=True))
+        for i, k in zip(active, ops, strict=True):
+            left[i] -= k
+            if left[i] == 0:
+                pos[i] += 1
+                if pos[i] < len(chains[i]):
+                    left[i] = graph.metaop(chains[i][pos[i]][0]).num_layers
+        level = min(graph.metaop(s.metaop).level for s in slots)
+        merge_or_append(waves, PlannedWave(level=level, slots=slots), max_ops)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -208,3 +237,62 @@ def task_stable(allocs: list[LevelAllocation], graph: MetaOpGraph, curves: dict[
     groups = home_groups(sizes, cluster.island_size, cluster.num_devices)
     home = {m.id: g for ms, g in zip(tasks, groups, strict=True) for m in ms}
     return TaskStable(allocs=stable, home=home)
+
+
+LANE_CANDIDATES = 2
+"""`task_lanes` returns at most this many lane sizes, least loaded first."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lanes:
+    """Disjoint device groups of one size, each running its tasks one after another."""
+
+    size: int
+    tasks: list[list[int]]
+    """Per lane: its tasks (indices in `by_task` order, tasks with MetaOps), in run order."""
+    groups: list[tuple[int, ...]]
+    """Per lane: its ranks (`home_groups`)."""
+    load_ms: float
+    """The longest lane's chains, one after another."""
+
+
+def task_lanes(graph: MetaOpGraph, curves: dict[str, OpCurve],
+               cluster: ClusterSpec) -> list[Lanes]:
+    """Beyond the paper: the task-stable idea where tasks outnumber the groups (tiny-clip's 4
+    tasks on 2 ranks, multitask-clip's 10 on 8, where `task_sizes` has nothing). For every
+    device count g valid for all tasks that splits the cluster into at least 2 lanes and
+    fewer lanes than tasks, the N // g lanes take the tasks longest first, each onto the
+    least loaded lane (Optimus's list scheduling, on groups of g instead of single devices).
+    A task never leaves its lane, so no rows move between ranks inside it; lanes idle only
+    where their loads differ. The LANE_CANDIDATES least loaded."""
+    tasks = [ms for ms in by_task(graph) if ms]
+    n_dev = cluster.num_devices
+    common = set.intersection(*(set(task_counts(ms, curves, n_dev)) for ms in tasks))
+    found = []
+    for g in sorted(common):
+        num_lanes = n_dev // g
+        if not 2 <= num_lanes < len(tasks):
+            continue
+        times = [chain_ms(ms, curves, g) for ms in tasks]
+        loads = [0.0] * num_lanes
+        members: list[list[int]] = [[] for _ in range(num_lanes)]
+        for i in sorted(range(len(tasks)), key=lambda i: (-times[i], i)):
+            k = min(range(num_lanes), key=lambda k: (loads[k], k))
+            loads[k] += times[i]
+            members[k].append(i)
+        found.append(Lanes(size=g, tasks=members, load_ms=max(loads),
+                           groups=home_groups([g] * num_lanes, cluster.island_size, n_dev)))
+    found.sort(key=lambda x: (x.load_ms, x.size))
+    return found[:LANE_CANDIDATES]
+
+
+def lane_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], lanes: Lanes,
+               max_ops: MaxOps | None = None) -> tuple[list[PlannedWave], dict[str, tuple[int, ...]]]:
+    """The lanes' chains side by side (`concurrent`) and each MetaOp's home ranks, its lane's
+    group."""
+    tasks = [ms for ms in by_task(graph) if ms]
+    chains = [[link for i in lane for link in chain(tasks[i], curves, lanes.size)]
+              for lane in lanes.tasks]
+    home = {m.id: group for lane, group in zip(lanes.tasks, lanes.groups, strict=True)
+            for i in lane for m in tasks[i]}
+    return concurrent(chains, curves, graph, max_ops), home

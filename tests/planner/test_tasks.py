@@ -20,7 +20,9 @@ from spindle_cli.planner.tasks import (
     by_task,
     chain_ms,
     home_groups,
+    lane_waves,
     task_counts,
+    task_lanes,
     task_sizes,
     task_stable,
 )
@@ -206,3 +208,73 @@ def test_task_sizes_start_from_the_balanced_counts_then_their_nearest_neighbours
         for i in moved:
             step = [n for n in options[i] if (n > best[i]) == (i in ups) and n != best[i]]
             assert sizes[i] == (min(step) if i in ups else max(step))
+
+
+def many_tasks():
+    """Five two-MetaOp tasks (encoder, head) of different lengths on 4 devices, batch 8:
+    more tasks than devices, so `task_sizes` has nothing and `task_lanes` shares groups."""
+    ms = []
+    for i, k in enumerate((6, 5, 4, 3, 2)):
+        ms += [metaop(f"t{i}/enc", layers=k, batch=8, act_bytes=4 << 20),
+               metaop(f"t{i}/head", level=1, layers=2, batch=8, preds=(f"t{i}/enc",),
+                      act_bytes=4 << 20)]
+    p = profile([alpha_beta_curve(m.id, 8, 0.2, 1.0) for m in ms])
+    return graph(ms), p, cluster(per_node=4)
+
+
+def test_task_lanes_put_every_task_on_one_lane_longest_first_onto_the_least_loaded():
+    g, p, c = many_tasks()
+    curves = _curves(g, p, c.num_devices)
+    tasks = by_task(g)
+    assert task_sizes(g, curves, c.num_devices) == []
+    found = task_lanes(g, curves, c)
+    # lanes of 1 (4 lanes) and of 2 (2 lanes); of 4 would be one lane
+    assert sorted(x.size for x in found) == [1, 2]
+    assert [x.load_ms for x in found] == sorted(x.load_ms for x in found)
+    for lanes in found:
+        assert sorted(i for lane in lanes.tasks for i in lane) == list(range(len(tasks)))
+        assert 2 <= len(lanes.tasks) < len(tasks)
+        assert all(len(grp) == lanes.size for grp in lanes.groups)
+        assert len({r for grp in lanes.groups for r in grp}) == lanes.size * len(lanes.groups)
+        loads = [sum(chain_ms(tasks[i], curves, lanes.size) for i in lane)
+                 for lane in lanes.tasks]
+        assert lanes.load_ms == pytest.approx(max(loads))
+        # list scheduling: each task went to a lane that was least loaded when it came
+        times = [chain_ms(ms, curves, lanes.size) for ms in tasks]
+        order = sorted(range(len(tasks)), key=lambda i: (-times[i], i))
+        running = [0.0] * len(lanes.tasks)
+        lane_of = {i: k for k, lane in enumerate(lanes.tasks) for i in lane}
+        for i in order:
+            assert running[lane_of[i]] == pytest.approx(min(running))
+            running[lane_of[i]] += times[i]
+
+
+def test_lane_waves_run_every_operator_once_each_lane_on_its_own_ranks():
+    g, p, c = many_tasks()
+    curves = _curves(g, p, c.num_devices)
+    for lanes in task_lanes(g, curves, c):
+        waves, home = lane_waves(g, curves, lanes, api.slice_limits(g, curves, c))
+        lane_of = {m.id: k for k, lane in enumerate(lanes.tasks)
+                   for i in lane for m in by_task(g)[i]}
+        done = dict.fromkeys(lane_of, 0)
+        for w in waves:
+            # one slot per lane at most, within the lane's group
+            assert len({lane_of[s.metaop] for s in w.slots}) == len(w.slots)
+            for s in w.slots:
+                assert s.n <= lanes.size
+                done[s.metaop] += s.num_ops
+        assert done == {m.id: m.num_layers for m in g.metaops}
+        assert home == {mid: lanes.groups[k] for mid, k in lane_of.items()}
+
+
+def test_make_plan_keeps_task_lanes_when_tasks_outnumber_devices_and_rows_are_heavy():
+    """4 MiB rows over a 0.1 GB/s link: re-splitting them between ranks costs more than the
+    lanes' idle time, so the kept plan moves no row between ranks, and simulates no slower
+    than Optimus's list scheduling of the same tasks."""
+    g, p, c = many_tasks()
+    c = replace(c, intra_island_bandwidth_bytes_per_s=1e8)
+    kept = api.make_plan(g, p, c)
+    assert "task lanes of" in kept.candidate
+    assert all(t.src_ranks == t.dst_ranks for t in kept.transfers)
+    optimus = api.make_plan(g, p, c, options=api.PlanOptions(planner="optimus"))
+    assert simulate(kept, g, p, c).iteration_ms <= simulate(optimus, g, p, c).iteration_ms
