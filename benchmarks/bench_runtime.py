@@ -117,7 +117,7 @@ def fidelity(steps: int) -> None:
         _spindle("graph", str(REPO / "models" / "tiny-clip.yaml"), "--dtype", "fp32",
                  "-o", str(d / "graph.yaml"))
         _spindle("profile", str(d / "graph.yaml"), "--hardware", "local", "--cluster", cluster,
-                 "--counts", "1,2", "-o", str(d / "profile.yaml"))
+                 "--counts", "1,2", "--no-cache", "-o", str(d / "profile.yaml"))
         # the executor implements no memory strategy (--memory auto could pick ZeRO-1)
         _spindle("plan", str(d / "graph.yaml"), str(d / "profile.yaml"), "--cluster", cluster,
                  "--memory", "none", "--recompute", "off", "-o", str(d / "plan.yaml"))
@@ -125,9 +125,11 @@ def fidelity(steps: int) -> None:
                  "--trace", str(d / "trace.json"))
         doc = json.loads((d / "trace.json").read_text())
         # the gloo executor's gradient buckets and ranks, as `spindle run` predicts on gloo
-        sim = simulate(load(str(d / "plan.yaml"), Plan), load(str(d / "graph.yaml"), MetaOpGraph),
+        plan = load(str(d / "plan.yaml"), Plan)
+        sim = simulate(plan, load(str(d / "graph.yaml"), MetaOpGraph),
                        load(str(d / "profile.yaml"), Profile), load(cluster, ClusterSpec),
                        sync="per-set", progress="rank")
+    print(f"  kept candidate: {plan.candidate}")
     print(f"  simulated: compute {sim.compute_ms:.2f} ms, waiting {sim.transfer_ms:.2f}"
           f" ms, sync {sim.sync_ms:.2f} ms; busy per rank "
           + ", ".join(f"{r.busy_ms:.2f} ms" for r in sim.ranks))
