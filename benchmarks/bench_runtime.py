@@ -8,7 +8,8 @@
 2. Simulator fidelity. `spindle profile --hardware local` measures tiny-clip's operators here,
    `spindle plan` plans for 2 ranks (clusters/local-cpu-2.yaml), `spindle run` trains with 2
    processes of one thread each and writes a trace whose summary holds the measured
-   iteration time and the simulator's prediction. Goal: within 15%.
+   iteration time and the simulator's prediction. Goal: within 15%, on the median of
+   --rounds independent rounds (default 3).
 3. Link costs (--links): gloo between 2 local processes of one thread each, the figures
    clusters/local-cpu*.yaml take their link latency and bandwidth from. A pairwise exchange
    (both ranks send and receive in one batch_isend_irecv, as the executor's boundaries do) at
@@ -19,7 +20,7 @@
    when the two ranks arrive together and when one arrives 0.3 ms after the other (timed on
    the late rank: the message alone, without the wait for the peer).
 
-Run: python benchmarks/bench_runtime.py [--steps 30] [--skip-fidelity] [--links]
+Run: python benchmarks/bench_runtime.py [--steps 30] [--rounds 3] [--skip-fidelity] [--links]
 """
 
 from __future__ import annotations
@@ -110,7 +111,19 @@ def _spindle(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "spindle_cli", *args], check=True)
 
 
-def fidelity(steps: int) -> None:
+def fidelity(steps: int, runs: int) -> None:
+    """`runs` independent rounds of profile, plan and run; the goal is judged on the median
+    error, since this shared machine's speed drifts between a profile and its run."""
+    errors = [fidelity_round(steps) for _ in range(runs)]
+    error = statistics.median(errors)
+    print(f"simulator fidelity over {runs} rounds: errors "
+          + ", ".join(f"{e:+.1%}" for e in errors)
+          + f"; median {error:+.1%} (goal within 15%: {'met' if abs(error) <= 0.15 else 'MISSED'})")
+
+
+def fidelity_round(steps: int) -> float:
+    """One round: profile, plan and run; prints the breakdown and returns measured /
+    predicted - 1."""
     with tempfile.TemporaryDirectory(prefix="spindle-bench-") as tmp:
         d = Path(tmp)
         cluster = str(REPO / "clusters" / "local-cpu-2.yaml")
@@ -139,9 +152,9 @@ def fidelity(steps: int) -> None:
         print(f"  measured rank {rank}: {text}")
     measured, predicted = summary["measured_iteration_ms"], summary["predicted_iteration_ms"]
     error = measured / predicted - 1
-    print(f"simulator fidelity (tiny-clip, 2 ranks, {summary['planner']} plan): measured "
-          f"{measured:.2f} ms/iteration, predicted {predicted:.2f} ms, error {error:+.1%} "
-          f"(goal within 15%: {'met' if abs(error) <= 0.15 else 'MISSED'})")
+    print(f"  round (tiny-clip, 2 ranks, {summary['planner']} plan): measured "
+          f"{measured:.2f} ms/iteration, predicted {predicted:.2f} ms, error {error:+.1%}")
+    return error
 
 
 EXCHANGE_BYTES = (4, 4096, 65536, 1 << 20, 4 << 20)
@@ -258,6 +271,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--skip-fidelity", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3, help="fidelity rounds (median)")
     parser.add_argument("--links", action="store_true", help="only the gloo link costs")
     args = parser.parse_args()
     if args.links:
@@ -265,7 +279,7 @@ def main() -> None:
         return
     executor_overhead(args.steps)
     if not args.skip_fidelity:
-        fidelity(args.steps)
+        fidelity(args.steps, args.rounds)
 
 
 if __name__ == "__main__":
