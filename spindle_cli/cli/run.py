@@ -66,7 +66,7 @@ def run(plan_path: str, nproc_per_node: int, nnodes: int, node_rank: int,
 
     inputs = load_run_inputs(plan_path)
     check_world(inputs.plan, nproc_per_node * nnodes)
-    resolve_backend(backend)
+    resolved = resolve_backend(backend)
     if dataset is not None:
         from spindle_cli.runtime.data import dataset_factory
 
@@ -99,6 +99,10 @@ def run(plan_path: str, nproc_per_node: int, nnodes: int, node_rank: int,
             "-m", "spindle_cli.runtime.worker", *worker_args]
     err.print(f"spindle run: {inputs.plan.planner} plan, {len(inputs.plan.waves)} waves, "
               f"{inputs.plan.num_devices} ranks, {steps} steps")
+    cores = len(os.sched_getaffinity(0))
+    if resolved == "gloo" and nproc_per_node > cores:
+        err.print(f"note: {nproc_per_node} CPU ranks share {cores} core{'s' * (cores > 1)} here, "
+                  "so they take turns and a step takes longer than the plan's prediction")
     _launch(argv)
 
 

@@ -212,3 +212,17 @@ def test_dry_run_prints_every_rank_and_launches_nothing(tmp_path: Path) -> None:
     rows = [ln for ln in result.stdout.splitlines() if ln.startswith("│")]
     assert [ln.split("│")[1].strip() for ln in rows if ln.split("│")[1].strip()] == ["0", "1"]
     assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.parametrize("cores, noted", [(1, True), (2, False)])
+def test_more_cpu_ranks_than_cores_are_noted_at_launch(tmp_path: Path, monkeypatch,
+                                                       cores: int, noted: bool) -> None:
+    plan_path = write_plan_files(tmp_path)
+    launched: list[list[str]] = []
+    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    result = invoke("run", str(plan_path), "--nproc-per-node", "2", "--backend", "gloo")
+    assert result.exit_code == 0, getattr(result, "stderr", "")
+    assert len(launched) == 1
+    note = "2 CPU ranks share 1 core here"
+    assert (note in result.stderr) == noted
