@@ -287,7 +287,8 @@ def task_lanes(graph: MetaOpGraph, curves: dict[str, OpCurve],
 
 
 def lane_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], lanes: Lanes,
-               max_ops: MaxOps | None = None) -> tuple[list[PlannedWave], dict[str, tuple[int, ...]]]:
+               max_ops: MaxOps | None = None,
+               ) -> tuple[list[PlannedWave], dict[str, tuple[int, ...]]]:
     """The lanes' chains side by side (`concurrent`) and each MetaOp's home ranks, its lane's
     group."""
     tasks = [ms for ms in by_task(graph) if ms]
