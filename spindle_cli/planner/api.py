@@ -384,8 +384,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     instead of 862.5), then each task on one device group through all its levels
     (`consider_task_stable`), and last, where tasks outnumber the groups, tasks one after
     another on lanes of equal groups (`consider_lanes`). Candidates with the same waves are
-    simulated once; on one island (one device bound) the candidates are the same but for
-    the bounds. The
+    simulated once; a one-island cluster has a single device bound and tries the others. The
     allocator and the wave scheduler see compute only; the simulator is the planner's cost
     model for what they cannot see. The levels' lower bounds stay the uncapped C*, so
     `lower_bound_ms` is the relaxed optimum whichever plan is kept.

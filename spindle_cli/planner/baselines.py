@@ -22,12 +22,12 @@ import math
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.planner.allocation import OpCurve
 from spindle_cli.planner.tasks import (
-    Chain,
     balanced_counts,
     by_task,
     chain,
     chain_ms,
     concurrent,
+    list_scheduled,
     task_counts,
 )
 from spindle_cli.planner.waves import MaxOps, PlannedWave, Slot
@@ -88,14 +88,11 @@ def optimus(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,
 def _list_scheduled(tasks: list[list[MetaOp]], curves: dict[str, OpCurve], num_devices: int,
                     graph: MetaOpGraph, max_ops: MaxOps | None) -> list[PlannedWave]:
     """One device per task; longest task first onto the earliest-free device."""
-    order = sorted(tasks, key=lambda ms: (-chain_ms(ms, curves, 1), ms[0].task))
-    busy_ms = [0.0] * num_devices
-    chains: list[Chain] = [[] for _ in range(num_devices)]
-    for ms in order:
-        d = min(range(num_devices), key=lambda k: (busy_ms[k], k))
-        busy_ms[d] += chain_ms(ms, curves, 1)
-        chains[d].extend(chain(ms, curves, 1))
-    return concurrent([c for c in chains if c], curves, graph, max_ops)
+    times = [chain_ms(ms, curves, 1) for ms in tasks]
+    order = sorted(range(len(tasks)), key=lambda i: (-times[i], tasks[i][0].task))
+    lanes = list_scheduled(times, num_devices, order)
+    return concurrent([[link for i in lane for link in chain(tasks[i], curves, 1)]
+                       for lane in lanes if lane], curves, graph, max_ops)
 
 
 def _towers(ms: list[MetaOp]) -> tuple[list[list[MetaOp]], list[MetaOp]]:

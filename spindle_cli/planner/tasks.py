@@ -239,6 +239,18 @@ def task_stable(allocs: list[LevelAllocation], graph: MetaOpGraph, curves: dict[
     return TaskStable(allocs=stable, home=home)
 
 
+def list_scheduled(times_ms: list[float], num_lanes: int, order: list[int]) -> list[list[int]]:
+    """Jobs (indices into `times_ms`) taken in `order`, each onto the lane with the least load so
+    far (the lowest on ties): per lane, its jobs in the order they came."""
+    loads = [0.0] * num_lanes
+    members: list[list[int]] = [[] for _ in range(num_lanes)]
+    for i in order:
+        k = min(range(num_lanes), key=lambda k: (loads[k], k))
+        loads[k] += times_ms[i]
+        members[k].append(i)
+    return members
+
+
 LANE_CANDIDATES = 2
 """`task_lanes` returns at most this many lane sizes, least loaded first."""
 
@@ -274,13 +286,10 @@ def task_lanes(graph: MetaOpGraph, curves: dict[str, OpCurve],
         if not 2 <= num_lanes < len(tasks):
             continue
         times = [chain_ms(ms, curves, g) for ms in tasks]
-        loads = [0.0] * num_lanes
-        members: list[list[int]] = [[] for _ in range(num_lanes)]
-        for i in sorted(range(len(tasks)), key=lambda i: (-times[i], i)):
-            k = min(range(num_lanes), key=lambda k: (loads[k], k))
-            loads[k] += times[i]
-            members[k].append(i)
-        found.append(Lanes(size=g, tasks=members, load_ms=max(loads),
+        members = list_scheduled(times, num_lanes, sorted(range(len(tasks)),
+                                                          key=lambda i: (-times[i], i)))
+        found.append(Lanes(size=g, tasks=members,
+                           load_ms=max(sum(times[i] for i in lane) for lane in members),
                            groups=home_groups([g] * num_lanes, cluster.island_size, n_dev)))
     found.sort(key=lambda x: (x.load_ms, x.size))
     return found[:LANE_CANDIDATES]
