@@ -70,9 +70,10 @@ measure: install
 define plan_one
 	$(SPINDLE) plan graphs/$(2).yaml profiles/$(3).yaml --cluster clusters/$(4).yaml $(5) $(CHECK) -o plans/$(1).yaml
 endef
-# The tiny-clip plans are what `spindle run` trains on CPU ranks: the executor keeps full
-# replicas and every activation, so they are planned without ZeRO or recomputation (which
-# `--memory auto` would pick whenever it simulates faster: ZeRO-1 shards the optimizer step).
+# The tiny-clip plans are what `spindle run` trains on CPU ranks: the executor shards the
+# optimizer state (ZeRO-1) but keeps full gradients, weights and every activation, and
+# `--memory auto` would pick ZeRO-2/3 or recomputation whenever they simulate faster, so these
+# are planned without memory strategies.
 RUNNABLE := --memory none --recompute off
 
 plans: install

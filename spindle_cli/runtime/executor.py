@@ -16,7 +16,10 @@ their CPU time from the rank's compute: 44 vs 52 ms per step for tiny-clip on 2 
 a set has one bucket, due at the lowest wave of any of its layers. A bucket is all-reduced
 (SUM), asynchronously, once its wave's backward has run, in the order of those waves, then of
 rank sets (the same on every rank); after the last backward wave the all-reduces are awaited,
-and AdamW steps the buckets' flat parameters. The task losses are all-reduced over the world
+and AdamW steps the buckets' flat parameters. Under ZeRO-1 (Plan.options `zero` 1) a bucket of
+several ranks is padded to equal shards: it is reduce-scattered instead, each rank's AdamW
+steps (and keeps state for) its own shard, a view of the flat parameter, and after the step the
+buckets are all-gathered, in bucket order. The task losses are all-reduced over the world
 (for the log) asynchronously from the end of the forward pass.
 
 Every rank walks the same global sequence of boundaries and collectives, and each one involves
@@ -96,6 +99,11 @@ class Bucket:
     ready_wave: int
     """The backward wave after which every gradient of the bucket is complete (-1 for a
     single rank's bucket, which is not reduced)."""
+    shard: tuple[int, int] | None = None
+    """ZeRO-1: this rank's range [lo, hi) of the flat tensors (the bucket is padded to a
+    multiple of its ranks); None when the optimizer steps the whole bucket."""
+    shard_grad: torch.Tensor | None = None
+    """ZeRO-1: the reduce-scattered gradient of `shard`."""
 
 
 @dataclass(slots=True)
@@ -159,6 +167,7 @@ class Executor:
             model, keys, seed=seed, dtype=dtype, device=world.device)
         self.overlap_sync = (overlaps_sync(world.backend) if overlap_sync is None
                              else overlap_sync)
+        self.zero = int(plan.options.get("zero", "0"))
         self.buckets = self._make_buckets()
         self.named = named_parameters(self.layers)
         # AdamW is elementwise, so stepping each bucket's flat parameter updates every layer
@@ -166,7 +175,10 @@ class Executor:
         # bucket instead of ~100 small ones cuts the step's per-tensor overhead (3 ms -> a
         # memory-bound fraction of a millisecond for tiny-clip on one CPU thread).
         # A rank the plan leaves idle holds no parameters (AdamW refuses an empty list).
-        flat = [b.param for b in self.buckets]
+        # Under ZeRO-1 the optimizer steps (and keeps state for) this rank's shard of a shared
+        # bucket only: a parameter that is a view of the bucket's flat parameter, so the step
+        # updates the shard in place; the all-gather after the step fills in the others.
+        flat = [b.param if b.shard is None else self._shard_param(b) for b in self.buckets]
         self.optimizer = make_optimizer(flat, lr) if flat else None
 
     def _make_buckets(self) -> list[Bucket]:
@@ -195,8 +207,15 @@ class Executor:
         for ranks, due in sorted(by_key, key=lambda k: (-k[1], k[0])):
             params = by_key[(ranks, due)]
             size = sum(p.numel() for p in params)
+            shard = None
+            if self.zero and len(ranks) > 1:
+                # padded to equal shards; holder sets are sorted, as group ranks are
+                width = -(-size // len(ranks))
+                lo = ranks.index(self.rank) * width
+                shard = (lo, lo + width)
+                size = width * len(ranks)
             flat = torch.zeros(size, dtype=self.dtype, device=self.world.device)
-            param = nn.Parameter(torch.empty(size, dtype=self.dtype, device=self.world.device))
+            param = nn.Parameter(torch.zeros(size, dtype=self.dtype, device=self.world.device))
             offset = 0
             with torch.no_grad():
                 for p in params:
@@ -208,9 +227,23 @@ class Executor:
                     p.grad = flat[view].view_as(p)
                     offset += p.numel()
             param.grad = flat
+            shard_grad = (None if shard is None else
+                          torch.zeros(shard[1] - shard[0], dtype=self.dtype,
+                                      device=self.world.device))
             buckets.append(Bucket(ranks=ranks, group=self.groups.get(ranks), flat=flat,
-                                  param=param, ready_wave=due))
+                                  param=param, ready_wave=due, shard=shard,
+                                  shard_grad=shard_grad))
         return buckets
+
+    @staticmethod
+    def _shard_param(b: Bucket) -> nn.Parameter:
+        """This rank's ZeRO-1 shard of a bucket's flat parameter (a view of it), with the
+        reduce-scattered gradient."""
+        assert b.shard is not None
+        lo, hi = b.shard
+        shard = nn.Parameter(b.param.data[lo:hi])
+        shard.grad = b.shard_grad
+        return shard
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -240,7 +273,25 @@ class Executor:
         if self.optimizer is not None:
             with self.tracer.span("optimizer", "compute", step=step):
                 self.optimizer.step()
+        if any(b.shard is not None for b in self.buckets):
+            with self.tracer.span("all-gather", "sync", step=step):
+                self._gather_shards()
         return losses
+
+    def _gather_shards(self) -> None:
+        """ZeRO-1: all-gather every sharded bucket's stepped shards (in bucket order, the same
+        on every rank)."""
+        works = []
+        with _with_peers("the parameter all-gather",
+                         [r for b in self.buckets if b.shard is not None for r in b.ranks
+                          if r != self.rank]):
+            for b in self.buckets:
+                if b.shard is not None:
+                    lo, hi = b.shard
+                    works.append(dist.all_gather_single(b.param.data, b.param.data[lo:hi].clone(),
+                                                        group=b.group, async_op=True))
+            for work in works:
+                work.wait()
 
     def _start_all_reduces(self, w: int) -> list[Any]:
         """Issue the all-reduce of every bucket that backward wave `w` completes (each group
@@ -249,8 +300,13 @@ class Executor:
         for b in self.buckets:
             if b.ready_wave == w and b.group is not None:
                 with _with_peers("the gradient sync", [r for r in b.ranks if r != self.rank]):
-                    works.append(dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=b.group,
-                                                 async_op=True))
+                    if b.shard is None:
+                        works.append(dist.all_reduce(b.flat, op=dist.ReduceOp.SUM,
+                                                     group=b.group, async_op=True))
+                    else:
+                        works.append(dist.reduce_scatter_single(
+                            b.shard_grad, b.flat, op=dist.ReduceOp.SUM, group=b.group,
+                            async_op=True))
         return works
 
     def _reduce_losses(self, st: StepState) -> tuple[torch.Tensor, Any]:

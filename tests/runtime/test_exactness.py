@@ -69,11 +69,12 @@ def repo_root() -> Any:
     return Path(__file__).resolve().parents[2]
 
 
-def planned(graph: MetaOpGraph, cluster_name: str, planner: str, repo_root: Any) -> Plan:
+def planned(graph: MetaOpGraph, cluster_name: str, planner: str, repo_root: Any,
+            zero: int = 0) -> Plan:
     cluster = load(str(repo_root / "clusters" / f"{cluster_name}.yaml"), ClusterSpec)
     counts = [n for n in (1, 2, 4, 8) if n <= cluster.num_devices]
     profile = analytic_profile(graph, cluster, hardware="a800", counts=counts)
-    return make_plan(graph, profile, cluster, options=PlanOptions(planner=planner))
+    return make_plan(graph, profile, cluster, options=PlanOptions(planner=planner, zero=zero))
 
 
 def assert_matches_reference(results: list[Any], reference: Any, plan: Plan,
@@ -107,6 +108,19 @@ def test_four_ranks_each_planner(planner: str, graph: MetaOpGraph, model: ModelS
                                  reference: Any, repo_root: Any) -> None:
     plan = planned(graph, "local-cpu", planner, repo_root)
     assert plan.num_devices == 4
+    results = run_distributed(train_rank, 4, plan, graph, model, "fp64", timeout_s=90)
+    assert_matches_reference(results, reference, plan, graph)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("planner", ["spindle", "sequential"])
+def test_four_ranks_zero1(planner: str, graph: MetaOpGraph, model: ModelSpec, reference: Any,
+                          repo_root: Any) -> None:
+    """ZeRO-1: each rank steps only its shard of a shared bucket (reduce-scattered gradients,
+    all-gathered parameters), which AdamW's elementwise update makes exact."""
+    plan = planned(graph, "local-cpu", planner, repo_root, zero=1)
+    assert plan.options["zero"] == "1"
+    assert any(len(g.ranks) > 1 for g in plan.param_groups)
     results = run_distributed(train_rank, 4, plan, graph, model, "fp64", timeout_s=90)
     assert_matches_reference(results, reference, plan, graph)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +43,40 @@ def setup() -> tuple[Plan, MetaOpGraph, ModelSpec]:
     return hand_plan(graph, place, 2), graph, model
 
 
+def _holders(plan: Plan, graph: MetaOpGraph, name: str) -> tuple[int, ...]:
+    """The ranks that run the layer of parameter `module.layer.param`."""
+    module, layer = name.split(".")[:2]
+    return tuple(sorted({r for w in plan.waves for s in w.slices
+                         for m in [graph.metaop(s.metaop)]
+                         if m.module == module
+                         and m.first_layer + s.first <= int(layer) < m.first_layer + s.last
+                         for r in s.ranks}))
+
+
 @pytest.mark.timeout(120)
-def test_resumed_run_ends_with_the_same_parameters(setup: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("zero", ["0", "1"])
+def test_resumed_run_ends_with_the_same_parameters(setup: Any, tmp_path: Path, zero: str) -> None:
     plan, graph, model = setup
+    # under ZeRO-1 each rank's checkpoint holds the optimizer state of its shards only
+    plan = replace(plan, options={**plan.options, "zero": zero})
     straight = run_distributed(train_rank, 2, plan, graph, model, {"steps": 4})
     ckpt = str(tmp_path / "ckpt")
     first = run_distributed(train_rank, 2, plan, graph, model,
                             {"steps": 2, "checkpoint_dir": ckpt, "checkpoint_every": 1})
     assert sorted(p.name for p in Path(ckpt).iterdir()) == ["step-000001", "step-000002"]
+    for rank in range(2):
+        saved = torch.load(Path(ckpt) / "step-000002" / f"rank-{rank:05d}.pt")
+        held = sum(v.numel() for v in saved["params"].values())
+        moments = sum(st["exp_avg"].numel() for st in saved["optimizer"]["state"].values())
+        # the layers on ranks (0, 1) are sharded in two under ZeRO-1 (each shard padded to
+        # at most one element more)
+        shared = sum(p.numel() for n, p in saved["params"].items()
+                     if _holders(plan, graph, n) == (0, 1))
+        assert shared > 0
+        if zero == "1":
+            assert held - shared + shared / 2 <= moments <= held - shared + shared / 2 + 1
+        else:
+            assert moments == held
     resumed = run_distributed(train_rank, 2, plan, graph, model,
                               {"steps": 4, "checkpoint_dir": ckpt, "resume": True})
     for rank in range(2):
