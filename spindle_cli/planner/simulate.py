@@ -42,16 +42,21 @@ What is modelled (and what is not):
   activations stashed for backward are simulated: every slice keeps stash_bytes_per_sample *
   rows * layers on each rank until its backward, so a rank peaks at the end of the forward pass.
 
-- Memory strategies (Plan.options `zero`, `recompute`; planner/memory.py). ZeRO-1/2 turn the
-  all-reduce into a reduce-scatter + all-gather of the same bytes, so the sync is unchanged.
-  ZeRO-3 also all-gathers a slice's weights (the training dtype's bytes of its layers) over
-  each parameter group it touches, as a ring over the group's ranks, before its forward and
-  again before its backward; a wave prefetches the next wave's gathers when it starts (the
-  first forward wave's at 0, the last backward wave's when the forward pass ends), and a wave
-  waits for its own like for its inputs. Recomputation runs the forward again before each
-  backward (backward_ms += forward_ms) and stashes only what memory.py keeps, plus the largest
-  one-operator stash alive during a backward.
-- Optimizer step. Each rank steps AdamW once its own parameter groups are synchronized, for the
+- Memory strategies (Plan.options `zero`, `recompute`; planner/memory.py). Under ZeRO a
+  bucket's ring is a reduce-scatter, (p-1)/p * bytes per rank with p-1 latencies. Below stage 3
+  each rank then steps its shards, and a bucket's all-gather of the stepped shards (the same
+  bytes again) leaves once every rank of its set has stepped, as the executor's ZeRO-1 does
+  (a bucket whose ranks stepped while the network was already simulated further starts at
+  the network's clock, since flows are added in time order); the group's sync ends with its
+  all-gather. ZeRO-3 has no such all-gather: it all-gathers a slice's weights (the training
+  dtype's bytes of its layers) over each parameter group it touches, as a ring over the
+  group's ranks, before its forward and again before its backward; a wave prefetches the
+  next wave's gathers when it starts (the first forward wave's at 0, the last backward
+  wave's when the forward pass ends), and a wave waits for its own like for its inputs.
+  Recomputation runs the forward again before each backward (backward_ms += forward_ms) and
+  stashes only what memory.py keeps, plus the largest one-operator stash alive during a
+  backward.
+- Optimizer step. Each rank steps AdamW once its own parameter groups are reduced, for the
   profile's `optimizer` cost (none when the profile has none) over one tensor per distinct rank
   set among its groups (the executor's gradient buckets on gloo; with its `overlap_sync`, the
   NCCL default, shared sets are split further, a few more tensors) and its groups' parameters
@@ -73,7 +78,7 @@ import numpy as np
 
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOpGraph
-from spindle_cli.artifacts.plan import Plan, Slice, Wave
+from spindle_cli.artifacts.plan import ParamGroup, Plan, Slice, Wave
 from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.memory import kept_bytes_per_sample, state_bytes_per_param
@@ -288,6 +293,9 @@ def row_flows(
     return tuple(out)
 
 
+_NONE = np.empty(0, dtype=np.int64)
+
+
 class _Network:
     """Fluid simulation of point-to-point flows sharing ports (internal state of one
     `simulate` call).
@@ -337,6 +345,8 @@ class _Network:
         self._active_left = np.empty(0)
         self._load = np.zeros(len(self._capacity), dtype=np.int64)
         self._new: list[int] = []
+        self.ended = _NONE
+        """The flows that the last step ended."""
 
     def _ports_of(self, src: int, dst: int) -> tuple[int, int]:
         """The (send, receive) port of a flow from src to dst."""
@@ -399,6 +409,7 @@ class _Network:
     def _step(self) -> bool:
         """Advance to the next event: a flow starts or the first active flow ends. Whether a
         flow ended."""
+        self.ended = _NONE
         if self._new:
             new = np.array(self._new, dtype=np.int64)
             self._new.clear()
@@ -432,7 +443,8 @@ class _Network:
         done = rem <= 1e-9 * np.maximum(moved, 1.0)
         ended = bool(done.any())
         if ended:
-            self.end_s[self._active[done]] = self.now_s
+            self.ended = self._active[done]
+            self.end_s[self.ended] = self.now_s
             self._load -= np.bincount(self._active_ports[:, done].ravel(),
                                       minlength=len(self._load))
             keep = ~done
@@ -694,17 +706,31 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     sync_ids: dict[int, list[int]] = {gi: [] for gi in range(len(plan.param_groups))}
     sync_start_ms: dict[int, float] = {}
+    # ZeRO shards the optimizer state: gradients are reduce-scattered (half an all-reduce's
+    # ring); below stage 3 every rank then all-gathers the stepped shards (`post_gather`)
+    sharded = _zero_stage(plan) >= 1
+    post_gather = 1 <= _zero_stage(plan) <= 2
+    issued: list[tuple[tuple[int, ...], int]] = []
+    """(groups, bytes) of every bucket, in the order issued."""
+
+    def ring(g: ParamGroup, num_bytes: int, share: float) -> list[tuple[int, int, int]]:
+        """Each rank of the group sends `share` x `num_bytes` to its ring successor."""
+        p = len(g.ranks)
+        return [(g.ranks[k], g.ranks[(k + 1) % p], round(share * (p - 1) / p * num_bytes))
+                for k in range(p)] if p > 1 and num_bytes > 0 else []
+
+    def label_of(groups: tuple[int, ...]) -> str:
+        return "+".join(f"{plan.param_groups[gi].module}[{plan.param_groups[gi].first_layer}:"
+                        f"{plan.param_groups[gi].last_layer}]" for gi in groups)
 
     def issue_sync(groups: tuple[int, ...], num_bytes: int, start_ms: float) -> None:
-        """A ring all-reduce of `num_bytes` of the gradients of `groups` (one rank set) from
-        `start_ms`."""
+        """A ring all-reduce (reduce-scatter under ZeRO) of `num_bytes` of the gradients of
+        `groups` (one rank set) from `start_ms`."""
         g = plan.param_groups[groups[0]]
-        p = len(g.ranks)
-        ring = [(g.ranks[k], g.ranks[(k + 1) % p], round(2 * (p - 1) / p * num_bytes))
-                for k in range(p)] if p > 1 and num_bytes > 0 else []
-        label = "+".join(f"{plan.param_groups[gi].module}[{plan.param_groups[gi].first_layer}:"
-                         f"{plan.param_groups[gi].last_layer}]" for gi in groups)
-        ids = issue("sync", label, ring, start_ms, 2 * (p - 1) * latency_s)
+        steps = (1 if sharded else 2) * (len(g.ranks) - 1)
+        ids = issue("sync", label_of(groups), ring(g, num_bytes, 1.0 if sharded else 2.0),
+                    start_ms, steps * latency_s)
+        issued.append((groups, num_bytes))
         for gi in groups:
             sync_start_ms[gi] = min(sync_start_ms.get(gi, start_ms), start_ms)
             sync_ids[gi] += ids
@@ -999,29 +1025,91 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     for gi, g in enumerate(plan.param_groups):
         if gi not in sync_start_ms:
             issue_sync((gi,), g.bytes, max(end_ms[r] for r in g.ranks))
-    sync_end_ms = [max(net.finish(sync_ids[gi]) * 1e3, sync_start_ms[gi]) if sync_ids[gi]
-                   else sync_start_ms[gi] for gi in range(len(plan.param_groups))]
-    synced_ms = max([backward_end_ms, *sync_end_ms])
-    # each rank steps its optimizer once its own groups are synchronized
-    ready_ms = list(end_ms)
+    optimizer_ms = _optimizer_ms(plan, graph, profile)
+    groups_of: list[list[int]] = [[] for _ in range(plan.num_devices)]
     for gi, g in enumerate(plan.param_groups):
         for r in g.ranks:
-            ready_ms[r] = max(ready_ms[r], sync_end_ms[gi])
-    optimizer_ms = _optimizer_ms(plan, graph, profile)
-    done_ms = [a + b for a, b in zip(ready_ms, optimizer_ms, strict=True)]
-    iteration_ms = max([synced_ms, *done_ms])
+            groups_of[r].append(gi)
+    reduced_ms: list[float] = [math.nan] * len(plan.param_groups)
+    done_ms: list[float] = [math.nan] * plan.num_devices
+    gather_ids: dict[int, list[int]] = {gi: [] for gi in range(len(plan.param_groups))}
+    waiting = list(issued) if post_gather else []
+
+    def settle(reduced: list[int]) -> None:
+        """After the groups `reduced` have been: step every rank whose groups are all reduced
+        (its optimizer runs once its own groups are synchronized), then all-gather every
+        bucket whose ranks have all stepped (not before the network's clock: flows are added
+        in time order)."""
+        for r in sorted({r for gi in reduced for r in plan.param_groups[gi].ranks}):
+            if math.isnan(done_ms[r]) and all(not math.isnan(reduced_ms[gi])
+                                              for gi in groups_of[r]):
+                done_ms[r] = max([end_ms[r], *(reduced_ms[gi] for gi in groups_of[r])]) \
+                    + optimizer_ms[r]
+        for item in list(waiting):
+            groups, num_bytes = item
+            g = plan.param_groups[groups[0]]
+            if all(not math.isnan(done_ms[r]) for r in g.ranks):
+                waiting.remove(item)
+                start = max(max(done_ms[r] for r in g.ranks), net.now_s * 1e3)
+                ids = issue("sync", f"all-gather {label_of(groups)}", ring(g, num_bytes, 1.0),
+                            start, (len(g.ranks) - 1) * latency_s)
+                for gi in groups:
+                    gather_ids[gi] += ids
+
+    # every group's reduction, ended in time order (each may let ranks step and buckets
+    # gather, whose flows then share the links with the reductions still running)
+    left: dict[int, int] = {}
+    groups_by_flow: dict[int, list[int]] = {}
+    now_reduced = []
+    for gi in range(len(plan.param_groups)):
+        ids = sorted(set(sync_ids[gi]))
+        running = [i for i in ids if np.isnan(net.end_s[i])]
+        left[gi] = len(running)
+        for i in running:
+            groups_by_flow.setdefault(i, []).append(gi)
+        if not running:
+            ended = [float(net.end_s[i]) * 1e3 for i in ids]
+            reduced_ms[gi] = max([sync_start_ms[gi], *ended])
+            now_reduced.append(gi)
+    settle(now_reduced)
+    for r in range(plan.num_devices):
+        if not groups_of[r]:
+            done_ms[r] = end_ms[r] + optimizer_ms[r]
+    while any(left.values()):
+        net.step()
+        now_reduced = []
+        for i in net.ended.tolist():
+            for gi in groups_by_flow.get(i, []):
+                left[gi] -= 1
+                if left[gi] == 0:
+                    reduced_ms[gi] = max(net.now_s * 1e3, sync_start_ms[gi])
+                    now_reduced.append(gi)
+        if now_reduced:
+            settle(now_reduced)
+    sync_end_ms = [max(net.finish(gather_ids[gi]) * 1e3, reduced_ms[gi]) if gather_ids[gi]
+                   else reduced_ms[gi] for gi in range(len(plan.param_groups))]
+    # a rank is through once it has stepped and its groups are gathered
+    through_ms = list(done_ms)
+    for gi, g in enumerate(plan.param_groups):
+        for r in g.ranks:
+            through_ms[r] = max(through_ms[r], sync_end_ms[gi])
+    reduced_all_ms = max([backward_end_ms, *reduced_ms])
+    iteration_ms = max([reduced_all_ms, *through_ms])
     if rank_times is None:
         forward_ms = sum(end - start for start, end, _ in fwd_timing)
         backward_ms = sum(end - start for start, end, _ in bwd_timing.values())
         transfer_ms = (sum(wait for _, _, wait in fwd_timing)
                        + sum(wait for _, _, wait in bwd_timing.values()))
-        parts = (forward_ms, backward_ms, transfer_ms, synced_ms - backward_end_ms,
-                 iteration_ms - synced_ms)
+        # the step: how long the last rank steps past the last reduction; the sync: the rest
+        step_ms = max(0.0, max(done_ms) - reduced_all_ms)
+        parts = (forward_ms, backward_ms, transfer_ms,
+                 iteration_ms - backward_end_ms - step_ms, step_ms)
     else:
         # the rank that ends the iteration: its own time is compute, waiting, sync, step
-        r = max(range(plan.num_devices), key=lambda q: (done_ms[q], -q))
+        r = max(range(plan.num_devices), key=lambda q: (through_ms[q], -q))
         parts = (rank_times.forward_ms[r], rank_times.backward_ms[r],
-                 rank_times.waiting_ms[r], ready_ms[r] - end_ms[r], optimizer_ms[r])
+                 rank_times.waiting_ms[r], through_ms[r] - end_ms[r] - optimizer_ms[r],
+                 optimizer_ms[r])
 
     return _Timeline(costs=costs, starts=starts, net=net, flow_meta=flow_meta,
                      fwd_timing=fwd_timing, bwd_timing=bwd_timing, sync_start_ms=sync_start_ms,

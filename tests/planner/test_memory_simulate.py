@@ -9,6 +9,7 @@ import dataclasses
 import _sim_fixtures as fx
 import pytest
 
+from spindle_cli.artifacts.profile import OptimizerCost
 from spindle_cli.planner.simulate import simulate
 
 
@@ -26,14 +27,48 @@ def _big_enc_graph():
     return dataclasses.replace(g, metaops=ops)
 
 
-def test_zero1_and_zero2_keep_the_sync_bytes_and_times():
+def test_zero1_and_zero2_reduce_scatter_then_all_gather_after_the_step():
     base = run({})
     for zero in ("1", "2"):
         r = run({"zero": zero})
+        enc = next(s for s in r.syncs if s.module == "enc")
+        # enc's 1 GB over ranks 0-1 at 100 GB/s: the base all-reduce sends 1 GB each way,
+        # 55-65; the reduce-scatter sends 0.5 GB, 55-60, the step takes no time (the profile
+        # has no optimizer cost), then the all-gather of the stepped shards 0.5 GB, 60-65
+        flows = [f for f in r.flows if f.kind == "sync" and "enc" in f.label]
+        reduce = [f for f in flows if not f.label.startswith("all-gather")]
+        gather = [f for f in flows if f.label.startswith("all-gather")]
+        assert [f.bytes for f in reduce] == [f.bytes for f in gather] == [500_000_000] * 2
+        assert [t for f in reduce for t in (f.start_ms, f.end_ms)] == \
+            pytest.approx([55.0, 60.0] * 2)
+        assert [t for f in gather for t in (f.start_ms, f.end_ms)] == \
+            pytest.approx([60.0, 65.0] * 2)
+        assert (enc.start_ms, enc.end_ms) == pytest.approx((55.0, 65.0))
+        # head's bucket on ranks 2-3 is reduced by 29.5 and gathered after that
+        head = [f for f in r.flows if f.kind == "sync" and "head" in f.label]
+        assert [f.end_ms for f in head if not f.label.startswith("all-gather")] == \
+            pytest.approx([29.5, 29.5])
+        assert all(f.start_ms >= 29.5 and f.end_ms <= r.iteration_ms for f in head
+                   if f.label.startswith("all-gather"))
         assert r.iteration_ms == pytest.approx(base.iteration_ms)
-        assert [(s.start_ms, s.end_ms) for s in r.syncs] == \
-            pytest.approx([(s.start_ms, s.end_ms) for s in base.syncs])
+        assert r.compute_ms + r.transfer_ms + r.sync_ms + r.optimizer_ms == \
+            pytest.approx(r.iteration_ms)
         assert not [f for f in r.flows if f.kind == "gather"]
+
+
+def test_zero1_all_gather_waits_for_the_step():
+    """With an optimizer cost, every rank steps once its groups are reduced, and a bucket's
+    all-gather leaves once all its ranks have stepped."""
+    plan = dataclasses.replace(fx.plan(), options={**fx.plan().options, "zero": "1"})
+    p = dataclasses.replace(fx.profile(), optimizer=OptimizerCost(ms_per_tensor=2.0,
+                                                                  ms_per_million_params=0.0))
+    r = simulate(plan, fx.graph(), p, fx.cluster())
+    gather = [f for f in r.flows if f.label.startswith("all-gather enc")]
+    # enc reduced at 60, ranks 0-1 step 60-62 (one bucket), gather 62-67
+    assert [t for f in gather for t in (f.start_ms, f.end_ms)] == pytest.approx([62.0, 67.0] * 2)
+    assert r.iteration_ms == pytest.approx(67.0)
+    assert r.compute_ms + r.transfer_ms + r.sync_ms + r.optimizer_ms == \
+        pytest.approx(r.iteration_ms)
 
 
 def test_zero3_gathers_weights_before_forward_and_backward():
@@ -42,13 +77,14 @@ def test_zero3_gathers_weights_before_forward_and_backward():
     r = run({"zero": "3"}, g)
     # ring all-gather of 1 GB over 2 ranks: each sends 0.5 GB at 100 GB/s = 5 ms, issued at 0,
     # so enc's forward runs 5-9 instead of 0-4, and everything after shifts by 5 ms; the
-    # backward gather (30-35) hides under the 20 ms gradient transfer into enc.
+    # backward gather (30-35) hides under the 20 ms gradient transfer into enc; the gradients
+    # are reduce-scattered only (0.5 GB, 5 ms against the all-reduce's 10 ms)
     gathered = [f for f in r.flows if f.kind == "gather"]
     assert len(gathered) == 4 and all(f.bytes == 500_000_000 for f in gathered)
     assert {(f.src_rank, f.dst_rank) for f in gathered} == {(0, 1), (1, 0)}
     w0 = r.waves[0]
     assert (w0.forward_start_ms, w0.forward_end_ms) == pytest.approx((5.0, 9.0))
-    assert r.iteration_ms == pytest.approx(base.iteration_ms + 5.0)
+    assert r.iteration_ms == pytest.approx(base.iteration_ms + 5.0 - 5.0)
     backward = sorted(f.start_ms for f in gathered)[2:]
     assert backward == pytest.approx([30.0, 30.0])
     assert r.transfer_bytes == base.transfer_bytes
