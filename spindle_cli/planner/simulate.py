@@ -1056,36 +1056,43 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 for gi in groups:
                     gather_ids[gi] += ids
 
-    # every group's reduction, ended in time order (each may let ranks step and buckets
-    # gather, whose flows then share the links with the reductions still running)
-    left: dict[int, int] = {}
-    groups_by_flow: dict[int, list[int]] = {}
-    now_reduced = []
-    for gi in range(len(plan.param_groups)):
-        ids = sorted(set(sync_ids[gi]))
-        running = [i for i in ids if np.isnan(net.end_s[i])]
-        left[gi] = len(running)
-        for i in running:
-            groups_by_flow.setdefault(i, []).append(gi)
-        if not running:
-            ended = [float(net.end_s[i]) * 1e3 for i in ids]
-            reduced_ms[gi] = max([sync_start_ms[gi], *ended])
-            now_reduced.append(gi)
-    settle(now_reduced)
-    for r in range(plan.num_devices):
-        if not groups_of[r]:
-            done_ms[r] = end_ms[r] + optimizer_ms[r]
-    while any(left.values()):
-        net.step()
+    if not post_gather:
+        # nothing is issued after a reduction: the groups end in any order
+        reduced_ms = [max(net.finish(sync_ids[gi]) * 1e3, sync_start_ms[gi]) if sync_ids[gi]
+                      else sync_start_ms[gi] for gi in range(len(plan.param_groups))]
+        done_ms = [max([end_ms[r], *(reduced_ms[gi] for gi in groups_of[r])]) + optimizer_ms[r]
+                   for r in range(plan.num_devices)]
+    else:
+        # every group's reduction, ended in time order (each may let ranks step and buckets
+        # gather, whose flows then share the links with the reductions still running)
+        left: dict[int, int] = {}
+        groups_by_flow: dict[int, list[int]] = {}
         now_reduced = []
-        for i in net.ended.tolist():
-            for gi in groups_by_flow.get(i, []):
-                left[gi] -= 1
-                if left[gi] == 0:
-                    reduced_ms[gi] = max(net.now_s * 1e3, sync_start_ms[gi])
-                    now_reduced.append(gi)
-        if now_reduced:
-            settle(now_reduced)
+        for gi in range(len(plan.param_groups)):
+            ids = sorted(set(sync_ids[gi]))
+            running = [i for i in ids if np.isnan(net.end_s[i])]
+            left[gi] = len(running)
+            for i in running:
+                groups_by_flow.setdefault(i, []).append(gi)
+            if not running:
+                ended = [float(net.end_s[i]) * 1e3 for i in ids]
+                reduced_ms[gi] = max([sync_start_ms[gi], *ended])
+                now_reduced.append(gi)
+        for r in range(plan.num_devices):
+            if not groups_of[r]:
+                done_ms[r] = end_ms[r] + optimizer_ms[r]
+        settle(now_reduced)
+        while any(left.values()):
+            net.step()
+            now_reduced = []
+            for i in net.ended.tolist():
+                for gi in groups_by_flow.get(i, []):
+                    left[gi] -= 1
+                    if left[gi] == 0:
+                        reduced_ms[gi] = max(net.now_s * 1e3, sync_start_ms[gi])
+                        now_reduced.append(gi)
+            if now_reduced:
+                settle(now_reduced)
     sync_end_ms = [max(net.finish(gather_ids[gi]) * 1e3, reduced_ms[gi]) if gather_ids[gi]
                    else reduced_ms[gi] for gi in range(len(plan.param_groups))]
     # a rank is through once it has stepped and its groups are gathered
