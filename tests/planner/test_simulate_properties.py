@@ -46,7 +46,7 @@ def plans(draw):
 @settings(max_examples=60, deadline=None)
 @given(plan=plans(), batch=st.integers(1, 9), num_nodes=st.sampled_from([1, 2]),
        latency_s=st.sampled_from([0.0, 1e-5]), sync=st.sampled_from(SYNC_MODES),
-       progress=st.sampled_from(PROGRESS_MODES), zero=st.sampled_from(["0", "3"]))
+       progress=st.sampled_from(PROGRESS_MODES), zero=st.sampled_from(["0", "1", "2", "3"]))
 def test_timeline_is_causal_and_the_breakdown_adds_up(plan, batch, num_nodes, latency_s,
                                                       sync, progress, zero):
     plan = dataclasses.replace(plan, options={**plan.options, "zero": zero})
@@ -92,6 +92,13 @@ def test_timeline_is_causal_and_the_breakdown_adds_up(plan, batch, num_nodes, la
         if rings:
             assert max(rings) >= max(done) - 1e-9
         assert g.end_ms <= r.iteration_ms + 1e-9
+    # Under ZeRO-1/2 a bucket's stepped shards are all-gathered only after its reduction.
+    gathers = [f for f in r.flows if f.kind == "sync" and f.label.startswith("all-gather ")]
+    assert bool(gathers) <= (zero in ("1", "2"))
+    for f in gathers:
+        reduced = [x.end_ms for x in r.flows if x.kind == "sync"
+                   and x.label == f.label.removeprefix("all-gather ")]
+        assert reduced and f.start_ms >= max(reduced) - 1e-9
     # Bytes are conserved: between disjoint rank sets every row moves (up to the rounding of
     # each piece down to whole bytes); nothing moves more than the transfer holds.
     for t in plan.transfers:
