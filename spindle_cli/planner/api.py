@@ -366,6 +366,12 @@ class _Kept(NamedTuple):
     transfer_ms: float
     """Its simulated wait for transfers (`simulated_cost`)."""
 
+    @property
+    def compute_and_wait_ms(self) -> float:
+        """Its compute plus its wait for transfers: what a schedule that moves no rows between
+        ranks must compute below to be worth simulating."""
+        return self.plan.estimated_iteration_ms + self.transfer_ms
+
 
 def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
               options: PlanOptions = PlanOptions(), inputs: tuple[InputRef, ...] = ()) -> Plan:
@@ -379,14 +385,15 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     into one schedule under the smallest bound (`fused_waves`; OFASys 4 tasks on 32
     devices: each task's chain inside one node, no level barriers) when that computes
     faster than its level-by-level schedule, then the kept plan rebuilt to move fewer rows
-    between ranks (`consider_lighter`: no extension, or one device count per MetaOp;
-    multitask-clip 4 tasks on 32 devices: 49.5 ms instead of 53.1, qwen-val on 64: 813.0
-    instead of 862.5), then each task on one device group through all its levels
-    (`consider_task_stable`), and last, where tasks outnumber the groups, tasks one after
-    another on lanes of equal groups (`consider_lanes`). Candidates with the same waves are
-    simulated once; a one-island cluster has a single device bound and tries the others. The
-    allocator and the wave scheduler see compute only; the simulator is the planner's cost
-    model for what they cannot see. The levels' lower bounds stay the uncapped C*, so
+    between ranks (`consider_lighter`: no extension, or one device count per MetaOp; in the
+    bench before the ZeRO all-gather was simulated, multitask-clip 4 tasks on 32 devices:
+    49.5 ms instead of 53.1, qwen-val on 64: 813.0 instead of 862.5), then each task on one
+    device group through all its levels (`consider_task_stable`), and last, where tasks
+    outnumber the groups, tasks one after another on lanes of equal groups
+    (`consider_lanes`). Candidates with the same waves are simulated once; a one-island
+    cluster has a single device bound and the other candidates. The allocator and the wave
+    scheduler see compute only; the simulator is the planner's cost model for what they
+    cannot see. The levels' lower bounds stay the uncapped C*, so
     `lower_bound_ms` is the relaxed optimum whichever plan is kept.
     Baselines are planned once, as their rules say."""
     n_dev = cluster.num_devices
@@ -500,11 +507,12 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         levels fused, with and without extension: no rows re-split inside a task, where the
         level-by-level balance re-splits them at every level. The group sizes are
         `tasks.balanced_counts` and its nearest neighbours (`tasks.task_sizes`; OFASys 7
-        tasks on 32 devices: 73.3 ms simulated, against 80.35 for the balanced counts alone
-        and 85.4 level by level). A schedule placed as usual that becomes the best plan is
-        placed again with every task preferring its own ranks (`tasks.home_groups`), and the
-        faster kept: neither wins everywhere (with the balanced counts alone, OFASys 7 tasks
-        on 16 devices 121.1 ms against 123.0, on 32 devices 82.4 against 80.35).
+        tasks on 32 devices, before the ZeRO all-gather was simulated: 73.3 ms, against 80.35
+        for the balanced counts alone and 85.4 level by level). A schedule placed as usual
+        that becomes the best plan is placed again with every task preferring its own ranks
+        (`tasks.home_groups`), and the faster kept: neither wins everywhere (with the
+        balanced counts alone, OFASys 7 tasks on 16 devices 121.1 ms against 123.0, on 32
+        devices 82.4 against 80.35).
         What it saves is mostly the kept plan's wait for transfers, so a schedule that
         computes longer than the kept plan's compute and transfer wait together is not
         simulated: a cut-off for planning time, since a task-stable plan could also sync
@@ -515,7 +523,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         assert best is not None
         for k, sizes in enumerate(task_sizes(graph, curves, n_dev)):
             stable = task_stable(allocs, graph, curves, cluster, sizes)
-            bar_ms = best.plan.estimated_iteration_ms + best.transfer_ms
+            bar_ms = best.compute_and_wait_ms
             kept = False
             for extend in (True, False):
                 planned = fused_waves(graph, curves, stable.allocs, n_dev, max_ops,
@@ -537,7 +545,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         plan's compute and transfer wait."""
         assert best is not None
         for lanes in task_lanes(graph, curves, cluster):
-            bar_ms = best.plan.estimated_iteration_ms + best.transfer_ms
+            bar_ms = best.compute_and_wait_ms
             if lanes.load_ms >= bar_ms:
                 continue
             planned, home = lane_waves(graph, curves, lanes, max_ops)

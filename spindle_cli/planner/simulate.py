@@ -1030,41 +1030,45 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     for gi, g in enumerate(plan.param_groups):
         for r in g.ranks:
             groups_of[r].append(gi)
-    reduced_ms: list[float] = [math.nan] * len(plan.param_groups)
-    done_ms: list[float] = [math.nan] * plan.num_devices
     gather_ids: dict[int, list[int]] = {gi: [] for gi in range(len(plan.param_groups))}
-    waiting = list(issued) if post_gather else []
 
-    def settle(reduced: list[int]) -> None:
-        """After the groups `reduced` have been: step every rank whose groups are all reduced
-        (its optimizer runs once its own groups are synchronized), then all-gather every
-        bucket whose ranks have all stepped (not before the network's clock: flows are added
-        in time order)."""
-        for r in sorted({r for gi in reduced for r in plan.param_groups[gi].ranks}):
-            if math.isnan(done_ms[r]) and all(not math.isnan(reduced_ms[gi])
-                                              for gi in groups_of[r]):
-                done_ms[r] = max([end_ms[r], *(reduced_ms[gi] for gi in groups_of[r])]) \
-                    + optimizer_ms[r]
-        for item in list(waiting):
-            groups, num_bytes = item
-            g = plan.param_groups[groups[0]]
-            if all(not math.isnan(done_ms[r]) for r in g.ranks):
-                waiting.remove(item)
-                start = max(max(done_ms[r] for r in g.ranks), net.now_s * 1e3)
-                ids = issue("sync", f"all-gather {label_of(groups)}", ring(g, num_bytes, 1.0),
-                            start, (len(g.ranks) - 1) * latency_s)
-                for gi in groups:
-                    gather_ids[gi] += ids
+    def stepped_ms(r: int) -> float:
+        """When rank r has stepped: its optimizer runs once its backward and its own groups'
+        reductions are done."""
+        return max([end_ms[r], *(reduced_ms[gi] for gi in groups_of[r])]) + optimizer_ms[r]
 
     if not post_gather:
         # nothing is issued after a reduction: the groups end in any order
         reduced_ms = [max(net.finish(sync_ids[gi]) * 1e3, sync_start_ms[gi]) if sync_ids[gi]
                       else sync_start_ms[gi] for gi in range(len(plan.param_groups))]
-        done_ms = [max([end_ms[r], *(reduced_ms[gi] for gi in groups_of[r])]) + optimizer_ms[r]
-                   for r in range(plan.num_devices)]
+        done_ms = [stepped_ms(r) for r in range(plan.num_devices)]
     else:
-        # every group's reduction, ended in time order (each may let ranks step and buckets
-        # gather, whose flows then share the links with the reductions still running)
+        # every group's reduction, ended in time order: each may let ranks step and buckets
+        # gather, whose flows then share the links with the reductions still running
+        reduced_ms = [math.nan] * len(plan.param_groups)
+        done_ms = [stepped_ms(r) if not groups_of[r] else math.nan
+                   for r in range(plan.num_devices)]
+        waiting = list(issued)
+
+        def settle(reduced: list[int]) -> None:
+            """After the groups `reduced` have been: step every rank whose groups are all
+            reduced, then all-gather every bucket whose ranks have all stepped (not before
+            the network's clock: flows are added in time order)."""
+            for r in sorted({r for gi in reduced for r in plan.param_groups[gi].ranks}):
+                if math.isnan(done_ms[r]) and not any(math.isnan(reduced_ms[gi])
+                                                      for gi in groups_of[r]):
+                    done_ms[r] = stepped_ms(r)
+            for item in list(waiting):
+                groups, num_bytes = item
+                g = plan.param_groups[groups[0]]
+                if not any(math.isnan(done_ms[r]) for r in g.ranks):
+                    waiting.remove(item)
+                    start = max(max(done_ms[r] for r in g.ranks), net.now_s * 1e3)
+                    ids = issue("sync", f"all-gather {label_of(groups)}",
+                                ring(g, num_bytes, 1.0), start, (len(g.ranks) - 1) * latency_s)
+                    for gi in groups:
+                        gather_ids[gi] += ids
+
         left: dict[int, int] = {}
         groups_by_flow: dict[int, list[int]] = {}
         now_reduced = []
@@ -1078,9 +1082,6 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 ended = [float(net.end_s[i]) * 1e3 for i in ids]
                 reduced_ms[gi] = max([sync_start_ms[gi], *ended])
                 now_reduced.append(gi)
-        for r in range(plan.num_devices):
-            if not groups_of[r]:
-                done_ms[r] = end_ms[r] + optimizer_ms[r]
         settle(now_reduced)
         while any(left.values()):
             net.step()
