@@ -18,6 +18,7 @@ from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input
 from spindle_cli.cli.views import fmt_bytes, print_table
 from spindle_cli.planner import simulate as simulation
+from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
 from spindle_cli.planner.simulate import SimResult
 
 SUMMARY_FIELDS = (
@@ -37,7 +38,7 @@ def load_plan_inputs(plan: Plan, plan_path: str) -> tuple[MetaOpGraph, Profile, 
     return graph, profile, cluster
 
 
-def simulate_file(plan_path: str, *, sync: simulation.SyncMode = "per-wave",
+def simulate_file(plan_path: str, *, sync: SyncMode = "chunked",
                   progress: simulation.Progress = "wave") -> tuple[Plan, SimResult]:
     """Load a plan and its inputs and simulate it."""
     plan = load_input(plan_path, Plan)
@@ -121,12 +122,13 @@ def print_report(result: SimResult, path: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("--gantt", default=None, metavar="SVG|PNG",
               help="Also draw the simulated timeline as a Gantt chart.")
-@click.option("--sync", "sync", type=click.Choice(simulation.SYNC_MODES), default="per-wave",
+@click.option("--sync", "sync", type=click.Choice(SYNC_MODES), default="chunked",
               show_default=True,
-              help="Gradient buckets: per-wave, each as soon as the backward wave that "
-                   "completes its layers is done (what `spindle run` does on nccl); per-set, "
-                   "one per rank set once all its layers are done (on gloo); after-backward, "
-                   "every group after the last backward wave.")
+              help="Gradient buckets: chunked, chunks of a rank set's layers each as soon as "
+                   "the backward wave that completes them has passed them (what `spindle run` "
+                   "does on nccl); per-wave, one per rank set and wave at the end of the "
+                   "wave; per-set, one per rank set once all its layers are done (on gloo); "
+                   "after-backward, every group after the last backward wave.")
 @click.option("--progress", type=click.Choice(simulation.PROGRESS_MODES), default="wave",
               show_default=True,
               help="wave: every wave is a barrier (the planner's model); rank: each rank "
@@ -134,7 +136,7 @@ def print_report(result: SimResult, path: str) -> None:
                    "plan (the breakdown is then the time of the rank that ends the "
                    "iteration).")
 def simulate(plan_path: str, as_json: bool, gantt: str | None,
-             sync: simulation.SyncMode, progress: simulation.Progress) -> None:
+             sync: SyncMode, progress: simulation.Progress) -> None:
     """Simulate one training iteration of PLAN on its cluster."""
     plan, result = simulate_file(plan_path, sync=sync, progress=progress)
     if gantt is not None:

@@ -30,14 +30,18 @@ What is modelled (and what is not):
 - Parameter synchronization. Gradients are all-reduced in buckets with a ring over their
   ranks (ascending): each rank sends 2(p-1)/p * bytes to its ring successor, with 2(p-1)
   message latencies; a bucket finishes with its slowest link. The buckets are the executor's
-  (`simulate`'s `sync`): by default (its NCCL default) a ParamGroup's layers split by the
+  (`buckets.sync_buckets`, `simulate`'s `sync`), each with its share of its groups' bytes by
+  layer count: by default ('chunked', its NCCL default) a rank set's layers split by the
   backward wave that completes their gradients (the lowest wave of a slice running the
-  layer), each bucket with its share of the bytes by layer count, starting when that wave's
-  slices of its layers have finished their backward (overlapping the rest of the backward
-  pass, like DDP's gradient buckets); 'per-set' (its gloo default) one bucket for all groups
-  of one rank set, once all their layers are done; 'after-backward' each group whole after
-  the last backward wave. Buckets run concurrently and share ports with each other and with
-  transfers. Only the sync that outlasts the backward pass adds to the iteration.
+  layer), then into chunks of whole layers, top layers first; a chunk starts once every slice
+  of that wave running its layers has passed its lowest layer (the backward of one operator
+  taking an equal share of the slice's) and the chunks before it have started, overlapping
+  the rest of the backward pass, like DDP's gradient buckets; 'per-wave' each wave's layers of
+  a set in one bucket, once that wave's slices of them have finished their backward;
+  'per-set' (its gloo default) one bucket for all groups of one rank set, once all their
+  layers are done; 'after-backward' each group whole after the last backward wave. Buckets run
+  concurrently and share ports with each other and with transfers. Only the sync that outlasts
+  the backward pass adds to the iteration.
 - Memory. Parameters, gradients and optimizer state per rank are the plan's estimate; the
   activations stashed for backward are simulated: every slice keeps stash_bytes_per_sample *
   rows * layers on each rank until its backward, so a rank peaks at the end of the forward pass.
@@ -72,7 +76,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -81,6 +85,7 @@ from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.plan import ParamGroup, Plan, Slice, Wave
 from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
 from spindle_cli.errors import SpindleError
+from spindle_cli.planner.buckets import SyncBucket, SyncMode, sync_buckets
 from spindle_cli.planner.memory import kept_bytes_per_sample, state_bytes_per_param
 
 FORWARD_SHARE = 1.0 / 3.0
@@ -462,6 +467,12 @@ class _SliceCost:
     wave: int
     forward_ms: float
     backward_ms: float
+    operator_backward_ms: float
+    """One operator's backward (recomputation, when any, runs before all of them)."""
+
+    def passed_ms(self, k: int) -> float:
+        """Time from the slice's backward start until its last k operators are through."""
+        return self.backward_ms - (self.slice.num_layers - k) * self.operator_backward_ms
 
 
 def _zero_stage(plan: Plan) -> int:
@@ -482,6 +493,7 @@ def _slice_costs(plan: Plan, graph: MetaOpGraph, profile: Profile) -> dict[str, 
         costs[s.id] = _SliceCost(
             slice=s, wave=w.index, forward_ms=total_ms * FORWARD_SHARE,
             backward_ms=total_ms * (1.0 - FORWARD_SHARE + extra),
+            operator_backward_ms=total_ms * (1.0 - FORWARD_SHARE) / s.num_layers,
         )
     return costs
 
@@ -510,83 +522,17 @@ Progress = Literal["wave", "rank"]
 """How ranks move from wave to wave (`simulate`)."""
 PROGRESS_MODES: tuple[Progress, ...] = ("wave", "rank")
 
-SyncMode = Literal["per-wave", "per-set", "after-backward"]
-"""How gradients are bucketed for the sync (`simulate`)."""
-SYNC_MODES: tuple[SyncMode, ...] = ("per-wave", "per-set", "after-backward")
-
-
-@dataclass(frozen=True, slots=True)
-class _Bucket:
-    """Gradients all-reduced together: the layers of `groups` (one rank set) due after the
-    backward of one wave."""
-
-    groups: tuple[int, ...]
-    wave: int
-    bytes: int
-    slices: tuple[str, ...]
-    """The wave's slices that compute gradients of those layers."""
-
-
-def _buckets(plan: Plan, graph: MetaOpGraph, costs: dict[str, _SliceCost],
-             per_set: bool) -> list[_Bucket]:
-    """The gradient buckets as the executor makes them: one per rank set and due wave, over
-    the layers of its groups due then, each with its share of its group's bytes by layer
-    count. A layer is due after the backward wave that completes it (the lowest wave of a
-    slice running it; the executor's `overlap_sync`, its NCCL default), or `per_set` (its gloo
-    default) after the lowest such wave among all the layers of its rank set."""
-    by_module: dict[str, list[int]] = {}
-    for gi, g in enumerate(plan.param_groups):
-        by_module.setdefault(g.module, []).append(gi)
-    # (group, slice, wave, the group's layers the slice runs)
-    runs: list[tuple[int, str, int, range]] = []
-    for _, s in plan.slices():
-        m = graph.metaop(s.metaop)
-        lo, hi = m.first_layer + s.first, m.first_layer + s.last
-        for gi in by_module.get(m.module, []):
-            g = plan.param_groups[gi]
-            layers = range(max(lo, g.first_layer), min(hi, g.last_layer))
-            if layers:
-                runs.append((gi, s.id, costs[s.id].wave, layers))
-    completing: dict[tuple[int, int], int] = {}
-    for gi, _, wave, layers in runs:
-        for layer in layers:
-            completing[(gi, layer)] = min(completing.get((gi, layer), wave), wave)
-    if per_set:
-        lowest: dict[tuple[int, ...], int] = {}
-        for (gi, _), wave in completing.items():
-            ranks = plan.param_groups[gi].ranks
-            lowest[ranks] = min(lowest.get(ranks, wave), wave)
-        completing = {key: lowest[plan.param_groups[key[0]].ranks] for key in completing}
-    layer_counts: dict[tuple[int, int], int] = {}
-    for (gi, _), wave in completing.items():
-        layer_counts[(gi, wave)] = layer_counts.get((gi, wave), 0) + 1
-    slices: dict[tuple[int, int], list[str]] = {}
-    for gi, sid, wave, layers in runs:
-        if any(completing[(gi, layer)] == wave for layer in layers):
-            slices.setdefault((gi, wave), []).append(sid)
-    merged: dict[tuple[tuple[int, ...], int], list[tuple[int, int]]] = {}
-    for (gi, wave), count in sorted(layer_counts.items()):
-        g = plan.param_groups[gi]
-        key = (g.ranks, wave)
-        merged.setdefault(key, []).append((gi, round(g.bytes * count / (g.last_layer
-                                                                         - g.first_layer))))
-    return [_Bucket(groups=tuple(gi for gi, _ in parts), wave=wave,
-                    bytes=sum(b for _, b in parts),
-                    slices=tuple(dict.fromkeys(i for gi, _ in parts
-                                               for i in slices.get((gi, wave), []))))
-            for (_, wave), parts in merged.items()]
-
-
 def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
-             sync: SyncMode = "per-wave", progress: Progress = "wave") -> SimResult:
+             sync: SyncMode = "chunked", progress: Progress = "wave") -> SimResult:
     """Simulate one training iteration of `plan` (see the module docstring for the model).
 
-    `sync` buckets the gradients as the executor does (`_buckets`): 'per-wave' (the default,
-    the executor's on NCCL) all-reduces each group's layers as soon as the backward wave that
-    completes them has finished them, overlapping the rest of the backward pass, as
-    data-parallel frameworks (PyTorch DDP, DeepSpeed) do with gradient buckets; 'per-set' (the
-    executor's on gloo) one bucket per rank set, once all of its layers are done;
-    'after-backward' every group after the last backward wave.
+    `sync` buckets the gradients as the executor does (`buckets.sync_buckets`): 'chunked' (the
+    default, the executor's on NCCL) all-reduces each group's layers in chunks as soon as the
+    backward wave that completes them has passed them, overlapping the rest of the backward
+    pass, as data-parallel frameworks (PyTorch DDP, DeepSpeed) do with gradient buckets;
+    'per-wave' the same with each wave's layers of a rank set in one bucket, due at the end of
+    the wave; 'per-set' (the executor's on gloo) one bucket per rank set, once all of its
+    layers are done; 'after-backward' every group after the last backward wave.
 
     `progress` 'wave' (the default) runs waves as barriers, the wave model the planner plans
     with; 'rank' runs each rank on its own, as the executor does: a rank posts a boundary's
@@ -614,7 +560,7 @@ def simulated_cost(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Cl
     stops and returns that time, a lower bound of the iteration above `give_up_ms`: a plan
     that cannot beat `give_up_ms` need not be simulated to the end."""
     try:
-        timeline = _run(plan, graph, profile, cluster, sync="per-wave", give_up_ms=give_up_ms,
+        timeline = _run(plan, graph, profile, cluster, sync="chunked", give_up_ms=give_up_ms,
                         record_flows=False)
     except _GaveUp as e:
         return QuickCost(iteration_ms=e.now_ms, transfer_ms=math.inf)
@@ -710,8 +656,8 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     # ring); below stage 3 every rank then all-gathers the stepped shards (`post_gather`)
     sharded = _zero_stage(plan) >= 1
     post_gather = 1 <= _zero_stage(plan) <= 2
-    issued: list[tuple[tuple[int, ...], int]] = []
-    """(groups, bytes) of every bucket, in the order issued."""
+    issued: list[tuple[tuple[int, ...], int, str]] = []
+    """(groups, bytes, label) of every bucket, in the order issued."""
 
     def ring(g: ParamGroup, num_bytes: int, share: float) -> list[tuple[int, int, int]]:
         """Each rank of the group sends `share` x `num_bytes` to its ring successor."""
@@ -723,14 +669,27 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         return "+".join(f"{plan.param_groups[gi].module}[{plan.param_groups[gi].first_layer}:"
                         f"{plan.param_groups[gi].last_layer}]" for gi in groups)
 
-    def issue_sync(groups: tuple[int, ...], num_bytes: int, start_ms: float) -> None:
+    def bucket_label(b: SyncBucket) -> str:
+        """Its layers as module[first:last] runs ('+'-joined)."""
+        runs: list[list[Any]] = []
+        for module, layer in sorted(b.layers):
+            if runs and runs[-1][0] == module and runs[-1][2] == layer:
+                runs[-1][2] = layer + 1
+            else:
+                runs.append([module, layer, layer + 1])
+        return "+".join(f"{module}[{lo}:{hi}]" for module, lo, hi in runs)
+
+    def issue_sync(groups: tuple[int, ...], num_bytes: int, start_ms: float,
+                   label: str | None = None) -> None:
         """A ring all-reduce (reduce-scatter under ZeRO) of `num_bytes` of the gradients of
-        `groups` (one rank set) from `start_ms`."""
+        `groups` (one rank set) from `start_ms`; `label`: its layers (the groups' by
+        default)."""
         g = plan.param_groups[groups[0]]
         steps = (1 if sharded else 2) * (len(g.ranks) - 1)
-        ids = issue("sync", label_of(groups), ring(g, num_bytes, 1.0 if sharded else 2.0),
+        label = label or label_of(groups)
+        ids = issue("sync", label, ring(g, num_bytes, 1.0 if sharded else 2.0),
                     start_ms, steps * latency_s)
-        issued.append((groups, num_bytes))
+        issued.append((groups, num_bytes, label))
         for gi in groups:
             sync_start_ms[gi] = min(sync_start_ms.get(gi, start_ms), start_ms)
             sync_ids[gi] += ids
@@ -763,10 +722,9 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             return []
         return [i for s in plan.waves[wave].slices for i in issue_slice_gathers(s, start_ms)]
 
-    due_in_wave: dict[int, list[_Bucket]] = {}
-    if sync != "after-backward":
-        for b in _buckets(plan, graph, costs, per_set=sync == "per-set"):
-            due_in_wave.setdefault(b.wave, []).append(b)
+    due_in_wave: dict[int, list[SyncBucket]] = {}
+    for b in sync_buckets(plan, {m.id: m for m in graph.metaops}, sync):
+        due_in_wave.setdefault(b.wave, []).append(b)
 
     into_wave: dict[int, list[int]] = {}
     for i, t in enumerate(plan.transfers):
@@ -843,8 +801,14 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 starts[s.id][3] = start_ms + costs[s.id].backward_ms
                 end_ms = max(end_ms, starts[s.id][3])
             boundary = issue_boundary(w.index, True, reached(w, start_ms, 3))
+            # every rank starts the wave's backward at start_ms; a rank set issues its buckets
+            # in order
+            issued_at: dict[tuple[int, ...], float] = {}
             for b in due_in_wave.get(w.index, []):
-                issue_sync(b.groups, b.bytes, max(starts[i][3] for i in b.slices))
+                at = max([issued_at.get(b.ranks, start_ms),
+                          *(starts[sid][2] + costs[sid].passed_ms(k) for sid, k in b.passes)])
+                issued_at[b.ranks] = at
+                issue_sync(b.groups, b.bytes, at, bucket_label(b))
             bwd_timing[w.index] = (start_ms, end_ms, start_ms - now_ms)
             now_ms = end_ms
             if now_ms > give_up_ms:
@@ -880,10 +844,14 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                     for r in (src, dst):
                         mine.setdefault((k, r), []).append(len(found))
                     found.append((kind, label, src, dst, num_bytes))
-        # a bucket's all-reduce runs once every rank of its set has passed its due wave's
-        # backward (the executor issues it there on each rank)
+        # a bucket's all-reduce runs once every rank of its set has issued it: a rank issues
+        # it when its slice of the due wave has passed the bucket's layers (`passes`), or when
+        # it starts that wave's backward if its slice runs none of them, and after the
+        # buckets of the same set before it
         passed: dict[int, dict[int, float]] = {id(b): {} for bs in due_in_wave.values()
                                                 for b in bs}
+        passes = {id(b): dict(b.passes) for bs in due_in_wave.values() for b in bs}
+        issued_at: dict[tuple[int, tuple[int, ...]], float] = {}
         # groups in no bucket sync whole once all of their ranks are through the backward
         bucketed = {gi for bs in due_in_wave.values() for b in bs for gi in b.groups}
         whole = [gi for gi in range(len(plan.param_groups)) if gi not in bucketed]
@@ -911,14 +879,20 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 weights[(nxt, s.id)] = issue_slice_gathers(
                     s, max(computed[(k, q)] for q in s.ranks))
 
-        def through_backward(w: int, r: int) -> None:
-            """Rank r has passed wave w's backward (at its clock)."""
+        def through_backward(w: int, r: int, start_ms: float, s: Slice | None = None) -> None:
+            """Rank r started wave w's backward at `start_ms`, running slice `s` (if any): it
+            issues the wave's buckets of its sets."""
             for b in due_in_wave.get(w, []):
-                ranks = plan.param_groups[b.groups[0]].ranks
-                if r in ranks:
-                    passed[id(b)][r] = clock[r]
-                    if len(passed[id(b)]) == len(ranks):
-                        issue_sync(b.groups, b.bytes, max(passed[id(b)].values()))
+                if r not in b.ranks:
+                    continue
+                k = passes[id(b)].get(s.id) if s is not None else None
+                ready = start_ms if k is None else start_ms + costs[s.id].passed_ms(k)
+                at = max(ready, issued_at.get((r, b.ranks), ready))
+                issued_at[(r, b.ranks)] = at
+                passed[id(b)][r] = at
+                if len(passed[id(b)]) == len(b.ranks):
+                    issue_sync(b.groups, b.bytes, max(passed[id(b)].values()),
+                               bucket_label(b))
 
         def run_slice(k: int, s: Slice, start_ms: float) -> None:
             _, w, backward = steps[k]
@@ -934,7 +908,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 waits_on.pop(q, None)
                 pass_compute(k, q, start_ms)
                 if backward:
-                    through_backward(w, q)
+                    through_backward(w, q, start_ms, s)
             if clock[s.ranks[0]] > give_up_ms:
                 raise _GaveUp(clock[s.ranks[0]])
 
@@ -958,7 +932,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                     if s is None:
                         pass_compute(k, r, clock[r])
                         if steps[k][2]:
-                            through_backward(w, r)
+                            through_backward(w, r, clock[r])
                         pos[r] += 1
                         continue
                     if not all((k, q) in arrived for q in s.ranks):
@@ -1059,12 +1033,12 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                                                       for gi in groups_of[r]):
                     done_ms[r] = stepped_ms(r)
             for item in list(waiting):
-                groups, num_bytes = item
+                groups, num_bytes, label = item
                 g = plan.param_groups[groups[0]]
                 if not any(math.isnan(done_ms[r]) for r in g.ranks):
                     waiting.remove(item)
                     start = max(max(done_ms[r] for r in g.ranks), net.now_s * 1e3)
-                    ids = issue("sync", f"all-gather {label_of(groups)}",
+                    ids = issue("sync", f"all-gather {label}",
                                 ring(g, num_bytes, 1.0), start, (len(g.ranks) - 1) * latency_s)
                     for gi in groups:
                         gather_ids[gi] += ids

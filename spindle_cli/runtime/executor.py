@@ -7,20 +7,23 @@ boundaries), then the rank's slice of the wave. Backward, waves in reverse: the 
 from its loss or from the gradients its consumers sent, then the boundary backward (the same
 messages with roles swapped).
 
-Gradients live in flat buckets (every layer parameter and its gradient are views of one), one
-per set of holder ranks. With `overlap_sync` (the default on NCCL) a set's shared layers are
-further split by the backward wave that completes them (the lowest wave of a slice running the
-layer), so each all-reduce starts as soon as its gradients are complete, as DDP's buckets do and
-as the simulator assumes; without it (the default on gloo, where the collective's threads take
-their CPU time from the rank's compute: 44 vs 52 ms per step for tiny-clip on 2 CPU ranks here)
-a set has one bucket, due at the lowest wave of any of its layers. A bucket is all-reduced
-(SUM), asynchronously, once its wave's backward has run, in the order of those waves, then of
-rank sets (the same on every rank); after the last backward wave the all-reduces are awaited,
-and AdamW steps the buckets' flat parameters. Under ZeRO-1 (Plan.options `zero` 1) a bucket of
-several ranks is padded to equal shards: it is reduce-scattered instead, each rank's AdamW
-steps (and keeps state for) its own shard, a view of the flat parameter, and after the step the
-buckets are all-gathered, in bucket order. The task losses are all-reduced over the world
-(for the log) asynchronously from the end of the forward pass.
+Gradients live in flat buckets (every layer parameter and its gradient are views of one), laid
+out by `planner.buckets.sync_buckets`, the layout the simulator times. With `overlap_sync` (the
+default on NCCL) a set of holder ranks' layers are split by the backward wave that completes
+them (the lowest wave of a slice running the layer) and then into chunks of whole layers (at
+least 25 MiB, at most 4 per wave, as DDP's buckets are): a slice's forward is cut below each
+chunk's lowest layer, so its backward runs segment by segment and a chunk is all-reduced as soon
+as the segments above have run, overlapping the rest of the backward. Without it (the default on
+gloo, where the collective's threads take their CPU time from the rank's compute: 44 vs 52 ms
+per step for tiny-clip on 2 CPU ranks here) a set has one bucket, due at the lowest wave of any
+of its layers. A rank issues a set's buckets (SUM, asynchronously) in their layout order, each
+once it is complete on the rank and the ones before it are issued, so every rank of the set
+issues them alike; after the last backward wave the all-reduces are awaited, and AdamW steps
+the buckets' flat parameters. Under ZeRO-1 (Plan.options `zero` 1) a bucket of several ranks is
+padded to equal shards: it is reduce-scattered instead, each rank's AdamW steps (and keeps
+state for) its own shard, a view of the flat parameter, and after the step the buckets are
+all-gathered, in bucket order. The task losses are all-reduced over the world (for the log)
+asynchronously from the end of the forward pass.
 
 Every rank walks the same global sequence of boundaries and collectives, and each one involves
 only ranks that all reach it, so the schedule cannot deadlock (runtime-design.md §2.2).
@@ -48,6 +51,7 @@ from torch import nn
 from spindle_cli.artifacts.model import ModelSpec
 from spindle_cli.artifacts.plan import Plan
 from spindle_cli.errors import RuntimeFailure
+from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES, sync_buckets
 from spindle_cli.runtime.data import DataSource, item_shape, targets_name
 from spindle_cli.runtime.dist import World
 from spindle_cli.runtime.groups import Groups
@@ -97,8 +101,11 @@ class Bucket:
     param: nn.Parameter
     """The parameters; its .grad is `flat`."""
     ready_wave: int
-    """The backward wave after which every gradient of the bucket is complete (-1 for a
+    """The backward wave in which every gradient of the bucket becomes complete (-1 for a
     single rank's bucket, which is not reduced)."""
+    after: tuple[str, int] | None = None
+    """(slice id, k): on this rank the bucket is complete once the backward of that slice of
+    `ready_wave` has run k operators; None: at the start of that wave's backward."""
     shard: tuple[int, int] | None = None
     """ZeRO-1: this rank's range [lo, hi) of the flat tensors (the bucket is padded to a
     multiple of its ranks); None when the optimizer steps the whole bucket."""
@@ -120,6 +127,16 @@ class StepState:
     """Loss slice id -> (scaled loss, gathered leaves for a contrastive loss)."""
     task_loss: dict[str, float] = field(default_factory=dict)
     """This rank's share of each task's loss."""
+    segments: dict[str, list[tuple[torch.Tensor | None, torch.Tensor, int]]] = field(
+        default_factory=dict)
+    """Slice id -> its forward cut where buckets become complete, bottom first: (input leaf,
+    None for the first; output; operators)."""
+    wave: int = -1
+    """The backward wave running now."""
+    passed: dict[str, int] = field(default_factory=dict)
+    """Slice id -> operators whose backward has run."""
+    issued: dict[tuple[int, ...], int] = field(default_factory=dict)
+    """Rank set -> how many of its buckets (in `Executor.queues` order) are issued."""
 
 
 def _shape(t: torch.Tensor) -> list[int]:
@@ -127,8 +144,9 @@ def _shape(t: torch.Tensor) -> list[int]:
 
 
 def overlaps_sync(backend: str) -> bool:
-    """Whether the executor buckets shared layers by completing wave by default on `backend`
-    (`overlap_sync`: on NCCL, not on gloo, whose collective threads take the rank's CPU)."""
+    """Whether the executor buckets shared layers in chunks by completing wave by default on
+    `backend` (`overlap_sync`: on NCCL, not on gloo, whose collective threads take the rank's
+    CPU)."""
     return backend == "nccl"
 
 
@@ -138,7 +156,8 @@ class Executor:
     def __init__(self, plan: Plan, program: Program, model: ModelSpec, world: World,
                  groups: Groups, data: DataSource, *, seed: int, lr: float,
                  dtype: torch.dtype, tracer: Tracer | None = None,
-                 overlap_sync: bool | None = None) -> None:
+                 overlap_sync: bool | None = None,
+                 sync_chunk_bytes: int = SYNC_CHUNK_BYTES) -> None:
         self.plan = plan
         self.program = program
         self.model = model
@@ -168,7 +187,16 @@ class Executor:
         self.overlap_sync = (overlaps_sync(world.backend) if overlap_sync is None
                              else overlap_sync)
         self.zero = int(plan.options.get("zero", "0"))
-        self.buckets = self._make_buckets()
+        self.buckets = self._make_buckets(sync_chunk_bytes)
+        # each rank set's buckets in issue order, the same on every rank of the set
+        self.queues: dict[tuple[int, ...], list[Bucket]] = {}
+        for b in self.buckets:
+            if b.group is not None:
+                self.queues.setdefault(b.ranks, []).append(b)
+        self.cuts: dict[str, set[int]] = {}
+        for b in self.buckets:
+            if b.after is not None:
+                self.cuts.setdefault(b.after[0], set()).add(b.after[1])
         self.named = named_parameters(self.layers)
         # AdamW is elementwise, so stepping each bucket's flat parameter updates every layer
         # parameter (a view of it) exactly as stepping them one by one would; one tensor per
@@ -181,59 +209,59 @@ class Executor:
         flat = [b.param if b.shard is None else self._shard_param(b) for b in self.buckets]
         self.optimizer = make_optimizer(flat, lr) if flat else None
 
-    def _make_buckets(self) -> list[Bucket]:
-        """One bucket per set of holder ranks, due after the lowest backward wave of a slice
-        running any of its layers; with `overlap_sync`, a set of several ranks has one per
-        wave that completes some of its layers (the lowest wave of a slice running each), so
-        each all-reduce starts as soon as its gradients are complete. A single-rank set has
-        nothing to reduce (due -1)."""
-        ready: dict[LayerKey, int] = {}
-        for sp in self.program.slices:
-            for i in sp.layers:
-                key = (sp.metaop.module, i)
-                ready[key] = min(ready.get(key, sp.wave), sp.wave)
-        mine = {key: ranks for key, ranks in self.program.holders.items() if key in self.layers}
-        lowest: dict[tuple[int, ...], int] = {}
-        for key, ranks in mine.items():
-            lowest[ranks] = min(lowest.get(ranks, ready[key]), ready[key])
-        by_key: dict[tuple[tuple[int, ...], int], list[nn.Parameter]] = {}
-        for key, ranks in mine.items():
-            if len(ranks) == 1:
-                due = -1
-            else:
-                due = ready[key] if self.overlap_sync else lowest[ranks]
-            by_key.setdefault((ranks, due), []).extend(self.layers[key].parameters())
-        buckets = []
-        for ranks, due in sorted(by_key, key=lambda k: (-k[1], k[0])):
-            params = by_key[(ranks, due)]
-            size = sum(p.numel() for p in params)
-            shard = None
-            if self.zero and len(ranks) > 1:
-                # padded to equal shards; holder sets are sorted, as group ranks are
-                width = -(-size // len(ranks))
-                lo = ranks.index(self.rank) * width
-                shard = (lo, lo + width)
-                size = width * len(ranks)
-            flat = torch.zeros(size, dtype=self.dtype, device=self.world.device)
-            param = nn.Parameter(torch.zeros(size, dtype=self.dtype, device=self.world.device))
-            offset = 0
-            with torch.no_grad():
-                for p in params:
-                    view = slice(offset, offset + p.numel())
-                    param[view].copy_(p.reshape(-1))
-                    p.data = param.data[view].view_as(p)
-                    # autograd accumulates in place into an existing .grad, so backward fills
-                    # the bucket directly (the DDP gradient_as_bucket_view idea)
-                    p.grad = flat[view].view_as(p)
-                    offset += p.numel()
-            param.grad = flat
-            shard_grad = (None if shard is None else
-                          torch.zeros(shard[1] - shard[0], dtype=self.dtype,
-                                      device=self.world.device))
-            buckets.append(Bucket(ranks=ranks, group=self.groups.get(ranks), flat=flat,
-                                  param=param, ready_wave=due, shard=shard,
-                                  shard_grad=shard_grad))
-        return buckets
+    def _make_buckets(self, chunk_bytes: int) -> list[Bucket]:
+        """This rank's buckets, as `buckets.sync_buckets` lays them out: with `overlap_sync`
+        'chunked' (every set's layers split by the backward wave that completes them, then in
+        chunks, each all-reduced once the rank's slice has passed it), else 'per-set' (one per
+        set of holder ranks, due at the lowest wave of any of its layers). The layers this rank
+        holds alone form one bucket, never reduced."""
+        mode = "chunked" if self.overlap_sync else "per-set"
+        metaops = {sp.metaop.id: sp.metaop for sp in self.program.slices}
+        mine = {sp.slice.id for sp in self.program.slices if self.rank in sp.slice.ranks}
+        layout: list[tuple[tuple[int, ...], int, list[nn.Parameter], tuple[str, int] | None]] = []
+        alone: list[nn.Parameter] = []
+        for sb in sync_buckets(self.plan, metaops, mode, chunk_bytes):
+            if self.rank not in sb.ranks:
+                continue
+            params = [p for key in sb.layers for p in self.layers[key].parameters()]
+            if len(sb.ranks) == 1:
+                alone += params
+                continue
+            after = next(((sid, k) for sid, k in sb.passes if sid in mine), None)
+            layout.append((sb.ranks, sb.wave, params, after))
+        if alone:
+            layout.append(((self.rank,), -1, alone, None))
+        return [self._bucket(ranks, due, params, after) for ranks, due, params, after in layout]
+
+    def _bucket(self, ranks: tuple[int, ...], due: int, params: list[nn.Parameter],
+                after: tuple[str, int] | None) -> Bucket:
+        """A bucket whose parameters and gradients become views of one flat tensor each."""
+        size = sum(p.numel() for p in params)
+        shard = None
+        if self.zero and len(ranks) > 1:
+            # padded to equal shards; holder sets are sorted, as group ranks are
+            width = -(-size // len(ranks))
+            lo = ranks.index(self.rank) * width
+            shard = (lo, lo + width)
+            size = width * len(ranks)
+        flat = torch.zeros(size, dtype=self.dtype, device=self.world.device)
+        param = nn.Parameter(torch.zeros(size, dtype=self.dtype, device=self.world.device))
+        offset = 0
+        with torch.no_grad():
+            for p in params:
+                view = slice(offset, offset + p.numel())
+                param[view].copy_(p.reshape(-1))
+                p.data = param.data[view].view_as(p)
+                # autograd accumulates in place into an existing .grad, so backward fills
+                # the bucket directly (the DDP gradient_as_bucket_view idea)
+                p.grad = flat[view].view_as(p)
+                offset += p.numel()
+        param.grad = flat
+        shard_grad = (None if shard is None else
+                      torch.zeros(shard[1] - shard[0], dtype=self.dtype,
+                                  device=self.world.device))
+        return Bucket(ranks=ranks, group=self.groups.get(ranks), flat=flat, param=param,
+                      ready_wave=due, after=after, shard=shard, shard_grad=shard_grad)
 
     @staticmethod
     def _shard_param(b: Bucket) -> nn.Parameter:
@@ -262,10 +290,12 @@ class Executor:
                     self._forward_slice(sp, st, step)
         loss_reduction = self._reduce_losses(st)
         for w in reversed(range(self.program.num_waves)):
+            st.wave = w
+            pending += self._issue_ready(st)
             with self.tracer.span("compute", "compute", step=step, wave=w, phase="backward"):
                 for sp in self.my_slices[w]:
-                    self._backward_slice(sp, st)
-            pending += self._start_all_reduces(w)
+                    self._backward_slice(sp, st, pending)
+            pending += self._issue_ready(st)
             with self.tracer.span("send/recv", "comm", step=step, wave=w, phase="backward"):
                 self._backward_boundary(w, st)
         with self.tracer.span("sync", "sync", step=step):
@@ -293,12 +323,16 @@ class Executor:
             for work in works:
                 work.wait()
 
-    def _start_all_reduces(self, w: int) -> list[Any]:
-        """Issue the all-reduce of every bucket that backward wave `w` completes (each group
-        has its own connections, so the transfers overlap the rest of the backward pass)."""
+    def _issue_ready(self, st: StepState) -> list[Any]:
+        """Start the all-reduce (reduce-scatter under ZeRO-1) of every bucket that is complete
+        on this rank now, each rank set's in queue order, so a bucket waits for the ones
+        before it and every rank of the set issues them alike. Each group has its own
+        connections, so the transfers overlap the rest of the backward pass."""
         works = []
-        for b in self.buckets:
-            if b.ready_wave == w and b.group is not None:
+        for ranks, queue in self.queues.items():
+            i = st.issued.get(ranks, 0)
+            while i < len(queue) and self._complete(queue[i], st):
+                b = queue[i]
                 with _with_peers("the gradient sync", [r for r in b.ranks if r != self.rank]):
                     if b.shard is None:
                         works.append(dist.all_reduce(b.flat, op=dist.ReduceOp.SUM,
@@ -307,7 +341,17 @@ class Executor:
                         works.append(dist.reduce_scatter_single(
                             b.shard_grad, b.flat, op=dist.ReduceOp.SUM, group=b.group,
                             async_op=True))
+                i += 1
+            st.issued[ranks] = i
         return works
+
+    @staticmethod
+    def _complete(b: Bucket, st: StepState) -> bool:
+        """Whether every gradient of `b` is complete on this rank (`Bucket.after`)."""
+        if st.wave > b.ready_wave:
+            return False
+        return (b.after is None or st.wave < b.ready_wave
+                or st.passed.get(b.after[0], 0) >= b.after[1])
 
     def _reduce_losses(self, st: StepState) -> tuple[torch.Tensor, Any]:
         """Start the all-reduce of the task losses over the world (they are known once the
@@ -372,9 +416,21 @@ class Executor:
         if hi == lo:
             out = torch.empty((0, *sp.out_shape), dtype=self.dtype, device=self.world.device)
         else:
-            out = first(*ins)
-            for i in sp.layers[1:]:
-                out = self.layers[(m.module, i)](out)
+            # a bucket complete after the slice's top k operators cuts the graph below them,
+            # so backward can run segment by segment and issue it in between
+            n = len(sp.layers)
+            begins = {n - k for k in self.cuts.get(sp.slice.id, ()) if 0 < k < n}
+            segments: list[tuple[torch.Tensor | None, torch.Tensor, int]] = []
+            leaf: torch.Tensor | None = None
+            out, ops = first(*ins), 1
+            for pos, i in enumerate(sp.layers[1:], start=1):
+                if pos in begins:
+                    segments.append((leaf, out, ops))
+                    leaf = out.detach().requires_grad_(True)
+                    out, ops = leaf, 0
+                out, ops = self.layers[(m.module, i)](out), ops + 1
+            if segments:
+                st.segments[sp.slice.id] = [*segments, (leaf, out, ops)]
         if _shape(out) != [hi - lo, *sp.out_shape]:
             raise ShapeMismatch(f"slice {sp.slice.id} ({m.id}) produced {_shape(out)}, "
                                 f"expected {[hi - lo, *sp.out_shape]}")
@@ -399,7 +455,13 @@ class Executor:
                 (rows_of(batch, ranks, r) for r in ranks)]
         return torch.cat([p[:n] for p, n in zip(pieces, rows, strict=True)]).requires_grad_(True)
 
-    def _backward_slice(self, sp: SliceProgram, st: StepState) -> None:
+    def _backward_slice(self, sp: SliceProgram, st: StepState, pending: list[Any]) -> None:
+        """The slice's backward; buckets it completes part-way are issued in between (their
+        works go to `pending`)."""
+        self._backward_ops(sp, st, pending)
+        st.passed[sp.slice.id] = len(sp.layers)
+
+    def _backward_ops(self, sp: SliceProgram, st: StepState, pending: list[Any]) -> None:
         sid = sp.slice.id
         if sp.kind == "contrastive_loss" and len(sp.slice.ranks) == 1:
             st.loss[sid][0].backward()
@@ -423,8 +485,14 @@ class Executor:
             return
         out = st.out[sid]
         grad = st.grad_out.get(sid)
-        if out.numel() and out.requires_grad and grad is not None:
-            torch.autograd.backward(out, grad)
+        if not (out.numel() and out.requires_grad and grad is not None):
+            return
+        segments = st.segments.get(sid, [(None, out, len(sp.layers))])
+        for leaf, seg_out, ops in reversed(segments):
+            torch.autograd.backward(seg_out, grad)
+            st.passed[sid] = st.passed.get(sid, 0) + ops
+            pending += self._issue_ready(st)
+            grad = leaf.grad if leaf is not None else None
 
     # ---- boundaries -----------------------------------------------------------------------
 

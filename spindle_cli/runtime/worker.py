@@ -34,6 +34,7 @@ from spindle_cli.artifacts import (
     sha256,
 )
 from spindle_cli.errors import SpindleError
+from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES
 from spindle_cli.runtime import checkpoint
 from spindle_cli.runtime import dist as rdist
 from spindle_cli.runtime.data import load_data_source
@@ -63,7 +64,10 @@ class TrainOptions:
     predicted_ms: float | None = None
     """Predicted iteration time for the trace summary (default: the plan's estimate)."""
     overlap_sync: bool | None = None
-    """Bucket shared layers by the wave that completes them (Executor); None: on NCCL only."""
+    """Bucket shared layers by the wave that completes them, in chunks issued during its
+    backward (Executor); None: on NCCL only."""
+    sync_chunk_bytes: int = SYNC_CHUNK_BYTES
+    """The least gradient bytes of such a chunk (`buckets.sync_buckets`)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -92,7 +96,8 @@ def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
     data = load_data_source(opts.dataset, model, opts.seed, dtype)
     tracer = Tracer(enabled=opts.trace_path is not None, rank=world.rank)
     ex = Executor(plan, program, model, world, groups, data, seed=opts.seed, lr=opts.lr,
-                  dtype=dtype, tracer=tracer, overlap_sync=opts.overlap_sync)
+                  dtype=dtype, tracer=tracer, overlap_sync=opts.overlap_sync,
+                  sync_chunk_bytes=opts.sync_chunk_bytes)
     meta = _meta(plan, opts)
     start = 0
     if opts.resume:
@@ -161,7 +166,7 @@ def _write_trace(tracer: Tracer, result: TrainResult, plan: Plan, world: rdist.W
 def predicted_iteration_ms(plan_path: str, plan: Plan, graph: MetaOpGraph,
                            overlap_sync: bool) -> float:
     """The simulator's iteration time for the plan as the executor runs it (each rank on its
-    own, with its gradient buckets: per wave with `overlap_sync`, else per rank set), when
+    own, with its gradient buckets: chunked with `overlap_sync`, else per rank set), when
     its profile and cluster files are at hand, else the plan's own estimate."""
     from spindle_cli.planner.simulate import simulate
     try:
@@ -169,7 +174,7 @@ def predicted_iteration_ms(plan_path: str, plan: Plan, graph: MetaOpGraph,
         _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
     except SpindleError:
         return plan.estimated_iteration_ms
-    return simulate(plan, graph, profile, cluster, sync="per-wave" if overlap_sync else "per-set",
+    return simulate(plan, graph, profile, cluster, sync="chunked" if overlap_sync else "per-set",
                     progress="rank").iteration_ms
 
 

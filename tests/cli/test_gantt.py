@@ -25,7 +25,7 @@ _spec.loader.exec_module(fx)
 
 
 def sim():
-    return simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster())
+    return simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster(), sync="per-wave")
 
 
 def test_planned_text_gantt_scales_slices_to_their_time():

@@ -16,7 +16,7 @@ from spindle_cli.planner.simulate import simulate
 def run(options, graph=None):
     plan = fx.plan()
     plan = dataclasses.replace(plan, options={**plan.options, **options})
-    return simulate(plan, graph or fx.graph(), fx.profile(), fx.cluster())
+    return simulate(plan, graph or fx.graph(), fx.profile(), fx.cluster(), sync="per-wave")
 
 
 def _big_enc_graph():
@@ -62,7 +62,7 @@ def test_zero1_all_gather_waits_for_the_step():
     plan = dataclasses.replace(fx.plan(), options={**fx.plan().options, "zero": "1"})
     p = dataclasses.replace(fx.profile(), optimizer=OptimizerCost(ms_per_tensor=2.0,
                                                                   ms_per_million_params=0.0))
-    r = simulate(plan, fx.graph(), p, fx.cluster())
+    r = simulate(plan, fx.graph(), p, fx.cluster(), sync="per-wave")
     gather = [f for f in r.flows if f.label.startswith("all-gather enc")]
     # enc reduced at 60, ranks 0-1 step 60-62 (one bucket), gather 62-67
     assert [t for f in gather for t in (f.start_ms, f.end_ms)] == pytest.approx([62.0, 67.0] * 2)

@@ -19,9 +19,12 @@ from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.simulate import row_flows, simulate, split_rows
 
 
-def run(plan=None, *, latency_s: float = 0.0, batch: int = fx.BATCH, num_nodes: int = 2):
+def run(plan=None, *, latency_s: float = 0.0, batch: int = fx.BATCH, num_nodes: int = 2,
+        sync: str = "per-wave"):
+    """The fixture plan simulated; per wave by default (each group's layers of one wave in one
+    bucket), which the hand-computed times below assume."""
     return simulate(plan or fx.plan(), fx.graph(batch), fx.profile(batch),
-                    fx.cluster(latency_s=latency_s, num_nodes=num_nodes))
+                    fx.cluster(latency_s=latency_s, num_nodes=num_nodes), sync=sync)
 
 
 def test_two_waves_one_transfer_one_sync_group_exact_times():
@@ -49,6 +52,25 @@ def test_two_waves_one_transfer_one_sync_group_exact_times():
     assert r.idle_fraction == pytest.approx(1 - (12 + 12 + 3 + 3) / (4 * 65.0))
     assert r.transfer_fraction == pytest.approx(40 / 65)
     assert r.lower_bound_ms == 7.5 and r.planned_iteration_ms == 15.0
+
+
+def test_chunked_buckets_sync_a_slices_upper_layers_during_its_backward():
+    # The default, as the executor buckets on NCCL: enc's 1 GB group is two 0.5 GB layers,
+    # each a chunk (at least a quarter of the bucket). enc's backward runs 47-55, 4 ms per
+    # layer, top layer first: layer 1's ring (0.5 GB at 100 GB/s, 5 ms) starts at 51; layer
+    # 0's at 55, when 0.1 GB of the first is left. They share the NVLink ports at 50 GB/s
+    # each, so the first ends at 57 and the second, alone for its last 0.4 GB, at 61.
+    r = run(sync="chunked")
+    rings = sorted((f.label, f.start_ms, f.end_ms) for f in r.flows
+                   if f.kind == "sync" and f.label.startswith("enc"))
+    assert rings == [("enc[0:1]", 55.0, pytest.approx(61.0))] * 2 + [
+        ("enc[1:2]", 51.0, pytest.approx(57.0))] * 2
+    enc_sync, head_sync = r.syncs
+    assert (enc_sync.start_ms, enc_sync.end_ms) == pytest.approx((51.0, 61.0))
+    assert (head_sync.start_ms, head_sync.end_ms) == pytest.approx((27.0, 32.0))
+    assert r.iteration_ms == pytest.approx(61.0)
+    assert r.sync_ms == pytest.approx(6.0)
+    assert simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster()).iteration_ms == 61.0
 
 
 def test_messages_wait_for_the_boundary_of_their_consumers_wave():

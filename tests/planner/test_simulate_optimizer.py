@@ -17,7 +17,7 @@ COST = OptimizerCost(ms_per_tensor=1.0, ms_per_million_params=0.01)
 
 def run(plan=None, cost: OptimizerCost | None = COST):
     profile = dataclasses.replace(fx.profile(), optimizer=cost)
-    return simulate(plan or fx.plan(), fx.graph(), profile, fx.cluster())
+    return simulate(plan or fx.plan(), fx.graph(), profile, fx.cluster(), sync="per-wave")
 
 
 def test_each_rank_steps_after_its_own_groups_sync():

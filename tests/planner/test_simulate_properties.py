@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spindle_cli.artifacts.plan import ParamGroup, Slice, Transfer, Wave
-from spindle_cli.planner.simulate import PROGRESS_MODES, SYNC_MODES, simulate
+from spindle_cli.planner.buckets import SYNC_MODES
+from spindle_cli.planner.simulate import PROGRESS_MODES, simulate
 
 ranks = st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True).map(
     lambda r: tuple(sorted(r)))
@@ -78,19 +79,27 @@ def test_timeline_is_causal_and_the_breakdown_adds_up(plan, batch, num_nodes, la
             src, dst = f.label.split("->")
             assert f.start_ms >= by_id[src].backward_end_ms - 1e-9
             assert by_id[dst].backward_start_ms >= f.end_ms - 1e-9
-    # Gradients sync only once computed (a bucket once its layers are: nothing before the
-    # first of the group's layers, its last bucket after the last), and the iteration waits
-    # for them.
+    # Gradients sync only once computed: a ring over layers [lo:hi) of a module starts once
+    # every slice running one of them has passed it in its backward (a slice's operators
+    # take equal shares of its backward, top first), every layer of a shared group is in
+    # some ring, and the iteration waits for them.
+    rings = [f for f in r.flows if f.kind == "sync" and not f.label.startswith("all-gather ")]
+    synced: set[tuple[str, int]] = set()
+    for f in rings:
+        for part in f.label.split("+"):
+            module, span = part.rstrip("]").split("[")
+            lo, hi = map(int, span.split(":"))
+            for layer in range(lo, hi):
+                synced.add((module, layer))
+                for s in r.slices:
+                    if s.module == module and s.first <= layer < s.last:
+                        share = (s.backward_end_ms - s.backward_start_ms) / (s.last - s.first)
+                        assert f.start_ms >= (s.backward_start_ms + (s.last - layer) * share
+                                              - 1e-9)
+    for g in plan.param_groups:
+        if len(g.ranks) > 1 and g.bytes >= len(g.ranks) * (g.last_layer - g.first_layer):
+            assert {(g.module, layer) for layer in range(g.first_layer, g.last_layer)} <= synced
     for g in r.syncs:
-        done = [max(s.backward_end_ms for s in r.slices
-                    if s.module == g.module and s.first <= layer < s.last)
-                for layer in range(g.first_layer, g.last_layer)]
-        rings = [f.start_ms for f in r.flows if f.kind == "sync"
-                 and any(part.startswith(f"{g.module}[") for part in f.label.split("+"))]
-        assert g.start_ms >= min(done) - 1e-9
-        assert all(start >= min(done) - 1e-9 for start in rings)
-        if rings:
-            assert max(rings) >= max(done) - 1e-9
         assert g.end_ms <= r.iteration_ms + 1e-9
     # Under ZeRO-1/2 a bucket's stepped shards are all-gathered only after its reduction.
     gathers = [f for f in r.flows if f.kind == "sync" and f.label.startswith("all-gather ")]

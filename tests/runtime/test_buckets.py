@@ -55,11 +55,10 @@ def test_layer_parameters_and_gradients_are_views_of_their_bucket_and_follow_the
     changed = [n for n, p in ex.named if not torch.equal(p.detach(), before[n])]
     # the step updated the flat parameter, and every layer parameter saw it
     assert len(changed) == len(before)
-    offset = 0
     for _, p in ex.named:
-        n = p.numel()
-        assert torch.equal(p.detach().reshape(-1), bucket.param.detach()[offset:offset + n])
-        offset += n
+        offset = (p.data_ptr() - bucket.param.data_ptr()) // p.element_size()
+        assert torch.equal(p.detach().reshape(-1),
+                           bucket.param.detach()[offset:offset + p.numel()])
 
 
 @pytest.mark.parametrize("overlap_sync", [False, True])
@@ -104,3 +103,40 @@ def test_buckets_are_due_after_the_wave_that_completes_them_and_reduced_in_that_
         # backward runs waves downwards: the bucket completed first is reduced first
         waves = [b.ready_wave for b in ex.buckets]
         assert waves == sorted(waves, reverse=True)
+
+
+def test_layer_chunks_cut_a_slice_and_are_issued_in_order_on_every_rank():
+    """With 1-byte chunks (overlap_sync) each shared bucket of a wave is cut into at most 4
+    chunks of whole layers, top layers first; a rank whose slice of that wave runs a chunk's
+    layers has it complete after the slice's operators above the chunk's lowest layer (its
+    forward is cut there), and every rank of a set queues the set's buckets alike."""
+    model = load(str(REPO / "models" / "tiny-clip.yaml"), ModelSpec)
+    graph = build_graph(model, dtype="fp32")
+    cluster = load(str(REPO / "clusters" / "local-cpu.yaml"), ClusterSpec)
+    profile = analytic_profile(graph, cluster, hardware="a800", counts=[1, 2, 4])
+    plan = make_plan(graph, profile, cluster, options=PlanOptions(planner="sequential"))
+    program = build_program(plan, graph, model)
+    queues = {}
+    cut = False
+    for rank in range(4):
+        world = World(rank=rank, world_size=4, local_rank=rank, local_world_size=4,
+                      backend="gloo", device=torch.device("cpu"))
+        ex = Executor(plan, program, model, world, {}, SyntheticData(model, 0), seed=0,
+                      lr=1e-3, dtype=torch.float32, overlap_sync=True, sync_chunk_bytes=1)
+        by_slice = {sp.slice.id: sp for sp in program.slices}
+        for ranks, queue in ex.queues.items():
+            layout = [(b.ready_wave, b.flat.numel()) for b in queue]
+            assert queues.setdefault(ranks, layout) == layout
+            waves = [b.ready_wave for b in queue]
+            assert waves == sorted(waves, reverse=True)
+            assert max(waves.count(w) for w in waves) <= 4
+        for b in ex.buckets:
+            if b.after is None:
+                continue
+            sid, k = b.after
+            sp = by_slice[sid]
+            assert rank in sp.slice.ranks and sp.wave == b.ready_wave
+            assert 1 <= k <= len(sp.layers)
+            cut = cut or k < len(sp.layers)
+        assert set(ex.cuts) <= {sp.slice.id for sp in program.slices if rank in sp.slice.ranks}
+    assert cut, "no chunk completes before the end of its slice"

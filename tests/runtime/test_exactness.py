@@ -9,6 +9,7 @@ floating-point summation order (sharded batches, all-reduce), measured at ~1e-10
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ RTOL, ATOL = 1e-6, 1e-9
 
 
 def train_rank(rank: int, world: int, plan: Plan, graph: MetaOpGraph, model: ModelSpec,
-               dtype: str, overlap_sync: bool | None = None
+               dtype: str, overlap_sync: bool | None = None, sync_chunk_bytes: int | None = None
                ) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
     import torch as t
 
@@ -41,6 +42,8 @@ def train_rank(rank: int, world: int, plan: Plan, graph: MetaOpGraph, model: Mod
     w = World(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
               backend="gloo", device=t.device("cpu"))
     opts = TrainOptions(steps=STEPS, seed=SEED, lr=LR, dtype=dtype, overlap_sync=overlap_sync)
+    if sync_chunk_bytes is not None:
+        opts = dataclasses.replace(opts, sync_chunk_bytes=sync_chunk_bytes)
     result = train(plan, graph, model, build_program(plan, graph, model), w, opts)
     return result.losses, result.params
 
@@ -113,15 +116,19 @@ def test_four_ranks_each_planner(planner: str, graph: MetaOpGraph, model: ModelS
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("planner", ["spindle", "sequential"])
-def test_four_ranks_zero1(planner: str, graph: MetaOpGraph, model: ModelSpec, reference: Any,
-                          repo_root: Any) -> None:
+@pytest.mark.parametrize(("planner", "chunk_bytes"),
+                         [("spindle", None), ("sequential", None), ("sequential", 1)],
+                         ids=["spindle", "sequential", "sequential-layer-chunks"])
+def test_four_ranks_zero1(planner: str, chunk_bytes: int | None, graph: MetaOpGraph,
+                          model: ModelSpec, reference: Any, repo_root: Any) -> None:
     """ZeRO-1: each rank steps only its shard of a shared bucket (reduce-scattered gradients,
-    all-gathered parameters), which AdamW's elementwise update makes exact."""
+    all-gathered parameters), which AdamW's elementwise update makes exact; also with every
+    shared bucket cut into chunks of layers, each sharded on its own."""
     plan = planned(graph, "local-cpu", planner, repo_root, zero=1)
     assert plan.options["zero"] == "1"
     assert any(len(g.ranks) > 1 for g in plan.param_groups)
-    results = run_distributed(train_rank, 4, plan, graph, model, "fp64", timeout_s=90)
+    results = run_distributed(train_rank, 4, plan, graph, model, "fp64",
+                              None if chunk_bytes is None else True, chunk_bytes, timeout_s=90)
     assert_matches_reference(results, reference, plan, graph)
 
 
@@ -168,16 +175,20 @@ def shared_encoder_plan(graph: MetaOpGraph) -> Plan:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("overlap_sync", [False, True], ids=["one-bucket-per-set", "per-wave"])
-def test_shared_encoder_on_different_rank_groups(overlap_sync: bool, graph: MetaOpGraph,
-                                                 model: ModelSpec, reference: Any) -> None:
+@pytest.mark.parametrize(("overlap_sync", "chunk_bytes"), [(False, None), (True, None), (True, 1)],
+                         ids=["one-bucket-per-set", "per-wave", "layer-chunks"])
+def test_shared_encoder_on_different_rank_groups(overlap_sync: bool, chunk_bytes: int | None,
+                                                 graph: MetaOpGraph, model: ModelSpec,
+                                                 reference: Any) -> None:
+    """With 1-byte chunks every shared bucket is cut into up to 4 chunks of layers, issued
+    while the slices' backward runs (test_buckets checks that some are)."""
     plan = shared_encoder_plan(graph)
     enc_groups = {s.ranks for w in plan.waves for s in w.slices if "/text_enc" in s.metaop}
     assert len(enc_groups) >= 3
     text_enc_groups = [g for g in plan.param_groups if g.module == "text_enc"]
     assert {g.ranks for g in text_enc_groups} == {(0, 1, 2, 3)}
     results = run_distributed(train_rank, 4, plan, graph, model, "fp64", overlap_sync,
-                              timeout_s=90)
+                              chunk_bytes, timeout_s=90)
     assert_matches_reference(results, reference, plan, graph)
 
 
