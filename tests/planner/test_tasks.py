@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -278,3 +279,34 @@ def test_make_plan_keeps_task_lanes_when_tasks_outnumber_devices_and_rows_are_he
     assert all(t.src_ranks == t.dst_ranks for t in kept.transfers)
     optimus = api.make_plan(g, p, c, options=api.PlanOptions(planner="optimus"))
     assert simulate(kept, g, p, c).iteration_ms <= simulate(optimus, g, p, c).iteration_ms
+
+
+def test_neighbours_are_tried_when_the_balanced_sizes_nearly_tie(monkeypatch):
+    """OFASys 7 tasks on 16 A800s: the task-stable schedule of the balanced group sizes
+    simulates within NEAR_BEST of a level-by-level plan without beating it, and one of its
+    neighbours is faster than both; without the slack the neighbours are never tried."""
+    from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
+    from spindle_cli.planner.bench import profile_for
+    from spindle_cli.planner.graph import build_graph
+
+    root = Path(__file__).resolve().parents[2]
+    spec = load(str(root / "models" / "ofasys.yaml"), ModelSpec)
+    g = build_graph(spec, tasks=list(spec.task_sets["7"]))
+    c = load(str(root / "clusters" / "a800-2x8.yaml"), ClusterSpec)
+    p = profile_for(g, c)
+    kept = api.make_plan(g, p, c)
+    monkeypatch.setattr(api, "NEAR_BEST", 0.0)
+    strict = api.make_plan(g, p, c)
+    assert "task-stable" in kept.candidate and "task-stable" not in strict.candidate
+    assert simulate(kept, g, p, c).iteration_ms < simulate(strict, g, p, c).iteration_ms
+    # ... and than every task-stable schedule of the balanced sizes: a neighbour was kept
+    curves = api.op_curves(g, p, c.num_devices)
+    allocs = api.allocate(g, curves, c.num_devices)
+    max_ops = api.slice_limits(g, curves, c)
+    stable = task_stable(allocs, g, curves, c, task_sizes(g, curves, c.num_devices)[0])
+    for extend in (True, False):
+        waves = api.fused_waves(g, curves, stable.allocs, c.num_devices, max_ops, extend=extend)
+        for home in (None, stable.home):
+            candidate = api._assemble(g, curves, c, api.PlanOptions(), (), allocs, waves, home)
+            assert (simulate(kept, g, p, c).iteration_ms
+                    < simulate(candidate, g, p, c).iteration_ms)
