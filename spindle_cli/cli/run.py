@@ -42,6 +42,12 @@ if TYPE_CHECKING:
               show_default=True, help="AdamW learning rate.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp64"]), default="fp32",
               show_default=True, help="Parameter and activation dtype.")
+@click.option("--sync", type=click.Choice(["auto", "chunked", "per-set"]), default="auto",
+              show_default=True,
+              help="Gradient buckets: chunked, a rank set's layers by the backward wave that "
+                   "completes them in chunks issued during that backward; per-set, one per "
+                   "rank set after its last layer. auto: chunked on nccl, per-set on gloo "
+                   "(whose collective threads take the ranks' CPU).")
 @click.option("--dataset", default=None, metavar="MODULE:FUNCTION",
               help="User dataset factory, called as FUNCTION(model, seed) (default: synthetic).")
 @click.option("--trace", "trace_path", default=None, metavar="FILE.json",
@@ -57,7 +63,7 @@ if TYPE_CHECKING:
               help="Check everything, print what each rank would do, launch nothing.")
 def run(plan_path: str, nproc_per_node: int, nnodes: int, node_rank: int,
         rdzv_endpoint: str | None, steps: int, backend: str, seed: int, lr: float, dtype: str,
-        dataset: str | None, trace_path: str | None, checkpoint_dir: str | None,
+        sync: str, dataset: str | None, trace_path: str | None, checkpoint_dir: str | None,
         checkpoint_every: int | None, resume: bool, timeout_s: float, dry_run: bool) -> None:
     """Train PLAN (made by `spindle plan`) on NPROC_PER_NODE x NNODES ranks and print the loss
     of every step."""
@@ -81,7 +87,8 @@ def run(plan_path: str, nproc_per_node: int, nnodes: int, node_rank: int,
         _print_ranks(inputs.program, inputs.plan.num_devices)
         return
     worker_args = [plan_path, "--steps", str(steps), "--seed", str(seed), "--lr", repr(lr),
-                   "--dtype", dtype, "--backend", backend, "--timeout-s", repr(timeout_s)]
+                   "--dtype", dtype, "--backend", backend, "--sync", sync,
+                   "--timeout-s", repr(timeout_s)]
     for flag, value in (("--dataset", dataset), ("--trace", trace_path),
                         ("--checkpoint-dir", checkpoint_dir)):
         if value is not None:

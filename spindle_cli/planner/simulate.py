@@ -76,7 +76,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -671,12 +671,12 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     def bucket_label(b: SyncBucket) -> str:
         """Its layers as module[first:last] runs ('+'-joined)."""
-        runs: list[list[Any]] = []
+        runs: list[tuple[str, int, int]] = []
         for module, layer in sorted(b.layers):
             if runs and runs[-1][0] == module and runs[-1][2] == layer:
-                runs[-1][2] = layer + 1
+                runs[-1] = (module, runs[-1][1], layer + 1)
             else:
-                runs.append([module, layer, layer + 1])
+                runs.append((module, layer, layer + 1))
         return "+".join(f"{module}[{lo}:{hi}]" for module, lo, hi in runs)
 
     def issue_sync(groups: tuple[int, ...], num_bytes: int, start_ms: float,

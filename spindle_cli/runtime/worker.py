@@ -193,6 +193,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument("--sync", choices=["auto", "chunked", "per-set"], default="auto")
     p.add_argument("--timeout-s", type=float, default=rdist.DEFAULT_TIMEOUT_S)
     p.add_argument("--dataset", default=None)
     p.add_argument("--checkpoint-dir", default=None)
@@ -235,13 +236,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             check_world(inputs.plan, world.world_size, rank=world.rank,
                         memory_bytes=_device_memory_bytes(world))
+            overlap = (overlaps_sync(world.backend) if args.sync == "auto"
+                       else args.sync == "chunked")
             predicted = (predicted_iteration_ms(args.plan, inputs.plan, inputs.graph,
-                                                overlap_sync=overlaps_sync(world.backend))
+                                                overlap_sync=overlap)
                          if args.trace and world.rank == 0 else None)
             opts = TrainOptions(steps=args.steps, seed=args.seed, lr=args.lr, dtype=args.dtype,
                                 dataset=args.dataset, checkpoint_dir=args.checkpoint_dir,
                                 checkpoint_every=args.checkpoint_every, resume=args.resume,
-                                trace_path=args.trace, predicted_ms=predicted)
+                                trace_path=args.trace, predicted_ms=predicted,
+                                overlap_sync=overlap)
             log = (lambda line: print(line, flush=True)) if world.rank == 0 else None
             train(inputs.plan, inputs.graph, inputs.model, inputs.program, world, opts, log)
         except BaseException:

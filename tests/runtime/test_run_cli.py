@@ -86,6 +86,33 @@ def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
         simulate(*args, sync="per-set", progress="rank").iteration_ms)
 
 
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sync_flag_chooses_the_gradient_buckets(tmp_path: Path) -> None:
+    """--sync chunked on gloo: the same losses as the default per-set buckets (two ranks sum
+    each gradient element once either way), and the trace's prediction simulates chunked
+    buckets."""
+    plan = write_plan_files(tmp_path)
+    losses = {}
+    for sync in ("per-set", "chunked"):
+        trace = tmp_path / f"{sync}.json"
+        r = spindle("run", str(plan), "--nproc-per-node", "2", "--steps", "2", "--sync", sync,
+                    "--trace", str(trace))
+        assert r.returncode == 0, r.stderr
+        losses[sync] = [ln for ln in r.stdout.splitlines() if ln.startswith("step ")]
+    assert losses["chunked"] == losses["per-set"] and len(losses["chunked"]) == 2
+    from spindle_cli.artifacts import MetaOpGraph, Plan, Profile
+    from spindle_cli.planner.simulate import simulate
+
+    args = (load(str(plan), Plan), load(str(tmp_path / "graph.yaml"), MetaOpGraph),
+            load(str(tmp_path / "profile.yaml"), Profile),
+            load(str(REPO / "clusters" / "local-cpu-2.yaml"), ClusterSpec))
+    summary = json.loads((tmp_path / "chunked.json").read_text())["otherData"]
+    assert summary["predicted_iteration_ms"] == pytest.approx(
+        simulate(*args, sync="chunked", progress="rank").iteration_ms)
+
+
 def invoke(*args: str) -> object:
     """`spindle ARGS` in-process through `main` (error mapping and exit codes included)."""
     import click
