@@ -49,14 +49,15 @@ What is modelled (and what is not):
 - Memory strategies (Plan.options `zero`, `recompute`; planner/memory.py). Under ZeRO a
   bucket's ring is a reduce-scatter, (p-1)/p * bytes per rank with p-1 latencies. Below stage 3
   each rank then steps its shards, and a bucket's all-gather of the stepped shards (the same
-  bytes again) leaves once every rank of its set has stepped, as the executor's ZeRO-1 does
-  (a bucket whose ranks stepped while the network was already simulated further starts at
-  the network's clock, since flows are added in time order); the group's sync ends with its
-  all-gather. ZeRO-3 has no such all-gather: it all-gathers a slice's weights (the training
-  dtype's bytes of its layers) over each parameter group it touches, as a ring over the
-  group's ranks, before its forward and again before its backward; a wave prefetches the
-  next wave's gathers when it starts (the first forward wave's at 0, the last backward
-  wave's when the forward pass ends), and a wave waits for its own like for its inputs.
+  bytes again) overlaps the next step's forward, as the executor's ZeRO-1 does: in the steady
+  state one iteration simulates, every bucket's all-gather of the previous step leaves at 0,
+  and a slice's forward waits for the all-gathers of the buckets holding its layers, like for
+  its inputs (the first iteration of a run has none). ZeRO-3 has no such all-gather: it
+  all-gathers a slice's weights (the training dtype's bytes of its layers) over each
+  parameter group it touches, as a ring over the group's ranks, before its forward and
+  again before its backward; a wave prefetches the next wave's gathers when it starts (the
+  first forward wave's at 0, the last backward wave's when the forward pass ends), and a wave
+  waits for its own like for its inputs.
   Recomputation runs the forward again before each backward (backward_ms += forward_ms) and
   stashes only what memory.py keeps, plus the largest one-operator stash alive during a
   backward.
@@ -188,9 +189,10 @@ class SimResult:
 
     iteration_ms = compute_ms + transfer_ms + sync_ms + optimizer_ms exactly: compute is the
     sum of the wave durations (both directions), transfer the time waves waited for their
-    inputs (exposed inter-wave communication, and under ZeRO-3 the weight gathers a wave waits
-    for), sync the time from the last backward wave until every parameter group is
-    synchronized, optimizer the rest (the slowest rank's step after its own groups' sync).
+    inputs (exposed inter-wave communication), sync the time from the last backward wave until
+    every parameter group is synchronized plus the time waves waited, once their inputs had
+    arrived, for parameter all-gathers (under ZeRO-1/2 the previous step's, under ZeRO-3 the
+    weights), optimizer the rest (the slowest rank's step after its own groups' sync).
     With ranks on their own (`simulate`'s progress 'rank') the same four parts are the time
     of the rank that ends the iteration: its compute, its waiting (for messages, slice peers
     and gathers), its wait for its groups' sync after its last backward boundary, its step.
@@ -656,8 +658,6 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     # ring); below stage 3 every rank then all-gathers the stepped shards (`post_gather`)
     sharded = _zero_stage(plan) >= 1
     post_gather = 1 <= _zero_stage(plan) <= 2
-    issued: list[tuple[tuple[int, ...], int, str]] = []
-    """(groups, bytes, label) of every bucket, in the order issued."""
 
     def ring(g: ParamGroup, num_bytes: int, share: float) -> list[tuple[int, int, int]]:
         """Each rank of the group sends `share` x `num_bytes` to its ring successor."""
@@ -689,7 +689,6 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         label = label or label_of(groups)
         ids = issue("sync", label, ring(g, num_bytes, 1.0 if sharded else 2.0),
                     start_ms, steps * latency_s)
-        issued.append((groups, num_bytes, label))
         for gi in groups:
             sync_start_ms[gi] = min(sync_start_ms.get(gi, start_ms), start_ms)
             sync_ids[gi] += ids
@@ -725,6 +724,28 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     due_in_wave: dict[int, list[SyncBucket]] = {}
     for b in sync_buckets(plan, {m.id: m for m in graph.metaops}, sync):
         due_in_wave.setdefault(b.wave, []).append(b)
+    # ZeRO-1/2: the previous step's all-gather of every bucket (every group, without buckets)
+    # leaves at 0; `prior` holds the flows each slice's forward waits for
+    prior: dict[str, list[int]] = {}
+    if post_gather:
+        units = [(b.groups, b.bytes, bucket_label(b), b.layers)
+                 for bs in due_in_wave.values() for b in bs]
+        if not units:
+            units = [((gi,), g.bytes, label_of((gi,)),
+                      tuple((g.module, layer) for layer in range(g.first_layer, g.last_layer)))
+                     for gi, g in enumerate(plan.param_groups)]
+        gathered: dict[tuple[str, int], list[int]] = {}
+        for groups, num_bytes, label, layers in units:
+            g = plan.param_groups[groups[0]]
+            ids = issue("sync", f"all-gather {label}", ring(g, num_bytes, 1.0), 0.0,
+                        (len(g.ranks) - 1) * latency_s)
+            for key in layers:
+                gathered.setdefault(key, []).extend(ids)
+        for _, sl in plan.slices():
+            m = graph.metaop(sl.metaop)
+            prior[sl.id] = [i for layer in range(m.first_layer + sl.first,
+                                                 m.first_layer + sl.last)
+                            for i in gathered.get((m.module, layer), [])]
 
     into_wave: dict[int, list[int]] = {}
     for i, t in enumerate(plan.transfers):
@@ -769,14 +790,28 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     fwd_timing: list[tuple[float, float, float]] = []
     bwd_timing: dict[int, tuple[float, float, float]] = {}
 
+    param_wait_ms = [0.0]
+    """With waves as barriers: the part of the waves' waits spent on parameter all-gathers
+    after the inputs had arrived (counted as sync, not as transfer)."""
+
+    def wait_for(now_ms: float, inputs: list[int], params: list[int]) -> float:
+        """When a wave whose predecessor ended at `now_ms` starts: once the flows of its
+        inputs and of its parameter all-gathers have ended."""
+        inputs_ms = max(now_ms, net.finish(inputs) * 1e3)
+        start_ms = max(inputs_ms, net.finish(params) * 1e3)
+        param_wait_ms[0] += start_ms - inputs_ms
+        return start_ms
+
     def barrier_loops() -> tuple[list[float], _RankTimes | None]:
         """Waves as barriers (`Progress` 'wave')."""
         now_ms = 0.0
         ready = [0.0] * plan.num_devices
         prefetched = {0: issue_gathers(0, 0.0)}
         for w in plan.waves:
-            needed = issue_boundary(w.index, False, ready) + prefetched.pop(w.index)
-            start_ms = max(now_ms, net.finish(needed) * 1e3)
+            inputs = issue_boundary(w.index, False, ready)
+            params = (prefetched.pop(w.index)
+                      + [i for sl in w.slices for i in prior.get(sl.id, [])])
+            start_ms = wait_for(now_ms, inputs, params)
             prefetched[w.index + 1] = issue_gathers(w.index + 1, start_ms)
             end_ms = start_ms
             for s in w.slices:
@@ -792,8 +827,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         boundary: list[int] = []
         prefetched = {len(plan.waves) - 1: issue_gathers(len(plan.waves) - 1, now_ms)}
         for w in reversed(plan.waves):
-            needed = boundary + prefetched.pop(w.index)
-            start_ms = max(now_ms, net.finish(needed) * 1e3)
+            start_ms = wait_for(now_ms, boundary, prefetched.pop(w.index))
             prefetched[w.index - 1] = issue_gathers(w.index - 1, start_ms)
             end_ms = start_ms
             for s in w.slices:
@@ -937,7 +971,8 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                         continue
                     if not all((k, q) in arrived for q in s.ranks):
                         return moved
-                    ids = weights.get((k, s.id), [])
+                    ids = weights.get((k, s.id), []) + (prior.get(s.id, [])
+                                                        if not steps[k][2] else [])
                     if not finished(ids):
                         for q in s.ranks:
                             waits_on[q] = ids
@@ -1004,88 +1039,30 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     for gi, g in enumerate(plan.param_groups):
         for r in g.ranks:
             groups_of[r].append(gi)
-    gather_ids: dict[int, list[int]] = {gi: [] for gi in range(len(plan.param_groups))}
 
     def stepped_ms(r: int) -> float:
         """When rank r has stepped: its optimizer runs once its backward and its own groups'
         reductions are done."""
         return max([end_ms[r], *(reduced_ms[gi] for gi in groups_of[r])]) + optimizer_ms[r]
 
-    if not post_gather:
-        # nothing is issued after a reduction: the groups end in any order
-        reduced_ms = [max(net.finish(sync_ids[gi]) * 1e3, sync_start_ms[gi]) if sync_ids[gi]
-                      else sync_start_ms[gi] for gi in range(len(plan.param_groups))]
-        done_ms = [stepped_ms(r) for r in range(plan.num_devices)]
-    else:
-        # every group's reduction, ended in time order: each may let ranks step and buckets
-        # gather, whose flows then share the links with the reductions still running
-        reduced_ms = [math.nan] * len(plan.param_groups)
-        done_ms = [stepped_ms(r) if not groups_of[r] else math.nan
-                   for r in range(plan.num_devices)]
-        waiting = list(issued)
-
-        def settle(reduced: list[int]) -> None:
-            """After the groups `reduced` have been: step every rank whose groups are all
-            reduced, then all-gather every bucket whose ranks have all stepped (not before
-            the network's clock: flows are added in time order)."""
-            for r in sorted({r for gi in reduced for r in plan.param_groups[gi].ranks}):
-                if math.isnan(done_ms[r]) and not any(math.isnan(reduced_ms[gi])
-                                                      for gi in groups_of[r]):
-                    done_ms[r] = stepped_ms(r)
-            for item in list(waiting):
-                groups, num_bytes, label = item
-                g = plan.param_groups[groups[0]]
-                if not any(math.isnan(done_ms[r]) for r in g.ranks):
-                    waiting.remove(item)
-                    start = max(max(done_ms[r] for r in g.ranks), net.now_s * 1e3)
-                    ids = issue("sync", f"all-gather {label}",
-                                ring(g, num_bytes, 1.0), start, (len(g.ranks) - 1) * latency_s)
-                    for gi in groups:
-                        gather_ids[gi] += ids
-
-        left: dict[int, int] = {}
-        groups_by_flow: dict[int, list[int]] = {}
-        now_reduced = []
-        for gi in range(len(plan.param_groups)):
-            ids = sorted(set(sync_ids[gi]))
-            running = [i for i in ids if np.isnan(net.end_s[i])]
-            left[gi] = len(running)
-            for i in running:
-                groups_by_flow.setdefault(i, []).append(gi)
-            if not running:
-                ended = [float(net.end_s[i]) * 1e3 for i in ids]
-                reduced_ms[gi] = max([sync_start_ms[gi], *ended])
-                now_reduced.append(gi)
-        settle(now_reduced)
-        while any(left.values()):
-            net.step()
-            now_reduced = []
-            for i in net.ended.tolist():
-                for gi in groups_by_flow.get(i, []):
-                    left[gi] -= 1
-                    if left[gi] == 0:
-                        reduced_ms[gi] = max(net.now_s * 1e3, sync_start_ms[gi])
-                        now_reduced.append(gi)
-            if now_reduced:
-                settle(now_reduced)
-    sync_end_ms = [max(net.finish(gather_ids[gi]) * 1e3, reduced_ms[gi]) if gather_ids[gi]
-                   else reduced_ms[gi] for gi in range(len(plan.param_groups))]
-    # a rank is through once it has stepped and its groups are gathered
-    through_ms = list(done_ms)
-    for gi, g in enumerate(plan.param_groups):
-        for r in g.ranks:
-            through_ms[r] = max(through_ms[r], sync_end_ms[gi])
+    reduced_ms = [max(net.finish(sync_ids[gi]) * 1e3, sync_start_ms[gi]) if sync_ids[gi]
+                  else sync_start_ms[gi] for gi in range(len(plan.param_groups))]
+    # a rank is through once it has stepped
+    through_ms = [stepped_ms(r) for r in range(plan.num_devices)]
+    done_ms = through_ms
+    sync_end_ms = reduced_ms
     reduced_all_ms = max([backward_end_ms, *reduced_ms])
     iteration_ms = max([reduced_all_ms, *through_ms])
     if rank_times is None:
         forward_ms = sum(end - start for start, end, _ in fwd_timing)
         backward_ms = sum(end - start for start, end, _ in bwd_timing.values())
         transfer_ms = (sum(wait for _, _, wait in fwd_timing)
-                       + sum(wait for _, _, wait in bwd_timing.values()))
-        # the step: how long the last rank steps past the last reduction; the sync: the rest
+                       + sum(wait for _, _, wait in bwd_timing.values()) - param_wait_ms[0])
+        # the step: how long the last rank steps past the last reduction; the sync: the rest,
+        # and the waves' waits for parameter all-gathers
         step_ms = max(0.0, max(done_ms) - reduced_all_ms)
         parts = (forward_ms, backward_ms, transfer_ms,
-                 iteration_ms - backward_end_ms - step_ms, step_ms)
+                 iteration_ms - backward_end_ms - step_ms + param_wait_ms[0], step_ms)
     else:
         # the rank that ends the iteration: its own time is compute, waiting, sync, step
         r = max(range(plan.num_devices), key=lambda q: (through_ms[q], -q))

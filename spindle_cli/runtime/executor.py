@@ -21,8 +21,10 @@ once it is complete on the rank and the ones before it are issued, so every rank
 issues them alike; after the last backward wave the all-reduces are awaited, and AdamW steps
 the buckets' flat parameters. Under ZeRO-1 (Plan.options `zero` 1) a bucket of several ranks is
 padded to equal shards: it is reduce-scattered instead, each rank's AdamW steps (and keeps
-state for) its own shard, a view of the flat parameter, and after the step the buckets are
-all-gathered, in bucket order. The task losses are all-reduced over the world (for the log)
+state for) its own shard, a view of the flat parameter, and after the step the buckets'
+all-gathers start, in bucket order; they overlap the next step's forward, which waits for a
+bucket's only before the first slice using its layers (and checkpoints and parameter reads
+wait for all). The task losses are all-reduced over the world (for the log)
 asynchronously from the end of the forward pass.
 
 Every rank walks the same global sequence of boundaries and collectives, and each one involves
@@ -103,6 +105,8 @@ class Bucket:
     ready_wave: int
     """The backward wave in which every gradient of the bucket becomes complete (-1 for a
     single rank's bucket, which is not reduced)."""
+    layers: tuple[LayerKey, ...] = ()
+    """The layers whose parameters it holds."""
     after: tuple[str, int] | None = None
     """(slice id, k): on this rank the bucket is complete once the backward of that slice of
     `ready_wave` has run k operators; None: at the start of that wave's backward."""
@@ -197,6 +201,13 @@ class Executor:
         for b in self.buckets:
             if b.after is not None:
                 self.cuts.setdefault(b.after[0], set()).add(b.after[1])
+        # ZeRO-1: the sharded buckets each wave's forward needs gathered (`_start_gathers`)
+        self.gathering: dict[int, Any] = {}
+        used = [{(sp.metaop.module, i) for sp in self.my_slices[w] for i in sp.layers}
+                for w in range(program.num_waves)]
+        self.gathers_before = [[i for i, b in enumerate(self.buckets)
+                                if b.shard is not None and used[w] & set(b.layers)]
+                               for w in range(program.num_waves)]
         self.named = named_parameters(self.layers)
         # AdamW is elementwise, so stepping each bucket's flat parameter updates every layer
         # parameter (a view of it) exactly as stepping them one by one would; one tensor per
@@ -218,24 +229,25 @@ class Executor:
         mode = "chunked" if self.overlap_sync else "per-set"
         metaops = {sp.metaop.id: sp.metaop for sp in self.program.slices}
         mine = {sp.slice.id for sp in self.program.slices if self.rank in sp.slice.ranks}
-        layout: list[tuple[tuple[int, ...], int, list[nn.Parameter], tuple[str, int] | None]] = []
-        alone: list[nn.Parameter] = []
+        layout: list[tuple[tuple[int, ...], int, tuple[LayerKey, ...],
+                           tuple[str, int] | None]] = []
+        alone: list[LayerKey] = []
         for sb in sync_buckets(self.plan, metaops, mode, chunk_bytes):
             if self.rank not in sb.ranks:
                 continue
-            params = [p for key in sb.layers for p in self.layers[key].parameters()]
             if len(sb.ranks) == 1:
-                alone += params
+                alone += sb.layers
                 continue
             after = next(((sid, k) for sid, k in sb.passes if sid in mine), None)
-            layout.append((sb.ranks, sb.wave, params, after))
+            layout.append((sb.ranks, sb.wave, sb.layers, after))
         if alone:
-            layout.append(((self.rank,), -1, alone, None))
-        return [self._bucket(ranks, due, params, after) for ranks, due, params, after in layout]
+            layout.append(((self.rank,), -1, tuple(alone), None))
+        return [self._bucket(ranks, due, keys, after) for ranks, due, keys, after in layout]
 
-    def _bucket(self, ranks: tuple[int, ...], due: int, params: list[nn.Parameter],
+    def _bucket(self, ranks: tuple[int, ...], due: int, keys: tuple[LayerKey, ...],
                 after: tuple[str, int] | None) -> Bucket:
         """A bucket whose parameters and gradients become views of one flat tensor each."""
+        params = [p for key in keys for p in self.layers[key].parameters()]
         size = sum(p.numel() for p in params)
         shard = None
         if self.zero and len(ranks) > 1:
@@ -261,7 +273,8 @@ class Executor:
                       torch.zeros(shard[1] - shard[0], dtype=self.dtype,
                                   device=self.world.device))
         return Bucket(ranks=ranks, group=self.groups.get(ranks), flat=flat, param=param,
-                      ready_wave=due, after=after, shard=shard, shard_grad=shard_grad)
+                      ready_wave=due, layers=keys, after=after, shard=shard,
+                      shard_grad=shard_grad)
 
     @staticmethod
     def _shard_param(b: Bucket) -> nn.Parameter:
@@ -285,6 +298,9 @@ class Executor:
         for w in range(self.program.num_waves):
             with self.tracer.span("send/recv", "comm", step=step, wave=w, phase="forward"):
                 self._forward_boundary(w, st)
+            if any(i in self.gathering for i in self.gathers_before[w]):
+                with self.tracer.span("all-gather", "sync", step=step, wave=w):
+                    self._await_gathers(self.gathers_before[w])
             with self.tracer.span("compute", "compute", step=step, wave=w, phase="forward"):
                 for sp in self.my_slices[w]:
                     self._forward_slice(sp, st, step)
@@ -300,28 +316,36 @@ class Executor:
                 self._backward_boundary(w, st)
         with self.tracer.span("sync", "sync", step=step):
             losses = self._sync(pending, loss_reduction)
+        self._await_gathers(list(self.gathering))
         if self.optimizer is not None:
             with self.tracer.span("optimizer", "compute", step=step):
                 self.optimizer.step()
-        if any(b.shard is not None for b in self.buckets):
-            with self.tracer.span("all-gather", "sync", step=step):
-                self._gather_shards()
+        self._start_gathers()
         return losses
 
-    def _gather_shards(self) -> None:
-        """ZeRO-1: all-gather every sharded bucket's stepped shards (in bucket order, the same
-        on every rank)."""
-        works = []
-        with _with_peers("the parameter all-gather",
-                         [r for b in self.buckets if b.shard is not None for r in b.ranks
-                          if r != self.rank]):
-            for b in self.buckets:
+    def _start_gathers(self) -> None:
+        """ZeRO-1: start the all-gather of every sharded bucket's stepped shards (in bucket
+        order, the same on every rank). They overlap the next step's forward, which waits for
+        a bucket's before the first slice using its layers (`gathers_before`); whatever reads
+        the parameters waits for all of them (`_await_gathers`)."""
+        peers = [r for b in self.buckets if b.shard is not None for r in b.ranks
+                 if r != self.rank]
+        with _with_peers("the parameter all-gather", peers):
+            for i, b in enumerate(self.buckets):
                 if b.shard is not None:
                     lo, hi = b.shard
-                    works.append(dist.all_gather_single(b.param.data, b.param.data[lo:hi].clone(),
-                                                        group=b.group, async_op=True))
-            for work in works:
-                work.wait()
+                    self.gathering[i] = dist.all_gather_single(
+                        b.param.data, b.param.data[lo:hi].clone(), group=b.group, async_op=True)
+
+    def _await_gathers(self, indices: list[int]) -> None:
+        """Wait for the all-gathers of those buckets still in flight."""
+        waiting = [i for i in indices if i in self.gathering]
+        if not waiting:
+            return
+        with _with_peers("the parameter all-gather",
+                         [r for i in waiting for r in self.buckets[i].ranks if r != self.rank]):
+            for i in waiting:
+                self.gathering.pop(i).wait()
 
     def _issue_ready(self, st: StepState) -> list[Any]:
         """Start the all-reduce (reduce-scatter under ZeRO-1) of every bucket that is complete
@@ -588,11 +612,13 @@ class Executor:
 
     def state(self, step: int) -> dict[str, Any]:
         """What a checkpoint keeps of this rank: parameters, optimizer state, completed steps."""
+        self._await_gathers(list(self.gathering))
         return {"step": step, "params": self.parameters(),
                 "optimizer": self.optimizer.state_dict() if self.optimizer else {}}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore `state()` output (the same plan on the same rank)."""
+        self._await_gathers(list(self.gathering))
         params = dict(self.named)
         if set(state["params"]) != set(params):
             raise RuntimeFailure(f"checkpoint holds parameters {sorted(state['params'])[:3]}..., "
@@ -605,4 +631,5 @@ class Executor:
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """This rank's parameters by `module.layer.param` name (detached copies)."""
+        self._await_gathers(list(self.gathering))
         return {n: p.detach().clone() for n, p in self.named}

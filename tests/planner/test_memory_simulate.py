@@ -27,46 +27,51 @@ def _big_enc_graph():
     return dataclasses.replace(g, metaops=ops)
 
 
-def test_zero1_and_zero2_reduce_scatter_then_all_gather_after_the_step():
+def test_zero1_and_zero2_reduce_scatter_and_all_gather_under_the_next_forward():
     base = run({})
     for zero in ("1", "2"):
         r = run({"zero": zero})
+        # The previous step's all-gathers of the stepped shards leave at 0: enc's 0.5 GB per
+        # rank over ranks 0-1 at 100 GB/s, 0-5, head's 0.25 GB over ranks 2-3, 0-2.5. enc's
+        # forward waits for its own (5-9), head's was done long before its activations
+        # arrive (29); everything after is 5 ms later than without ZeRO: enc's backward
+        # 52-60, then its reduce-scatter sends 0.5 GB, 60-65, and the step takes no time (no
+        # optimizer cost in the profile).
+        flows = [f for f in r.flows if f.kind == "sync"]
+        gather = {f.label: (f.bytes, f.start_ms, f.end_ms) for f in flows
+                  if f.label.startswith("all-gather")}
+        assert gather == {"all-gather enc[0:2]": (500_000_000, 0.0, pytest.approx(5.0)),
+                          "all-gather head[0:1]": (250_000_000, 0.0, pytest.approx(2.5))}
+        w0, w1 = r.waves
+        assert (w0.forward_start_ms, w0.forward_end_ms) == pytest.approx((5.0, 9.0))
+        assert (w1.forward_start_ms, w0.backward_end_ms) == pytest.approx((29.0, 60.0))
+        reduce = [f for f in flows if "enc" in f.label and not f.label.startswith("all-")]
+        assert [(f.bytes, f.start_ms, f.end_ms) for f in reduce] == \
+            [(500_000_000, 60.0, pytest.approx(65.0))] * 2
         enc = next(s for s in r.syncs if s.module == "enc")
-        # enc's 1 GB over ranks 0-1 at 100 GB/s: the base all-reduce sends 1 GB each way,
-        # 55-65; the reduce-scatter sends 0.5 GB, 55-60, the step takes no time (the profile
-        # has no optimizer cost), then the all-gather of the stepped shards 0.5 GB, 60-65
-        flows = [f for f in r.flows if f.kind == "sync" and "enc" in f.label]
-        reduce = [f for f in flows if not f.label.startswith("all-gather")]
-        gather = [f for f in flows if f.label.startswith("all-gather")]
-        assert [f.bytes for f in reduce] == [f.bytes for f in gather] == [500_000_000] * 2
-        assert [t for f in reduce for t in (f.start_ms, f.end_ms)] == \
-            pytest.approx([55.0, 60.0] * 2)
-        assert [t for f in gather for t in (f.start_ms, f.end_ms)] == \
-            pytest.approx([60.0, 65.0] * 2)
-        assert (enc.start_ms, enc.end_ms) == pytest.approx((55.0, 65.0))
-        # head's bucket on ranks 2-3 is reduced by 29.5 and gathered after that
-        head = [f for f in r.flows if f.kind == "sync" and "head" in f.label]
-        assert [f.end_ms for f in head if not f.label.startswith("all-gather")] == \
-            pytest.approx([29.5, 29.5])
-        assert all(f.start_ms >= 29.5 and f.end_ms <= r.iteration_ms for f in head
-                   if f.label.startswith("all-gather"))
-        assert r.iteration_ms == pytest.approx(base.iteration_ms)
+        assert (enc.start_ms, enc.end_ms) == pytest.approx((60.0, 65.0))
+        # head's bucket on ranks 2-3 is reduced 32-34.5, under enc's backward
+        head = [f for f in flows if "head" in f.label and not f.label.startswith("all-")]
+        assert [t for f in head for t in (f.start_ms, f.end_ms)] == \
+            pytest.approx([32.0, 34.5] * 2)
+        assert r.iteration_ms == pytest.approx(base.iteration_ms) == pytest.approx(65.0)
+        # the 5 ms wait for enc's all-gather is sync, with the reduce-scatter's 5 ms; the
+        # transfers are the activations' and gradients' 20 + 20 ms
+        assert (r.transfer_ms, r.sync_ms) == pytest.approx((40.0, 10.0))
         assert r.compute_ms + r.transfer_ms + r.sync_ms + r.optimizer_ms == \
             pytest.approx(r.iteration_ms)
         assert not [f for f in r.flows if f.kind == "gather"]
 
 
-def test_zero1_all_gather_waits_for_the_step():
-    """With an optimizer cost, every rank steps once its groups are reduced, and a bucket's
-    all-gather leaves once all its ranks have stepped."""
+def test_zero1_steps_after_the_reduce_scatter():
+    """With an optimizer cost, every rank steps once its groups are reduced."""
     plan = dataclasses.replace(fx.plan(), options={**fx.plan().options, "zero": "1"})
     p = dataclasses.replace(fx.profile(), optimizer=OptimizerCost(ms_per_tensor=2.0,
                                                                   ms_per_million_params=0.0))
     r = simulate(plan, fx.graph(), p, fx.cluster(), sync="per-wave")
-    gather = [f for f in r.flows if f.label.startswith("all-gather enc")]
-    # enc reduced at 60, ranks 0-1 step 60-62 (one bucket), gather 62-67
-    assert [t for f in gather for t in (f.start_ms, f.end_ms)] == pytest.approx([62.0, 67.0] * 2)
+    # enc reduced at 65 (as above), ranks 0-1 step 65-67 (one bucket)
     assert r.iteration_ms == pytest.approx(67.0)
+    assert r.optimizer_ms == pytest.approx(2.0)
     assert r.compute_ms + r.transfer_ms + r.sync_ms + r.optimizer_ms == \
         pytest.approx(r.iteration_ms)
 
@@ -88,6 +93,9 @@ def test_zero3_gathers_weights_before_forward_and_backward():
     backward = sorted(f.start_ms for f in gathered)[2:]
     assert backward == pytest.approx([30.0, 30.0])
     assert r.transfer_bytes == base.transfer_bytes
+    # the forward's 5 ms wait for the weights is sync (with the 5 ms reduce-scatter); the
+    # transfers wait 20 + 20 ms as without ZeRO
+    assert (r.transfer_ms, r.sync_ms) == pytest.approx((base.transfer_ms, 10.0))
     assert r.compute_ms + r.transfer_ms + r.sync_ms == pytest.approx(r.iteration_ms)
 
 

@@ -282,3 +282,45 @@ def test_lm_loss_concatenated_inputs_and_ranks_with_no_rows() -> None:
                                    dtype=torch.float64)
     results = run_distributed(train_rank, 3, plan, graph, model, "fp64", timeout_s=90)
     assert_matches_reference(results, reference, plan, graph)
+
+
+def _gathers_in_flight(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
+                       model: ModelSpec) -> tuple[int, int, dict[str, torch.Tensor]]:
+    """Two ZeRO-1 steps: how many all-gathers are still in flight when a step returns, and
+    after reading the parameters."""
+    import torch as t
+
+    from spindle_cli.runtime.data import load_data_source
+    from spindle_cli.runtime.dist import World
+    from spindle_cli.runtime.executor import Executor
+    from spindle_cli.runtime.groups import make_groups
+    from spindle_cli.runtime.program import build_program
+
+    w = World(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
+              backend="gloo", device=t.device("cpu"))
+    program = build_program(plan, graph, model)
+    ex = Executor(plan, program, model, w, make_groups(program, rank),
+                  load_data_source(None, model, SEED, t.float64), seed=SEED, lr=LR,
+                  dtype=t.float64)
+    ex.train_step(0)
+    ex.train_step(1)
+    in_flight = len(ex.gathering)
+    params = ex.parameters()
+    return in_flight, len(ex.gathering), params
+
+
+@pytest.mark.timeout(120)
+def test_zero1_all_gathers_overlap_the_next_forward(graph: MetaOpGraph, model: ModelSpec,
+                                                    repo_root: Any) -> None:
+    """A step returns with its all-gathers in flight (the next forward waits for each bucket
+    before using it); reading the parameters waits for them, and every rank of a bucket then
+    holds the same values of its layers."""
+    plan = planned(graph, "local-cpu", "sequential", repo_root, zero=1)
+    results = run_distributed(_gathers_in_flight, 4, plan, graph, model, timeout_s=90)
+    sharded = [r for r in range(4) if any(len(g.ranks) > 1 and r in g.ranks
+                                          for g in plan.param_groups)]
+    assert sharded and all(results[r][0] > 0 for r in sharded)
+    assert all(after == 0 for _, after, _ in results)
+    for name in results[sharded[0]][2]:
+        values = [params[name] for _, _, params in results if name in params]
+        assert all(torch.equal(v, values[0]) for v in values)
