@@ -1047,10 +1047,9 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     reduced_ms = [max(net.finish(sync_ids[gi]) * 1e3, sync_start_ms[gi]) if sync_ids[gi]
                   else sync_start_ms[gi] for gi in range(len(plan.param_groups))]
-    # a rank is through once it has stepped
+    # a rank is through once it has stepped (the all-gathers of ZeRO-1/2 overlap the next
+    # forward)
     through_ms = [stepped_ms(r) for r in range(plan.num_devices)]
-    done_ms = through_ms
-    sync_end_ms = reduced_ms
     reduced_all_ms = max([backward_end_ms, *reduced_ms])
     iteration_ms = max([reduced_all_ms, *through_ms])
     if rank_times is None:
@@ -1060,7 +1059,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                        + sum(wait for _, _, wait in bwd_timing.values()) - param_wait_ms[0])
         # the step: how long the last rank steps past the last reduction; the sync: the rest,
         # and the waves' waits for parameter all-gathers
-        step_ms = max(0.0, max(done_ms) - reduced_all_ms)
+        step_ms = max(0.0, max(through_ms) - reduced_all_ms)
         parts = (forward_ms, backward_ms, transfer_ms,
                  iteration_ms - backward_end_ms - step_ms + param_wait_ms[0], step_ms)
     else:
@@ -1072,7 +1071,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     return _Timeline(costs=costs, starts=starts, net=net, flow_meta=flow_meta,
                      fwd_timing=fwd_timing, bwd_timing=bwd_timing, sync_start_ms=sync_start_ms,
-                     sync_end_ms=sync_end_ms, iteration_ms=iteration_ms, parts=parts)
+                     sync_end_ms=reduced_ms, iteration_ms=iteration_ms, parts=parts)
 
 
 def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,

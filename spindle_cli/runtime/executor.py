@@ -611,8 +611,8 @@ class Executor:
     # ---- state ----------------------------------------------------------------------------
 
     def state(self, step: int) -> dict[str, Any]:
-        """What a checkpoint keeps of this rank: parameters, optimizer state, completed steps."""
-        self._await_gathers(list(self.gathering))
+        """What a checkpoint keeps of this rank: parameters (their all-gathers awaited),
+        optimizer state, completed steps."""
         return {"step": step, "params": self.parameters(),
                 "optimizer": self.optimizer.state_dict() if self.optimizer else {}}
 
