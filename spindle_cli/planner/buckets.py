@@ -135,6 +135,8 @@ def _chunks(plan: Plan, group_of: dict[LayerKey, int], keys: list[LayerKey],
 def _bucket(plan: Plan, group_of: dict[LayerKey, int],
             runs: dict[tuple[int, str], list[tuple[str, int, int]]], ranks: tuple[int, ...],
             wave: int, keys: list[LayerKey], *, whole: bool) -> SyncBucket:
+    """The bucket of layers `keys`: its groups, its share of their bytes, and how far each
+    slice of `wave` running some of them must get (the whole slice when `whole`)."""
     counts: dict[int, int] = {}
     layers_of: dict[str, list[int]] = {}
     for module, layer in keys:
@@ -148,8 +150,11 @@ def _bucket(plan: Plan, group_of: dict[LayerKey, int],
                 passes.append((sid, hi - lo if whole else hi - min(inside)))
     groups = tuple(sorted(counts))
     return SyncBucket(ranks=ranks, wave=wave, layers=tuple(keys), groups=groups,
-                      bytes=sum(round(plan.param_groups[gi].bytes * counts[gi]
-                                      / (plan.param_groups[gi].last_layer
-                                         - plan.param_groups[gi].first_layer))
-                                for gi in groups),
+                      bytes=sum(_share(plan, gi, counts[gi]) for gi in groups),
                       passes=tuple(passes))
+
+
+def _share(plan: Plan, gi: int, num_layers: int) -> int:
+    """Group gi's gradient bytes for `num_layers` of its layers, by layer count."""
+    g = plan.param_groups[gi]
+    return round(g.bytes * num_layers / (g.last_layer - g.first_layer))
