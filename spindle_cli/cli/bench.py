@@ -92,25 +92,36 @@ def executed_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]
 
 
 def detail_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]]:
-    """Figs. 10-12: Spindle's gap to the optimum, transfer shares, sync, planning time."""
+    """Figs. 10-12: Spindle's gap to the optimum, transfer shares, sync, planning time. The
+    transfer share with sequential placement twice: the kept waves placed on consecutive ranks
+    (the paper's ablation, its number beside it), and a plan made for sequential placement
+    (which may choose other waves)."""
     header = ["model", "tasks", "GPUs", "gap (iter/C*)", "compute/C*", "transfer island",
-              "transfer seq-place", "sync ms", "plan s (max)", "kept candidate"]
+              "seq-place, same waves", "seq-place, replanned", "sync ms", "plan s (max)",
+              "kept candidate"]
     body = []
     for key in _configs(rows):
         sp, seq = _find(rows, key, "spindle"), _find(rows, key, "spindle", "sequential")
 
-        def share(r: lib.BenchRow | None) -> str:
-            if r is None or r.transfer_fraction is None:
+        def share(fraction: float | None, paper: float | None = None) -> str:
+            if fraction is None:
                 return "failed"
-            paper = f" ({100 * r.paper_transfer_share:.1f}%)" if r.paper_transfer_share else ""
-            return f"{100 * r.transfer_fraction:.1f}%{paper}"
+            return f"{100 * fraction:.1f}%" + (f" ({100 * paper:.1f}%)" if paper else "")
 
+        if sp is None or sp.transfer_fraction is None:
+            naive = "failed"
+        elif sp.naive_error:
+            naive = "does not fit"
+        else:
+            naive = share(sp.naive_transfer_fraction, seq.paper_transfer_share if seq else None)
         seconds = [r.plan_seconds for r in rows
                    if (r.model, r.num_tasks, r.num_devices) == key and r.plan_seconds is not None]
         body.append([key[0], str(key[1]), str(key[2]),
                      _num(sp.gap_to_optimum if sp else None, ".3f"),
                      _num(sp.compute_gap if sp else None, ".3f"),
-                     share(sp), share(seq), _num(sp.sync_ms if sp else None, ".1f"),
+                     share(sp.transfer_fraction, sp.paper_transfer_share) if sp else "failed",
+                     naive, share(seq.transfer_fraction) if seq else "failed",
+                     _num(sp.sync_ms if sp else None, ".1f"),
                      _num(max(seconds) if seconds else None, ".3f"),
                      sp.candidate if sp else "-"])
     return header, body
@@ -216,7 +227,13 @@ def _charts(rows: list[lib.BenchRow], out_dir: Path) -> None:
     _bar_chart(out_dir / "fig10_transfer.png",
                "Inter-wave transfer share of the iteration (cf. paper Fig. 10)", "% of iteration",
                groups, {"island placement": col("spindle", "transfer_fraction"),
-                        "sequential placement": col("spindle", "transfer_fraction", "sequential")},
+                        "sequential placement, same waves": col("spindle",
+                                                                "naive_transfer_fraction"),
+                        "sequential placement, replanned": col("spindle", "transfer_fraction",
+                                                               "sequential"),
+                        "paper: island": col("spindle", "paper_transfer_share"),
+                        "paper: sequential": col("spindle", "paper_transfer_share",
+                                                 "sequential")},
                percent=True)
     _bar_chart(out_dir / "fig11_gap.png",
                "Spindle over the relaxed optimum C* (cf. paper Fig. 11: <= 1.07)", "x C*", groups,

@@ -50,6 +50,7 @@ from spindle_cli.planner.waves import (
     VARIANTS,
     MaxOps,
     PlannedWave,
+    Slot,
     TracedWaves,
     Variant,
     schedule_level,
@@ -85,6 +86,14 @@ class PlanOptions:
             raise ValueError(f"unknown placement {self.placement!r} (expected {PLACEMENTS})")
         if self.zero not in ZERO_STAGES:
             raise ValueError(f"unknown ZeRO stage {self.zero!r} (expected one of {ZERO_STAGES})")
+
+    @classmethod
+    def of(cls, plan: Plan) -> PlanOptions:
+        """The options `plan` was made with (`as_dict` read back)."""
+        o = plan.options
+        return cls(planner=plan.planner, placement=o.get("placement", "island"),
+                   uneven_splits=o.get("uneven_splits") == "true",
+                   zero=int(o.get("zero", "0")), recompute=o.get("recompute") == "true")
 
     @property
     def memory(self) -> MemoryStrategy:
@@ -642,6 +651,27 @@ def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSp
         lower_bound_ms=sum(a.lower_bound_ms for a in allocs),
         estimated_iteration_ms=sum(w.duration_ms for w in waves),
     )
+
+
+def place_again(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
+                placement: str) -> Plan:
+    """`plan`'s waves placed anew with `placement`: every slice keeps its MetaOp, operators
+    and device count, only its ranks (and with them the transfers, parameter groups and
+    memory) change. The placement ablation with the schedule held fixed, as the paper's
+    Fig. 10 compares Spindle with and without its placement. A plan made with `placement`
+    (and no home ranks) comes back unchanged. PlanInfeasible when the waves do not fit on
+    the devices that way."""
+    options = replace(PlanOptions.of(plan), placement=placement)
+    n_dev = cluster.num_devices
+    curves = op_curves(graph, profile, n_dev, uneven=options.uneven_splits,
+                       recompute=options.recompute)
+    planned = [PlannedWave(level=w.level, slots=tuple(
+        Slot(metaop=s.metaop, n=len(s.ranks), num_ops=s.last - s.first,
+             op_time_ms=curves[s.metaop].time_at(len(s.ranks))) for s in w.slices))
+        for w in plan.waves]
+    again = _assemble(graph, curves, cluster, options, plan.inputs,
+                      allocate(graph, curves, n_dev), planned)
+    return replace(again, candidate=plan.candidate)
 
 
 def _sid(key: tuple[int, int]) -> str:

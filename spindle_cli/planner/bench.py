@@ -17,7 +17,14 @@ from spindle_cli.artifacts.plan import Plan
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import PlanInfeasible, SpindleError
 from spindle_cli.planner import paper_numbers
-from spindle_cli.planner.api import PlanOptions, allocate, make_plan, memory_ladder, op_curves
+from spindle_cli.planner.api import (
+    PlanOptions,
+    allocate,
+    make_plan,
+    memory_ladder,
+    op_curves,
+    place_again,
+)
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import SimResult, simulate
@@ -113,6 +120,15 @@ class BenchRow:
     sync_ms: float | None
     transfer_fraction: float | None
     """Exposed inter-wave transfer time / iteration time."""
+    naive_transfer_fraction: float | None
+    """Spindle's kept waves placed on consecutive ranks instead (`api.place_again` with
+    'sequential'): the transfer share of Fig. 10's ablation, the schedule held fixed. Only on
+    the spindle row with island placement; None elsewhere or when those waves do not fit
+    placed that way (`naive_error`)."""
+    naive_iteration_ms: float | None
+    """The simulated iteration of those re-placed waves."""
+    naive_error: str
+    """Why the kept waves cannot be placed sequentially ('' when they can, or off that row)."""
     idle_fraction: float | None
     """Share of device time not computing."""
     inter_island_bytes: int | None
@@ -127,7 +143,10 @@ class BenchRow:
     paper_speedup: float | None
     """The paper's speedup over DeepSpeed for this planner and cell (Fig. 8), if any."""
     paper_transfer_share: float | None
-    """The paper's inter-wave share for spindle with this placement (Fig. 10), if any."""
+    """The paper's inter-wave share for spindle with this placement (Fig. 10), if any; on
+    the spindle row with sequential placement it is the paper's Spindle without its
+    placement, which holds the schedule fixed, so it compares with the island row's
+    `naive_transfer_fraction`."""
     error: str = ""
 
 
@@ -171,6 +190,17 @@ def plan_and_simulate(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
     return best
 
 
+def naive_placement(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
+                    ) -> tuple[SimResult | None, str]:
+    """The simulation of `plan`'s waves placed on consecutive ranks (`api.place_again`), or
+    None and why they do not fit that way."""
+    try:
+        again = place_again(plan, graph, profile, cluster, placement="sequential")
+    except PlanInfeasible as e:
+        return None, str(e)
+    return simulate(again, graph, profile, cluster), ""
+
+
 def memory_setting(plan: Plan) -> str:
     """'zero<k>', 'recompute', both joined by '+', or 'none', from the plan's options."""
     parts = []
@@ -209,6 +239,9 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
         it = sim.iteration_ms if sim else None
         executed = (simulate(plan, graph, profile, cluster, progress="rank").iteration_ms
                     if plan else None)
+        naive, naive_error = (naive_placement(plan, graph, profile, cluster)
+                              if plan and (planner, placement) == ("spindle", "island")
+                              else (None, ""))
         rows.append(BenchRow(
             model=config.model, num_tasks=config.num_tasks, num_devices=config.num_devices,
             cluster=cluster.name, planner=planner, placement=placement, iteration_ms=it,
@@ -219,6 +252,9 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
             transfer_ms=sim.transfer_ms if sim else None,
             sync_ms=sim.sync_ms if sim else None,
             transfer_fraction=sim.transfer_fraction if sim else None,
+            naive_transfer_fraction=naive.transfer_fraction if naive else None,
+            naive_iteration_ms=naive.iteration_ms if naive else None,
+            naive_error=naive_error,
             idle_fraction=sim.idle_fraction if sim else None,
             inter_island_bytes=sim.inter_island_bytes if sim else None,
             peak_memory_bytes=sim.peak_memory_bytes if sim else None,
@@ -236,6 +272,7 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
         executed_ms=None, speedup_vs_sequential=_ratio(baseline, bound), lower_bound_ms=bound,
         gap_to_optimum=1.0 if bound else None, compute_gap=1.0 if bound else None,
         compute_ms=bound, transfer_ms=None, sync_ms=None, transfer_fraction=None,
+        naive_transfer_fraction=None, naive_iteration_ms=None, naive_error="",
         idle_fraction=None, inter_island_bytes=None, peak_memory_bytes=None,
         planned_iteration_ms=None, memory="-", candidate="", plan_seconds=None,
         paper_speedup=None,

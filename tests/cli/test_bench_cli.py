@@ -67,6 +67,13 @@ def test_out_dir_gets_csv_json_markdown_and_charts(tiny_matrix, tmp_path):
     assert [r["planner"] for r in table] == [r["planner"] for r in rows]
     md = (out / "bench.md").read_text()
     assert "| tiny-clip | 2 | 8 |" in md
+    # the detail table's transfer shares: island, the same waves placed naively, replanned
+    detail = md.split("inter-wave transfer share")[1].split("\n## ")[0]
+    header = next(line for line in detail.splitlines() if line.startswith("| model"))
+    cells = next(line for line in detail.splitlines() if line.startswith("| tiny-clip"))
+    shares = dict(zip(header.split(" | "), cells.split(" | "), strict=True))
+    island = next(r for r in rows if (r["planner"], r["placement"]) == ("spindle", "island"))
+    assert shares["seq-place, same waves"] == f"{100 * island['naive_transfer_fraction']:.1f}%"
     executed = md.split("as `spindle run` executes them")[1]
     assert executed.count("| tiny-clip | 2 | 8 |") == 1 and " *" in executed
     for name in ("fig8_speedup.png", "fig10_transfer.png", "fig11_gap.png",

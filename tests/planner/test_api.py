@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
-from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, load, rendered_for
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load, rendered_for
 from spindle_cli.artifacts.io import input_ref, render, write_artifact
 from spindle_cli.errors import PlanInfeasible, SpindleError
-from spindle_cli.planner.api import PlanOptions, make_plan
+from spindle_cli.planner.api import PlanOptions, make_plan, place_again
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "tests" / "data"
 CASES = sorted(p.name for p in DATA.glob("plan-*") if (p / "expected_plan.yaml").is_file())
 
 
@@ -144,6 +145,42 @@ def test_uneven_splits_are_recorded_and_never_worse_here():
     # splits also let the relaxed optimum use every count
     assert uneven.estimated_iteration_ms <= even.estimated_iteration_ms + 1e-9
     check_contract(uneven, g)
+
+
+def test_placing_again_keeps_the_waves_and_moves_only_ranks():
+    g, p, c = multitask()
+    plan = make_plan(g, p, c, options=PlanOptions(zero=1))
+    assert "home ranks" not in plan.candidate
+    # the plan's own placement gives the plan back, byte for byte
+    same = place_again(plan, g, p, c, placement="island")
+    assert rendered_for(same, "p.yaml") == rendered_for(plan, "p.yaml")
+    naive = place_again(plan, g, p, c, placement="sequential")
+    check_contract(naive, g)
+    assert naive.options == {**plan.options, "placement": "sequential"}
+    assert naive.candidate == plan.candidate and naive.inputs == plan.inputs
+    moved = False
+    for w, v in zip(plan.waves, naive.waves, strict=True):
+        assert (w.level, w.start_ms, w.duration_ms) == (v.level, v.start_ms, v.duration_ms)
+        start = 0
+        for s, t in zip(w.slices, v.slices, strict=True):
+            assert (s.metaop, s.first, s.last, len(s.ranks), s.strategy, s.time_ms) == (
+                t.metaop, t.first, t.last, len(t.ranks), t.strategy, t.time_ms)
+            # sequential placement: consecutive ranks in slot order
+            assert t.ranks == tuple(range(start, start + len(t.ranks)))
+            start += len(t.ranks)
+            moved = moved or s.ranks != t.ranks
+    assert moved, "island placement chose the sequential ranks everywhere: a weak fixture"
+
+
+def test_waves_that_do_not_fit_placed_naively_are_infeasible():
+    # qwen-val-70b's kept plan fits only because island placement balances memory
+    plan = load(str(REPO / "plans" / "qwen-val-70b-a800-32x8.yaml"), Plan)
+    g = load(str(REPO / "graphs" / "qwen-val-70b.yaml"), MetaOpGraph)
+    p = load(str(REPO / "profiles" / "qwen-val-70b-a800-32x8.yaml"), Profile)
+    c = load(str(REPO / "clusters" / "a800-32x8.yaml"), ClusterSpec)
+    with pytest.raises(PlanInfeasible, match=r"out of memory .* \(sequential placement\): "
+                                             r"rank \d+ needs \d+ bytes more"):
+        place_again(plan, g, p, c, placement="sequential")
 
 
 def _case_inputs(case: str):

@@ -11,6 +11,7 @@ from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import bench as lib
 from spindle_cli.planner import paper_numbers
+from spindle_cli.planner.api import place_again
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.simulate import simulate
 
@@ -77,6 +78,16 @@ def test_rows_agree_with_a_direct_simulation(clip4_rows):
     assert row.executed_ms == pytest.approx(
         simulate(plan, graph, profile, c, progress="rank").iteration_ms)
     assert row.candidate == plan.candidate and plan.candidate
+    # Fig. 10's ablation: the same waves on consecutive ranks
+    naive = simulate(place_again(plan, graph, profile, c, placement="sequential"),
+                     graph, profile, c)
+    assert row.naive_error == ""
+    assert row.naive_transfer_fraction == pytest.approx(naive.transfer_fraction)
+    assert row.naive_iteration_ms == pytest.approx(naive.iteration_ms)
+    # here island placement waits for transfers far less than the same waves placed naively
+    assert row.transfer_fraction < 0.6 * row.naive_transfer_fraction
+    assert all(r.naive_transfer_fraction is None and r.naive_error == ""
+               for r in clip4_rows[1:])
     assert all(r.candidate == "" for r in clip4_rows if r.planner != "spindle")
     assert seconds > 0
 
@@ -113,6 +124,20 @@ def test_planning_failures_become_rows_with_the_reason(monkeypatch):
     assert all(r.iteration_ms is None and r.error == "out of memory (test)" for r in failed)
     assert all(r.speedup_vs_sequential is None for r in rows)
     assert rows[-1].planner == lib.OPTIMUM and rows[-1].iteration_ms > 0
+
+
+def test_waves_that_do_not_fit_placed_naively_leave_the_reason(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PlanInfeasible("out of memory placing t/a (test)")
+
+    monkeypatch.setattr(lib, "place_again", refuse)
+    rows = lib.run_config(model("tiny-clip"), cluster("a800-1x8"),
+                          lib.BenchConfig(model="tiny-clip", task_set="2", num_tasks=2,
+                                          num_devices=8))
+    sp = rows[0]
+    assert (sp.planner, sp.placement) == ("spindle", "island") and sp.iteration_ms is not None
+    assert sp.naive_transfer_fraction is None and sp.naive_iteration_ms is None
+    assert sp.naive_error == "out of memory placing t/a (test)" and sp.error == ""
 
 
 def test_dynamic_schedule_replans_every_phase():
