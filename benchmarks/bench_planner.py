@@ -10,8 +10,9 @@ figures and ratios; asserts nothing (run: python benchmarks/bench_planner.py [--
    those fixed tuples). Spindle keeps the candidate that simulates fastest, so its makespan
    here (compute only) can be longer than another candidate's; a plan that overlaps levels
    (Spindle's fused candidate, optimus, distmm) is not bounded by the sum of per-level C*.
-2. Placement ablation: island-aware vs sequential placement, inter-wave bytes that leave a
-   rank / cross islands and the simulated share of the iteration spent waiting for
+2. Placement ablation: island-aware vs sequential placement (the kept waves placed again on
+   consecutive ranks, and a plan made for sequential placement), inter-wave bytes that leave
+   a rank / cross islands and the simulated share of the iteration spent waiting for
    transfers.
 3. Planning time: multitask-clip 10 tasks on 64 devices (target < 0.3 s) and a synthetic
    4096-device, 100-task model (target < 10 s).
@@ -44,7 +45,14 @@ from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, MemoryModel
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.allocation import allocate_level_analytic
-from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves, slice_limits
+from spindle_cli.planner.api import (
+    PlanOptions,
+    allocate,
+    make_plan,
+    op_curves,
+    place_again,
+    slice_limits,
+)
 from spindle_cli.planner.exact import MAX_TUPLES, exact_packing_ms
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
@@ -154,25 +162,39 @@ def quality(quick: bool) -> None:
                 print(f"    {exact_levels(graph, profile, n)}")
 
 
+def _transfer_text(plan: Plan, graph: MetaOpGraph, profile: Profile,
+                   cluster: ClusterSpec) -> str:
+    moved = sum(t.bytes for t in plan.transfers if t.src_ranks != t.dst_ranks)
+    sim = simulate(plan, graph, profile, cluster)
+    return (f"{moved / 2**30:.2f} GiB leave their ranks, "
+            f"{sim.inter_island_bytes / 2**30:.2f} GiB cross islands (sim, both ways), "
+            f"transfer wait {sim.transfer_fraction:.1%} of {sim.iteration_ms:.1f} ms")
+
+
 def ablation() -> None:
-    print("== 2. placement ablation (island-aware vs sequential) ==")
+    print("== 2. placement ablation (island-aware; sequential: the same waves, and replanned) ==")
     for task_set, n in (("4", 16), ("4", 32), ("10", 32)):
         graph, profile = clip(task_set)
         cluster = cluster_for(n)
-        row = [f"clip-{task_set} @ {n}:"]
+        print(f"clip-{task_set} @ {n}:")
+        kept = None
         for placement in ("island", "sequential"):
             try:
                 plan = make_plan(graph, profile, cluster, options=PlanOptions(placement=placement))
             except PlanInfeasible as e:
-                row.append(f"{placement}: infeasible ({str(e)[:60]}...)")
+                print(f"  {placement}: infeasible ({str(e)[:60]}...)")
                 continue
-            moved = sum(t.bytes for t in plan.transfers if t.src_ranks != t.dst_ranks)
-            sim = simulate(plan, graph, profile, cluster)
-            text = (f"{placement}: {moved / 2**30:.2f} GiB leave their ranks, "
-                    f"{sim.inter_island_bytes / 2**30:.2f} GiB cross islands (sim, both ways), "
-                    f"transfer wait {sim.transfer_fraction:.1%} of {sim.iteration_ms:.1f} ms")
-            row.append(text)
-        print("  ".join(row))
+            if placement == "island":
+                kept = plan
+            print(f"  {placement + (', replanned' if kept is not plan else ''):22s} "
+                  f"{_transfer_text(plan, graph, profile, cluster)}")
+            if kept is plan:
+                try:
+                    again = place_again(plan, graph, profile, cluster, placement="sequential")
+                    text = _transfer_text(again, graph, profile, cluster)
+                except PlanInfeasible as e:
+                    text = f"infeasible ({str(e)[:60]}...)"
+                print(f"  {'sequential, same waves':22s} {text}")
 
 
 def synthetic(num_tasks: int, num_nodes: int, seed: int = 0) -> tuple[MetaOpGraph, Profile,
