@@ -18,6 +18,7 @@ from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input
 from spindle_cli.cli.views import fmt_bytes, print_table
 from spindle_cli.planner import simulate as simulation
+from spindle_cli.planner.api import PLACEMENTS, place_again
 from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
 from spindle_cli.planner.simulate import SimResult
 
@@ -39,10 +40,14 @@ def load_plan_inputs(plan: Plan, plan_path: str) -> tuple[MetaOpGraph, Profile, 
 
 
 def simulate_file(plan_path: str, *, sync: SyncMode = "chunked",
-                  progress: simulation.Progress = "wave") -> tuple[Plan, SimResult]:
-    """Load a plan and its inputs and simulate it."""
+                  progress: simulation.Progress = "wave",
+                  placement: str | None = None) -> tuple[Plan, SimResult]:
+    """Load a plan and its inputs and simulate it; with `placement`, its waves placed again
+    that way first (`api.place_again`), and that plan is the one returned."""
     plan = load_input(plan_path, Plan)
     graph, profile, cluster = load_plan_inputs(plan, plan_path)
+    if placement is not None:
+        plan = place_again(plan, graph, profile, cluster, placement=placement)
     return plan, simulation.simulate(plan, graph, profile, cluster, sync=sync,
                                      progress=progress)
 
@@ -135,17 +140,25 @@ def print_report(result: SimResult, path: str) -> None:
                    "goes on once its own messages have arrived, as `spindle run` executes a "
                    "plan (the breakdown is then the time of the rank that ends the "
                    "iteration).")
+@click.option("--placement", type=click.Choice(PLACEMENTS), default=None,
+              help="Simulate the plan's waves placed again this way (every slice keeps its "
+                   "MetaOp, operators and device count; only its ranks change): what the "
+                   "placement buys on this plan, the paper's Fig. 10 ablation.")
 def simulate(plan_path: str, as_json: bool, gantt: str | None,
-             sync: SyncMode, progress: simulation.Progress) -> None:
+             sync: SyncMode, progress: simulation.Progress, placement: str | None) -> None:
     """Simulate one training iteration of PLAN on its cluster."""
-    plan, result = simulate_file(plan_path, sync=sync, progress=progress)
+    plan, result = simulate_file(plan_path, sync=sync, progress=progress, placement=placement)
     if gantt is not None:
         from spindle_cli.cli.views.gantt import write_gantt
 
         write_gantt(plan, gantt, sim=result)
         err.print(f"wrote {gantt}")
     if as_json:
-        click.echo(json.dumps(summary(result), indent=2))
+        click.echo(json.dumps({**summary(result),
+                               "placement": plan.options.get("placement", "island")},
+                              indent=2))
     else:
+        if placement is not None:
+            out.print(f"waves placed again: {placement} placement")
         print_report(result, plan_path)
 

@@ -89,11 +89,15 @@ class PlanOptions:
 
     @classmethod
     def of(cls, plan: Plan) -> PlanOptions:
-        """The options `plan` was made with (`as_dict` read back)."""
+        """The options `plan` was made with (`as_dict` read back; SpindleError naming the
+        option when the plan records one the planner does not know)."""
         o = plan.options
-        return cls(planner=plan.planner, placement=o.get("placement", "island"),
-                   uneven_splits=o.get("uneven_splits") == "true",
-                   zero=int(o.get("zero", "0")), recompute=o.get("recompute") == "true")
+        try:
+            return cls(planner=plan.planner, placement=o.get("placement", "island"),
+                       uneven_splits=o.get("uneven_splits") == "true",
+                       zero=int(o.get("zero", "0")), recompute=o.get("recompute") == "true")
+        except ValueError as e:
+            raise SpindleError(f"the plan's options: {e}") from None
 
     @property
     def memory(self) -> MemoryStrategy:

@@ -8,6 +8,7 @@ expected_plan.yaml). They change only through the explicit, reviewed step
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,14 @@ def test_placing_again_keeps_the_waves_and_moves_only_ranks():
             start += len(t.ranks)
             moved = moved or s.ranks != t.ranks
     assert moved, "island placement chose the sequential ranks everywhere: a weak fixture"
+
+
+def test_a_plan_with_unknown_options_cannot_be_placed_again():
+    g, p, c = multitask()
+    plan = make_plan(g, p, c)
+    odd = replace(plan, options={**plan.options, "placement": "random"})
+    with pytest.raises(SpindleError, match="the plan's options: unknown placement 'random'"):
+        place_again(odd, g, p, c, placement="sequential")
 
 
 def test_waves_that_do_not_fit_placed_naively_are_infeasible():
