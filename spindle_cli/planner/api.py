@@ -380,6 +380,12 @@ class _Kept(NamedTuple):
     """The device bound of each level."""
     fused: bool
     """Whether its levels were scheduled at once (`fused_waves`)."""
+    planned: list[PlannedWave]
+    """Its waves before placement."""
+    home: dict[str, Ranks] | None
+    """The ranks its MetaOps preferred in placement (`consider`'s `home`)."""
+    label: str
+    """What it is, after its device bounds (`consider`'s `label`)."""
     transfer_ms: float
     """Its simulated wait for transfers (`simulated_cost`)."""
 
@@ -405,9 +411,14 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     between ranks (`consider_lighter`: no extension, or one device count per MetaOp; in the
     bench before the ZeRO all-gather was simulated, multitask-clip 4 tasks on 32 devices:
     49.5 ms instead of 53.1, qwen-val on 64: 813.0 instead of 862.5), then each task on one
-    device group through all its levels (`consider_task_stable`), and last, where tasks
+    device group through all its levels (`consider_task_stable`), then, where tasks
     outnumber the groups, tasks one after another on lanes of equal groups
-    (`consider_lanes`). Candidates with the same waves are simulated once; a one-island
+    (`consider_lanes`). Finally the kept plan's waves are placed again with ranks reserved for
+    the slices that would keep their rows there (`placement.place`'s `reserve`), kept when
+    that simulates faster (in `spindle bench`, with the memory search: OFASys 4 tasks on 8
+    GPUs 108.4 ms instead of 110.1, multitask-clip 7 tasks on 32 GPUs 105.2 instead of
+    109.9; 12 of the 17 cells below 256 GPUs gain). Candidates with the same waves are
+    simulated once; a one-island
     cluster has a single device bound and the other candidates. The allocator and the wave
     scheduler see compute only; the simulator is the planner's cost model for what they
     cannot see. The levels' lower bounds stay the uncapped C*, so
@@ -433,7 +444,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     bounds = device_caps(cluster)
     simulated = n_dev <= SIMULATED_CHOICE_MAX_DEVICES
 
-    tried: set[tuple[tuple[PlannedWave, ...], bool]] = set()
+    tried: set[tuple[tuple[PlannedWave, ...], bool, bool]] = set()
     capped_by_cap: dict[int, tuple[dict[str, OpCurve], list[LevelAllocation]]] = {
         n_dev: (curves, allocs)}
 
@@ -443,26 +454,30 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
 
     def consider(caps: tuple[int, ...], planned: list[PlannedWave] | None = None, *,
                  fused: bool = False, home: dict[str, Ranks] | None = None,
-                 label: str = "", slack: float = 0.0) -> bool:
-        """Assemble and simulate a candidate (placed with `home`; `label`: what it is, after its
-        device bounds, in Plan.candidate; simulated until it is `slack` above the best, so
-        `last_ms` tells how close it came); whether it is now the best."""
+                 label: str = "", slack: float = 0.0, reserve: bool = False) -> bool:
+        """Assemble and simulate a candidate (placed with `home`, and with `reserve`: ranks
+        reserved for their rows, `placement.place`; `label`: what it is, after its device
+        bounds, in Plan.candidate; simulated until it is `slack` above the best, so `last_ms`
+        tells how close it came); whether it is now the best."""
         nonlocal best, error, last_ms
         last_ms = math.inf
         if planned is None:
             planned = [w for level, cap in enumerate(caps) for w in by_cap[cap][level]]
         # bounds that change nothing give the same waves, hence (placed alike) the same plan
         # and iteration; and a plan whose waves alone outlast the best iteration cannot beat it
-        key = (tuple(planned), home is not None)
+        key = (tuple(planned), home is not None, reserve)
         if key in tried or (
                 best is not None and sum(w.duration_ms for w in planned) >= best.iteration_ms):
             return False
         tried.add(key)
         try:
-            plan = _assemble(graph, curves, cluster, options, inputs, allocs, planned, home)
+            plan = _assemble(graph, curves, cluster, options, inputs, allocs, planned, home,
+                             reserve=reserve)
         except PlanInfeasible as e:
             error = error or e
             return False
+        if reserve and best is not None and plan.waves == best.plan.waves:
+            return False  # nothing was reserved: the kept plan again
         bounds_text = "/".join(map(str, caps)) if len(set(caps)) > 1 else str(caps[0])
         plan = replace(plan, candidate=", ".join(
             x for x in ("fused" if fused else "level by level",
@@ -475,7 +490,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         last_ms = cost.iteration_ms
         if best is None or cost.iteration_ms < best.iteration_ms - 1e-9:
             best = _Kept(iteration_ms=cost.iteration_ms, plan=plan, caps=caps, fused=fused,
-                         transfer_ms=cost.transfer_ms)
+                         transfer_ms=cost.transfer_ms, planned=planned, home=home, label=label)
             return True
         return False
 
@@ -611,6 +626,9 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     if best is not None and simulated and len(graph.tasks) > 1:
         consider_task_stable()
         consider_lanes()
+    if best is not None and simulated:
+        consider(best.caps, best.planned, fused=best.fused, home=best.home,
+                 label=", ".join(x for x in (best.label, "reserved ranks") if x), reserve=True)
     if best is None:
         assert error is not None
         raise error
@@ -620,14 +638,15 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
 def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpec,
               options: PlanOptions, inputs: tuple[InputRef, ...],
               allocs: list[LevelAllocation], planned: list[PlannedWave],
-              home: dict[str, Ranks] | None = None) -> Plan:
-    """Place the planned waves (`home`: ranks each MetaOp prefers, `placement.place`) and
-    build the Plan; `allocs` give the levels' lower bounds."""
+              home: dict[str, Ranks] | None = None, *, reserve: bool = False) -> Plan:
+    """Place the planned waves (`home`: ranks each MetaOp prefers; `reserve`: ranks reserved
+    for their rows; `placement.place`) and build the Plan; `allocs` give the levels' lower
+    bounds."""
     n_dev = cluster.num_devices
     specs = _slice_specs(graph, curves, planned)
     flows = _flows(graph, specs)
     ranks, ledger = place(specs, flows, graph, cluster, mode=options.placement,
-                          memory=options.memory, home=home)
+                          memory=options.memory, home=home, reserve=reserve)
     waves = _waves(planned, specs, ranks)
     transfers = tuple(
         Transfer(src=_sid(f.src), dst=_sid(f.dst), bytes=f.bytes,
@@ -663,8 +682,8 @@ def place_again(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Clust
     and device count, only its ranks (and with them the transfers, parameter groups and
     memory) change. The placement ablation with the schedule held fixed, as the paper's
     Fig. 10 compares Spindle with and without its placement. A plan made with `placement`
-    (and no home ranks) comes back unchanged. PlanInfeasible when the waves do not fit on
-    the devices that way."""
+    (without home or reserved ranks) comes back unchanged. PlanInfeasible when the waves do
+    not fit on the devices that way."""
     options = replace(PlanOptions.of(plan), placement=placement)
     n_dev = cluster.num_devices
     curves = op_curves(graph, profile, n_dev, uneven=options.uneven_splits,

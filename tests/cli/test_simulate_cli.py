@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from spindle_cli.artifacts import input_ref, write_artifact
+from spindle_cli.artifacts import Plan, input_ref, load, write_artifact
 from spindle_cli.cli import main
 
 _spec = importlib.util.spec_from_file_location(
@@ -149,7 +149,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_placement_flag_simulates_the_waves_placed_again():
-    plan_path = str(REPO / "plans" / "multitask-clip-4-a800-2x8.yaml")
+    plan_path = str(REPO / "plans" / "multitask-clip-a800-2x8.yaml")
+    # placed as usual: no home ranks, no reserved ranks
+    assert "ranks" not in load(plan_path, Plan).candidate
     own = _run(["simulate", plan_path, "--json"])
     naive = _run(["simulate", plan_path, "--json", "--placement", "sequential"])
     assert own.exit_code == 0 and naive.exit_code == 0, own.stderr + naive.stderr

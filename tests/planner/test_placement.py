@@ -124,3 +124,26 @@ def test_zero_sharding_lets_placement_fit_what_replicas_do_not():
         [[ranks]], ledger = place(waves, [], g, c, mode=mode, memory=MemoryStrategy(zero=3))
         assert ranks == (0, 1, 2, 3)
         assert [m.total_bytes for m in ledger.table()] == [16000 + 2000 + 64] * 4
+
+
+def test_reserved_ranks_stay_with_the_slice_whose_rows_are_there():
+    # wave 2: a2 keeps half of its rows on rank 0 or on rank 2 (a tie); rank 2 holds a's big
+    # parameters, so memory balance sends a2 to rank 0, which holds all of b2's rows. With
+    # `reserve`, rank 0 is b2's and a2 takes rank 2.
+    c, a, b = (metaop("t/c", layers=1, batch=4, params=10),
+               metaop("t/a", layers=1, batch=4, params=10**8),
+               metaop("u/b", layers=1, batch=4, params=10))
+    a2, b2 = metaop("t/a2", layers=1, batch=4, params=10), metaop("u/b2", layers=1, batch=4,
+                                                                 params=10)
+    g = graph([c, a, b, a2, b2])
+    waves = [[spec(c, 0, 1, 1)], [spec(a, 0, 1, 1), spec(b, 0, 1, 1)],
+             [spec(a2, 0, 1, 1), spec(b2, 0, 1, 1)]]
+    home = {"t/c": (0,), "t/a": (2,), "u/b": (0,)}
+    flows = [Flow(src=(0, 0), dst=(2, 0), bytes=10 << 20),
+             Flow(src=(1, 0), dst=(2, 0), bytes=10 << 20),
+             Flow(src=(1, 1), dst=(2, 1), bytes=5 << 20)]
+    plain, _ = place(waves, flows, g, cluster(per_node=4), home=home)
+    reserved, _ = place(waves, flows, g, cluster(per_node=4), home=home, reserve=True)
+    assert plain[:2] == reserved[:2] == [[(0,)], [(2,), (0,)]]
+    assert plain[2][0] == (0,) and plain[2][1] != (0,)
+    assert reserved[2] == [(2,), (0,)]
