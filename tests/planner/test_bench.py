@@ -112,14 +112,24 @@ def test_paper_numbers_sit_beside_the_matching_rows(clip4_rows):
     assert by["spindle", "island"].paper_transfer_share is None
 
 
-def test_planning_failures_become_rows_with_the_reason(monkeypatch):
+def refusing(message: str):
+    """A stand-in for a planning function that finds the model infeasible."""
     def refuse(*args, **kwargs):
-        raise PlanInfeasible("out of memory (test)")
+        raise PlanInfeasible(message)
 
-    monkeypatch.setattr(lib, "make_plan", refuse)
-    rows = lib.run_config(model("tiny-clip"), cluster("a800-1x8"),
+    return refuse
+
+
+def tiny_rows() -> list[lib.BenchRow]:
+    """The rows of tiny-clip's two tasks on 8 devices."""
+    return lib.run_config(model("tiny-clip"), cluster("a800-1x8"),
                           lib.BenchConfig(model="tiny-clip", task_set="2", num_tasks=2,
                                           num_devices=8))
+
+
+def test_planning_failures_become_rows_with_the_reason(monkeypatch):
+    monkeypatch.setattr(lib, "make_plan", refusing("out of memory (test)"))
+    rows = tiny_rows()
     failed = rows[:-1]
     assert all(r.iteration_ms is None and r.error == "out of memory (test)" for r in failed)
     assert all(r.speedup_vs_sequential is None for r in rows)
@@ -127,14 +137,8 @@ def test_planning_failures_become_rows_with_the_reason(monkeypatch):
 
 
 def test_waves_that_do_not_fit_placed_naively_leave_the_reason(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise PlanInfeasible("out of memory placing t/a (test)")
-
-    monkeypatch.setattr(lib, "place_again", refuse)
-    rows = lib.run_config(model("tiny-clip"), cluster("a800-1x8"),
-                          lib.BenchConfig(model="tiny-clip", task_set="2", num_tasks=2,
-                                          num_devices=8))
-    sp = rows[0]
+    monkeypatch.setattr(lib, "place_again", refusing("out of memory placing t/a (test)"))
+    sp = tiny_rows()[0]
     assert (sp.planner, sp.placement) == ("spindle", "island") and sp.iteration_ms is not None
     assert sp.naive_transfer_fraction is None and sp.naive_iteration_ms is None
     assert sp.naive_error == "out of memory placing t/a (test)" and sp.error == ""
