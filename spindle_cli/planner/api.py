@@ -418,8 +418,8 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     that simulates faster (in `spindle bench`, with the memory search: OFASys 4 tasks on 8
     GPUs 108.4 ms instead of 110.1, multitask-clip 7 tasks on 32 GPUs 105.2 instead of
     109.9; 12 of the 17 cells below 256 GPUs gain). Candidates with the same waves are
-    simulated once; a one-island
-    cluster has a single device bound and the other candidates. The allocator and the wave
+    simulated once; a one-island cluster has a single device bound and the other
+    candidates. The allocator and the wave
     scheduler see compute only; the simulator is the planner's cost model for what they
     cannot see. The levels' lower bounds stay the uncapped C*, so
     `lower_bound_ms` is the relaxed optimum whichever plan is kept.
