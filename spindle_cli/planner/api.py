@@ -419,11 +419,10 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     GPUs 108.4 ms instead of 110.1, multitask-clip 7 tasks on 32 GPUs 105.2 instead of
     109.9; 12 of the 17 cells below 256 GPUs gain). Candidates with the same waves are
     simulated once; a one-island cluster has a single device bound and the other
-    candidates. The allocator and the wave
-    scheduler see compute only; the simulator is the planner's cost model for what they
-    cannot see. The levels' lower bounds stay the uncapped C*, so
-    `lower_bound_ms` is the relaxed optimum whichever plan is kept.
-    Baselines are planned once, as their rules say."""
+    candidates. The allocator and the wave scheduler see compute only; the simulator is the
+    planner's cost model for what they cannot see. The levels' lower bounds stay the uncapped
+    C*, so `lower_bound_ms` is the relaxed optimum whichever plan is kept. Baselines are
+    planned once, as their rules say."""
     n_dev = cluster.num_devices
     profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
     curves = op_curves(graph, profile, n_dev, uneven=options.uneven_splits,
