@@ -7,7 +7,9 @@ figures and ratios; asserts nothing (run: python benchmarks/bench_planner.py [--
    baselines' ratios and Spindle's speedup over each, and, per level small enough for the
    MILP, the exact packing of the level's rounded tuples (how much of the gap the bi-point
    discretization alone costs, and how the wave scheduler compares with the best packing of
-   those fixed tuples). Spindle keeps the candidate that simulates fastest, so its makespan
+   those fixed tuples), and the refined makespan with every operator cut into 4 and 16 equal
+   pieces (`finer_operators`: what slices ending inside an operator could reach). Spindle
+   keeps the candidate that simulates fastest, so its makespan
    here (compute only) can be longer than another candidate's; a plan that overlaps levels
    (Spindle's fused candidate, optimus, distmm) is not bounded by the sum of per-level C*.
 2. Placement ablation: island-aware vs sequential placement (the kept waves placed again on
@@ -28,6 +30,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from spindle_cli.artifacts import (
@@ -128,6 +131,25 @@ def refined(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> tuple
     return total_ms / sum(a.c_star_ms for a in allocs), time.perf_counter() - t0
 
 
+FINER = (4, 16)
+"""Pieces per operator in `finer_operators`."""
+
+
+def finer_operators(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
+                    pieces: int) -> float:
+    """`refined`'s makespan / C* with every operator cut into `pieces` equal ones (L x pieces
+    operators, each curve's alpha and beta over `pieces`, so C* is unchanged): what slices
+    that end inside an operator (part of its rows) could reach. An idealization: a real
+    piece pays the whole per-operator launch cost (alpha)."""
+    cut = replace(graph, metaops=tuple(replace(m, num_layers=m.num_layers * pieces)
+                                       for m in graph.metaops))
+    scaled = replace(profile, curves=tuple(
+        replace(c, pieces=tuple(replace(q, alpha_ms=q.alpha_ms / pieces,
+                                        beta_ms=q.beta_ms / pieces) for q in c.pieces))
+        for c in profile.curves))
+    return refined(cut, scaled, cluster)[0]
+
+
 def cluster_for(n: int) -> ClusterSpec:
     return cluster_file({16: "a800-2x8", 32: "a800-4x8", 64: "a800-8x8"}[n])
 
@@ -160,6 +182,10 @@ def quality(quick: bool) -> None:
             print(row + "   " + " / ".join(speed))
             if not quick:
                 print(f"    {exact_levels(graph, profile, n)}")
+                cluster = cluster_for(n)
+                finer = ", ".join(f"{k} pieces {finer_operators(graph, profile, cluster, k):.3f}"
+                                  for k in FINER)
+                print(f"    refined with every operator cut into equal pieces: {finer}")
 
 
 def _transfer_text(plan: Plan, graph: MetaOpGraph, profile: Profile,
