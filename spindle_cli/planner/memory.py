@@ -211,14 +211,19 @@ class Ledger:
             grown = (np.maximum(block, frac) / after[:, None]).sum(axis=0) - \
                 self._shards(block, now)
             extra = extra + grown * (per_layer * self.sharded_b)
-        peak = _recompute_peak(metaop, n, strategy, self.memory)
-        buffer = _gather_buffer(metaop, strategy, self.dtype, self.memory)
-        return extra + np.maximum(peak - self.peak, 0.0) + np.maximum(buffer - self.buffer, 0.0)
+        # the recomputation peak and the ZeRO-3 buffer are 0 everywhere without them
+        if self.memory.recompute:
+            peak = _recompute_peak(metaop, n, strategy, self.memory)
+            extra = extra + np.maximum(peak - self.peak, 0.0)
+        if self.memory.zero >= 3:
+            buffer = _gather_buffer(metaop, strategy, self.dtype, self.memory)
+            extra = extra + np.maximum(buffer - self.buffer, 0.0)
+        return extra
 
     def shared_fraction(self, metaop: MetaOp, first: int, last: int) -> np.ndarray:
         """Per rank, the share of the slice's layers it already holds (0..1)."""
         lo, hi = metaop.first_layer + first, metaop.first_layer + last
-        return np.minimum(self.held[metaop.module][lo:hi], 1.0).mean(axis=0)
+        return np.minimum(self.held[metaop.module][lo:hi], 1.0).sum(axis=0) / (hi - lo)
 
     def commit(self, metaop: MetaOp, first: int, last: int, ranks: tuple[int, ...],
                strategy: str) -> None:
@@ -240,14 +245,16 @@ class Ledger:
             # a new holder also shrinks every other holder's shard of these layers
             after = self._shards(block, self._replicas(block))
             self._used += (after - before) * (per_layer * self.sharded_b)
-        peak = np.maximum(self.peak[idx], _recompute_peak(metaop, len(ranks), strategy,
-                                                          self.memory))
-        self._used[idx] += peak - self.peak[idx]
-        self.peak[idx] = peak
-        buffer = np.maximum(self.buffer[idx], _gather_buffer(metaop, strategy, self.dtype,
-                                                             self.memory))
-        self._used[idx] += buffer - self.buffer[idx]
-        self.buffer[idx] = buffer
+        if self.memory.recompute:
+            peak = np.maximum(self.peak[idx], _recompute_peak(metaop, len(ranks), strategy,
+                                                              self.memory))
+            self._used[idx] += peak - self.peak[idx]
+            self.peak[idx] = peak
+        if self.memory.zero >= 3:
+            buffer = np.maximum(self.buffer[idx], _gather_buffer(metaop, strategy, self.dtype,
+                                                                 self.memory))
+            self._used[idx] += buffer - self.buffer[idx]
+            self.buffer[idx] = buffer
 
     def table(self) -> tuple[RankMemory, ...]:
         """The plan's per-rank memory, by category."""
