@@ -9,9 +9,9 @@ figures and ratios; asserts nothing (run: python benchmarks/bench_planner.py [--
    discretization alone costs, and how the wave scheduler compares with the best packing of
    those fixed tuples), and the refined makespan with every operator cut into 4 and 16 equal
    pieces (`finer_operators`: what slices ending inside an operator could reach). Spindle
-   keeps the candidate that simulates fastest, so its makespan
-   here (compute only) can be longer than another candidate's; a plan that overlaps levels
-   (Spindle's fused candidate, optimus, distmm) is not bounded by the sum of per-level C*.
+   keeps the candidate that simulates fastest, so its makespan here (compute only) can be
+   longer than another candidate's; a plan that overlaps levels (Spindle's fused candidate,
+   optimus, distmm) is not bounded by the sum of per-level C*.
 2. Placement ablation: island-aware vs sequential placement (the kept waves placed again on
    consecutive ranks, and a plan made for sequential placement), inter-wave bytes that leave
    a rank / cross islands and the simulated share of the iteration spent waiting for
@@ -203,24 +203,22 @@ def ablation() -> None:
         graph, profile = clip(task_set)
         cluster = cluster_for(n)
         print(f"clip-{task_set} @ {n}:")
-        kept = None
-        for placement in ("island", "sequential"):
+        island: Plan | None = None
+        for name in ("island", "sequential, same waves", "sequential, replanned"):
             try:
-                plan = make_plan(graph, profile, cluster, options=PlanOptions(placement=placement))
+                if name == "island":
+                    plan = island = make_plan(graph, profile, cluster)
+                elif name == "sequential, same waves":
+                    if island is None:
+                        continue
+                    plan = place_again(island, graph, profile, cluster, placement="sequential")
+                else:
+                    plan = make_plan(graph, profile, cluster,
+                                     options=PlanOptions(placement="sequential"))
+                text = _transfer_text(plan, graph, profile, cluster)
             except PlanInfeasible as e:
-                print(f"  {placement}: infeasible ({str(e)[:60]}...)")
-                continue
-            if placement == "island":
-                kept = plan
-            print(f"  {placement + (', replanned' if kept is not plan else ''):22s} "
-                  f"{_transfer_text(plan, graph, profile, cluster)}")
-            if kept is plan:
-                try:
-                    again = place_again(plan, graph, profile, cluster, placement="sequential")
-                    text = _transfer_text(again, graph, profile, cluster)
-                except PlanInfeasible as e:
-                    text = f"infeasible ({str(e)[:60]}...)"
-                print(f"  {'sequential, same waves':22s} {text}")
+                text = f"infeasible ({str(e)[:60]}...)"
+            print(f"  {name:22s} {text}")
 
 
 def synthetic(num_tasks: int, num_nodes: int, seed: int = 0) -> tuple[MetaOpGraph, Profile,

@@ -43,7 +43,8 @@ VARIANTS: tuple[tuple[str, str], ...] = (
     ("distmm", "island"),
 )
 """(planner, placement) of every plan made per configuration; spindle with sequential
-placement is the Fig. 10 ablation."""
+placement is a plan made for that placement (Fig. 10's ablation proper, the kept waves placed
+sequentially, is the island row's `naive_transfer_fraction`)."""
 
 OPTIMUM = "optimum"
 """Planner name of the relaxed-optimum row (sum over MetaLevels of C*, compute only)."""
