@@ -7,8 +7,10 @@ figures and ratios; asserts nothing (run: python benchmarks/bench_planner.py [--
    baselines' ratios and Spindle's speedup over each, and, per level small enough for the
    MILP, the exact packing of the level's rounded tuples (how much of the gap the bi-point
    discretization alone costs, and how the wave scheduler compares with the best packing of
-   those fixed tuples), and the refined makespan with every operator cut into 4 and 16 equal
-   pieces (`finer_operators`: what slices ending inside an operator could reach). Spindle
+   those fixed tuples), and the refined makespan with every operator cut into 2, 4 and 16
+   equal pieces (`finer_operators`: what slices ending inside an operator could reach, as
+   scheduled with each piece paying a share of the operator's fixed cost, and costed with
+   every operator a slice touches paying all of it). Spindle
    keeps the candidate that simulates fastest, so its makespan here (compute only) can be
    longer than another candidate's; a plan that overlaps levels (Spindle's fused candidate,
    optimus, distmm) is not bounded by the sum of per-level C*.
@@ -60,7 +62,13 @@ from spindle_cli.planner.exact import MAX_TUPLES, exact_packing_ms
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import simulate
-from spindle_cli.planner.waves import LARGE_LEVEL, LARGE_LEVEL_VARIANTS, VARIANTS, refine_level
+from spindle_cli.planner.waves import (
+    LARGE_LEVEL,
+    LARGE_LEVEL_VARIANTS,
+    VARIANTS,
+    PlannedWave,
+    refine_level,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 COUNTS_64 = (1, 2, 4, 8, 16, 32, 64)
@@ -105,12 +113,12 @@ def exact_levels(graph: MetaOpGraph, profile: Profile, n: int) -> str:
     return "; ".join(parts) or f"no level with <= {MAX_TUPLES} tuples"
 
 
-def refined(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> tuple[float, float]:
-    """(makespan / C*, planning s) of Spindle's waves when every level is scheduled from both
-    bi-point forms (`allocation.allocate_level` and `allocate_level_analytic`), each with the
-    rounding search `waves.refine_level`, keeping the shorter (`api.spindle_waves` does
-    neither yet). Waves only: the makespan is the sum of wave durations, as in
-    Plan.estimated_iteration_ms."""
+def refined_waves(graph: MetaOpGraph, profile: Profile,
+                  cluster: ClusterSpec) -> tuple[list[PlannedWave], float, float]:
+    """(waves, sum of C*, planning s) of Spindle's waves when every level is scheduled from
+    both bi-point forms (`allocation.allocate_level` and `allocate_level_analytic`), each with
+    the rounding search `waves.refine_level`, keeping the shorter (`api.spindle_waves` does
+    neither yet). Waves only, before placement."""
     t0 = time.perf_counter()
     n = cluster.num_devices
     curves = op_curves(graph, profile, n)
@@ -118,36 +126,68 @@ def refined(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> tuple
     max_ops = slice_limits(graph, curves, cluster)
     preds = {m.id: m.predecessors for m in graph.metaops}
     finished: set[str] = set()
-    total_ms = 0.0
+    waves: list[PlannedWave] = []
     for a in allocs:
         variants = (VARIANTS if sum(len(x.tuples) for x in a.ops) <= LARGE_LEVEL
                     else LARGE_LEVEL_VARIANTS)
         level_curves = [curves[x.metaop] for x in a.ops]
-        total_ms += min(
-            sum(w.duration_ms for w in refine_level(b, curves, n, preds, set(finished),
-                                                     variants, max_ops=max_ops)[1])
-            for b in (a, allocate_level_analytic(a.level, level_curves, n)))
+        waves += min((refine_level(b, curves, n, preds, set(finished), variants,
+                                   max_ops=max_ops)[1]
+                      for b in (a, allocate_level_analytic(a.level, level_curves, n))),
+                     key=lambda level: sum(w.duration_ms for w in level))
         finished |= {x.metaop for x in a.ops}
-    return total_ms / sum(a.c_star_ms for a in allocs), time.perf_counter() - t0
+    return waves, sum(a.c_star_ms for a in allocs), time.perf_counter() - t0
 
 
-FINER = (4, 16)
+def refined(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> tuple[float, float]:
+    """(makespan / C*, planning s) of `refined_waves`; the makespan is the sum of wave
+    durations, as in Plan.estimated_iteration_ms."""
+    waves, c_star_ms, seconds = refined_waves(graph, profile, cluster)
+    return sum(w.duration_ms for w in waves) / c_star_ms, seconds
+
+
+FINER = (2, 4, 16)
 """Pieces per operator in `finer_operators`."""
 
 
 def finer_operators(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
-                    pieces: int) -> float:
-    """`refined`'s makespan / C* with every operator cut into `pieces` equal ones (L x pieces
-    operators, each curve's alpha and beta over `pieces`, so C* is unchanged): what slices
-    that end inside an operator (part of its rows) could reach. An idealization: a real
-    piece pays the whole per-operator launch cost (alpha)."""
+                    pieces: int) -> tuple[float, float]:
+    """What slices that end inside an operator (part of its rows) could reach: the refined
+    waves with every operator cut into `pieces` equal ones (L x pieces operators, each curve's
+    alpha and beta over `pieces`, so C* is unchanged), as makespan / C* twice:
+      - as scheduled, an idealization: a piece pays 1/pieces of the operator's fixed cost
+        alpha;
+      - the same waves costed as they would run: a slice pays alpha once for every operator
+        it runs a part of (a part of an operator launches all of its kernels), and beta for
+        its pieces. alpha is 0.30 ms per transformer layer on the a800 profiles (launches and
+        the low efficiency of small GEMMs, planner/roofline.py), a quarter of vision_enc's
+        1.31 ms on 8 devices."""
     cut = replace(graph, metaops=tuple(replace(m, num_layers=m.num_layers * pieces)
                                        for m in graph.metaops))
     scaled = replace(profile, curves=tuple(
         replace(c, pieces=tuple(replace(q, alpha_ms=q.alpha_ms / pieces,
                                         beta_ms=q.beta_ms / pieces) for q in c.pieces))
         for c in profile.curves))
-    return refined(cut, scaled, cluster)[0]
+    waves, c_star_ms, _ = refined_waves(cut, scaled, cluster)
+    done: dict[str, int] = {}
+    real_ms = 0.0
+    for w in waves:
+        span_ms = 0.0
+        for s in w.slots:
+            first = done.get(s.metaop, 0)
+            done[s.metaop] = last = first + s.num_ops
+            touched = -(-last // pieces) - first // pieces
+            alpha_ms = _alpha_ms(profile, graph.metaop(s.metaop), s.n)
+            span_ms = max(span_ms, touched * alpha_ms
+                          + s.num_ops * (s.op_time_ms - alpha_ms / pieces))
+        real_ms += span_ms
+    return sum(w.duration_ms for w in waves) / c_star_ms, real_ms / c_star_ms
+
+
+def _alpha_ms(profile: Profile, m: MetaOp, n: int) -> float:
+    """The fixed cost per operator of `m`'s curve at n devices."""
+    pieces = profile.curve(m.signature).pieces
+    return next((q.alpha_ms for q in pieces if q.n_lo <= n <= q.n_hi), pieces[-1].alpha_ms)
 
 
 def cluster_for(n: int) -> ClusterSpec:
@@ -183,9 +223,10 @@ def quality(quick: bool) -> None:
             if not quick:
                 print(f"    {exact_levels(graph, profile, n)}")
                 cluster = cluster_for(n)
-                finer = ", ".join(f"{k} pieces {finer_operators(graph, profile, cluster, k):.3f}"
-                                  for k in FINER)
-                print(f"    refined with every operator cut into equal pieces: {finer}")
+                finer = ", ".join("{} pieces {:.3f} (costed {:.3f})".format(
+                    k, *finer_operators(graph, profile, cluster, k)) for k in FINER)
+                print("    refined with every operator cut into equal pieces, as scheduled "
+                      f"(costed with alpha per operator touched): {finer}")
 
 
 def _transfer_text(plan: Plan, graph: MetaOpGraph, profile: Profile,
