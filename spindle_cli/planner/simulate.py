@@ -50,8 +50,11 @@ What is modelled (and what is not):
   bucket's ring is a reduce-scatter, (p-1)/p * bytes per rank with p-1 latencies. Below stage 3
   each rank then steps its shards, and a bucket's all-gather of the stepped shards (the same
   bytes again) overlaps the next step's forward, as the executor's ZeRO-1 does: in the steady
-  state one iteration simulates, every bucket's all-gather of the previous step leaves at 0,
-  and a slice's forward waits for the all-gathers of the buckets holding its layers, like for
+  state one iteration simulates, every bucket's all-gather of the previous step is issued at
+  0, in the order the forward first uses the buckets' layers (the executor's order), a rank
+  set's all-gathers one after another (NCCL runs a process group's collectives in issue
+  order on one stream: the first needed arrives first), and a slice's forward waits for the
+  all-gathers of the buckets holding its layers, like for
   its inputs (the first iteration of a run has none). ZeRO-3 has no such all-gather: it
   all-gathers a slice's weights (the training dtype's bytes of its layers) over each
   parameter group it touches, as a ring over the group's ranks, before its forward and
@@ -303,6 +306,17 @@ def row_flows(
 _NONE = np.empty(0, dtype=np.int64)
 
 
+@dataclass(slots=True, kw_only=True)
+class _Chain:
+    """Flows added `after` others (`_Network.add`): how many of those are still moving, and
+    when the flows may start once none is."""
+
+    waiting: int
+    ids: list[int]
+    start_s: float
+    latency_s: float
+
+
 class _Network:
     """Fluid simulation of point-to-point flows sharing ports (internal state of one
     `simulate` call).
@@ -314,7 +328,8 @@ class _Network:
     talking across nodes alone gets the whole link and eight at once get an eighth each.
     Between islands of one node, each rank has its own port at the inter-node rate. A port
     carrying k flows gives each capacity/k; a flow moves at the smaller of its two port
-    shares. Rates are recomputed whenever a flow starts or ends.
+    shares. Rates are recomputed whenever a flow starts or ends. Flows added `after` others
+    start once those have ended (a process group's collectives run one after another).
     """
 
     def __init__(self, cluster: ClusterSpec, give_up_s: float = math.inf) -> None:
@@ -352,6 +367,8 @@ class _Network:
         self._active_left = np.empty(0)
         self._load = np.zeros(len(self._capacity), dtype=np.int64)
         self._new: list[int] = []
+        # flows added `after` others, by each flow they wait for
+        self._after: dict[int, list[_Chain]] = {}
         self.ended = _NONE
         """The flows that the last step ended."""
 
@@ -370,9 +387,9 @@ class _Network:
         return self._pair_ports[pair]
 
     def add(self, pieces: Sequence[tuple[int, int, int]], start_s: float,
-            latency_s: float) -> list[int]:
-        """Register flows (src rank, dst rank, bytes) that may start at `start_s`; returns
-        their ids."""
+            latency_s: float, after: Sequence[int] = ()) -> list[int]:
+        """Register flows (src rank, dst rank, bytes) that may start at `start_s`, and once
+        the flows `after` have ended; returns their ids."""
         assert start_s >= self.now_s - 1e-12, "a flow cannot start in the simulated past"
         i, k = self.num_flows, len(pieces)
         while i + k > len(self.ready_s):
@@ -386,8 +403,14 @@ class _Network:
             self.ready_s[i : i + k] = start_s + latency_s
             self._remaining[i : i + k] = [num_bytes for _, _, num_bytes in pieces]
         ids = list(range(i, i + k))
-        self._new.extend(ids)
         self.num_flows += k
+        waits = [j for j in after if math.isnan(self.end_s[j])]
+        if waits and ids:
+            chain = _Chain(waiting=len(waits), ids=ids, start_s=start_s, latency_s=latency_s)
+            for j in waits:
+                self._after.setdefault(j, []).append(chain)
+        else:
+            self._new.extend(ids)
         return ids
 
     def finish(self, ids: list[int]) -> float:
@@ -452,6 +475,8 @@ class _Network:
         if ended:
             self.ended = self._active[done]
             self.end_s[self.ended] = self.now_s
+            if self._after:
+                self._release(self.ended)
             self._load -= np.bincount(self._active_ports[:, done].ravel(),
                                       minlength=len(self._load))
             keep = ~done
@@ -461,6 +486,15 @@ class _Network:
             rem = rem[keep]
         self._active_left = rem
         return ended
+
+    def _release(self, ended: np.ndarray) -> None:
+        """Start the flows waiting for `ended` whose predecessors have all ended."""
+        for j in ended.tolist():
+            for chain in self._after.pop(j, ()):
+                chain.waiting -= 1
+                if chain.waiting == 0:
+                    self.ready_s[chain.ids] = max(chain.start_s, self.now_s) + chain.latency_s
+                    self._new.extend(chain.ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -638,11 +672,26 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     flow_meta: list[tuple[FlowKind, str, int, int, int]] = []
 
     def issue(kind: FlowKind, label: str, pieces: Sequence[tuple[int, int, int]],
-              start_ms: float, latency: float) -> list[int]:
+              start_ms: float, latency: float, after: Sequence[int] = ()) -> list[int]:
         if record_flows:
             flow_meta.extend((kind, label, src, dst, num_bytes)
                              for src, dst, num_bytes in pieces)
-        return net.add(pieces, start_ms / 1e3, latency)
+        return net.add(pieces, start_ms / 1e3, latency, after)
+
+    # the flows of the last all-gather issued on each rank set: a process group runs its
+    # collectives one after another, in the order they were issued (NCCL: one stream per
+    # communicator). The gradient reductions of a set still overlap each other here.
+    last_on: dict[tuple[int, ...], list[int]] = {}
+
+    def all_gather(ranks: tuple[int, ...], kind: FlowKind, label: str,
+                   pieces: Sequence[tuple[int, int, int]], start_ms: float,
+                   latency: float) -> list[int]:
+        """`issue` an all-gather over `ranks`: its flows start once the set's previous
+        all-gather has ended."""
+        ids = issue(kind, label, pieces, start_ms, latency, last_on.get(ranks, ()))
+        if ids:
+            last_on[ranks] = ids
+        return ids
 
     def pieces(t_index: int, backward: bool) -> Sequence[tuple[int, int, int]]:
         t = plan.transfers[t_index]
@@ -711,8 +760,8 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 continue
             ring = [(g.ranks[k], g.ranks[(k + 1) % p], round((p - 1) / p * size))
                     for k in range(p)]
-            ids += issue("gather", f"{s.id}:{g.module}[{max(lo, g.first_layer)}:"
-                         f"{min(hi, g.last_layer)}]", ring, start_ms, (p - 1) * latency_s)
+            ids += all_gather(g.ranks, "gather", f"{s.id}:{g.module}[{max(lo, g.first_layer)}:"
+                              f"{min(hi, g.last_layer)}]", ring, start_ms, (p - 1) * latency_s)
         return ids
 
     def issue_gathers(wave: int, start_ms: float) -> list[int]:
@@ -725,11 +774,13 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     for b in sync_buckets(plan, {m.id: m for m in graph.metaops}, sync):
         due_in_wave.setdefault(b.wave, []).append(b)
     # ZeRO-1/2: the previous step's all-gather of every bucket (every group, without buckets)
-    # leaves at 0; `prior` holds the flows each slice's forward waits for
+    # leaves at 0, the buckets in reverse (the order the forward first uses their layers, as
+    # the executor issues them), each rank set's one after another; `prior` holds the flows
+    # each slice's forward waits for
     prior: dict[str, list[int]] = {}
     if post_gather:
         units = [(b.groups, b.bytes, bucket_label(b), b.layers)
-                 for bs in due_in_wave.values() for b in bs]
+                 for bs in reversed(due_in_wave.values()) for b in reversed(bs)]
         if not units:
             units = [((gi,), g.bytes, label_of((gi,)),
                       tuple((g.module, layer) for layer in range(g.first_layer, g.last_layer)))
@@ -737,8 +788,8 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         gathered: dict[tuple[str, int], list[int]] = {}
         for groups, num_bytes, label, layers in units:
             g = plan.param_groups[groups[0]]
-            ids = issue("sync", f"all-gather {label}", ring(g, num_bytes, 1.0), 0.0,
-                        (len(g.ranks) - 1) * latency_s)
+            ids = all_gather(g.ranks, "sync", f"all-gather {label}", ring(g, num_bytes, 1.0),
+                             0.0, (len(g.ranks) - 1) * latency_s)
             for key in layers:
                 gathered.setdefault(key, []).extend(ids)
         for _, sl in plan.slices():

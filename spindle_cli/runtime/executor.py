@@ -324,14 +324,17 @@ class Executor:
         return losses
 
     def _start_gathers(self) -> None:
-        """ZeRO-1: start the all-gather of every sharded bucket's stepped shards (in bucket
-        order, the same on every rank). They overlap the next step's forward, which waits for
-        a bucket's before the first slice using its layers (`gathers_before`); whatever reads
-        the parameters waits for all of them (`_await_gathers`)."""
+        """ZeRO-1: start the all-gather of every sharded bucket's stepped shards, in reverse
+        bucket order (the same on every rank). Buckets are listed by due wave downwards, and
+        a bucket is due in the lowest wave running its layers, where the forward first uses
+        them: reversed, that is the order the next step's forward needs them in, and a group
+        runs its collectives one after another (NCCL). They overlap that forward,
+        which waits for a bucket's before the first slice using its layers (`gathers_before`);
+        whatever reads the parameters waits for all of them (`_await_gathers`)."""
         peers = [r for b in self.buckets if b.shard is not None for r in b.ranks
                  if r != self.rank]
         with _with_peers("the parameter all-gather", peers):
-            for i, b in enumerate(self.buckets):
+            for i, b in reversed(list(enumerate(self.buckets))):
                 if b.shard is not None:
                     lo, hi = b.shard
                     self.gathering[i] = dist.all_gather_single(

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from spindle_cli.artifacts.plan import ParamGroup, Slice, Transfer, Wave
 from spindle_cli.planner.buckets import SYNC_MODES
-from spindle_cli.planner.simulate import PROGRESS_MODES, simulate
+from spindle_cli.planner.simulate import PROGRESS_MODES, FlowTiming, simulate
 
 ranks = st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True).map(
     lambda r: tuple(sorted(r)))
@@ -101,13 +101,28 @@ def test_timeline_is_causal_and_the_breakdown_adds_up(plan, batch, num_nodes, la
             assert {(g.module, layer) for layer in range(g.first_layer, g.last_layer)} <= synced
     for g in r.syncs:
         assert g.end_ms <= r.iteration_ms + 1e-9
-    # Under ZeRO-1/2 the previous step's all-gathers leave at 0 (after their rings' message
-    # latencies, at most 3 over 4 ranks), and a slice's forward starts only after those of
-    # the layers it runs have ended.
+    # A rank set runs its all-gathers one after another: on each rank set, an all-gather's
+    # ring starts only once the one issued before it has ended.
+    rings: dict[tuple[str, float], list[FlowTiming]] = {}
+    for f in r.flows:
+        if f.kind == "gather" or f.label.startswith("all-gather "):
+            rings.setdefault((f.label, f.start_ms), []).append(f)
+    spans: dict[frozenset[int], list[tuple[float, float]]] = {}
+    for flows in rings.values():
+        spans.setdefault(frozenset(f.src_rank for f in flows), []).append(
+            (flows[0].start_ms, max(f.end_ms for f in flows)))
+    for one_set in spans.values():
+        one_set.sort()
+        for (_, end), (start, _) in itertools.pairwise(one_set):
+            assert start >= end - 1e-9
+    # Under ZeRO-1/2 the previous step's all-gathers leave first, the first at 0 (after its
+    # ring's message latencies, at most 3 over 4 ranks), and a slice's forward starts only
+    # after those of the layers it runs have ended.
     gathers = [f for f in r.flows if f.kind == "sync" and f.label.startswith("all-gather ")]
     assert bool(gathers) <= (zero in ("1", "2"))
+    if gathers:
+        assert min(f.start_ms for f in gathers) <= 3 * latency_s * 1e3 + 1e-9
     for f in gathers:
-        assert f.start_ms <= 3 * latency_s * 1e3 + 1e-9
         for part in f.label.removeprefix("all-gather ").split("+"):
             module, span = part.rstrip("]").split("[")
             lo, hi = map(int, span.split(":"))
