@@ -54,13 +54,12 @@ What is modelled (and what is not):
   0, in the order the forward first uses the buckets' layers (the executor's order), a rank
   set's all-gathers one after another (NCCL runs a process group's collectives in issue
   order on one stream: the first needed arrives first), and a slice's forward waits for the
-  all-gathers of the buckets holding its layers, like for
-  its inputs (the first iteration of a run has none). ZeRO-3 has no such all-gather: it
-  all-gathers a slice's weights (the training dtype's bytes of its layers) over each
-  parameter group it touches, as a ring over the group's ranks, before its forward and
-  again before its backward; a wave prefetches the next wave's gathers when it starts (the
-  first forward wave's at 0, the last backward wave's when the forward pass ends), and a wave
-  waits for its own like for its inputs.
+  all-gathers of the buckets holding its layers, like for its inputs (the first iteration of
+  a run has none). ZeRO-3 has no such all-gather: it all-gathers a slice's weights (the
+  training dtype's bytes of its layers) over each parameter group it touches, as a ring over
+  the group's ranks, before its forward and again before its backward; a wave prefetches the
+  next wave's gathers when it starts (the first forward wave's at 0, the last backward wave's
+  when the forward pass ends), and a wave waits for its own like for its inputs.
   Recomputation runs the forward again before each backward (backward_ms += forward_ms) and
   stashes only what memory.py keeps, plus the largest one-operator stash alive during a
   backward.

@@ -328,9 +328,9 @@ class Executor:
         bucket order (the same on every rank). Buckets are listed by due wave downwards, and
         a bucket is due in the lowest wave running its layers, where the forward first uses
         them: reversed, that is the order the next step's forward needs them in, and a group
-        runs its collectives one after another (NCCL). They overlap that forward,
-        which waits for a bucket's before the first slice using its layers (`gathers_before`);
-        whatever reads the parameters waits for all of them (`_await_gathers`)."""
+        runs its collectives one after another (NCCL). They overlap that forward, which waits
+        for a bucket's before the first slice using its layers (`gathers_before`); whatever
+        reads the parameters waits for all of them (`_await_gathers`)."""
         peers = [r for b in self.buckets if b.shard is not None for r in b.ranks
                  if r != self.rank]
         with _with_peers("the parameter all-gather", peers):
