@@ -10,10 +10,10 @@ figures and ratios; asserts nothing (run: python benchmarks/bench_planner.py [--
    those fixed tuples), and the refined makespan with every operator cut into 2, 4 and 16
    equal pieces (`finer_operators`: what slices ending inside an operator could reach, as
    scheduled with each piece paying a share of the operator's fixed cost, and costed with
-   every operator a slice touches paying all of it). Spindle
-   keeps the candidate that simulates fastest, so its makespan here (compute only) can be
-   longer than another candidate's; a plan that overlaps levels (Spindle's fused candidate,
-   optimus, distmm) is not bounded by the sum of per-level C*.
+   every operator a slice touches paying all of it). Spindle keeps the candidate that
+   simulates fastest, so its makespan here (compute only) can be longer than another
+   candidate's; a plan that overlaps levels (Spindle's fused candidate, optimus, distmm) is
+   not bounded by the sum of per-level C*.
 2. Placement ablation: island-aware vs sequential placement (the kept waves placed again on
    consecutive ranks, and a plan made for sequential placement), inter-wave bytes that leave
    a rank / cross islands and the simulated share of the iteration spent waiting for
@@ -49,6 +49,7 @@ from spindle_cli.artifacts.graph import MetaOp
 from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, MemoryModel
 from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner import scaling
 from spindle_cli.planner.allocation import allocate_level_analytic
 from spindle_cli.planner.api import (
     PlanOptions,
@@ -177,17 +178,11 @@ def finer_operators(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             first = done.get(s.metaop, 0)
             done[s.metaop] = last = first + s.num_ops
             touched = -(-last // pieces) - first // pieces
-            alpha_ms = _alpha_ms(profile, graph.metaop(s.metaop), s.n)
+            alpha_ms = scaling.alpha_ms(profile.curve(graph.metaop(s.metaop).signature), s.n)
             span_ms = max(span_ms, touched * alpha_ms
                           + s.num_ops * (s.op_time_ms - alpha_ms / pieces))
         real_ms += span_ms
     return sum(w.duration_ms for w in waves) / c_star_ms, real_ms / c_star_ms
-
-
-def _alpha_ms(profile: Profile, m: MetaOp, n: int) -> float:
-    """The fixed cost per operator of `m`'s curve at n devices."""
-    pieces = profile.curve(m.signature).pieces
-    return next((q.alpha_ms for q in pieces if q.n_lo <= n <= q.n_hi), pieces[-1].alpha_ms)
 
 
 def cluster_for(n: int) -> ClusterSpec:

@@ -28,6 +28,11 @@ def time_ms(curve: Curve, n: float) -> float:
     return p.alpha_ms + p.beta_ms * curve.batch_size / n
 
 
+def alpha_ms(curve: Curve, n: float) -> float:
+    """The fixed per-operator cost at n devices (alpha of the piece holding n)."""
+    return _piece(curve, n).alpha_ms
+
+
 def strategy(curve: Curve, n: int) -> str:
     """The parallel strategy the curve uses at n devices."""
     return _piece(curve, n).strategy

@@ -258,3 +258,12 @@ def test_noise_tolerance_compares_with_the_best_earlier_count_not_the_previous_o
     pieces = fit_pieces(samples, 8, noise_rel=0.10)
     assert pieces[-1].n_hi == 4
     assert all(p.beta_ms >= 0 for p in pieces)
+
+
+def test_alpha_is_the_fixed_cost_of_the_piece_holding_n():
+    # T(n) = 0.3 + 8 / n up to 8 devices, then flat at T(8): alpha 0.3 on the alpha-beta
+    # pieces, T(8) = 1.3 once nothing more scales (the floor beyond the last piece too).
+    c = _curve(_samples([0.3 + 8 / n if n <= 8 else 1.3 for n in COUNTS]), batch=64)
+    assert [scaling.alpha_ms(c, n) for n in (1, 2, 4, 8)] == pytest.approx([0.3] * 4)
+    assert scaling.alpha_ms(c, 128) == pytest.approx(scaling.floor_ms(c))
+    assert scaling.floor_ms(c) == pytest.approx(1.3)
