@@ -84,7 +84,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from spindle_cli.artifacts.cluster import ClusterSpec
-from spindle_cli.artifacts.graph import MetaOpGraph
+from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.artifacts.plan import ParamGroup, Plan, Slice, Wave
 from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
 from spindle_cli.errors import SpindleError
@@ -398,7 +398,9 @@ class _Network:
             self._remaining = np.concatenate([self._remaining, np.empty(grow)])
             self._ports = np.concatenate([self._ports, np.empty((grow, 2), dtype=np.int64)])
         if k:
-            self._ports[i : i + k] = [self._ports_of(src, dst) for src, dst, _ in pieces]
+            known, ports_of = self._pair_ports, self._ports_of
+            self._ports[i : i + k] = [known.get((src, dst)) or ports_of(src, dst)
+                                      for src, dst, _ in pieces]
             self.ready_s[i : i + k] = start_s + latency_s
             self._remaining[i : i + k] = [num_bytes for _, _, num_bytes in pieces]
         ids = list(range(i, i + k))
@@ -518,13 +520,15 @@ def _recompute(plan: Plan) -> bool:
     return plan.options.get("recompute", "false") == "true"
 
 
-def _slice_costs(plan: Plan, graph: MetaOpGraph, profile: Profile) -> dict[str, _SliceCost]:
+def _slice_costs(plan: Plan, metaops: dict[str, MetaOp],
+                 curves: dict[str, Curve]) -> dict[str, _SliceCost]:
+    """Every slice's times; `metaops` by id, `curves` by signature."""
     costs = {}
     # recomputation runs the forward once more right before the backward
     extra = FORWARD_SHARE if _recompute(plan) else 0.0
     for w, s in plan.slices():
-        m = graph.metaop(s.metaop)
-        total_ms = operator_ms(profile.curve(m.signature), s) * s.num_layers
+        m = metaops[s.metaop]
+        total_ms = operator_ms(curves[m.signature], s) * s.num_layers
         costs[s.id] = _SliceCost(
             slice=s, wave=w.index, forward_ms=total_ms * FORWARD_SHARE,
             backward_ms=total_ms * (1.0 - FORWARD_SHARE + extra),
@@ -533,19 +537,19 @@ def _slice_costs(plan: Plan, graph: MetaOpGraph, profile: Profile) -> dict[str, 
     return costs
 
 
-def _check_inputs(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> None:
+def _check_inputs(plan: Plan, graph: MetaOpGraph, metaops: dict[str, MetaOp],
+                  curves: dict[str, Curve], cluster: ClusterSpec) -> None:
+    """That the plan fits the graph (`metaops` by id), the profile (`curves` by signature) and
+    the cluster."""
     if plan.num_devices != cluster.num_devices:
         raise SpindleError(f"plan is for {plan.num_devices} devices but cluster "
                            f"{cluster.name!r} has {cluster.num_devices}")
-    known = {m.id for m in graph.metaops}
     for _, s in plan.slices():
-        if s.metaop not in known:
+        if s.metaop not in metaops:
             raise SpindleError(f"plan slice {s.id} runs MetaOp {s.metaop!r}, "
                                f"which graph {graph.model!r} does not have")
-        try:
-            profile.curve(graph.metaop(s.metaop).signature)
-        except KeyError:
-            raise SpindleError(f"the profile has no curve for MetaOp {s.metaop!r}") from None
+        if metaops[s.metaop].signature not in curves:
+            raise SpindleError(f"the profile has no curve for MetaOp {s.metaop!r}")
     wave_of = {s.id: w.index for w, s in plan.slices()}
     for i, t in enumerate(plan.transfers):
         if wave_of[t.src] >= wave_of[t.dst]:
@@ -664,8 +668,10 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
          record_flows: bool = True) -> _Timeline:
     """The event-driven timeline of `simulate`; raises _GaveUp once the clock passes
     `give_up_ms`. Without `record_flows` the timeline's `flow_meta` stays empty."""
-    _check_inputs(plan, graph, profile, cluster)
-    costs = _slice_costs(plan, graph, profile)
+    metaops = {m.id: m for m in graph.metaops}
+    curves = {c.signature: c for c in profile.curves}
+    _check_inputs(plan, graph, metaops, curves, cluster)
+    costs = _slice_costs(plan, metaops, curves)
     latency_s = cluster.link_latency_s
     net = _Network(cluster, give_up_ms / 1e3)
     flow_meta: list[tuple[FlowKind, str, int, int, int]] = []
@@ -695,7 +701,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     def pieces(t_index: int, backward: bool) -> Sequence[tuple[int, int, int]]:
         t = plan.transfers[t_index]
         src, dst = costs[t.src].slice, costs[t.dst].slice
-        rows = graph.metaop(src.metaop).batch_size
+        rows = metaops[src.metaop].batch_size
         if backward:
             return row_flows(t.bytes, dst.ranks, dst.strategy, src.ranks, src.strategy, rows)
         return row_flows(t.bytes, src.ranks, src.strategy, dst.ranks, dst.strategy, rows)
@@ -749,7 +755,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         if not gathers:
             return []
         ids: list[int] = []
-        m = graph.metaop(s.metaop)
+        m = metaops[s.metaop]
         lo, hi = m.first_layer + s.first, m.first_layer + s.last
         for g in plan.param_groups:
             layers = min(hi, g.last_layer) - max(lo, g.first_layer)
@@ -770,7 +776,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         return [i for s in plan.waves[wave].slices for i in issue_slice_gathers(s, start_ms)]
 
     due_in_wave: dict[int, list[SyncBucket]] = {}
-    for b in sync_buckets(plan, {m.id: m for m in graph.metaops}, sync):
+    for b in sync_buckets(plan, metaops, sync):
         due_in_wave.setdefault(b.wave, []).append(b)
     # ZeRO-1/2: the previous step's all-gather of every bucket (every group, without buckets)
     # leaves at 0, the buckets in reverse (the order the forward first uses their layers, as
@@ -792,7 +798,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             for key in layers:
                 gathered.setdefault(key, []).extend(ids)
         for _, sl in plan.slices():
-            m = graph.metaop(sl.metaop)
+            m = metaops[sl.metaop]
             prior[sl.id] = [i for layer in range(m.first_layer + sl.first,
                                                  m.first_layer + sl.last)
                             for i in gathered.get((m.module, layer), [])]
