@@ -173,5 +173,5 @@ def test_a_slice_wider_than_the_free_ranks_of_an_island_keeps_its_producers_free
                     if s // 4 != d // 4]
         assert crossing == [(6, 8), (7, 9)]
     else:
-        # a tensor-parallel pair never straddles islands: whole islands, the most usable first
+        # tensor-parallel pairs fill whole islands, the ones with the most usable ranks first
         assert v2 == (0, 1, 2, 3, 8, 9, 10, 11)
