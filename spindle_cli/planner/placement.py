@@ -30,7 +30,6 @@ import numpy as np
 
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.artifacts.profile import tp_degree
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.memory import NO_SAVING, Ledger, MemoryStrategy
 
@@ -167,8 +166,7 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
                 score += 2.0 * ledger.shared_fraction(s.metaop, s.first, s.last) + headroom
                 if s.metaop.id in home:
                     score[list(home[s.metaop.id])] += 4.0
-            chosen = _choose(np.where(ok, score, -np.inf), s.n, cluster.island_size,
-                             whole_groups=tp_degree(s.strategy) > 1)
+            chosen = _choose(np.where(ok, score, -np.inf), s.n, cluster.island_size)
             free[list(chosen)] = False
             ledger.commit(s.metaop, s.first, s.last, chosen, s.strategy)
             ranks[i] = chosen
@@ -205,16 +203,9 @@ def _locality(flows: list[Flow], placed: list[list[Ranks]], island_of: np.ndarra
     return same / total, island / total
 
 
-def _choose(score: np.ndarray, n: int, island_size: int, *, whole_groups: bool = False) -> Ranks:
+def _choose(score: np.ndarray, n: int, island_size: int) -> Ranks:
     """n ranks with finite score: inside the one island with the best top-n total when
-    possible; else the n best ranks (ties to the islands with the most usable ranks, then
-    the lowest rank), or, with `whole_groups` (tensor-parallel slices, whose consecutive
-    ranks form a group), filling the islands with the most usable ranks first.
-
-    A data-parallel slice wider than what is free in an island used to fill islands too, so a
-    slice whose producer's ranks were partly taken left the free ones for an empty island and
-    moved all of its rows (OFASys 7 tasks on 16 GPUs in `spindle bench`: 124.2 ms, 119.1 with
-    the best ranks)."""
+    possible, else filling the islands with the most usable ranks first."""
     by_island = score.reshape(-1, island_size)
     order = np.argsort(-by_island, axis=1, kind="stable")
     ranked = by_island[np.arange(len(by_island))[:, None], order]
@@ -224,10 +215,6 @@ def _choose(score: np.ndarray, n: int, island_size: int, *, whole_groups: bool =
             best = int(np.argmax(top))
             return tuple(sorted(int(best * island_size + j) for j in order[best, :n]))
     usable = np.isfinite(ranked).sum(axis=1)
-    if not whole_groups:
-        ranks = np.arange(len(score))
-        best_first = np.lexsort((ranks, -usable[ranks // island_size], -score))
-        return tuple(sorted(int(r) for r in best_first[:n]))
     totals = np.where(np.isfinite(ranked), ranked, 0.0).sum(axis=1)
     # islands with the most usable ranks first, then the best total score, then index
     islands = np.lexsort((np.arange(len(usable)), -totals, -usable))

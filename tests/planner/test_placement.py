@@ -8,7 +8,6 @@ from plan_builders import cluster, graph, metaop
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.memory import Ledger, rows_per_rank, split_rows, state_bytes_per_param
 from spindle_cli.planner.placement import Flow, SliceSpec, place
-from spindle_cli.planner.simulate import row_flows
 
 
 def spec(m, first, last, n, strategy="dp"):
@@ -148,30 +147,3 @@ def test_reserved_ranks_stay_with_the_slice_whose_rows_are_there():
     assert plain[:2] == reserved[:2] == [[(0,)], [(2,), (0,)]]
     assert plain[2][0] == (0,) and plain[2][1] != (0,)
     assert reserved[2] == [(2,), (0,)]
-
-
-@pytest.mark.parametrize("strategy", ["dp", "tp2"])
-def test_a_slice_wider_than_the_free_ranks_of_an_island_keeps_its_producers_free_ranks(
-        strategy):
-    # 3 islands of 4. Wave 1: v runs on 8 ranks (0-7). Wave 2: w, whose heavier input lies on
-    # ranks 4-5, chooses first, so v (8 ranks again) finds 0-3, 6-7 and 8-11 free.
-    p, v, w = (metaop("u/p", layers=1, batch=8), metaop("t/v", layers=2, batch=8),
-               metaop("u/w", layers=1, batch=8))
-    g = graph([p, v, w])
-    waves = [[spec(p, 0, 1, 2)], [spec(v, 0, 1, 8)], [spec(w, 0, 1, 2), spec(v, 1, 2, 8, strategy)]]
-    flows = [Flow(src=(0, 0), dst=(2, 0), bytes=10 << 20),
-             Flow(src=(1, 0), dst=(2, 1), bytes=1 << 20)]
-    home = {"u/p": (4, 5), "t/v": tuple(range(8))}
-    ranks, _ = place(waves, flows, g, cluster(num_nodes=3, per_node=4), home=home)
-    assert ranks[0] == [(4, 5)] and ranks[1] == [tuple(range(8))] and ranks[2][0] == (4, 5)
-    v2 = ranks[2][1]
-    if strategy == "dp":
-        # the free ranks of its producer's islands first: rows for positions 4-5 (ranks 6-7)
-        # come from ranks 4-5 over NVLink, two positions of eight cross islands
-        assert v2 == (0, 1, 2, 3, 6, 7, 8, 9)
-        crossing = [(s, d) for s, d, _ in row_flows(8 << 20, tuple(range(8)), "dp", v2, "dp", 8)
-                    if s // 4 != d // 4]
-        assert crossing == [(6, 8), (7, 9)]
-    else:
-        # tensor-parallel pairs fill whole islands, the ones with the most usable ranks first
-        assert v2 == (0, 1, 2, 3, 8, 9, 10, 11)
