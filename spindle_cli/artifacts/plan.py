@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from spindle_cli.artifacts.base import DerivedArtifact
 from spindle_cli.artifacts.codec import meta
 from spindle_cli.artifacts.io import register
-from spindle_cli.artifacts.profile import check_strategy
+from spindle_cli.artifacts.profile import check_strategy, tp_degree
 from spindle_cli.errors import FieldError
 
 
@@ -138,6 +138,7 @@ class Plan(DerivedArtifact):
     def __post_init__(self) -> None:
         DerivedArtifact.__post_init__(self)
         ids: set[str] = set()
+        island_of = {r: i for i, island in enumerate(self.islands) for r in island}
         for wi, w in enumerate(self.waves):
             if w.index != wi:
                 raise FieldError(f"waves[{wi}].index", f"expected {wi}, got {w.index}")
@@ -149,6 +150,16 @@ class Plan(DerivedArtifact):
                 if bad:
                     raise FieldError(f"waves[{wi}].slices[{si}].ranks",
                                      f"rank {bad[0]} >= num_devices {self.num_devices}")
+                # a tensor-parallel group's collectives run at island (NVLink) speed in the
+                # profile's curves, so none may span islands
+                t = tp_degree(s.strategy)
+                for k in range(0, len(s.ranks) - t + 1, t) if len(s.ranks) % t == 0 else ():
+                    group = s.ranks[k : k + t]
+                    spans = sorted({island_of.get(r, -1) for r in group})
+                    if len(spans) > 1:
+                        raise FieldError(f"waves[{wi}].slices[{si}].ranks",
+                                         f"tensor-parallel group {list(group)} spans islands "
+                                         f"{spans}; each group must stay inside one island")
         for ti, t in enumerate(self.transfers):
             for name in ("src", "dst"):
                 if getattr(t, name) not in ids:

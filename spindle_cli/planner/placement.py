@@ -1,7 +1,8 @@
 """Device placement (paper §3.5): concrete ranks for every slice of every wave.
 
 Island-aware placement, greedy wave by wave:
-  - a slice that fits in one NVLink island stays inside one island;
+  - a slice that fits in one NVLink island stays inside one island, and a tensor-parallel
+    slice that does not takes whole groups from each island (no group spans two);
   - inside a wave, the slice with the heaviest incoming flow chooses first, so the heaviest
     flows claim producer/consumer co-location (on the simulator this cut the transfer wait of
     multitask-clip-4 on 32 devices from 34% to 23% of the iteration, against ordering by
@@ -30,6 +31,7 @@ import numpy as np
 
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
+from spindle_cli.artifacts.profile import tp_degree
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.memory import NO_SAVING, Ledger, MemoryStrategy
 
@@ -166,7 +168,12 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
                 score += 2.0 * ledger.shared_fraction(s.metaop, s.first, s.last) + headroom
                 if s.metaop.id in home:
                     score[list(home[s.metaop.id])] += 4.0
-            chosen = _choose(np.where(ok, score, -np.inf), s.n, cluster.island_size)
+            group = tp_degree(s.strategy) if s.n % tp_degree(s.strategy) == 0 else 1
+            chosen = _choose(np.where(ok, score, -np.inf), s.n, cluster.island_size, group)
+            if chosen is None:
+                return _Failure(wave=wi, message=(
+                    f"wave {wi}: no {s.n} free ranks for {_describe(s)} with each "
+                    f"tensor-parallel group of {group} inside one island"))
             free[list(chosen)] = False
             ledger.commit(s.metaop, s.first, s.last, chosen, s.strategy)
             ranks[i] = chosen
@@ -203,9 +210,11 @@ def _locality(flows: list[Flow], placed: list[list[Ranks]], island_of: np.ndarra
     return same / total, island / total
 
 
-def _choose(score: np.ndarray, n: int, island_size: int) -> Ranks:
+def _choose(score: np.ndarray, n: int, island_size: int, group: int = 1) -> Ranks | None:
     """n ranks with finite score: inside the one island with the best top-n total when
-    possible, else filling the islands with the most usable ranks first."""
+    possible, else filling the islands with the most usable ranks first, a multiple of
+    `group` ranks from each (a tensor-parallel slice's groups of consecutive ranks stay inside
+    one island); None when the islands cannot give n that way."""
     by_island = score.reshape(-1, island_size)
     order = np.argsort(-by_island, axis=1, kind="stable")
     ranked = by_island[np.arange(len(by_island))[:, None], order]
@@ -218,14 +227,15 @@ def _choose(score: np.ndarray, n: int, island_size: int) -> Ranks:
     totals = np.where(np.isfinite(ranked), ranked, 0.0).sum(axis=1)
     # islands with the most usable ranks first, then the best total score, then index
     islands = np.lexsort((np.arange(len(usable)), -totals, -usable))
-    taken = np.cumsum(usable[islands])
-    last = int(np.searchsorted(taken, n))
     chosen: list[int] = []
-    for k in islands[: last + 1]:
+    for k in islands:
         k = int(k)
         want = min(int(usable[k]), n - len(chosen))
+        want -= want % group
         chosen.extend(int(k * island_size + j) for j in order[k, :want])
-    return tuple(sorted(chosen))
+        if len(chosen) == n:
+            return tuple(sorted(chosen))
+    return None
 
 
 def _failure(wi: int, s: SliceSpec, free: np.ndarray, used: np.ndarray, need: np.ndarray,

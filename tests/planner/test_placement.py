@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 from plan_builders import cluster, graph, metaop
 
 from spindle_cli.errors import PlanInfeasible
@@ -147,3 +148,45 @@ def test_reserved_ranks_stay_with_the_slice_whose_rows_are_there():
     assert plain[:2] == reserved[:2] == [[(0,)], [(2,), (0,)]]
     assert plain[2][0] == (0,) and plain[2][1] != (0,)
     assert reserved[2] == [(2,), (0,)]
+
+
+def test_tensor_parallel_groups_never_span_islands():
+    # 2 islands of 4. p and q keep their rows on ranks 0 and 4 and choose first, leaving three
+    # free ranks in each island to the 6-rank tp2 slice t: filling them would pair ranks 3 and
+    # 5 across islands. The wave is placed again (balance first) so that every pair fits.
+    p, q = metaop("u/p", layers=2, batch=8), metaop("v/q", layers=2, batch=8)
+    t = metaop("w/t", layers=1, batch=8)
+    g = graph([p, q, t])
+    waves = [[spec(p, 0, 1, 1), spec(q, 0, 1, 1)],
+             [spec(p, 1, 2, 1), spec(q, 1, 2, 1), spec(t, 0, 1, 6, "tp2")]]
+    flows = [Flow(src=(0, 0), dst=(1, 0), bytes=10 << 20),
+             Flow(src=(0, 1), dst=(1, 1), bytes=10 << 20)]
+    ranks, _ = place(waves, flows, g, cluster(num_nodes=2, per_node=4),
+                     home={"u/p": (0,), "v/q": (4,)})
+    tp = ranks[1][2]
+    assert len(tp) == 6
+    assert all(tp[k] // 4 == tp[k + 1] // 4 for k in range(0, 6, 2))
+    assert sorted(r for s in ranks[1] for r in s) == list(range(8))
+
+
+def test_a_plan_whose_tensor_parallel_group_spans_islands_is_rejected(tmp_path, spindle):
+    from _sim_fixtures import plan
+
+    from spindle_cli.artifacts import write_artifact
+
+    path = tmp_path / "p.yaml"
+    write_artifact(plan(enc_ranks=(0, 1)), str(path))
+    text = path.read_text()
+    assert "strategy: dp" in text
+    # the encoder slice becomes one tp2 group on ranks 1 and 2, across islands (0, 1), (2, 3)
+    data = yaml.safe_load(text)
+    data["waves"][0]["slices"][0].update(strategy="tp2", ranks=[1, 2])
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = spindle("validate", str(path))
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"error: {path}: waves[0].slices[0].ranks: tensor-parallel group [1, 2] spans islands "
+        "[0, 1]; each group must stay inside one island")
+    data["waves"][0]["slices"][0].update(ranks=[2, 3])
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert spindle("validate", str(path)).exit_code == 0
