@@ -267,6 +267,14 @@ def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster:
         for s in wave:
             chosen = tuple(range(start, start + s.n))
             start += s.n
+            t = tp_degree(s.strategy) if s.n % tp_degree(s.strategy) == 0 else 1
+            split = next((chosen[k : k + t] for k in range(0, s.n, t)
+                          if chosen[k] // cluster.island_size
+                          != chosen[k + t - 1] // cluster.island_size), None)
+            if split is not None:
+                raise PlanInfeasible(
+                    f"sequential placement puts the tensor-parallel group {list(split)} of "
+                    f"{_describe(s)} in wave {wi} across two islands")
             used, need = ledger.used(), ledger.need(s.metaop, s.first, s.last, s.n, s.strategy)
             over = [r for r in chosen if used[r] + need[r] > cap]
             if over:

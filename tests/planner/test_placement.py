@@ -190,3 +190,16 @@ def test_a_plan_whose_tensor_parallel_group_spans_islands_is_rejected(tmp_path, 
     data["waves"][0]["slices"][0].update(ranks=[2, 3])
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     assert spindle("validate", str(path)).exit_code == 0
+
+
+def test_sequential_placement_refuses_a_tensor_parallel_group_across_islands():
+    a, t = metaop("u/a", layers=1, batch=8), metaop("w/t", layers=1, batch=8)
+    g = graph([a, t])
+    c = cluster(num_nodes=2, per_node=4)
+    # ranks 0 | 1-2 | 3-4: the second tp2 group would pair ranks 3 and 4
+    waves = [[spec(a, 0, 1, 1), spec(t, 0, 1, 4, "tp2")]]
+    with pytest.raises(PlanInfeasible, match=r"tensor-parallel group \[3, 4\] of .* in wave 0"):
+        place(waves, [], g, c, mode="sequential")
+    waves = [[spec(a, 0, 1, 2), spec(t, 0, 1, 4, "tp2")]]
+    ranks, _ = place(waves, [], g, c, mode="sequential")
+    assert ranks == [[(0, 1), (2, 3, 4, 5)]]
