@@ -153,7 +153,7 @@ class Plan(DerivedArtifact):
                 # a tensor-parallel group's collectives run at island (NVLink) speed in the
                 # profile's curves, so none may span islands
                 t = tp_degree(s.strategy)
-                for k in range(0, len(s.ranks) - t + 1, t) if len(s.ranks) % t == 0 else ():
+                for k in range(0, len(s.ranks), t) if t > 1 and len(s.ranks) % t == 0 else ():
                     group = s.ranks[k : k + t]
                     spans = sorted({island_of.get(r, -1) for r in group})
                     if len(spans) > 1:

@@ -168,7 +168,7 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
                 score += 2.0 * ledger.shared_fraction(s.metaop, s.first, s.last) + headroom
                 if s.metaop.id in home:
                     score[list(home[s.metaop.id])] += 4.0
-            group = tp_degree(s.strategy) if s.n % tp_degree(s.strategy) == 0 else 1
+            group = _group_size(s)
             chosen = _choose(np.where(ok, score, -np.inf), s.n, cluster.island_size, group)
             if chosen is None:
                 return _Failure(wave=wi, message=(
@@ -208,6 +208,14 @@ def _locality(flows: list[Flow], placed: list[list[Ranks]], island_of: np.ndarra
         same += f.bytes * local
         island += f.bytes * islands[island_of]
     return same / total, island / total
+
+
+def _group_size(s: SliceSpec) -> int:
+    """Ranks per tensor-parallel group of the slice: its degree t, or 1 under 'dp' and when t
+    does not divide its rank count (the simulator then runs it data parallel, as
+    `simulate._groups` does)."""
+    t = tp_degree(s.strategy)
+    return t if s.n % t == 0 else 1
 
 
 def _choose(score: np.ndarray, n: int, island_size: int, group: int = 1) -> Ranks | None:
@@ -267,7 +275,7 @@ def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster:
         for s in wave:
             chosen = tuple(range(start, start + s.n))
             start += s.n
-            t = tp_degree(s.strategy) if s.n % tp_degree(s.strategy) == 0 else 1
+            t = _group_size(s)
             split = next((chosen[k : k + t] for k in range(0, s.n, t)
                           if chosen[k] // cluster.island_size
                           != chosen[k + t - 1] // cluster.island_size), None)
