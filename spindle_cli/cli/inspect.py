@@ -12,6 +12,7 @@ import click
 from spindle_cli.artifacts import load_artifact
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views import VIEW_MODULES
+from spindle_cli.cli.views.gantt import check_image_path
 from spindle_cli.errors import SpindleError
 
 
@@ -36,9 +37,10 @@ def _view(kind: str, path: str) -> Any:
 
 @click.command()
 @click.argument("path", metavar="FILE")
-@click.option("--plot", default=None, metavar="PNG", help="Plot (profile: scaling curves).")
+@click.option("--plot", default=None, metavar="SVG|PNG", help="Plot (profile: scaling curves).")
 @click.option("--gantt", default=None, metavar="SVG|PNG", help="Gantt chart of a plan.")
-@click.option("--utilization", default=None, metavar="PNG", help="Device utilization of a plan.")
+@click.option("--utilization", default=None, metavar="SVG|PNG",
+              help="Device utilization of a plan.")
 @click.option("--text-gantt", is_flag=True, help="Gantt chart of a plan as text.")
 def show(path: str, plot: str | None, gantt: str | None, utilization: str | None,
          text_gantt: bool) -> None:
@@ -52,4 +54,7 @@ def show(path: str, plot: str | None, gantt: str | None, utilization: str | None
         if name not in accepted:
             flag = "--" + name.replace("_", "-")
             raise SpindleError(f"{path}: {flag} does not apply to a {obj.kind} artifact")
+    for name in ("plot", "gantt", "utilization"):
+        if name in options:
+            check_image_path(options[name])
     view(obj, path, **options)

@@ -17,6 +17,7 @@ from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input
 from spindle_cli.cli.views import fmt_bytes, print_table
+from spindle_cli.cli.views.gantt import check_image_path
 from spindle_cli.planner import simulate as simulation
 from spindle_cli.planner.api import PLACEMENTS, place_again
 from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
@@ -147,6 +148,8 @@ def print_report(result: SimResult, path: str) -> None:
 def simulate(plan_path: str, as_json: bool, gantt: str | None,
              sync: SyncMode, progress: simulation.Progress, placement: str | None) -> None:
     """Simulate one training iteration of PLAN on its cluster."""
+    if gantt is not None:
+        check_image_path(gantt)
     plan, result = simulate_file(plan_path, sync=sync, progress=progress, placement=placement)
     if gantt is not None:
         from spindle_cli.cli.views.gantt import write_gantt

@@ -232,3 +232,20 @@ def test_end_to_end_exit_code_and_no_traceback(small_model_data, workdir):
     assert proc.stderr == ("error: m.yaml: modules.text_enc.heads: hidden 16 is not divisible "
                            "by 5\n")
     assert not Path("g.yaml").exists()
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (("show", "p.yaml", "--gantt", "g.bmp"), "error: g.bmp: unknown image type (expected .svg "
+                                             "or .png)"),
+    (("show", "p.yaml", "--utilization", "nodir/u.png"), "error: nodir/u.png: output directory "
+                                                         "'nodir' does not exist"),
+    (("simulate", "p.yaml", "--gantt", "g.jpg"), "error: g.jpg: unknown image type"),
+    (("show", "f.yaml", "--plot", "c.pdf"), "error: c.pdf: unknown image type"),
+])
+def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spindle):
+    root = Path(__file__).resolve().parents[2]
+    Path("p.yaml").write_text((root / "plans" / "tiny-clip-local-cpu.yaml").read_text())
+    Path("f.yaml").write_text((root / "profiles" / "tiny-clip-local-cpu.yaml").read_text())
+    result = spindle(*args)
+    _assert_one_line_error(result, expected)
+    assert sorted(p.name for p in Path().iterdir()) == ["f.yaml", "p.yaml"]

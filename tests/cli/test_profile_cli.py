@@ -198,7 +198,7 @@ def test_show_prints_each_curve_and_plots(workdir, capsys):
 
     code, _, err = _run(["show", "p.yaml", "--plot", "nowhere/curves.png"], capsys)
     assert code == 2
-    assert err.startswith("error: --plot: output directory 'nowhere' does not exist")
+    assert err.startswith("error: nowhere/curves.png: output directory 'nowhere' does not exist")
     code, _, err = _run(["show", "p.yaml", "--gantt", "g.svg"], capsys)
     assert code == 2 and "--gantt does not apply to a profile" in err
 

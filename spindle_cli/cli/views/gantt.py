@@ -117,11 +117,13 @@ def save_figure(fig: Any, path: str) -> None:
     import matplotlib
 
     # Written like an artifact: to a temp file beside the target, then renamed into place.
+    check_image_path(path)
     suffix = Path(path).suffix.lower()
-    parent = Path(path).parent
-    if not parent.is_dir():
-        raise SpindleError(f"{path}: output directory {str(parent)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{Path(path).name}.", suffix=suffix)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.",
+                                   suffix=suffix)
+    except OSError as e:
+        raise SpindleError(f"{path}: cannot write: {e.strerror}") from None
     os.close(fd)
     try:
         # No creation date in the metadata, so the same plan draws the same bytes.
@@ -136,15 +138,19 @@ def save_figure(fig: Any, path: str) -> None:
         raise
 
 
-def _check_image_path(path: str, allowed: tuple[str, ...]) -> None:
-    if Path(path).suffix.lower() not in allowed:
-        raise SpindleError(f"{path}: unknown image type (expected {' or '.join(allowed)})")
+def check_image_path(path: str) -> None:
+    """SpindleError unless `save_figure` can write `path`: an .svg or .png name in a directory
+    that exists. Commands call it before their work, so a bad name prints nothing else."""
+    if Path(path).suffix.lower() not in (".svg", ".png"):
+        raise SpindleError(f"{path}: unknown image type (expected .svg or .png)")
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise SpindleError(f"{path}: output directory {str(parent)!r} does not exist")
 
 
 def write_gantt(plan: Plan, path: str, *, sim: SimResult | None = None) -> None:
     """Draw ranks x time: one bar per slice and rank coloured by module, labelled with the
     MetaOp and operator range, wave boundaries, transfers and parameter sync."""
-    _check_image_path(path, (".svg", ".png"))
     import matplotlib
 
     matplotlib.use("Agg")
@@ -222,7 +228,6 @@ def busy_series(tl: Timeline) -> tuple[list[float], dict[str, list[float]]]:
 def write_utilization(plan: Plan, path: str, *, sim: SimResult | None = None) -> None:
     """Utilization over time (like the paper's Fig. 9): the share of devices computing,
     stacked by module, over one iteration."""
-    _check_image_path(path, (".svg", ".png"))
     import matplotlib
 
     matplotlib.use("Agg")

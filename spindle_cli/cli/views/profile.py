@@ -1,18 +1,16 @@
-"""`spindle show PROFILE [--plot FILE.png]`: every scaling curve as a table and a sparkline,
+"""`spindle show PROFILE [--plot FILE.svg|png]`: every scaling curve as a table and a sparkline,
 and optionally a picture of the curves like the paper's Fig. 4 (speedup T(1)/T(n) against n).
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from rich.table import Table
 
 from spindle_cli.artifacts.profile import Curve, Profile, ProfilePoint
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.views import fmt_bytes, print_table
-from spindle_cli.errors import SpindleError
 from spindle_cli.planner import scaling
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -86,7 +84,7 @@ def _curve_table(curve: Curve, fitted: set[int]) -> Table:
 
 def show(obj: Profile, path: str, plot: str | None = None) -> None:
     """Print a header, then per curve its points against the fit and a speedup sparkline;
-    with `plot`, also draw the speedup curves to a PNG."""
+    with `plot`, also draw the speedup curves to an SVG or PNG (`gantt.save_figure`)."""
     f = obj.fingerprint
     torch = f", torch {f.torch_version}" if f.torch_version else ""
     out.print(
@@ -125,8 +123,8 @@ def plot_profile(obj: Profile, path: str) -> None:
     the linear ideal dashed (the paper's Fig. 4)."""
     from matplotlib.figure import Figure
 
-    if not Path(path).parent.is_dir():
-        raise SpindleError(f"--plot: output directory {str(Path(path).parent)!r} does not exist")
+    from spindle_cli.cli.views.gantt import save_figure
+
     fig = Figure(figsize=(12 if len(obj.curves) > 12 else 9, 6), layout="constrained")
     ax = fig.add_subplot()
     top = max(obj.counts)
@@ -150,7 +148,4 @@ def plot_profile(obj: Profile, path: str) -> None:
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=6, ncol=2 if len(obj.curves) > 24 else 1, loc="upper left",
               bbox_to_anchor=(1.01, 1.0))
-    try:
-        fig.savefig(path, dpi=120)
-    except (OSError, ValueError) as e:
-        raise SpindleError(f"--plot: cannot write {path}: {e}") from None
+    save_figure(fig, path)
