@@ -15,6 +15,21 @@ from spindle_cli.artifacts.profile import check_strategy, tp_degree
 from spindle_cli.errors import FieldError
 
 
+def tp_group_size(num_ranks: int, strategy: str) -> int:
+    """Ranks per tensor-parallel group of a slice on `num_ranks` ranks: t under 'tp<t>' when t
+    divides the count, else 1 (under 'dp', or a count t does not divide: the slice then runs
+    data parallel)."""
+    t = tp_degree(strategy)
+    return t if num_ranks % t == 0 else 1
+
+
+def tp_groups(ranks: tuple[int, ...], strategy: str) -> list[tuple[int, ...]]:
+    """A slice's tensor-parallel groups: runs of `tp_group_size` consecutive ranks, each one
+    data-parallel replica holding the same rows."""
+    t = tp_group_size(len(ranks), strategy)
+    return [ranks[i : i + t] for i in range(0, len(ranks), t)]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Slice:
     """Operators [first, last) of one MetaOp run on `ranks` for the whole task batch."""
@@ -152,9 +167,7 @@ class Plan(DerivedArtifact):
                                      f"rank {bad[0]} >= num_devices {self.num_devices}")
                 # a tensor-parallel group's collectives run at island (NVLink) speed in the
                 # profile's curves, so none may span islands
-                t = tp_degree(s.strategy)
-                for k in range(0, len(s.ranks), t) if t > 1 and len(s.ranks) % t == 0 else ():
-                    group = s.ranks[k : k + t]
+                for group in tp_groups(s.ranks, s.strategy):
                     spans = sorted({island_of.get(r, -1) for r in group})
                     if len(spans) > 1:
                         raise FieldError(f"waves[{wi}].slices[{si}].ranks",

@@ -31,7 +31,7 @@ import numpy as np
 
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.artifacts.profile import tp_degree
+from spindle_cli.artifacts.plan import tp_group_size, tp_groups
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.memory import NO_SAVING, Ledger, MemoryStrategy
 
@@ -168,7 +168,7 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
                 score += 2.0 * ledger.shared_fraction(s.metaop, s.first, s.last) + headroom
                 if s.metaop.id in home:
                     score[list(home[s.metaop.id])] += 4.0
-            group = _group_size(s)
+            group = tp_group_size(s.n, s.strategy)
             chosen = _choose(np.where(ok, score, -np.inf), s.n, cluster.island_size, group)
             if chosen is None:
                 return _Failure(wave=wi, message=(
@@ -208,14 +208,6 @@ def _locality(flows: list[Flow], placed: list[list[Ranks]], island_of: np.ndarra
         same += f.bytes * local
         island += f.bytes * islands[island_of]
     return same / total, island / total
-
-
-def _group_size(s: SliceSpec) -> int:
-    """Ranks per tensor-parallel group of the slice: its degree t, or 1 under 'dp' and when t
-    does not divide its rank count (the simulator then runs it data parallel, as
-    `simulate._groups` does)."""
-    t = tp_degree(s.strategy)
-    return t if s.n % t == 0 else 1
 
 
 def _choose(score: np.ndarray, n: int, island_size: int, group: int = 1) -> Ranks | None:
@@ -275,10 +267,8 @@ def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster:
         for s in wave:
             chosen = tuple(range(start, start + s.n))
             start += s.n
-            t = _group_size(s)
-            split = next((chosen[k : k + t] for k in range(0, s.n, t)
-                          if chosen[k] // cluster.island_size
-                          != chosen[k + t - 1] // cluster.island_size), None)
+            split = next((g for g in tp_groups(chosen, s.strategy)
+                          if g[0] // cluster.island_size != g[-1] // cluster.island_size), None)
             if split is not None:
                 raise PlanInfeasible(
                     f"sequential placement puts the tensor-parallel group {list(split)} of "

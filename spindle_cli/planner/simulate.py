@@ -85,8 +85,8 @@ import numpy as np
 
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.artifacts.plan import ParamGroup, Plan, Slice, Wave
-from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
+from spindle_cli.artifacts.plan import ParamGroup, Plan, Slice, Wave, tp_groups
+from spindle_cli.artifacts.profile import Curve, Profile
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.buckets import SyncBucket, SyncMode, sync_buckets
 from spindle_cli.planner.memory import kept_bytes_per_sample, state_bytes_per_param
@@ -246,19 +246,11 @@ def split_rows(num_rows: int, num_parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def _groups(ranks: tuple[int, ...], strategy: str) -> list[tuple[int, ...]]:
-    # Under 'tp<t>' consecutive runs of t ranks hold the same rows (one data-parallel replica).
-    t = tp_degree(strategy)
-    if len(ranks) % t:
-        t = 1
-    return [ranks[i : i + t] for i in range(0, len(ranks), t)]
-
-
 def operator_ms(curve: Curve, s: Slice) -> float:
     """Forward+backward time of one operator of slice `s` (its slowest rank)."""
     n = len(s.ranks)
     piece = next((p for p in curve.pieces if n <= p.n_hi), curve.pieces[-1])
-    groups = _groups(s.ranks, s.strategy)
+    groups = tp_groups(s.ranks, s.strategy)
     rows = math.ceil(curve.batch_size / len(groups))
     return piece.alpha_ms + piece.beta_ms * rows * len(groups) / n
 
@@ -276,8 +268,8 @@ def row_flows(
     pieces are dropped. Every rank of a consumer tensor-parallel group needs its group's rows;
     they come from the producer rank on the same device when there is one. Cached: the
     candidate plans a planner simulates share most of their slices."""
-    src_groups = _groups(src_ranks, src_strategy)
-    dst_groups = _groups(dst_ranks, dst_strategy)
+    src_groups = tp_groups(src_ranks, src_strategy)
+    dst_groups = tp_groups(dst_ranks, dst_strategy)
     src_rows = split_rows(num_rows, len(src_groups))
     dst_rows = split_rows(num_rows, len(dst_groups))
     out: list[tuple[int, int, int]] = []
@@ -1155,8 +1147,8 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     slices = []
     for _, s in plan.slices():
         c, m = costs[s.id], graph.metaop(s.metaop)
-        for g, (lo, hi) in zip(_groups(s.ranks, s.strategy),
-                               split_rows(m.batch_size, len(_groups(s.ranks, s.strategy))),
+        for g, (lo, hi) in zip(tp_groups(s.ranks, s.strategy),
+                               split_rows(m.batch_size, len(tp_groups(s.ranks, s.strategy))),
                                strict=True):
             for r in g:
                 busy[r] += c.forward_ms + c.backward_ms

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from test_properties import problems
 from test_simulate_properties import plans
 
+from spindle_cli.artifacts.plan import tp_groups
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api
 from spindle_cli.planner.simulate import (
-    _groups,
     row_flows,
     simulate,
     simulated_cost,
@@ -34,8 +34,8 @@ _EPS = 1e-9
 def row_flows_by_every_pair(num_bytes, src_ranks, src_strategy, dst_ranks, dst_strategy,
                             num_rows):
     """The rule of `row_flows` checked on every (consumer group, producer group) pair."""
-    src_groups = _groups(src_ranks, src_strategy)
-    dst_groups = _groups(dst_ranks, dst_strategy)
+    src_groups = tp_groups(src_ranks, src_strategy)
+    dst_groups = tp_groups(dst_ranks, dst_strategy)
     out = []
     for dg, (dlo, dhi) in zip(dst_groups, split_rows(num_rows, len(dst_groups)), strict=True):
         for sg, (slo, shi) in zip(src_groups, split_rows(num_rows, len(src_groups)),
