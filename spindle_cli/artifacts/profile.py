@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from spindle_cli.artifacts.base import DerivedArtifact
+from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.codec import meta
-from spindle_cli.artifacts.io import register
+from spindle_cli.artifacts.io import load_recorded_input, register
 from spindle_cli.errors import FieldError
 
 Strategy = str
@@ -153,3 +154,13 @@ class Profile(DerivedArtifact):
             if c.signature == signature:
                 return c
         raise KeyError(signature)
+
+
+def profiled_device(profile: Profile, profile_path: str) -> str:
+    """The device (a cluster spec's `device.name`) whose times `profile` holds: the device
+    model an analytic profile names, or the device of the cluster a measured profile was
+    measured on (its recorded cluster input; ArtifactError when it records none, or that
+    file is missing or has changed since)."""
+    if profile.source == "analytic":
+        return profile.fingerprint.device_name
+    return load_recorded_input(profile, profile_path, ClusterSpec)[1].device.name

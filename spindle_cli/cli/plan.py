@@ -7,9 +7,10 @@ from pathlib import Path
 import click
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, input_ref
+from spindle_cli.artifacts.profile import profiled_device
 from spindle_cli.cli._console import err
 from spindle_cli.cli.common import emit, exit_with, load_input
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import ArtifactError, SpindleError
 
 
 @click.command()
@@ -31,12 +32,16 @@ from spindle_cli.errors import SpindleError
               show_default=True,
               help="Activation recomputation (+1/3 compute); auto: only when no ZeRO stage "
                    "fits without it.")
+@click.option("--allow-device-mismatch", is_flag=True,
+              help="Plan even when PROFILE holds the times of another device than the "
+                   "cluster's (a what-if; a note says so).")
 @click.option("-o", "--output", default="-", show_default=True, metavar="PLAN",
               help="Output file (.yaml, .yml or .json); '-' for stdout.")
 @click.option("--check", is_flag=True,
               help="Re-plan in memory and compare with PLAN (exit 1 on drift, writes nothing).")
 def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, placement: str,
-         uneven_splits: bool, memory: str, recompute: str, output: str, check: bool) -> None:
+         uneven_splits: bool, memory: str, recompute: str, allow_device_mismatch: bool,
+         output: str, check: bool) -> None:
     """Plan the waves of GRAPH on a cluster using PROFILE's scaling curves."""
     from spindle_cli.planner.api import PlanOptions, make_fitting_plan, memory_ladder
 
@@ -48,6 +53,7 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
     graph = load_input(graph_path, MetaOpGraph)
     profile = load_input(profile_path, Profile)
     cluster = load_input(cluster_path, ClusterSpec)
+    check_device(profile, profile_path, cluster, cluster_path, allow=allow_device_mismatch)
     options = PlanOptions(planner=planner, placement=placement, uneven_splits=uneven_splits)
     inputs = (input_ref(graph, graph_path), input_ref(profile, profile_path),
               input_ref(cluster, cluster_path))
@@ -65,3 +71,24 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
         err.print("note: `spindle run` implements ZeRO-1 only; plan with --memory zero1 (or none) "
                   "--recompute off for a plan it can train", soft_wrap=True)
     exit_with(emit(result, output, check=check))
+
+
+def check_device(profile: Profile, profile_path: str, cluster: ClusterSpec, cluster_path: str,
+                 *, allow: bool) -> None:
+    """Refuse a profile that holds another device's times than the cluster's
+    (`profiled_device`), unless `allow`; a note when it cannot tell, or when allowed."""
+    try:
+        device = profiled_device(profile, profile_path)
+    except ArtifactError as e:
+        err.print(f"note: nothing checks that {profile_path} holds the times of "
+                  f"{cluster_path}'s {cluster.device.name} devices: {e}", soft_wrap=True)
+        return
+    if device == cluster.device.name:
+        return
+    problem = (f"{profile_path} holds the times of {device} devices, but {cluster_path} has "
+               f"{cluster.device.name}")
+    if not allow:
+        raise SpindleError(problem, hint="profile the graph for this cluster (spindle profile "
+                           f"GRAPH --cluster {cluster_path} ...), or plan with these times "
+                           "anyway with --allow-device-mismatch")
+    err.print(f"note: {problem}; planning with them (--allow-device-mismatch)", soft_wrap=True)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from spindle_cli.artifacts import Plan, load
+from spindle_cli.artifacts import ClusterSpec, Plan, Profile, input_ref, load, write_artifact
 from spindle_cli.cli import cli
 
 CASE = Path(__file__).resolve().parents[1] / "data" / "plan-two-node-multitask"
@@ -87,6 +88,71 @@ def test_bad_input_is_one_line_exit_2_and_no_output(case, args, message):
     assert r.stderr.startswith("error: ") and message in r.stderr.replace("\n", "")
     assert "Traceback" not in r.stderr
     assert not Path("p.yaml").exists() and not Path("p.txt").exists()
+
+
+def _other_device_cluster() -> None:
+    text = Path("cluster.yaml").read_text()
+    Path("h100.yaml").write_text(text.replace("  name: test\n", "  name: H100-SXM5-80GB\n"))
+
+
+def test_plan_refuses_a_profile_of_another_device(case):
+    _other_device_cluster()
+    r = subprocess.run(["spindle", "plan", "graph.yaml", "profile.yaml", "--cluster",
+                        "h100.yaml", "-o", "p.yaml"], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0] == ("error: profile.yaml holds the times of test devices, "
+                                        "but h100.yaml has H100-SXM5-80GB")
+    assert "--allow-device-mismatch" in r.stderr and "Traceback" not in r.stderr
+    assert not Path("p.yaml").exists()
+
+
+def test_a_device_mismatch_can_be_allowed_and_says_so(case):
+    _other_device_cluster()
+    r = subprocess.run(["spindle", "plan", "graph.yaml", "profile.yaml", "--cluster",
+                        "h100.yaml", "--allow-device-mismatch", "-o", "p.yaml"],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "note: profile.yaml holds the times of test devices" in r.stderr.replace("\n", " ")
+    assert load("p.yaml", Plan).num_devices == 8
+
+
+def _measured_profile(cluster_path: str) -> None:
+    """profile.yaml as a measured profile that records `cluster_path` as its cluster."""
+    cluster = load(cluster_path, ClusterSpec)
+    p = load("profile.yaml", Profile)
+    write_artifact(replace(p, source="measured", inputs=(input_ref(cluster, cluster_path),)),
+                   "measured.yaml")
+
+
+def test_a_measured_profile_describes_the_cluster_it_was_measured_on(case):
+    _other_device_cluster()
+    _measured_profile("h100.yaml")
+    r = subprocess.run(["spindle", "plan", "graph.yaml", "measured.yaml", "--cluster",
+                        "cluster.yaml", "-o", "p.yaml"], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: measured.yaml holds the times of H100-SXM5-80GB "
+                               "devices, but cluster.yaml has test")
+    r = subprocess.run(["spindle", "plan", "graph.yaml", "measured.yaml", "--cluster",
+                        "h100.yaml", "-o", "p.yaml"], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    assert "note:" not in r.stderr
+
+
+def test_a_measured_profile_whose_cluster_changed_is_planned_with_a_note(case):
+    _other_device_cluster()
+    _measured_profile("h100.yaml")
+    Path("h100.yaml").write_text(Path("h100.yaml").read_text().replace(
+        "link_latency_s: 5.0e-06", "link_latency_s: 1.0e-05"))
+    r = subprocess.run(["spindle", "plan", "graph.yaml", "measured.yaml", "--cluster",
+                        "cluster.yaml", "-o", "p.yaml"], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    flat = r.stderr.replace("\n", " ")
+    assert "note: nothing checks that measured.yaml holds the times of cluster.yaml's test" in flat
+    assert "changed since the profile was made" in flat
 
 
 def test_infeasible_memory_is_a_clean_error(case):

@@ -76,7 +76,7 @@ def cluster(num_nodes: int = 1, per_node: int = 4, island: int | None = None,
     return ClusterSpec(
         kind="cluster", version=1, name=name, num_nodes=num_nodes, devices_per_node=per_node,
         island_size=island or per_node,
-        device=DeviceSpec(name="X", memory_bytes=memory_bytes, peak_flops=1e14,
+        device=DeviceSpec(name="test", memory_bytes=memory_bytes, peak_flops=1e14,
                           memory_bandwidth_bytes_per_s=1e12),
         intra_island_bandwidth_bytes_per_s=1e11, inter_node_bandwidth_bytes_per_s=1e10,
     )
