@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from spindle_cli.artifacts.base import Artifact
 from spindle_cli.artifacts.codec import meta
@@ -42,6 +43,12 @@ class ClusterSpec(Artifact):
         metadata=meta("per-device bandwidth between nodes (InfiniBand)", gt=0)
     )
     link_latency_s: float = field(default=5e-6, metadata=meta("per-message latency", ge=0))
+    backend: Literal["nccl", "gloo"] = field(
+        default="nccl",
+        metadata=meta("the torch.distributed backend `spindle run` uses here (nccl on GPUs, "
+                      "gloo on CPU ranks); the planner times the gradient buckets the "
+                      "executor makes on it"),
+    )
 
     def __post_init__(self) -> None:
         Artifact.__post_init__(self)

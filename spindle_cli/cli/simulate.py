@@ -40,11 +40,12 @@ def load_plan_inputs(plan: Plan, plan_path: str) -> tuple[MetaOpGraph, Profile, 
     return graph, profile, cluster
 
 
-def simulate_file(plan_path: str, *, sync: SyncMode = "chunked",
+def simulate_file(plan_path: str, *, sync: SyncMode | None = None,
                   progress: simulation.Progress = "wave",
                   placement: str | None = None) -> tuple[Plan, SimResult]:
-    """Load a plan and its inputs and simulate it; with `placement`, its waves placed again
-    that way first (`api.place_again`), and that plan is the one returned."""
+    """Load a plan and its inputs and simulate it (`sync`: the gradient buckets, by default
+    those of the cluster's backend); with `placement`, its waves placed again that way first
+    (`api.place_again`), and that plan is the one returned."""
     plan = load_input(plan_path, Plan)
     graph, profile, cluster = load_plan_inputs(plan, plan_path)
     if placement is not None:
@@ -128,13 +129,14 @@ def print_report(result: SimResult, path: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("--gantt", default=None, metavar="SVG|PNG",
               help="Also draw the simulated timeline as a Gantt chart.")
-@click.option("--sync", "sync", type=click.Choice(SYNC_MODES), default="chunked",
+@click.option("--sync", "sync", type=click.Choice(["auto", *SYNC_MODES]), default="auto",
               show_default=True,
               help="Gradient buckets: chunked, chunks of a rank set's layers each as soon as "
                    "the backward wave that completes them has passed them (what `spindle run` "
                    "does on nccl); per-wave, one per rank set and wave at the end of the "
                    "wave; per-set, one per rank set once all its layers are done (on gloo); "
-                   "after-backward, every group after the last backward wave.")
+                   "after-backward, every group after the last backward wave; auto, those of "
+                   "the cluster's backend (what the planner simulates).")
 @click.option("--progress", type=click.Choice(simulation.PROGRESS_MODES), default="wave",
               show_default=True,
               help="wave: every wave is a barrier (the planner's model); rank: each rank "
@@ -146,11 +148,12 @@ def print_report(result: SimResult, path: str) -> None:
                    "MetaOp, operators and device count; only its ranks change): what the "
                    "placement buys on this plan, the paper's Fig. 10 ablation.")
 def simulate(plan_path: str, as_json: bool, gantt: str | None,
-             sync: SyncMode, progress: simulation.Progress, placement: str | None) -> None:
+             sync: str, progress: simulation.Progress, placement: str | None) -> None:
     """Simulate one training iteration of PLAN on its cluster."""
     if gantt is not None:
         check_image_path(gantt)
-    plan, result = simulate_file(plan_path, sync=sync, progress=progress, placement=placement)
+    plan, result = simulate_file(plan_path, sync=None if sync == "auto" else sync,
+                                 progress=progress, placement=placement)
     if gantt is not None:
         from spindle_cli.cli.views.gantt import write_gantt
 

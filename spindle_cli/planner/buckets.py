@@ -35,6 +35,14 @@ from spindle_cli.artifacts.plan import Plan
 SyncMode = Literal["chunked", "per-wave", "per-set", "after-backward"]
 SYNC_MODES: tuple[SyncMode, ...] = ("chunked", "per-wave", "per-set", "after-backward")
 
+
+def backend_sync(backend: str) -> SyncMode:
+    """The buckets the executor makes by default on `backend`: 'chunked' on nccl, where the
+    all-reduces overlap the backward pass, 'per-set' on gloo, whose collective threads take
+    their CPU time from the rank's compute."""
+    return "chunked" if backend == "nccl" else "per-set"
+
+
 SYNC_CHUNK_BYTES = 25 * 2**20
 """The least gradient bytes of a chunk (DDP's default bucket_cap_mb)."""
 MAX_CHUNKS = 4

@@ -27,21 +27,21 @@ What is modelled (and what is not):
   flight: each rank has an NVLink port inside its island, each node one NIC between nodes
   (see `_Network`); a port carrying k flows gives each bandwidth/k and a flow moves at the
   rate of its slower port. The next wave waits for all of the boundary's messages.
-- Parameter synchronization. Gradients are all-reduced in buckets with a ring over their
-  ranks (ascending): each rank sends 2(p-1)/p * bytes to its ring successor, with 2(p-1)
-  message latencies; a bucket finishes with its slowest link. The buckets are the executor's
+- Parameter synchronization. Gradients are all-reduced in buckets with a ring over their ranks
+  (ascending): each rank sends 2(p-1)/p * bytes to its ring successor, with 2(p-1) message
+  latencies; a bucket finishes with its slowest link. The buckets are the executor's
   (`buckets.sync_buckets`, `simulate`'s `sync`), each with its share of its groups' bytes by
-  layer count: by default ('chunked', its NCCL default) a rank set's layers split by the
-  backward wave that completes their gradients (the lowest wave of a slice running the
-  layer), then into chunks of whole layers, top layers first; a chunk starts once every slice
-  of that wave running its layers has passed its lowest layer (the backward of one operator
-  taking an equal share of the slice's) and the chunks before it have started, overlapping
-  the rest of the backward pass, like DDP's gradient buckets; 'per-wave' each wave's layers of
-  a set in one bucket, once that wave's slices of them have finished their backward;
-  'per-set' (its gloo default) one bucket for all groups of one rank set, once all their
-  layers are done; 'after-backward' each group whole after the last backward wave. Buckets run
-  concurrently and share ports with each other and with transfers. Only the sync that outlasts
-  the backward pass adds to the iteration.
+  layer count: by default those of the cluster's `backend`; 'chunked' (the executor's on NCCL)
+  splits a rank set's layers by the backward wave that completes their gradients (the lowest
+  wave of a slice running the layer), then into chunks of whole layers, top layers first; a
+  chunk starts once every slice of that wave running its layers has passed its lowest layer
+  (the backward of one operator taking an equal share of the slice's) and the chunks before it
+  have started, overlapping the rest of the backward pass, like DDP's gradient buckets;
+  'per-wave' each wave's layers of a set in one bucket, once that wave's slices of them have
+  finished their backward; 'per-set' (its gloo default) one bucket for all groups of one rank
+  set, once all their layers are done; 'after-backward' each group whole after the last
+  backward wave. Buckets run concurrently and share ports with each other and with transfers.
+  Only the sync that outlasts the backward pass adds to the iteration.
 - Memory. Parameters, gradients and optimizer state per rank are the plan's estimate; the
   activations stashed for backward are simulated: every slice keeps stash_bytes_per_sample *
   rows * layers on each rank until its backward, so a rank peaks at the end of the forward pass.
@@ -88,7 +88,7 @@ from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.artifacts.plan import ParamGroup, Plan, Slice, Wave, tp_groups
 from spindle_cli.artifacts.profile import Curve, Profile
 from spindle_cli.errors import SpindleError
-from spindle_cli.planner.buckets import SyncBucket, SyncMode, sync_buckets
+from spindle_cli.planner.buckets import SyncBucket, SyncMode, backend_sync, sync_buckets
 from spindle_cli.planner.memory import kept_bytes_per_sample, state_bytes_per_param
 
 FORWARD_SHARE = 1.0 / 3.0
@@ -554,16 +554,17 @@ Progress = Literal["wave", "rank"]
 PROGRESS_MODES: tuple[Progress, ...] = ("wave", "rank")
 
 def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
-             sync: SyncMode = "chunked", progress: Progress = "wave") -> SimResult:
+             sync: SyncMode | None = None, progress: Progress = "wave") -> SimResult:
     """Simulate one training iteration of `plan` (see the module docstring for the model).
 
-    `sync` buckets the gradients as the executor does (`buckets.sync_buckets`): 'chunked' (the
-    default, the executor's on NCCL) all-reduces each group's layers in chunks as soon as the
-    backward wave that completes them has passed them, overlapping the rest of the backward
-    pass, as data-parallel frameworks (PyTorch DDP, DeepSpeed) do with gradient buckets;
-    'per-wave' the same with each wave's layers of a rank set in one bucket, due at the end of
-    the wave; 'per-set' (the executor's on gloo) one bucket per rank set, once all of its
-    layers are done; 'after-backward' every group after the last backward wave.
+    `sync` buckets the gradients as the executor does (`buckets.sync_buckets`); by default
+    as it does on the cluster's backend (`buckets.backend_sync`). 'chunked' (the executor's
+    on NCCL) all-reduces each group's layers in chunks as soon as the backward wave that
+    completes them has passed them, overlapping the rest of the backward pass, as
+    data-parallel frameworks (PyTorch DDP, DeepSpeed) do with gradient buckets; 'per-wave'
+    the same with each wave's layers of a rank set in one bucket, due at the end of the wave;
+    'per-set' (the executor's on gloo) one bucket per rank set, once all of its layers are
+    done; 'after-backward' every group after the last backward wave.
 
     `progress` 'wave' (the default) runs waves as barriers, the wave model the planner plans
     with; 'rank' runs each rank on its own, as the executor does: a rank posts a boundary's
@@ -572,7 +573,8 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
     are there). Then the iteration's parts are the time of the rank that ends it.
     """
     return _result(plan, graph, profile, cluster,
-                   _run(plan, graph, profile, cluster, sync=sync, progress=progress))
+                   _run(plan, graph, profile, cluster, progress=progress,
+                        sync=backend_sync(cluster.backend) if sync is None else sync))
 
 
 class QuickCost(NamedTuple):
@@ -585,14 +587,15 @@ class QuickCost(NamedTuple):
 
 def simulated_cost(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
                    give_up_ms: float = math.inf) -> QuickCost:
-    """`simulate(...)`'s iteration and transfer wait, without building the per-rank, per-slice
-    and per-flow records of the result. Once the simulated clock passes `give_up_ms` (a wave
-    ends, or a flow that a wave or the gradient sync waits for ends, after it) the simulation
-    stops and returns that time, a lower bound of the iteration above `give_up_ms`: a plan
-    that cannot beat `give_up_ms` need not be simulated to the end."""
+    """`simulate(...)`'s iteration and transfer wait (with the cluster backend's buckets),
+    without building the per-rank, per-slice and per-flow records of the result. Once the
+    simulated clock passes `give_up_ms` (a wave ends, or a flow that a wave or the gradient
+    sync waits for ends, after it) the simulation stops and returns that time, a lower
+    bound of the iteration above `give_up_ms`: a plan that cannot beat `give_up_ms` need
+    not be simulated to the end."""
     try:
-        timeline = _run(plan, graph, profile, cluster, sync="chunked", give_up_ms=give_up_ms,
-                        record_flows=False)
+        timeline = _run(plan, graph, profile, cluster, sync=backend_sync(cluster.backend),
+                        give_up_ms=give_up_ms, record_flows=False)
     except _GaveUp as e:
         return QuickCost(iteration_ms=e.now_ms, transfer_ms=math.inf)
     return QuickCost(iteration_ms=timeline.iteration_ms, transfer_ms=timeline.parts[2])

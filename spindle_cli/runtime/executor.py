@@ -53,7 +53,7 @@ from torch import nn
 from spindle_cli.artifacts.model import ModelSpec
 from spindle_cli.artifacts.plan import Plan
 from spindle_cli.errors import RuntimeFailure
-from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES, sync_buckets
+from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES, backend_sync, sync_buckets
 from spindle_cli.runtime.data import DataSource, item_shape, targets_name
 from spindle_cli.runtime.dist import World
 from spindle_cli.runtime.groups import Groups
@@ -149,9 +149,9 @@ def _shape(t: torch.Tensor) -> list[int]:
 
 def overlaps_sync(backend: str) -> bool:
     """Whether the executor buckets shared layers in chunks by completing wave by default on
-    `backend` (`overlap_sync`: on NCCL, not on gloo, whose collective threads take the rank's
-    CPU)."""
-    return backend == "nccl"
+    `backend` (`overlap_sync`; `buckets.backend_sync`: on NCCL, not on gloo, whose collective
+    threads take the rank's CPU)."""
+    return backend_sync(backend) == "chunked"
 
 
 class Executor:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from spindle_cli.artifacts import ClusterSpec, load
+from spindle_cli.errors import ArtifactError
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "clusters").glob("*.yaml"))
@@ -88,3 +89,17 @@ def test_local_cpu_clusters_are_one_island_of_cpu_ranks(name, ranks):
     assert c.device.memory_bytes == 4 * GIB
     # A CPU core, not an accelerator: orders of magnitude below a GPU.
     assert c.device.peak_flops < _cluster("a800-1x8").device.peak_flops / 100
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_cpu_clusters_run_gloo_and_gpu_clusters_nccl(path):
+    c = load(str(path), ClusterSpec)
+    assert c.backend == ("gloo" if c.name.startswith("local-cpu") else "nccl")
+
+
+def test_an_unknown_backend_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text((REPO / "clusters" / "local-cpu.yaml").read_text().replace(
+        "backend: gloo", "backend: mpi"))
+    with pytest.raises(ArtifactError, match=r"c\.yaml: backend: .*'mpi'"):
+        load(str(bad), ClusterSpec)

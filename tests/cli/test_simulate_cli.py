@@ -3,6 +3,7 @@ one-line errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -20,11 +21,12 @@ fx = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fx)
 
 
-def write_case(tmp_path: Path, *, relative: bool = False) -> Path:
-    """graph, profile, cluster and a plan recording them; returns the plan's path."""
+def write_case(tmp_path: Path, *, relative: bool = False, cluster=None) -> Path:
+    """graph, profile, cluster (the fixture's by default) and a plan recording them; returns
+    the plan's path."""
     refs = []
     for name, obj in (("graph.yaml", fx.graph()), ("profile.yaml", fx.profile()),
-                      ("cluster.yaml", fx.cluster())):
+                      ("cluster.yaml", cluster or fx.cluster())):
         write_artifact(obj, str(tmp_path / name))
         refs.append(input_ref(obj, name if relative else str(tmp_path / name)))
     plan_path = tmp_path / "plan.yaml"
@@ -68,6 +70,16 @@ def test_sync_flag(tmp_path):
     assert json.loads(res.stdout)["iteration_ms"] == pytest.approx(65.0)  # enc whole from 55
     res = _run(["simulate", str(write_case(tmp_path)), "--json", "--sync", "sideways"])
     assert res.exit_code == 2 and "sideways" in res.stderr
+
+
+def test_sync_defaults_to_the_buckets_of_the_clusters_backend(tmp_path):
+    gloo = dataclasses.replace(fx.cluster(), backend="gloo")
+    plan = str(write_case(tmp_path, cluster=gloo))
+    res = _run(["simulate", plan, "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["iteration_ms"] == pytest.approx(65.0)  # one per rank set
+    res = _run(["simulate", plan, "--json", "--sync", "chunked"])
+    assert json.loads(res.stdout)["iteration_ms"] == pytest.approx(61.0)
 
 
 def test_progress_flag(tmp_path):

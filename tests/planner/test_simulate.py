@@ -16,7 +16,7 @@ from spindle_cli.errors import SpindleError
 from spindle_cli.planner.api import PlanOptions, make_plan
 from spindle_cli.planner.bench import profile_for
 from spindle_cli.planner.graph import build_graph
-from spindle_cli.planner.simulate import row_flows, simulate, split_rows
+from spindle_cli.planner.simulate import row_flows, simulate, simulated_cost, split_rows
 
 
 def run(plan=None, *, latency_s: float = 0.0, batch: int = fx.BATCH, num_nodes: int = 2,
@@ -71,6 +71,21 @@ def test_chunked_buckets_sync_a_slices_upper_layers_during_its_backward():
     assert r.iteration_ms == pytest.approx(61.0)
     assert r.sync_ms == pytest.approx(6.0)
     assert simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster()).iteration_ms == 61.0
+
+
+def test_the_default_buckets_are_those_of_the_clusters_backend():
+    # nccl (the default backend) chunks, as above: 61 ms. On gloo the executor makes one
+    # bucket per rank set, due once its layers are done: enc's 1 GB at 55-65, head's at 27-32.
+    plan, graph, profile = fx.plan(), fx.graph(), fx.profile()
+    gloo = dataclasses.replace(fx.cluster(), backend="gloo")
+    r = simulate(plan, graph, profile, gloo)
+    assert r.iteration_ms == pytest.approx(65.0)
+    assert [(s.start_ms, s.end_ms) for s in r.syncs] == pytest.approx([(55.0, 65.0),
+                                                                        (27.0, 32.0)])
+    assert r == simulate(plan, graph, profile, gloo, sync="per-set")
+    # the planner's cost follows the backend too
+    assert simulated_cost(plan, graph, profile, gloo).iteration_ms == pytest.approx(65.0)
+    assert simulated_cost(plan, graph, profile, fx.cluster()).iteration_ms == pytest.approx(61.0)
 
 
 def test_messages_wait_for_the_boundary_of_their_consumers_wave():
