@@ -1,4 +1,4 @@
-"""`spindle run PLAN --nproc-per-node N`: train a plan with torch.distributed, wave by wave.
+"""`spindle run PLAN`: train a plan with torch.distributed, wave by wave.
 
 Checks the plan, its graph and model (sha256) and the world size here, before launching, so
 bad input is a one-line error with exit code 2 and no process starts. Then starts the workers
@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 @click.command()
 @click.argument("plan_path", metavar="PLAN")
-@click.option("--nproc-per-node", type=click.IntRange(min=1), required=True,
-              help="Worker processes (ranks) on this node.")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+              help="Worker processes (ranks) on this node.  [default: the plan's ranks over "
+                   "--nnodes]")
 @click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Number of nodes (each runs `spindle run` with its --node-rank).")
 @click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
               help="Collective/P2P timeout: a silent rank fails the run after this long.")
 @click.option("--dry-run", is_flag=True,
               help="Check everything, print what each rank would do, launch nothing.")
-def run(plan_path: str, nproc_per_node: int, nnodes: int, node_rank: int,
+def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
         rdzv_endpoint: str | None, steps: int, backend: str, seed: int, lr: float, dtype: str,
         sync: str, dataset: str | None, trace_path: str | None, checkpoint_dir: str | None,
         checkpoint_every: int | None, resume: bool, timeout_s: float, dry_run: bool) -> None:
@@ -71,6 +72,8 @@ def run(plan_path: str, nproc_per_node: int, nnodes: int, node_rank: int,
     from spindle_cli.runtime.inputs import check_world, load_run_inputs
 
     inputs = load_run_inputs(plan_path)
+    if nproc_per_node is None:
+        nproc_per_node = _ranks_per_node(inputs.plan.num_devices, nnodes)
     check_world(inputs.plan, nproc_per_node * nnodes)
     resolved = resolve_backend(backend)
     if dataset is not None:
@@ -111,6 +114,15 @@ def run(plan_path: str, nproc_per_node: int, nnodes: int, node_rank: int,
         err.print(f"note: {nproc_per_node} CPU ranks share {cores} core{'s' * (cores > 1)} here, "
                   "so they take turns and a step takes longer than the plan's prediction")
     _launch(argv)
+
+
+def _ranks_per_node(num_ranks: int, nnodes: int) -> int:
+    """The plan's ranks spread evenly over `nnodes` nodes (SpindleError when they cannot
+    be)."""
+    if num_ranks % nnodes:
+        raise SpindleError(f"the plan's {num_ranks} ranks do not split evenly over {nnodes} "
+                           "nodes", hint="give --nproc-per-node for this node")
+    return num_ranks // nnodes
 
 
 def _print_ranks(program: Program, num_ranks: int) -> None:

@@ -237,13 +237,35 @@ def test_bad_run_options_are_refused_before_launch(tmp_path: Path, args: list[st
     assert expected in _one_line_error(result)
 
 
-def test_dry_run_prints_every_rank_and_launches_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ranks", [["--nproc-per-node", "2"], []])
+def test_dry_run_prints_every_rank_and_launches_nothing(tmp_path: Path,
+                                                        ranks: list[str]) -> None:
     plan_path = write_plan_files(tmp_path)
-    result = invoke("run", str(plan_path), "--nproc-per-node", "2", "--dry-run")
+    result = invoke("run", str(plan_path), *ranks, "--dry-run")
     assert result.exit_code == 0, getattr(result, "stderr", "")
     rows = [ln for ln in result.stdout.splitlines() if ln.startswith("│")]
     assert [ln.split("│")[1].strip() for ln in rows if ln.split("│")[1].strip()] == ["0", "1"]
     assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.parametrize("nnodes, launched_ranks", [("1", "2"), ("2", "1")])
+def test_ranks_per_node_default_to_the_plans_over_the_nodes(
+        tmp_path: Path, monkeypatch, nnodes: str, launched_ranks: str) -> None:
+    plan_path = write_plan_files(tmp_path)
+    launched: list[list[str]] = []
+    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    result = invoke("run", str(plan_path), "--nnodes", nnodes, "--rdzv-endpoint", "h:29500")
+    assert result.exit_code == 0, getattr(result, "stderr", "")
+    argv = launched[0]
+    assert argv[argv.index("--nproc-per-node") + 1] == launched_ranks
+    assert argv[argv.index("--nnodes") + 1] == nnodes
+
+
+def test_ranks_that_do_not_split_over_the_nodes_are_refused(tmp_path: Path) -> None:
+    plan_path = write_plan_files(tmp_path)
+    result = invoke("run", str(plan_path), "--nnodes", "3", "--rdzv-endpoint", "h:29500")
+    assert result.exit_code == 2
+    assert "2 ranks do not split evenly over 3 nodes" in _one_line_error(result)
 
 
 @pytest.mark.parametrize("cores, noted", [(1, True), (2, False)])
