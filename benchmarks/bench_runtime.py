@@ -5,12 +5,16 @@
    layers and data (forward every task, sum the mean losses, backward, AdamW). One thread,
    fp32; steps of the two alternate, so both see the same background load; ratio of the
    median step times. Target: ratio <= 1.10.
-2. Simulator fidelity. `spindle profile --hardware local` measures tiny-clip's operators here,
+2. Activation recomputation. The same one-rank run with the plan's `recompute` on (every
+   operator in a non-reentrant torch.utils.checkpoint) and off, steps alternating: ratio of
+   the median step times (the planner charges 4/3) and the bytes autograd saves for backward
+   in one step (saved-tensor hooks), which recomputation cuts to the operators' inputs.
+3. Simulator fidelity. `spindle profile --hardware local` measures tiny-clip's operators here,
    `spindle plan` plans for 2 ranks (clusters/local-cpu-2.yaml), `spindle run` trains with 2
    processes of one thread each and writes a trace whose summary holds the measured
    iteration time and the simulator's prediction. Goal: within 15%, on the median of
    --rounds independent rounds (default 3).
-3. Link costs (--links): gloo between 2 local processes of one thread each, the figures
+4. Link costs (--links): gloo between 2 local processes of one thread each, the figures
    clusters/local-cpu*.yaml take their link latency and bandwidth from. A pairwise exchange
    (both ranks send and receive in one batch_isend_irecv, as the executor's boundaries do) at
    4 B .. 4 MiB: latency = the median at 4 B, bandwidth = the slope between 64 KiB and 4 MiB;
@@ -72,20 +76,28 @@ def _interleaved_ms(a: object, b: object, steps: int) -> tuple[list[float], list
     return times_a, times_b
 
 
-def executor_overhead(steps: int) -> None:
-    torch.set_num_threads(1)
+def _one_rank(recompute: bool = False) -> tuple[ModelSpec, MetaOpGraph, Plan, Executor]:
+    """tiny-clip's Spindle plan for one rank (with recomputation when asked), and an executor
+    running it on this process, fp32."""
     model = load(str(REPO / "models" / "tiny-clip.yaml"), ModelSpec)
     graph = build_graph(model, dtype="fp32")
     local = load(str(REPO / "clusters" / "local-cpu.yaml"), ClusterSpec)
     one = dataclasses.replace(local, name="local-cpu-1", devices_per_node=1, island_size=1)
     profile = analytic_profile(graph, one, hardware="a800", counts=[1])
-    plan = make_plan(graph, profile, one, options=PlanOptions(planner="spindle"))
+    plan = make_plan(graph, profile, one,
+                     options=PlanOptions(planner="spindle", recompute=recompute))
     program = build_program(plan, graph, model)
     world = World(rank=0, world_size=1, local_rank=0, local_world_size=1, backend="gloo",
                   device=torch.device("cpu"))
     # one rank: every group has a single rank, so no process group is needed
     ex = Executor(plan, program, model, world, {}, SyntheticData(model, SEED), seed=SEED, lr=LR,
                   dtype=torch.float32)
+    return model, graph, plan, ex
+
+
+def executor_overhead(steps: int) -> None:
+    torch.set_num_threads(1)
+    model, graph, plan, ex = _one_rank()
 
     layers = build_layers(model, all_layer_keys(model, graph.tasks), seed=SEED)
     opt = make_optimizer([p for _, p in named_parameters(layers)], LR)
@@ -105,6 +117,34 @@ def executor_overhead(steps: int) -> None:
     print(f"executor overhead (1 rank, {len(plan.waves)} waves, {len(plan.transfers)} local "
           f"transfers, {steps} steps each): {ratio:.3f}x median  "
           f"(target <= 1.10: {'met' if ratio <= 1.10 else 'MISSED'})")
+
+
+def _saved_bytes(ex: Executor, step: int) -> int:
+    """Bytes autograd saves for backward during one training step of `ex`."""
+    saved = [0]
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        saved[0] += x.numel() * x.element_size()
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        ex.train_step(step)
+    return saved[0]
+
+
+def recomputation(steps: int) -> None:
+    torch.set_num_threads(1)
+    *_, plain = _one_rank()
+    *_, plan, again = _one_rank(recompute=True)
+    assert plan.options["recompute"] == "true"
+    kept, recomputed = _interleaved_ms(plain.train_step, again.train_step, steps)
+    for label, pick in (("median", statistics.median), ("min", min)):
+        print(f"  {label:<6} kept {pick(kept):8.3f} ms/step   recomputed {pick(recomputed):8.3f} "
+              f"ms/step   ratio {pick(recomputed) / pick(kept):.3f}")
+    ratio = statistics.median(recomputed) / statistics.median(kept)
+    print(f"recomputation (1 rank, {steps} steps each): {ratio:.3f}x median (the planner "
+          f"charges 4/3); saved for backward per step {_saved_bytes(plain, steps + 3) / 2**20:.2f}"
+          f" -> {_saved_bytes(again, steps + 3) / 2**20:.2f} MiB")
 
 
 def _spindle(*args: str) -> None:
@@ -278,6 +318,7 @@ def main() -> None:
         link_costs(repeats=100)
         return
     executor_overhead(args.steps)
+    recomputation(args.steps)
     if not args.skip_fidelity:
         fidelity(args.steps, args.rounds)
 

@@ -27,6 +27,11 @@ bucket's only before the first slice using its layers (and checkpoints and param
 wait for all). The task losses are all-reduced over the world (for the log)
 asynchronously from the end of the forward pass.
 
+Under activation recomputation (Plan.options `recompute`) every operator of a slice runs
+inside a non-reentrant `torch.utils.checkpoint`: only its input is kept for backward, and its
+forward runs again when its backward needs the rest (planner/memory.py counts one operator's
+full stash alive at a time; the planner charges a third more compute).
+
 Every rank walks the same global sequence of boundaries and collectives, and each one involves
 only ranks that all reach it, so the schedule cannot deadlock (runtime-design.md §2.2).
 
@@ -49,6 +54,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from spindle_cli.artifacts.model import ModelSpec
 from spindle_cli.artifacts.plan import Plan
@@ -191,6 +197,7 @@ class Executor:
         self.overlap_sync = (overlaps_sync(world.backend) if overlap_sync is None
                              else overlap_sync)
         self.zero = int(plan.options.get("zero", "0"))
+        self.recompute = plan.options.get("recompute") == "true"
         self.buckets = self._make_buckets(sync_chunk_bytes)
         # each rank set's buckets in issue order, the same on every rank of the set
         self.queues: dict[tuple[int, ...], list[Bucket]] = {}
@@ -449,19 +456,26 @@ class Executor:
             begins = {n - k for k in self.cuts.get(sp.slice.id, ()) if 0 < k < n}
             segments: list[tuple[torch.Tensor | None, torch.Tensor, int]] = []
             leaf: torch.Tensor | None = None
-            out, ops = first(*ins), 1
+            out, ops = self._operator(first, *ins), 1
             for pos, i in enumerate(sp.layers[1:], start=1):
                 if pos in begins:
                     segments.append((leaf, out, ops))
                     leaf = out.detach().requires_grad_(True)
                     out, ops = leaf, 0
-                out, ops = self.layers[(m.module, i)](out), ops + 1
+                out, ops = self._operator(self.layers[(m.module, i)], out), ops + 1
             if segments:
                 st.segments[sp.slice.id] = [*segments, (leaf, out, ops)]
         if _shape(out) != [hi - lo, *sp.out_shape]:
             raise ShapeMismatch(f"slice {sp.slice.id} ({m.id}) produced {_shape(out)}, "
                                 f"expected {[hi - lo, *sp.out_shape]}")
         st.out[sp.slice.id] = out
+
+    def _operator(self, layer: nn.Module, *ins: torch.Tensor) -> torch.Tensor:
+        """One operator's forward; under recomputation only its inputs are kept for backward,
+        which runs its forward again."""
+        if self.recompute:
+            return checkpoint(layer, *ins, use_reentrant=False)
+        return layer(*ins)
 
     def _gather(self, x: torch.Tensor, sp: SliceProgram) -> torch.Tensor:
         """The whole batch of `x` from every rank of the slice, as a new leaf (`x` itself on a

@@ -113,18 +113,15 @@ def _per_sample(shape: Shape) -> tuple[int, ...]:
 
 
 def check_memory_strategy(plan: Plan) -> None:
-    """Refuse a plan that counts on ZeRO-2/3 sharding or activation recomputation (Plan.options
-    `zero` / `recompute`, set by `spindle plan --memory/--recompute`): the executor keeps full
-    gradients and weights and every activation, so such a plan would not fit the memory it
-    was planned for. ZeRO-1 (optimizer state sharded over each bucket's ranks) it runs."""
+    """Refuse a plan that counts on ZeRO-2/3 sharding (Plan.options `zero`, set by `spindle
+    plan --memory`): the executor keeps full gradients and weights, so such a plan would not
+    fit the memory it was planned for. ZeRO-1 (optimizer state sharded over each bucket's
+    ranks) and activation recomputation it runs."""
     zero = plan.options.get("zero", "0")
-    recompute = plan.options.get("recompute", "false") == "true"
-    if zero not in ("0", "1") or recompute:
-        used = ", ".join(([f"ZeRO stage {zero}"] if zero not in ("0", "1") else [])
-                         + (["activation recomputation"] if recompute else []))
+    if zero not in ("0", "1"):
         raise PlanError(
-            f"the plan uses {used}; the executor implements ZeRO-1 only",
-            hint="make the plan with `spindle plan --memory zero1 --recompute off` (or none)",
+            f"the plan uses ZeRO stage {zero}; the executor implements ZeRO-1 only",
+            hint="make the plan with `spindle plan --memory zero1` (or none)",
         )
 
 

@@ -73,11 +73,12 @@ def repo_root() -> Any:
 
 
 def planned(graph: MetaOpGraph, cluster_name: str, planner: str, repo_root: Any,
-            zero: int = 0) -> Plan:
+            zero: int = 0, recompute: bool = False) -> Plan:
     cluster = load(str(repo_root / "clusters" / f"{cluster_name}.yaml"), ClusterSpec)
     counts = [n for n in (1, 2, 4, 8) if n <= cluster.num_devices]
     profile = analytic_profile(graph, cluster, hardware="a800", counts=counts)
-    return make_plan(graph, profile, cluster, options=PlanOptions(planner=planner, zero=zero))
+    return make_plan(graph, profile, cluster,
+                     options=PlanOptions(planner=planner, zero=zero, recompute=recompute))
 
 
 def assert_matches_reference(results: list[Any], reference: Any, plan: Plan,
@@ -130,6 +131,77 @@ def test_four_ranks_zero1(planner: str, chunk_bytes: int | None, graph: MetaOpGr
     results = run_distributed(train_rank, 4, plan, graph, model, "fp64",
                               None if chunk_bytes is None else True, chunk_bytes, timeout_s=90)
     assert_matches_reference(results, reference, plan, graph)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("zero", [0, 1])
+def test_four_ranks_with_recomputation(zero: int, graph: MetaOpGraph, model: ModelSpec,
+                                       reference: Any, repo_root: Any) -> None:
+    """Recomputation changes when activations are computed, never their values: every operator
+    runs again in its backward from the input it kept."""
+    plan = planned(graph, "local-cpu", "spindle", repo_root, zero=zero, recompute=True)
+    assert plan.options["recompute"] == "true"
+    results = run_distributed(train_rank, 4, plan, graph, model, "fp64", timeout_s=90)
+    assert_matches_reference(results, reference, plan, graph)
+
+
+def _one_step_counts(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
+                     model: ModelSpec) -> tuple[dict[str, int], int]:
+    """One step: each layer's forward calls, and the bytes autograd saved for backward outside
+    recomputed operators while the step ran."""
+    import torch as t
+
+    from spindle_cli.runtime.data import load_data_source
+    from spindle_cli.runtime.dist import World
+    from spindle_cli.runtime.executor import Executor
+    from spindle_cli.runtime.groups import make_groups
+    from spindle_cli.runtime.program import build_program
+
+    w = World(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
+              backend="gloo", device=t.device("cpu"))
+    program = build_program(plan, graph, model)
+    ex = Executor(plan, program, model, w, make_groups(program, rank),
+                  load_data_source(None, model, SEED, t.float64), seed=SEED, lr=LR,
+                  dtype=t.float64)
+    calls: dict[str, int] = {}
+
+    def counted(forward: Any, name: str) -> Any:
+        # a wrapper, not a forward hook: recomputation runs the forward without module hooks
+        def run(*args: Any) -> Any:
+            calls[name] = calls.get(name, 0) + 1
+            return forward(*args)
+
+        return run
+
+    for (module, i), layer in ex.layers.items():
+        layer.forward = counted(layer.forward, f"{module}.{i}")
+    saved = [0]
+
+    def pack(x: t.Tensor) -> t.Tensor:
+        saved[0] += x.numel() * x.element_size()
+        return x
+
+    with t.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        ex.train_step(0)
+    return calls, saved[0]
+
+
+@pytest.mark.timeout(120)
+def test_recomputation_runs_each_operator_again_and_keeps_less(graph: MetaOpGraph,
+                                                                model: ModelSpec) -> None:
+    """The same plan with and without recomputation on one rank: every operator but the
+    losses (which keep their inputs either way) runs its forward twice, and autograd keeps
+    less outside the recomputed operators."""
+    one = hand_plan(graph, whole(graph, (0,)), 1)
+    again = dataclasses.replace(one, options={**one.options, "recompute": "true"})
+    (plain_calls, plain_saved), = run_distributed(_one_step_counts, 1, one, graph, model,
+                                                  timeout_s=60)
+    (calls, saved), = run_distributed(_one_step_counts, 1, again, graph, model, timeout_s=60)
+    losses = {m.module for m in graph.metaops if m.layer_kind == "contrastive_loss"}
+    assert plain_calls.keys() == calls.keys()
+    for name, count in plain_calls.items():
+        assert calls[name] == (count if name.split(".")[0] in losses else 2 * count), name
+    assert saved < plain_saved / 2
 
 
 @pytest.mark.timeout(120)
