@@ -67,9 +67,9 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
     err.print(f"{planner}: {len(result.waves)} waves, estimated iteration "
               f"{result.estimated_iteration_ms:.2f} ms, {gap:.3f}x of C* "
               f"{result.lower_bound_ms:.2f} ms{saving}")
-    if zero not in ("0", "1") and not check:
-        err.print("note: `spindle run` implements ZeRO-1 only; plan with --memory zero1 (or none) "
-                  "for a plan it can train", soft_wrap=True)
+    if zero not in ("0", "1", "2") and not check:
+        err.print("note: `spindle run` implements ZeRO-1 and -2 only; plan with --memory zero2 "
+                  "(or zero1, none) for a plan it can train", soft_wrap=True)
     exit_with(emit(result, output, check=check))
 
 

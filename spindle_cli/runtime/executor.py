@@ -11,21 +11,25 @@ Gradients live in flat buckets (every layer parameter and its gradient are views
 out by `planner.buckets.sync_buckets`, the layout the simulator times. With `overlap_sync` (the
 default on NCCL) a set of holder ranks' layers are split by the backward wave that completes
 them (the lowest wave of a slice running the layer) and then into chunks of whole layers (at
-least 25 MiB, at most 4 per set and wave, as DDP's buckets): a slice's forward is cut below each
-chunk's lowest layer, so its backward runs segment by segment and a chunk is all-reduced as soon
-as the segments above have run, overlapping the rest of the backward. Without it (the default on
-gloo, where the collective's threads take their CPU time from the rank's compute: 44 vs 52 ms
-per step for tiny-clip on 2 CPU ranks here) a set has one bucket, due at the lowest wave of any
-of its layers. A rank issues a set's buckets (SUM, asynchronously) in their layout order, each
-once it is complete on the rank and the ones before it are issued, so every rank of the set
-issues them alike; after the last backward wave the all-reduces are awaited, and AdamW steps
-the buckets' flat parameters. Under ZeRO-1 (Plan.options `zero` 1) a bucket of several ranks is
-padded to equal shards: it is reduce-scattered instead, each rank's AdamW steps (and keeps
-state for) its own shard, a view of the flat parameter, and after the step the buckets'
-all-gathers start, in bucket order; they overlap the next step's forward, which waits for a
-bucket's only before the first slice using its layers (and checkpoints and parameter reads
-wait for all). The task losses are all-reduced over the world (for the log)
-asynchronously from the end of the forward pass.
+least 25 MiB, at most 4 per set and wave, as DDP's buckets): a slice's forward is cut below
+each chunk's lowest layer, so its backward runs segment by segment and a chunk is all-reduced
+as soon as the segments above have run, overlapping the rest of the backward. Without it (the
+default on gloo, where the collective's threads take their CPU time from the rank's compute: 44
+vs 52 ms per step for tiny-clip on 2 CPU ranks here) a set has one bucket, due at the lowest
+wave of any of its layers. A rank issues a set's buckets (SUM, asynchronously) in their layout
+order, each once it is complete on the rank and the ones before it are issued, so every rank of
+the set issues them alike; after the last backward wave the all-reduces are awaited, and AdamW
+steps the buckets' flat parameters. Under ZeRO-1 and -2 (Plan.options `zero` 1, 2) a bucket of
+several ranks is padded to equal shards: it is reduce-scattered instead, each rank's AdamW
+steps (and keeps state for) its own shard, a view of the flat parameter, and after the step the
+buckets' all-gathers start, in bucket order; they overlap the next step's forward, which waits
+for a bucket's only before the first slice using its layers (and checkpoints and parameter
+reads wait for all). Under ZeRO-2 a sharded bucket's full gradient also has storage only from
+the backward wave that first adds to it until its reduce-scatter has completed (found done at
+the next chance to issue buckets on NCCL; gloo's works do not report completion, so there at
+the end of the backward); between steps a rank keeps only the reduce-scattered shards. The task
+losses are all-reduced over the world (for the log) asynchronously from the end of the forward
+pass.
 
 Under activation recomputation (Plan.options `recompute`) every operator of a slice runs
 inside a non-reentrant `torch.utils.checkpoint`: only its input is kept for backward, and its
@@ -117,10 +121,13 @@ class Bucket:
     """(slice id, k): on this rank the bucket is complete once the backward of that slice of
     `ready_wave` has run k operators; None: at the start of that wave's backward."""
     shard: tuple[int, int] | None = None
-    """ZeRO-1: this rank's range [lo, hi) of the flat tensors (the bucket is padded to a
+    """ZeRO-1/2: this rank's range [lo, hi) of the flat tensors (the bucket is padded to a
     multiple of its ranks); None when the optimizer steps the whole bucket."""
     shard_grad: torch.Tensor | None = None
-    """ZeRO-1: the reduce-scattered gradient of `shard`."""
+    """ZeRO-1/2: the reduce-scattered gradient of `shard`."""
+    grads_from: int = -1
+    """ZeRO-2: the backward wave that first adds to its gradients on this rank; `flat` has
+    storage from then until its reduce-scatter has completed (-1: always)."""
 
 
 @dataclass(slots=True)
@@ -208,22 +215,32 @@ class Executor:
         for b in self.buckets:
             if b.after is not None:
                 self.cuts.setdefault(b.after[0], set()).add(b.after[1])
-        # ZeRO-1: the sharded buckets each wave's forward needs gathered (`_start_gathers`)
+        # ZeRO-1/2: the sharded buckets each wave's forward needs gathered (`_start_gathers`)
         self.gathering: dict[int, Any] = {}
         used = [{(sp.metaop.module, i) for sp in self.my_slices[w] for i in sp.layers}
                 for w in range(program.num_waves)]
         self.gathers_before = [[i for i, b in enumerate(self.buckets)
                                 if b.shard is not None and used[w] & set(b.layers)]
                                for w in range(program.num_waves)]
+        # ZeRO-2: a sharded bucket's gradient storage comes with the highest wave using its
+        # layers (the first backward adding to them) and goes once it is reduce-scattered
+        self.releasing: list[tuple[Any, Bucket]] = []
+        if self.zero >= 2:
+            for b in self.buckets:
+                if b.shard is not None:
+                    b.grads_from = max(w for w in range(program.num_waves)
+                                       if used[w] & set(b.layers))
+                    b.flat.untyped_storage().resize_(0)
         self.named = named_parameters(self.layers)
         # AdamW is elementwise, so stepping each bucket's flat parameter updates every layer
         # parameter (a view of it) exactly as stepping them one by one would; one tensor per
         # bucket instead of ~100 small ones cuts the step's per-tensor overhead (3 ms -> a
-        # memory-bound fraction of a millisecond for tiny-clip on one CPU thread).
-        # A rank the plan leaves idle holds no parameters (AdamW refuses an empty list).
-        # Under ZeRO-1 the optimizer steps (and keeps state for) this rank's shard of a shared
-        # bucket only: a parameter that is a view of the bucket's flat parameter, so the step
-        # updates the shard in place; the all-gather after the step fills in the others.
+        # memory-bound fraction of a millisecond for tiny-clip on one CPU thread). A rank
+        # the plan leaves idle holds no parameters (AdamW refuses an empty list). Under
+        # ZeRO-1/2 the optimizer steps (and keeps state for) this rank's shard of a shared
+        # bucket only: a parameter that is a view of the bucket's flat parameter, so the
+        # step updates the shard in place; the all-gather after the step fills in the
+        # others.
         flat = [b.param if b.shard is None else self._shard_param(b) for b in self.buckets]
         self.optimizer = make_optimizer(flat, lr) if flat else None
 
@@ -285,7 +302,7 @@ class Executor:
 
     @staticmethod
     def _shard_param(b: Bucket) -> nn.Parameter:
-        """This rank's ZeRO-1 shard of a bucket's flat parameter (a view of it), with the
+        """This rank's ZeRO-1/2 shard of a bucket's flat parameter (a view of it), with the
         reduce-scattered gradient."""
         assert b.shard is not None
         lo, hi = b.shard
@@ -299,7 +316,8 @@ class Executor:
         """Forward, backward, gradient sync and AdamW for training step `step`; returns the
         loss of every task (the same on every rank)."""
         for b in self.buckets:
-            b.flat.zero_()
+            if b.grads_from < 0:
+                b.flat.zero_()
         st = StepState()
         pending: list[Any] = []
         for w in range(self.program.num_waves):
@@ -314,6 +332,10 @@ class Executor:
         loss_reduction = self._reduce_losses(st)
         for w in reversed(range(self.program.num_waves)):
             st.wave = w
+            for b in self.buckets:
+                if b.grads_from == w:
+                    b.flat.untyped_storage().resize_(b.flat.numel() * b.flat.element_size())
+                    b.flat.zero_()
             pending += self._issue_ready(st)
             with self.tracer.span("compute", "compute", step=step, wave=w, phase="backward"):
                 for sp in self.my_slices[w]:
@@ -331,7 +353,7 @@ class Executor:
         return losses
 
     def _start_gathers(self) -> None:
-        """ZeRO-1: start the all-gather of every sharded bucket's stepped shards, in reverse
+        """ZeRO-1/2: start the all-gather of every sharded bucket's stepped shards, in reverse
         bucket order (the same on every rank). Buckets are listed by due wave downwards, and
         a bucket is due in the lowest wave running its layers, where the forward first uses
         them: reversed, that is the order the next step's forward needs them in, and a group
@@ -358,10 +380,12 @@ class Executor:
                 self.gathering.pop(i).wait()
 
     def _issue_ready(self, st: StepState) -> list[Any]:
-        """Start the all-reduce (reduce-scatter under ZeRO-1) of every bucket that is complete
-        on this rank now, each rank set's in queue order, so a bucket waits for the ones
-        before it and every rank of the set issues them alike. Each group has its own
-        connections, so the transfers overlap the rest of the backward pass."""
+        """Start the all-reduce (reduce-scatter under ZeRO-1/2) of every bucket that is
+        complete on this rank now, each rank set's in queue order, so a bucket waits for the
+        ones before it and every rank of the set issues them alike. Each group has its own
+        connections, so the transfers overlap the rest of the backward pass. First, under
+        ZeRO-2, the gradient storage of the buckets whose reduce-scatter is done goes."""
+        self._release_reduced(everything=False)
         works = []
         for ranks, queue in self.queues.items():
             i = st.issued.get(ranks, 0)
@@ -375,9 +399,23 @@ class Executor:
                         works.append(dist.reduce_scatter_single(
                             b.shard_grad, b.flat, op=dist.ReduceOp.SUM, group=b.group,
                             async_op=True))
+                        if b.grads_from >= 0:
+                            self.releasing.append((works[-1], b))
                 i += 1
             st.issued[ranks] = i
         return works
+
+    def _release_reduced(self, *, everything: bool) -> None:
+        """ZeRO-2: free the full gradient of every bucket whose reduce-scatter has completed
+        (all of them with `everything`, once the caller has waited for their works)."""
+        waiting = []
+        for work, b in self.releasing:
+            if everything or work.is_completed():
+                work.wait()
+                b.flat.untyped_storage().resize_(0)
+            else:
+                waiting.append((work, b))
+        self.releasing = waiting
 
     @staticmethod
     def _complete(b: Bucket, st: StepState) -> bool:
@@ -405,6 +443,7 @@ class Executor:
                                                if b.group is not None and r != self.rank]):
             for work in pending:
                 work.wait()
+        self._release_reduced(everything=True)
         vec, work = losses
         if work is not None:
             others = [r for r in range(self.world.world_size) if r != self.rank]

@@ -113,15 +113,15 @@ def _per_sample(shape: Shape) -> tuple[int, ...]:
 
 
 def check_memory_strategy(plan: Plan) -> None:
-    """Refuse a plan that counts on ZeRO-2/3 sharding (Plan.options `zero`, set by `spindle
-    plan --memory`): the executor keeps full gradients and weights, so such a plan would not
-    fit the memory it was planned for. ZeRO-1 (optimizer state sharded over each bucket's
-    ranks) and activation recomputation it runs."""
+    """Refuse a plan that counts on ZeRO-3 sharding (Plan.options `zero`, set by `spindle
+    plan --memory`): the executor keeps every layer's full weights, so such a plan would not
+    fit the memory it was planned for. ZeRO-1 and -2 (optimizer state, and gradients, sharded
+    over each bucket's ranks) and activation recomputation it runs."""
     zero = plan.options.get("zero", "0")
-    if zero not in ("0", "1"):
+    if zero not in ("0", "1", "2"):
         raise PlanError(
-            f"the plan uses ZeRO stage {zero}; the executor implements ZeRO-1 only",
-            hint="make the plan with `spindle plan --memory zero1` (or none)",
+            f"the plan uses ZeRO stage {zero}; the executor implements ZeRO-1 and -2 only",
+            hint="make the plan with `spindle plan --memory zero2` (or zero1, none)",
         )
 
 

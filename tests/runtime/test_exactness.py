@@ -134,6 +134,60 @@ def test_four_ranks_zero1(planner: str, chunk_bytes: int | None, graph: MetaOpGr
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize(("planner", "chunk_bytes"),
+                         [("spindle", None), ("sequential", 1)],
+                         ids=["spindle", "sequential-layer-chunks"])
+def test_four_ranks_zero2(planner: str, chunk_bytes: int | None, graph: MetaOpGraph,
+                          model: ModelSpec, reference: Any, repo_root: Any) -> None:
+    """ZeRO-2: as ZeRO-1, with each sharded bucket's full gradient freed once reduce-scattered
+    and allocated again by the next backward that adds to it."""
+    plan = planned(graph, "local-cpu", planner, repo_root, zero=2)
+    assert plan.options["zero"] == "2"
+    results = run_distributed(train_rank, 4, plan, graph, model, "fp64",
+                              None if chunk_bytes is None else True, chunk_bytes, timeout_s=90)
+    assert_matches_reference(results, reference, plan, graph)
+
+
+def _gradient_storage(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
+                      model: ModelSpec) -> list[tuple[bool, int, int]]:
+    """Two steps on layer-sized chunks; then, per bucket: whether it is sharded, its
+    gradient's storage bytes and its size in bytes."""
+    import torch as t
+
+    from spindle_cli.runtime.data import load_data_source
+    from spindle_cli.runtime.dist import World
+    from spindle_cli.runtime.executor import Executor
+    from spindle_cli.runtime.groups import make_groups
+    from spindle_cli.runtime.program import build_program
+
+    w = World(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
+              backend="gloo", device=t.device("cpu"))
+    program = build_program(plan, graph, model)
+    ex = Executor(plan, program, model, w, make_groups(program, rank),
+                  load_data_source(None, model, SEED, t.float64), seed=SEED, lr=LR,
+                  dtype=t.float64, overlap_sync=True, sync_chunk_bytes=1)
+    ex.train_step(0)
+    ex.train_step(1)
+    return [(b.shard is not None, b.flat.untyped_storage().nbytes(),
+             b.flat.numel() * b.flat.element_size()) for b in ex.buckets]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("zero", [1, 2])
+def test_zero2_keeps_only_gradient_shards_between_steps(zero: int, graph: MetaOpGraph,
+                                                        model: ModelSpec,
+                                                        repo_root: Any) -> None:
+    """Between steps a ZeRO-2 rank holds no full gradient of a sharded bucket (its
+    reduce-scattered shard stays); ZeRO-1 keeps them all; unsharded buckets keep theirs."""
+    plan = planned(graph, "local-cpu", "sequential", repo_root, zero=zero)
+    results = run_distributed(_gradient_storage, 4, plan, graph, model, timeout_s=90)
+    buckets = [b for rank in results for b in rank]
+    assert any(sharded for sharded, _, _ in buckets)
+    for sharded, stored, size in buckets:
+        assert stored == (0 if sharded and zero == 2 else size)
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("zero", [0, 1])
 def test_four_ranks_with_recomputation(zero: int, graph: MetaOpGraph, model: ModelSpec,
                                        reference: Any, repo_root: Any) -> None:
