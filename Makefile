@@ -70,10 +70,9 @@ measure: install
 define plan_one
 	$(SPINDLE) plan graphs/$(2).yaml profiles/$(3).yaml --cluster clusters/$(4).yaml $(5) $(CHECK) -o plans/$(1).yaml
 endef
-# The tiny-clip plans are what `spindle run` trains on CPU ranks: the executor shards the
-# optimizer state (ZeRO-1) but keeps full gradients, weights and every activation, and
-# `--memory auto` would pick ZeRO-2/3 or recomputation whenever they simulate faster, so these
-# are planned without memory strategies.
+# The tiny-clip plans are what `spindle run` trains on CPU ranks: the executor runs ZeRO-1/2
+# and recomputation but keeps every layer's full weights (no ZeRO-3), and `--memory auto` would
+# pick ZeRO-3 whenever it simulates faster, so these are planned without memory strategies.
 RUNNABLE := --memory none --recompute off
 
 plans: install

@@ -95,6 +95,15 @@ def _one_rank(recompute: bool = False) -> tuple[ModelSpec, MetaOpGraph, Plan, Ex
     return model, graph, plan, ex
 
 
+def _print_ratios(base: tuple[str, list[float]], other: tuple[str, list[float]]) -> float:
+    """Print the median and the least step times of both and the other's over the base's;
+    returns the ratio of the medians."""
+    for label, pick in (("median", statistics.median), ("min", min)):
+        print(f"  {label:<6} {base[0]} {pick(base[1]):8.3f} ms/step   {other[0]} "
+              f"{pick(other[1]):8.3f} ms/step   ratio {pick(other[1]) / pick(base[1]):.3f}")
+    return statistics.median(other[1]) / statistics.median(base[1])
+
+
 def executor_overhead(steps: int) -> None:
     torch.set_num_threads(1)
     model, graph, plan, ex = _one_rank()
@@ -110,10 +119,7 @@ def executor_overhead(steps: int) -> None:
         opt.step()
 
     plain, executed = _interleaved_ms(plain_step, ex.train_step, steps)
-    for label, pick in (("median", statistics.median), ("min", min)):
-        print(f"  {label:<6} plain loop {pick(plain):8.3f} ms/step   executor "
-              f"{pick(executed):8.3f} ms/step   ratio {pick(executed) / pick(plain):.3f}")
-    ratio = statistics.median(executed) / statistics.median(plain)
+    ratio = _print_ratios(("plain loop", plain), ("executor", executed))
     print(f"executor overhead (1 rank, {len(plan.waves)} waves, {len(plan.transfers)} local "
           f"transfers, {steps} steps each): {ratio:.3f}x median  "
           f"(target <= 1.10: {'met' if ratio <= 1.10 else 'MISSED'})")
@@ -138,10 +144,7 @@ def recomputation(steps: int) -> None:
     *_, plan, again = _one_rank(recompute=True)
     assert plan.options["recompute"] == "true"
     kept, recomputed = _interleaved_ms(plain.train_step, again.train_step, steps)
-    for label, pick in (("median", statistics.median), ("min", min)):
-        print(f"  {label:<6} kept {pick(kept):8.3f} ms/step   recomputed {pick(recomputed):8.3f} "
-              f"ms/step   ratio {pick(recomputed) / pick(kept):.3f}")
-    ratio = statistics.median(recomputed) / statistics.median(kept)
+    ratio = _print_ratios(("kept", kept), ("recomputed", recomputed))
     print(f"recomputation (1 rank, {steps} steps each): {ratio:.3f}x median (the planner "
           f"charges 4/3); saved for backward per step {_saved_bytes(plain, steps + 3) / 2**20:.2f}"
           f" -> {_saved_bytes(again, steps + 3) / 2**20:.2f} MiB")

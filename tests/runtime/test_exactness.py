@@ -133,6 +133,26 @@ def test_four_ranks_zero1(planner: str, chunk_bytes: int | None, graph: MetaOpGr
     assert_matches_reference(results, reference, plan, graph)
 
 
+def _executor(rank: int, world: int, plan: Plan, graph: MetaOpGraph, model: ModelSpec,
+              **options: Any) -> Any:
+    """An Executor of `plan` on this gloo rank (fp64, the tests' seed and learning rate;
+    `options`: its keyword options)."""
+    import torch as t
+
+    from spindle_cli.runtime.data import load_data_source
+    from spindle_cli.runtime.dist import World
+    from spindle_cli.runtime.executor import Executor
+    from spindle_cli.runtime.groups import make_groups
+    from spindle_cli.runtime.program import build_program
+
+    w = World(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
+              backend="gloo", device=t.device("cpu"))
+    program = build_program(plan, graph, model)
+    return Executor(plan, program, model, w, make_groups(program, rank),
+                    load_data_source(None, model, SEED, t.float64), seed=SEED, lr=LR,
+                    dtype=t.float64, **options)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("planner", "chunk_bytes"),
                          [("spindle", None), ("sequential", 1)],
@@ -152,20 +172,7 @@ def _gradient_storage(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
                       model: ModelSpec) -> list[tuple[bool, int, int]]:
     """Two steps on layer-sized chunks; then, per bucket: whether it is sharded, its
     gradient's storage bytes and its size in bytes."""
-    import torch as t
-
-    from spindle_cli.runtime.data import load_data_source
-    from spindle_cli.runtime.dist import World
-    from spindle_cli.runtime.executor import Executor
-    from spindle_cli.runtime.groups import make_groups
-    from spindle_cli.runtime.program import build_program
-
-    w = World(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
-              backend="gloo", device=t.device("cpu"))
-    program = build_program(plan, graph, model)
-    ex = Executor(plan, program, model, w, make_groups(program, rank),
-                  load_data_source(None, model, SEED, t.float64), seed=SEED, lr=LR,
-                  dtype=t.float64, overlap_sync=True, sync_chunk_bytes=1)
+    ex = _executor(rank, world, plan, graph, model, overlap_sync=True, sync_chunk_bytes=1)
     ex.train_step(0)
     ex.train_step(1)
     return [(b.shard is not None, b.flat.untyped_storage().nbytes(),
@@ -203,20 +210,7 @@ def _one_step_counts(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
                      model: ModelSpec) -> tuple[dict[str, int], int]:
     """One step: each layer's forward calls, and the bytes autograd saved for backward outside
     recomputed operators while the step ran."""
-    import torch as t
-
-    from spindle_cli.runtime.data import load_data_source
-    from spindle_cli.runtime.dist import World
-    from spindle_cli.runtime.executor import Executor
-    from spindle_cli.runtime.groups import make_groups
-    from spindle_cli.runtime.program import build_program
-
-    w = World(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
-              backend="gloo", device=t.device("cpu"))
-    program = build_program(plan, graph, model)
-    ex = Executor(plan, program, model, w, make_groups(program, rank),
-                  load_data_source(None, model, SEED, t.float64), seed=SEED, lr=LR,
-                  dtype=t.float64)
+    ex = _executor(rank, world, plan, graph, model)
     calls: dict[str, int] = {}
 
     def counted(forward: Any, name: str) -> Any:
@@ -231,11 +225,11 @@ def _one_step_counts(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
         layer.forward = counted(layer.forward, f"{module}.{i}")
     saved = [0]
 
-    def pack(x: t.Tensor) -> t.Tensor:
+    def pack(x: torch.Tensor) -> torch.Tensor:
         saved[0] += x.numel() * x.element_size()
         return x
 
-    with t.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
         ex.train_step(0)
     return calls, saved[0]
 
@@ -414,20 +408,7 @@ def _gathers_in_flight(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
                        model: ModelSpec) -> tuple[int, int, dict[str, torch.Tensor]]:
     """Two ZeRO-1 steps: how many all-gathers are still in flight when a step returns, and
     after reading the parameters."""
-    import torch as t
-
-    from spindle_cli.runtime.data import load_data_source
-    from spindle_cli.runtime.dist import World
-    from spindle_cli.runtime.executor import Executor
-    from spindle_cli.runtime.groups import make_groups
-    from spindle_cli.runtime.program import build_program
-
-    w = World(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
-              backend="gloo", device=t.device("cpu"))
-    program = build_program(plan, graph, model)
-    ex = Executor(plan, program, model, w, make_groups(program, rank),
-                  load_data_source(None, model, SEED, t.float64), seed=SEED, lr=LR,
-                  dtype=t.float64)
+    ex = _executor(rank, world, plan, graph, model)
     ex.train_step(0)
     ex.train_step(1)
     in_flight = len(ex.gathering)
