@@ -32,6 +32,9 @@ from spindle_cli.errors import ArtifactError, SpindleError
               show_default=True,
               help="Activation recomputation (+1/3 compute); auto: only when no ZeRO stage "
                    "fits without it.")
+@click.option("--tensor-parallel/--no-tensor-parallel", default=True, show_default=True,
+              help="Use the profile's tensor-parallel strategies; --no-tensor-parallel plans "
+                   "data-parallel slices only (what `spindle run` executes).")
 @click.option("--allow-device-mismatch", is_flag=True,
               help="Plan even when PROFILE holds the times of another device than the "
                    "cluster's (a what-if; a note says so).")
@@ -40,8 +43,8 @@ from spindle_cli.errors import ArtifactError, SpindleError
 @click.option("--check", is_flag=True,
               help="Re-plan in memory and compare with PLAN (exit 1 on drift, writes nothing).")
 def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, placement: str,
-         uneven_splits: bool, memory: str, recompute: str, allow_device_mismatch: bool,
-         output: str, check: bool) -> None:
+         uneven_splits: bool, memory: str, recompute: str, tensor_parallel: bool,
+         allow_device_mismatch: bool, output: str, check: bool) -> None:
     """Plan the waves of GRAPH on a cluster using PROFILE's scaling curves."""
     from spindle_cli.planner.api import PlanOptions, make_fitting_plan, memory_ladder
 
@@ -54,7 +57,8 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
     profile = load_input(profile_path, Profile)
     cluster = load_input(cluster_path, ClusterSpec)
     check_device(profile, profile_path, cluster, cluster_path, allow=allow_device_mismatch)
-    options = PlanOptions(planner=planner, placement=placement, uneven_splits=uneven_splits)
+    options = PlanOptions(planner=planner, placement=placement, uneven_splits=uneven_splits,
+                          tensor_parallel=tensor_parallel)
     inputs = (input_ref(graph, graph_path), input_ref(profile, profile_path),
               input_ref(cluster, cluster_path))
     result = make_fitting_plan(graph, profile, cluster, options=options,

@@ -23,7 +23,7 @@ from spindle_cli.artifacts.plan import (
     Transfer,
     Wave,
 )
-from spindle_cli.artifacts.profile import Curve, Profile
+from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
 from spindle_cli.errors import PlanInfeasible, SpindleError
 from spindle_cli.planner import baselines, scaling
 from spindle_cli.planner.allocation import (
@@ -78,6 +78,9 @@ class PlanOptions:
     layer's parameter device group."""
     recompute: bool = False
     """Activation recomputation: keep only operator inputs, one extra forward (+1/3 time)."""
+    tensor_parallel: bool = True
+    """Use the profile's tensor-parallel counts; off: data-parallel slices only, as `spindle
+    run` executes them."""
 
     def __post_init__(self) -> None:
         if self.planner not in PLANNERS:
@@ -95,7 +98,8 @@ class PlanOptions:
         try:
             return cls(planner=plan.planner, placement=o.get("placement", "island"),
                        uneven_splits=o.get("uneven_splits") == "true",
-                       zero=int(o.get("zero", "0")), recompute=o.get("recompute") == "true")
+                       zero=int(o.get("zero", "0")), recompute=o.get("recompute") == "true",
+                       tensor_parallel=o.get("tensor_parallel") != "false")
         except ValueError as e:
             raise SpindleError(f"the plan's options: {e}") from None
 
@@ -106,14 +110,16 @@ class PlanOptions:
 
     def as_dict(self) -> dict[str, str]:
         """The options as Plan.options records them. `zero` and `recompute` appear only when
-        on, so a plan without memory strategies reads the same as before they existed (and
-        a reader takes a missing key as off)."""
+        on, and `tensor_parallel` only when off, so a plan that uses none of them reads the
+        same as before they existed (a reader takes a missing key as the default)."""
         options = {"planner": self.planner, "placement": self.placement,
                    "uneven_splits": "true" if self.uneven_splits else "false"}
         if self.zero:
             options["zero"] = str(self.zero)
         if self.recompute:
             options["recompute"] = "true"
+        if not self.tensor_parallel:
+            options["tensor_parallel"] = "false"
         return options
 
 
@@ -164,7 +170,8 @@ def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
         if best is not None:
             if recompute not in bound_ms:
                 curves = op_curves(graph, profile, cluster.num_devices,
-                                   uneven=options.uneven_splits, recompute=recompute)
+                                   uneven=options.uneven_splits, recompute=recompute,
+                                   tensor_parallel=options.tensor_parallel)
                 bound_ms[recompute] = sum(a.lower_bound_ms for a in
                                           allocate(graph, curves, cluster.num_devices))
             if bound_ms[recompute] >= best[0]:
@@ -194,9 +201,10 @@ def _with_recompute(curve: Curve) -> Curve:
 
 
 def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven: bool = False,
-              recompute: bool = False, profile_name: str = "the profile") -> dict[str, OpCurve]:
-    """Every MetaOp's curve restricted to its valid counts <= N (times with the extra forward
-    of recomputation when asked)."""
+              recompute: bool = False, tensor_parallel: bool = True,
+              profile_name: str = "the profile") -> dict[str, OpCurve]:
+    """Every MetaOp's curve restricted to its valid counts <= N (the data-parallel ones only
+    without `tensor_parallel`; times with the extra forward of recomputation when asked)."""
     counts_cache: dict[str, list[int]] = {}
     result = {}
     for m in graph.metaops:
@@ -210,7 +218,9 @@ def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven:
         if recompute:
             curve = _with_recompute(curve)
         if m.signature not in counts_cache:
-            counts_cache[m.signature] = valid_counts(curve, num_devices, uneven=uneven)
+            counts_cache[m.signature] = [
+                n for n in valid_counts(curve, num_devices, uneven=uneven)
+                if tensor_parallel or tp_degree(scaling.strategy(curve, n)) == 1]
         oc = op_curve(m, curve, num_devices, counts_cache[m.signature], uneven=uneven)
         if len(oc.counts) == 1:
             raise PlanInfeasible(
@@ -426,7 +436,8 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     n_dev = cluster.num_devices
     profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
     curves = op_curves(graph, profile, n_dev, uneven=options.uneven_splits,
-                       recompute=options.recompute, profile_name=profile_name)
+                       recompute=options.recompute, tensor_parallel=options.tensor_parallel,
+                       profile_name=profile_name)
     allocs = allocate(graph, curves, n_dev)
     max_ops = slice_limits(graph, curves, cluster, options.memory)
     if options.planner != "spindle":
@@ -686,7 +697,7 @@ def place_again(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Clust
     options = replace(PlanOptions.of(plan), placement=placement)
     n_dev = cluster.num_devices
     curves = op_curves(graph, profile, n_dev, uneven=options.uneven_splits,
-                       recompute=options.recompute)
+                       recompute=options.recompute, tensor_parallel=options.tensor_parallel)
     planned = [PlannedWave(level=w.level, slots=tuple(
         Slot(metaop=s.metaop, n=len(s.ranks), num_ops=s.last - s.first,
              op_time_ms=curves[s.metaop].time_at(len(s.ranks))) for s in w.slices))

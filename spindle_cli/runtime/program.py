@@ -140,7 +140,7 @@ def build_program(plan: Plan, graph: MetaOpGraph, model: ModelSpec) -> Program:
                 raise PlanError(
                     f"slice {s.id} uses strategy {s.strategy!r}; the executor runs data-parallel "
                     "slices only (tensor parallelism is not supported yet)",
-                    hint="make the plan without tensor-parallel strategies",
+                    hint="make the plan with `spindle plan --no-tensor-parallel`",
                 )
             if s.metaop not in ops:
                 raise PlanError(f"slice {s.id}: unknown MetaOp {s.metaop!r}")

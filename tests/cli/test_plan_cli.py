@@ -257,6 +257,13 @@ def test_memory_auto_is_the_default_and_picks_zero_only_when_needed(case):
     assert "zero" not in load("big.yaml", Plan).options
 
 
+def test_no_tensor_parallel_is_recorded_in_the_plan(case):
+    assert invoke(*plan_args("--no-tensor-parallel", "-o", "dp.yaml")).exit_code == 0
+    assert load("dp.yaml", Plan).options["tensor_parallel"] == "false"
+    assert invoke(*plan_args("-o", "default.yaml")).exit_code == 0
+    assert "tensor_parallel" not in load("default.yaml", Plan).options
+
+
 def test_memory_flags_force_a_setting(case):
     r = invoke(*plan_args("--memory", "zero3", "--recompute", "on", "-o", "forced.yaml"))
     assert r.exit_code == 0, r.output

@@ -219,3 +219,18 @@ def test_lower_bound_is_c_star_for_concave_speedups():
     p2 = profile([p.curve("b/m2"), p.curve("c/m3")])
     [level] = allocate(g2, op_curves(g2, p2, 4), 4)
     assert level.lower_bound_ms == pytest.approx(level.c_star_ms, rel=1e-9)
+
+
+@pytest.mark.parametrize("tensor_parallel", [True, False])
+def test_without_tensor_parallelism_only_data_parallel_counts_are_planned(tensor_parallel):
+    # batch 2: data parallelism ends at 2 devices, tensor parallelism (tp2) goes on to 4
+    c = curve("a/x", 2, [(1, 2, 0.0, 1.0, "dp"), (2, 4, 0.1, 0.9, "tp2")])
+    g = graph([metaop("a/x", layers=4, batch=2)])
+    options = PlanOptions(tensor_parallel=tensor_parallel)
+    curves = op_curves(g, profile([c]), 4, tensor_parallel=tensor_parallel)
+    assert curves["a/x"].counts == ((0, 1, 2, 4) if tensor_parallel else (0, 1, 2))
+    plan = make_plan(g, profile([c]), cluster(per_node=4), options=options)
+    strategies = {s.strategy for w in plan.waves for s in w.slices}
+    assert ("tp2" in strategies) == tensor_parallel
+    assert ("tensor_parallel" in plan.options) == (not tensor_parallel)
+    assert PlanOptions.of(plan) == options
