@@ -194,6 +194,68 @@ def test_zero2_keeps_only_gradient_shards_between_steps(zero: int, graph: MetaOp
         assert stored == (0 if sharded and zero == 2 else size)
 
 
+def _gradients_held_at_once(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
+                            model: ModelSpec, reporting: bool) -> tuple[int, int]:
+    """One ZeRO-2 step on layer-sized chunks; with `reporting`, its reduce-scatters report
+    completion once done (as NCCL's do; gloo's never report it): (the most sharded buckets
+    holding a full gradient at once, sharded buckets), counted whenever buckets may be
+    issued."""
+    import torch.distributed as dist
+
+    from spindle_cli.runtime import executor
+
+    class Reporting:
+        def __init__(self, work: Any) -> None:
+            self.work = work
+
+        def wait(self) -> Any:
+            return self.work.wait()
+
+        def is_completed(self) -> bool:
+            self.work.wait()
+            return True
+
+    original = dist.reduce_scatter_single
+
+    def reduce_scatter(*args: Any, **kwargs: Any) -> Reporting:
+        return Reporting(original(*args, **kwargs))
+
+    ex = _executor(rank, world, plan, graph, model, overlap_sync=True, sync_chunk_bytes=1)
+    sharded = [b for b in ex.buckets if b.shard is not None]
+    held = [0]
+    issue_ready = ex._issue_ready
+
+    def counted(*args: Any) -> Any:
+        works = issue_ready(*args)
+        held[0] = max(held[0], sum(1 for b in sharded if b.flat.untyped_storage().nbytes()))
+        return works
+
+    ex._issue_ready = counted
+    if reporting:
+        # this rank process's own torch.distributed (the executor's `dist`)
+        executor.dist.reduce_scatter_single = reduce_scatter  # type: ignore[assignment]
+    ex.train_step(0)
+    return held[0], len(sharded)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("reporting", [True, False])
+def test_zero2_frees_a_gradient_once_its_reduce_scatter_reports_completion(
+        reporting: bool, graph: MetaOpGraph, model: ModelSpec) -> None:
+    """A reduce-scatter found done at the next chance to issue buckets frees its bucket's full
+    gradient then, so a rank never holds all of them at once; works that never report it
+    (gloo's) hold every one until the end of the backward."""
+    # every MetaOp on both ranks, one after another: a shared module's layers are in use
+    # from the first to the last task using them, other buckets for a wave or two
+    plan = hand_plan(graph, whole(graph, (0, 1)), 2)
+    plan = dataclasses.replace(plan, options={**plan.options, "zero": "2"})
+    results = run_distributed(_gradients_held_at_once, 2, plan, graph, model, reporting,
+                              timeout_s=90)
+    for held, sharded in results:
+        assert sharded > 1
+        assert (held < sharded) == reporting, results
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("zero", [0, 1])
 def test_four_ranks_with_recomputation(zero: int, graph: MetaOpGraph, model: ModelSpec,
