@@ -47,6 +47,7 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
          allow_device_mismatch: bool, output: str, check: bool) -> None:
     """Plan the waves of GRAPH on a cluster using PROFILE's scaling curves."""
     from spindle_cli.planner.api import PlanOptions, make_fitting_plan, memory_ladder
+    from spindle_cli.runtime.program import PlanError, check_executable
 
     if check and output == "-":
         raise SpindleError("--check needs the plan file to compare with (-o PLAN)")
@@ -71,9 +72,11 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
     err.print(f"{planner}: {len(result.waves)} waves, estimated iteration "
               f"{result.estimated_iteration_ms:.2f} ms, {gap:.3f}x of C* "
               f"{result.lower_bound_ms:.2f} ms{saving}")
-    if zero not in ("0", "1", "2") and not check:
-        err.print("note: `spindle run` implements ZeRO-1 and -2 only; plan with --memory zero2 "
-                  "(or zero1, none) for a plan it can train", soft_wrap=True)
+    if not check:
+        try:
+            check_executable(result)
+        except PlanError as e:
+            err.print(f"note: `spindle run` cannot train this plan: {e}; {e.hint}", soft_wrap=True)
     exit_with(emit(result, output, check=check))
 
 

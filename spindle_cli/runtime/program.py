@@ -112,22 +112,31 @@ def _per_sample(shape: Shape) -> tuple[int, ...]:
     return ()
 
 
-def check_memory_strategy(plan: Plan) -> None:
-    """Refuse a plan that counts on ZeRO-3 sharding (Plan.options `zero`, set by `spindle
-    plan --memory`): the executor keeps every layer's full weights, so such a plan would not
-    fit the memory it was planned for. ZeRO-1 and -2 (optimizer state, and gradients, sharded
-    over each bucket's ranks) and activation recomputation it runs."""
+def check_executable(plan: Plan) -> None:
+    """Refuse a plan the executor cannot train as planned (torch-free, so `spindle plan` says
+    so too): one that counts on ZeRO-3 sharding (Plan.options `zero`, set by `spindle plan
+    --memory`), since the executor keeps every layer's full weights and the plan would not fit
+    the memory it was planned for, or one with tensor-parallel slices. ZeRO-1 and -2
+    (optimizer state, and gradients, sharded over each bucket's ranks) and activation
+    recomputation it runs."""
     zero = plan.options.get("zero", "0")
     if zero not in ("0", "1", "2"):
         raise PlanError(
             f"the plan uses ZeRO stage {zero}; the executor implements ZeRO-1 and -2 only",
             hint="make the plan with `spindle plan --memory zero2` (or zero1, none)",
         )
+    for _, s in plan.slices():
+        if s.strategy != "dp":
+            raise PlanError(
+                f"slice {s.id} uses strategy {s.strategy!r}; the executor runs data-parallel "
+                "slices only (tensor parallelism is not supported yet)",
+                hint="make the plan with `spindle plan --no-tensor-parallel`",
+            )
 
 
 def build_program(plan: Plan, graph: MetaOpGraph, model: ModelSpec) -> Program:
     """Resolve a plan against its graph and model; PlanError when they do not fit together."""
-    check_memory_strategy(plan)
+    check_executable(plan)
     if plan.model != model.name or graph.model != model.name:
         raise PlanError(f"plan is for model {plan.model!r}, graph for {graph.model!r}, "
                         f"model file is {model.name!r}")
@@ -136,12 +145,6 @@ def build_program(plan: Plan, graph: MetaOpGraph, model: ModelSpec) -> Program:
     by_id: dict[str, tuple[int, Slice]] = {}
     for w in plan.waves:
         for s in w.slices:
-            if s.strategy != "dp":
-                raise PlanError(
-                    f"slice {s.id} uses strategy {s.strategy!r}; the executor runs data-parallel "
-                    "slices only (tensor parallelism is not supported yet)",
-                    hint="make the plan with `spindle plan --no-tensor-parallel`",
-                )
             if s.metaop not in ops:
                 raise PlanError(f"slice {s.id}: unknown MetaOp {s.metaop!r}")
             by_id[s.id] = (w.index, s)

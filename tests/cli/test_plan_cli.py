@@ -250,7 +250,8 @@ def test_memory_auto_is_the_default_and_picks_zero_only_when_needed(case):
     assert zero >= 1 and "recompute" not in plan.options and f"ZeRO-{zero}" in r.stderr
     # people learn when the runtime cannot train this plan (it runs ZeRO-1), and how to make
     # one it can
-    assert ("--memory zero2 (or zero1, none) for a plan it can train" in r.stderr) == (zero >= 3)
+    assert ("cannot train this plan: the plan uses ZeRO stage 3" in r.stderr) == (zero >= 3)
+    assert ("`spindle plan --memory zero2` (or zero1, none)" in r.stderr) == (zero >= 3)
     assert all(m.total_bytes <= 100_000 for m in plan.memory)
     # the default cluster needs nothing: the plan records no memory strategy
     assert invoke(*plan_args("-o", "big.yaml")).exit_code == 0
@@ -269,5 +270,8 @@ def test_memory_flags_force_a_setting(case):
     assert r.exit_code == 0, r.output
     plan = load("forced.yaml", Plan)
     assert plan.options["zero"] == "3" and plan.options["recompute"] == "true"
+    assert "`spindle run` cannot train this plan: the plan uses ZeRO stage 3" in r.output
+    r = invoke(*plan_args("--memory", "zero2", "--recompute", "on", "-o", "runnable.yaml"))
+    assert r.exit_code == 0 and "cannot train" not in r.output
     r = invoke(*plan_args("--memory", "zero9", "-o", "bad.yaml"))
     assert r.exit_code == 2 and not Path("bad.yaml").exists()

@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 from plans import hand_plan, whole
 from spindle_cli.artifacts import MetaOpGraph, ModelSpec, load
 from spindle_cli.planner.graph import build_graph
-from spindle_cli.runtime.program import PlanError, build_program, messages, split_rows
+from spindle_cli.runtime.program import (
+    PlanError,
+    build_program,
+    check_executable,
+    messages,
+    split_rows,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,6 +75,11 @@ def test_tensor_parallel_slices_are_refused(graph: MetaOpGraph, model: ModelSpec
     plan = hand_plan(graph, whole(graph, (0, 1)), 2, strategy="tp2")
     with pytest.raises(PlanError, match="tensor parallelism is not supported"):
         build_program(plan, graph, model)
+    # the same check, without the graph and model, is what `spindle plan` notes
+    with pytest.raises(PlanError) as refused:
+        check_executable(plan)
+    assert "--no-tensor-parallel" in str(refused.value.hint)
+    check_executable(hand_plan(graph, whole(graph, (0, 1)), 2))
 
 
 def test_param_groups_must_match_the_holders(graph: MetaOpGraph, model: ModelSpec) -> None:
