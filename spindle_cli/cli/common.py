@@ -1,4 +1,5 @@
-"""Helpers shared by the subcommands: loading inputs, writing outputs, `--check`."""
+"""Helpers shared by the subcommands: loading inputs, writing outputs, `--check`, the memory
+strategies a plan uses."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TypeVar
 
-from spindle_cli.artifacts import load, rendered_for, write_artifact
+from spindle_cli.artifacts import Plan, load, rendered_for, write_artifact
 from spindle_cli.artifacts.base import Artifact
 from spindle_cli.cli._console import err
 
@@ -43,3 +44,10 @@ def exit_with(code: int) -> None:
     """Exit with `code` when it is non-zero."""
     if code:
         sys.exit(code)
+
+
+def memory_text(plan: Plan) -> str:
+    """The memory strategies the plan counts on, as ', ZeRO-2, recompute' ('' for none)."""
+    zero = plan.options.get("zero", "0")
+    return (("" if zero == "0" else f", ZeRO-{zero}")
+            + (", recompute" if plan.options.get("recompute") == "true" else ""))

@@ -9,7 +9,7 @@ import click
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, input_ref
 from spindle_cli.artifacts.profile import profiled_device
 from spindle_cli.cli._console import err
-from spindle_cli.cli.common import emit, exit_with, load_input
+from spindle_cli.cli.common import emit, exit_with, load_input, memory_text
 from spindle_cli.errors import ArtifactError, SpindleError
 
 
@@ -65,13 +65,9 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
     result = make_fitting_plan(graph, profile, cluster, options=options,
                                ladder=memory_ladder(memory, recompute), inputs=inputs)
     gap = result.estimated_iteration_ms / result.lower_bound_ms if result.lower_bound_ms else 1.0
-    zero = result.options.get("zero", "0")
-    saving = "" if zero == "0" else f", ZeRO-{zero}"
-    if result.options.get("recompute") == "true":
-        saving += ", recompute"
     err.print(f"{planner}: {len(result.waves)} waves, estimated iteration "
               f"{result.estimated_iteration_ms:.2f} ms, {gap:.3f}x of C* "
-              f"{result.lower_bound_ms:.2f} ms{saving}")
+              f"{result.lower_bound_ms:.2f} ms{memory_text(result)}")
     if not check:
         try:
             check_executable(result)

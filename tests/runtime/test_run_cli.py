@@ -266,6 +266,23 @@ def test_ranks_per_node_default_to_the_plans_over_the_nodes(
     assert argv[argv.index("--nnodes") + 1] == nnodes
 
 
+@pytest.mark.parametrize(("options", "said"), [({}, "2 ranks, 3 steps"),
+                                              ({"zero": "2", "recompute": "true"},
+                                               "2 ranks, ZeRO-2, recompute, 3 steps")])
+def test_the_launch_line_names_the_memory_strategies(tmp_path: Path, monkeypatch,
+                                                     options: dict[str, str], said: str) -> None:
+    plan_path = write_plan_files(tmp_path)
+    from spindle_cli.artifacts import Plan
+
+    plan = load(str(plan_path), Plan)
+    write_artifact(dataclasses.replace(plan, options={**plan.options, **options}),
+                   str(tmp_path / "saving.yaml"))
+    monkeypatch.setattr("spindle_cli.cli.run._launch", lambda argv: None)
+    result = invoke("run", str(tmp_path / "saving.yaml"), "--steps", "3")
+    assert result.exit_code == 0, getattr(result, "stderr", "")
+    assert f"spindle run: spindle plan, {len(plan.waves)} waves, {said}" in result.stderr
+
+
 def test_ranks_that_do_not_split_over_the_nodes_are_refused(tmp_path: Path) -> None:
     plan_path = write_plan_files(tmp_path)
     result = invoke("run", str(plan_path), "--nnodes", "3", "--rdzv-endpoint", "h:29500")
