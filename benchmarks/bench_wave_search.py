@@ -21,15 +21,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_planner import clip, cluster_for, refined_waves
 
-from bench_planner import clip, cluster_for, refined_waves  # noqa: E402
-
-from spindle_cli.planner.allocation import LevelAllocation, OpCurve  # noqa: E402
-from spindle_cli.planner.api import allocate, op_curves, slice_limits  # noqa: E402
-from spindle_cli.planner.waves import MaxOps, PlannedWave  # noqa: E402
+from spindle_cli.planner.allocation import LevelAllocation, OpCurve
+from spindle_cli.planner.api import allocate, op_curves, slice_limits
+from spindle_cli.planner.waves import MaxOps, PlannedWave
 
 UNITS_PER_MS = 10_000
 """CP-SAT works on integers: times in units of 0.1 us."""

@@ -129,6 +129,18 @@ class Bucket:
     """ZeRO-2: the backward wave that first adds to its gradients on this rank; `flat` has
     storage from then until its reduce-scatter has completed (-1: always)."""
 
+    def zero_grads(self) -> None:
+        """Zero the gradients, giving `flat` its storage back when it was freed."""
+        storage = self.flat.untyped_storage()
+        if storage.nbytes() == 0:
+            storage.resize_(self.flat.numel() * self.flat.element_size())
+        self.flat.zero_()
+
+    def free_grads(self) -> None:
+        """ZeRO-2: drop the full gradients' storage (`flat` and the parameters' .grad views
+        keep their shapes; `zero_grads` brings it back)."""
+        self.flat.untyped_storage().resize_(0)
+
 
 @dataclass(slots=True)
 class StepState:
@@ -230,7 +242,7 @@ class Executor:
                 if b.shard is not None:
                     b.grads_from = max(w for w in range(program.num_waves)
                                        if used[w] & set(b.layers))
-                    b.flat.untyped_storage().resize_(0)
+                    b.free_grads()
         self.named = named_parameters(self.layers)
         # AdamW is elementwise, so stepping each bucket's flat parameter updates every layer
         # parameter (a view of it) exactly as stepping them one by one would; one tensor per
@@ -317,7 +329,7 @@ class Executor:
         loss of every task (the same on every rank)."""
         for b in self.buckets:
             if b.grads_from < 0:
-                b.flat.zero_()
+                b.zero_grads()
         st = StepState()
         pending: list[Any] = []
         for w in range(self.program.num_waves):
@@ -334,8 +346,7 @@ class Executor:
             st.wave = w
             for b in self.buckets:
                 if b.grads_from == w:
-                    b.flat.untyped_storage().resize_(b.flat.numel() * b.flat.element_size())
-                    b.flat.zero_()
+                    b.zero_grads()
             pending += self._issue_ready(st)
             with self.tracer.span("compute", "compute", step=step, wave=w, phase="backward"):
                 for sp in self.my_slices[w]:
@@ -412,7 +423,7 @@ class Executor:
         for work, b in self.releasing:
             if everything or work.is_completed():
                 work.wait()
-                b.flat.untyped_storage().resize_(0)
+                b.free_grads()
             else:
                 waiting.append((work, b))
         self.releasing = waiting
