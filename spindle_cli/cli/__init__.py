@@ -5,7 +5,9 @@ Exit codes (the only place they are decided):
   0  success
   1  `--check`/`diff` found a difference, or a distributed run failed
   2  bad input: an artifact, option or file the user gave is invalid (one-line error)
-  123 internal error (a bug): the traceback is shown with SPINDLE_DEBUG=1
+  123 internal error (a bug)
+  130 interrupted (Ctrl-C)
+SPINDLE_DEBUG=1 adds the traceback to an error; the exit code stays the same.
 """
 
 from __future__ import annotations
@@ -77,15 +79,20 @@ def main(argv: list[str] | None = None) -> Any:
         return cli.main(args=argv, prog_name="spindle", standalone_mode=False)
     except SpindleError as e:
         if debug:
-            raise
+            err.print_exception()
         say(f"error: {e}")
         if e.hint:
             say(f"hint: {e.hint}")
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    except click.UsageError as e:
+        say(f"error: {e.format_message()}")
+        if e.ctx is not None:
+            say(f"hint: see '{e.ctx.command_path} --help'")
+        sys.exit(2)
     except click.ClickException as e:
-        e.show()
+        say(f"error: {e.format_message()}")
         sys.exit(2)
     except click.Abort:
         say("error: aborted")

@@ -10,6 +10,7 @@ from typing import TypeVar
 from spindle_cli.artifacts import Plan, load, rendered_for, write_artifact
 from spindle_cli.artifacts.base import Artifact
 from spindle_cli.cli._console import err
+from spindle_cli.errors import SpindleError
 
 A = TypeVar("A", bound=Artifact)
 
@@ -17,6 +18,29 @@ A = TypeVar("A", bound=Artifact)
 def load_input(path: str, cls: type[A]) -> A:
     """Load a validated input artifact (errors are one-line ArtifactErrors)."""
     return load(path, cls)
+
+
+def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json"),
+                 what: str = "file extension") -> None:
+    """SpindleError unless `path` ('-': stdout) can be written or compared with: one of
+    `suffixes` (else 'unknown <what>'), not a directory, in a directory that exists. Commands
+    call it before their work, so a bad name prints nothing else and wastes nothing."""
+    if path == "-":
+        return
+    target = Path(path)
+    if target.suffix.lower() not in suffixes:
+        raise SpindleError(f"{path}: unknown {what} (expected {_one_of(suffixes)})")
+    if target.is_dir():
+        raise SpindleError(f"{path}: is a directory")
+    parent = target.parent
+    if not parent.exists():
+        raise SpindleError(f"{path}: output directory {str(parent)!r} does not exist")
+    if not parent.is_dir():
+        raise SpindleError(f"{path}: {str(parent)!r} is not a directory")
+
+
+def _one_of(suffixes: tuple[str, ...]) -> str:
+    return ", ".join(suffixes[:-1]) + f" or {suffixes[-1]}" if len(suffixes) > 1 else suffixes[0]
 
 
 def emit(obj: Artifact, output: str, *, check: bool = False) -> int:

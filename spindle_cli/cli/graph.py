@@ -6,7 +6,7 @@ import click
 
 from spindle_cli.artifacts import ModelSpec, input_ref
 from spindle_cli.cli._console import err
-from spindle_cli.cli.common import emit, exit_with, load_input
+from spindle_cli.cli.common import check_output, emit, exit_with, load_input
 from spindle_cli.errors import SpindleError
 
 
@@ -50,6 +50,7 @@ def graph(model_path: str, tasks: str | None, task_set: str | None, dtype: str, 
     """Contract the operator DAG of MODEL's tasks into a MetaOp graph."""
     from spindle_cli.planner.graph import build_graph
 
+    check_output(output)
     model = load_input(model_path, ModelSpec)
     selected = _selected_tasks(model, model_path, tasks, task_set)
     result = build_graph(model, tasks=selected, dtype=dtype,

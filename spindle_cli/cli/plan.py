@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, input_ref
 from spindle_cli.artifacts.profile import profiled_device
 from spindle_cli.cli._console import err
-from spindle_cli.cli.common import emit, exit_with, load_input, memory_text
+from spindle_cli.cli.common import check_output, emit, exit_with, load_input, memory_text
 from spindle_cli.errors import ArtifactError, SpindleError
 
 
@@ -30,8 +28,8 @@ from spindle_cli.errors import ArtifactError, SpindleError
                    "one whose plan simulates fastest (the least aggressive on ties).")
 @click.option("--recompute", type=click.Choice(["auto", "on", "off"]), default="auto",
               show_default=True,
-              help="Activation recomputation (+1/3 compute); auto: only when no ZeRO stage "
-                   "fits without it.")
+              help="Activation recomputation (+1/3 compute); auto: tried after every ZeRO "
+                   "stage without it, kept when its plan simulates faster.")
 @click.option("--tensor-parallel/--no-tensor-parallel", default=True, show_default=True,
               help="Use the profile's tensor-parallel strategies; --no-tensor-parallel plans "
                    "data-parallel slices only (what `spindle run` executes).")
@@ -51,9 +49,7 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
 
     if check and output == "-":
         raise SpindleError("--check needs the plan file to compare with (-o PLAN)")
-    if output != "-" and Path(output).suffix.lower() not in (".yaml", ".yml", ".json"):
-        # fail before planning, not after
-        raise SpindleError(f"{output}: unknown file extension (expected .yaml, .yml or .json)")
+    check_output(output)
     graph = load_input(graph_path, MetaOpGraph)
     profile = load_input(profile_path, Profile)
     cluster = load_input(cluster_path, ClusterSpec)

@@ -21,7 +21,7 @@ from spindle_cli.artifacts import (
 )
 from spindle_cli.artifacts.base import InputRef
 from spindle_cli.cli._console import err
-from spindle_cli.cli.common import emit, exit_with, load_input
+from spindle_cli.cli.common import check_output, emit, exit_with, load_input
 from spindle_cli.errors import SpindleError
 
 DEFAULT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
@@ -77,6 +77,7 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
     """Scaling curves T(n) for every operator signature of GRAPH."""
     from spindle_cli.planner import roofline
 
+    check_output(output)
     if hardware != "local" and hardware not in roofline.HARDWARE:
         known = ", ".join(["local", *sorted(roofline.HARDWARE)])
         raise SpindleError(f"--hardware: unknown hardware {hardware!r} (known: {known})")

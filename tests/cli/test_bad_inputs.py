@@ -163,6 +163,12 @@ OPTION_CASES: dict[str, tuple[list[str], str]] = {
     "output-dir-missing": (["-o", "out/g.yaml"],
                            "error: out/g.yaml: output directory 'out' does not exist"),
     "output-bad-extension": (["-o", "g.txt"], "error: g.txt: unknown file extension"),
+    # click's own usage errors, one line too (and a hint naming the command's help)
+    "bad-choice": (["--dtype", "fp8", "-o", "g.yaml"],
+                   "error: Invalid value for '--dtype': 'fp8' is not one of 'bf16', 'fp16', "
+                   "'fp32'."),
+    "unknown-option": (["--nope", "-o", "g.yaml"], "error: No such option '--nope'"),
+    "missing-option": ([], "error: Missing option '-o' / '--output'."),
 }
 
 
@@ -173,6 +179,17 @@ def test_bad_option(case, small_model_data, workdir, spindle):
     before = _listing(workdir)
     _assert_one_line_error(spindle("graph", "m.yaml", *argv), expected)
     assert _listing(workdir) == before
+
+
+def test_a_usage_error_names_the_help_of_its_command(workdir, spindle):
+    result = spindle("frobnicate")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == ["error: No such command 'frobnicate'.",
+                                          "hint: see 'spindle --help'"]
+    result = spindle("plan")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == ["error: Missing argument 'GRAPH'.",
+                                          "hint: see 'spindle plan --help'"]
 
 
 def test_wrong_kind_of_input(cluster_data, workdir, spindle):
@@ -232,6 +249,15 @@ def test_end_to_end_exit_code_and_no_traceback(small_model_data, workdir):
     assert proc.stderr == ("error: m.yaml: modules.text_enc.heads: hidden 16 is not divisible "
                            "by 5\n")
     assert not Path("g.yaml").exists()
+    # with SPINDLE_DEBUG=1 the traceback comes first, and the line and exit code stay
+    proc = subprocess.run([sys.executable, "-m", "spindle_cli", "graph", "m.yaml", "-o", "g.yaml"],
+                          capture_output=True, text=True, env={**env, "SPINDLE_DEBUG": "1"},
+                          timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" in proc.stderr
+    assert proc.stderr.endswith("error: m.yaml: modules.text_enc.heads: hidden 16 is not "
+                                "divisible by 5\n")
+    assert not Path("g.yaml").exists()
 
 
 @pytest.mark.parametrize(("args", "expected"), [
@@ -249,3 +275,35 @@ def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spind
     result = spindle(*args)
     _assert_one_line_error(result, expected)
     assert sorted(p.name for p in Path().iterdir()) == ["f.yaml", "p.yaml"]
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (("graph", "m.yaml", "-o", "d.yaml"), "error: d.yaml: is a directory"),
+    (("graph", "m.yaml", "--check", "-o", "d.yaml"), "error: d.yaml: is a directory"),
+    (("graph", "m.yaml", "--check", "-o", "file/g.yaml"),
+     "error: file/g.yaml: 'file' is not a directory"),
+    (("profile", "g.yaml", "--hardware", "a800", "-o", "nodir/f.yaml"),
+     "error: nodir/f.yaml: output directory 'nodir' does not exist"),
+    (("profile", "g.yaml", "--hardware", "a800", "-o", "f.txt"),
+     "error: f.txt: unknown file extension (expected .yaml, .yml or .json)"),
+    (("plan", "g.yaml", "f.yaml", "--cluster", "c.yaml", "-o", "d.yaml"),
+     "error: d.yaml: is a directory"),
+    (("simulate", "p.yaml", "--gantt", "d.svg"), "error: d.svg: is a directory"),
+    (("show", "f.yaml", "--plot", "file/c.png"), "error: file/c.png: 'file' is not a directory"),
+])
+def test_an_unwritable_output_fails_before_any_work(args, expected, workdir, spindle):
+    # an output that is a directory, or under a file, is refused up front: one line, the
+    # summary of work done is not printed, and nothing is written
+    root = Path(__file__).resolve().parents[2]
+    sources = {"m.yaml": "models/tiny-clip.yaml", "g.yaml": "graphs/tiny-clip.yaml",
+               "f.yaml": "profiles/tiny-clip-local-cpu.yaml", "c.yaml": "clusters/local-cpu.yaml",
+               "p.yaml": "plans/tiny-clip-local-cpu.yaml"}
+    for name, source in sources.items():
+        Path(name).write_text((root / source).read_text())
+    Path("file").write_text("")
+    Path("d.yaml").mkdir()
+    Path("d.svg").mkdir()
+    before = _listing(Path())
+    result = spindle(*args)
+    _assert_one_line_error(result, expected)
+    assert _listing(Path()) == before

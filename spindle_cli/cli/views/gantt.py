@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from spindle_cli.artifacts.plan import Plan
+from spindle_cli.cli.common import check_output
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.simulate import SimResult
 
@@ -141,11 +142,7 @@ def save_figure(fig: Any, path: str) -> None:
 def check_image_path(path: str) -> None:
     """SpindleError unless `save_figure` can write `path`: an .svg or .png name in a directory
     that exists. Commands call it before their work, so a bad name prints nothing else."""
-    if Path(path).suffix.lower() not in (".svg", ".png"):
-        raise SpindleError(f"{path}: unknown image type (expected .svg or .png)")
-    parent = Path(path).parent
-    if not parent.is_dir():
-        raise SpindleError(f"{path}: output directory {str(parent)!r} does not exist")
+    check_output(path, (".svg", ".png"), "image type")
 
 
 def write_gantt(plan: Plan, path: str, *, sim: SimResult | None = None) -> None:
