@@ -33,6 +33,9 @@ from spindle_cli.errors import ArtifactError, SpindleError
 @click.option("--tensor-parallel/--no-tensor-parallel", default=True, show_default=True,
               help="Use the profile's tensor-parallel strategies; --no-tensor-parallel plans "
                    "data-parallel slices only (what `spindle run` executes).")
+@click.option("--runnable", is_flag=True,
+              help="Only what `spindle run` trains: data-parallel slices (implies "
+                   "--no-tensor-parallel) and no ZeRO-3 (--memory auto searches ZeRO 0-2).")
 @click.option("--allow-device-mismatch", is_flag=True,
               help="Plan even when PROFILE holds the times of another device than the "
                    "cluster's (a what-if; a note says so).")
@@ -42,11 +45,18 @@ from spindle_cli.errors import ArtifactError, SpindleError
               help="Re-plan in memory and compare with PLAN (exit 1 on drift, writes nothing).")
 def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, placement: str,
          uneven_splits: bool, memory: str, recompute: str, tensor_parallel: bool,
-         allow_device_mismatch: bool, output: str, check: bool) -> None:
+         runnable: bool, allow_device_mismatch: bool, output: str, check: bool) -> None:
     """Plan the waves of GRAPH on a cluster using PROFILE's scaling curves."""
     from spindle_cli.planner.api import PlanOptions, make_fitting_plan, memory_ladder
-    from spindle_cli.runtime.program import PlanError, check_executable
+    from spindle_cli.runtime.program import EXECUTABLE_ZERO_STAGES, PlanError, check_executable
 
+    ladder = memory_ladder(memory, recompute)
+    if runnable:
+        if memory == "zero3":
+            raise SpindleError("--runnable and --memory zero3 contradict each other: `spindle "
+                               "run` trains ZeRO-1 and -2 only")
+        tensor_parallel = False
+        ladder = tuple((z, r) for z, r in ladder if z in EXECUTABLE_ZERO_STAGES)
     if check and output == "-":
         raise SpindleError("--check needs the plan file to compare with (-o PLAN)")
     check_output(output)
@@ -59,7 +69,7 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
     inputs = (input_ref(graph, graph_path), input_ref(profile, profile_path),
               input_ref(cluster, cluster_path))
     result = make_fitting_plan(graph, profile, cluster, options=options,
-                               ladder=memory_ladder(memory, recompute), inputs=inputs)
+                               ladder=ladder, inputs=inputs)
     gap = result.estimated_iteration_ms / result.lower_bound_ms if result.lower_bound_ms else 1.0
     err.print(f"{planner}: {len(result.waves)} waves, estimated iteration "
               f"{result.estimated_iteration_ms:.2f} ms, {gap:.3f}x of C* "

@@ -112,6 +112,10 @@ def _per_sample(shape: Shape) -> tuple[int, ...]:
     return ()
 
 
+EXECUTABLE_ZERO_STAGES = (0, 1, 2)
+"""The ZeRO stages the executor trains (`check_executable`)."""
+
+
 def check_executable(plan: Plan) -> None:
     """Refuse a plan the executor cannot train as planned (torch-free, so `spindle plan` says
     so too): one that counts on ZeRO-3 sharding (Plan.options `zero`, set by `spindle plan
@@ -120,17 +124,17 @@ def check_executable(plan: Plan) -> None:
     (optimizer state, and gradients, sharded over each bucket's ranks) and activation
     recomputation it runs."""
     zero = plan.options.get("zero", "0")
-    if zero not in ("0", "1", "2"):
+    if zero not in [str(z) for z in EXECUTABLE_ZERO_STAGES]:
         raise PlanError(
             f"the plan uses ZeRO stage {zero}; the executor implements ZeRO-1 and -2 only",
-            hint="make the plan with `spindle plan --memory zero2` (or zero1, none)",
+            hint="make the plan with `spindle plan --runnable` (or --memory zero2, zero1, none)",
         )
     for _, s in plan.slices():
         if s.strategy != "dp":
             raise PlanError(
                 f"slice {s.id} uses strategy {s.strategy!r}; the executor runs data-parallel "
                 "slices only (tensor parallelism is not supported yet)",
-                hint="make the plan with `spindle plan --no-tensor-parallel`",
+                hint="make the plan with `spindle plan --runnable` (or --no-tensor-parallel)",
             )
 
 

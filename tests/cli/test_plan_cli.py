@@ -251,7 +251,8 @@ def test_memory_auto_is_the_default_and_picks_zero_only_when_needed(case):
     # people learn when the runtime cannot train this plan (it runs ZeRO-1), and how to make
     # one it can
     assert ("cannot train this plan: the plan uses ZeRO stage 3" in r.stderr) == (zero >= 3)
-    assert ("`spindle plan --memory zero2` (or zero1, none)" in r.stderr) == (zero >= 3)
+    assert ("`spindle plan --runnable` (or --memory zero2, zero1, none)" in r.stderr) == (
+        zero >= 3)
     assert all(m.total_bytes <= 100_000 for m in plan.memory)
     # the default cluster needs nothing: the plan records no memory strategy
     assert invoke(*plan_args("-o", "big.yaml")).exit_code == 0
@@ -263,6 +264,25 @@ def test_no_tensor_parallel_is_recorded_in_the_plan(case):
     assert load("dp.yaml", Plan).options["tensor_parallel"] == "false"
     assert invoke(*plan_args("-o", "default.yaml")).exit_code == 0
     assert "tensor_parallel" not in load("default.yaml", Plan).options
+
+
+def test_runnable_plans_only_what_spindle_run_trains(case):
+    # at 50 kB per rank the memory search keeps ZeRO-3, which the executor does not train
+    args = _small_cluster(50_000)
+    r = invoke(*args, "-o", "auto.yaml")
+    assert r.exit_code == 0 and load("auto.yaml", Plan).options["zero"] == "3", r.output
+    r = invoke(*args, "--runnable", "-o", "runnable.yaml")
+    assert r.exit_code == 0, r.output
+    plan = load("runnable.yaml", Plan)
+    assert plan.options["zero"] in ("0", "1", "2")
+    assert plan.options["tensor_parallel"] == "false"
+    assert "cannot train" not in r.output
+    assert all(m.total_bytes <= 50_000 for m in plan.memory)
+    r = subprocess.run(["spindle", *args, "--runnable", "--memory", "zero3", "-o", "bad.yaml"],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 2 and not Path("bad.yaml").exists()
+    assert r.stderr == ("error: --runnable and --memory zero3 contradict each other: `spindle "
+                        "run` trains ZeRO-1 and -2 only\n")
 
 
 def test_memory_flags_force_a_setting(case):
