@@ -31,6 +31,10 @@ class ArtifactError(SpindleError):
         self.problem = problem
 
 
+class PlanError(SpindleError):
+    """A plan that does not schedule its graph consistently, or that the executor cannot run."""
+
+
 class PlanInfeasible(SpindleError):
     """The planner cannot fit the model on the cluster (e.g. out of device memory)."""
 

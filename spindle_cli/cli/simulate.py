@@ -18,9 +18,11 @@ from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input
 from spindle_cli.cli.views import fmt_bytes, print_table
 from spindle_cli.cli.views.gantt import check_image_path
+from spindle_cli.errors import PlanError
 from spindle_cli.planner import simulate as simulation
 from spindle_cli.planner.api import PLACEMENTS, place_again
 from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
+from spindle_cli.planner.consistency import check_plan
 from spindle_cli.planner.simulate import SimResult
 
 SUMMARY_FIELDS = (
@@ -48,6 +50,10 @@ def simulate_file(plan_path: str, *, sync: SyncMode | None = None,
     (`api.place_again`), and that plan is the one returned."""
     plan = load_input(plan_path, Plan)
     graph, profile, cluster = load_plan_inputs(plan, plan_path)
+    try:
+        check_plan(plan, graph)
+    except PlanError as e:
+        raise PlanError(f"{plan_path}: {e}") from None
     if placement is not None:
         plan = place_again(plan, graph, profile, cluster, placement=placement)
     return plan, simulation.simulate(plan, graph, profile, cluster, sync=sync,

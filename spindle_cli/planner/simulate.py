@@ -89,6 +89,7 @@ from spindle_cli.artifacts.plan import ParamGroup, Plan, Slice, Wave, tp_groups
 from spindle_cli.artifacts.profile import Curve, Profile
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.buckets import SyncBucket, SyncMode, backend_sync, sync_buckets
+from spindle_cli.planner.consistency import check_plan
 from spindle_cli.planner.memory import kept_bytes_per_sample, state_bytes_per_param
 
 FORWARD_SHARE = 1.0 / 3.0
@@ -542,11 +543,6 @@ def _check_inputs(plan: Plan, graph: MetaOpGraph, metaops: dict[str, MetaOp],
                                f"which graph {graph.model!r} does not have")
         if metaops[s.metaop].signature not in curves:
             raise SpindleError(f"the profile has no curve for MetaOp {s.metaop!r}")
-    wave_of = {s.id: w.index for w, s in plan.slices()}
-    for i, t in enumerate(plan.transfers):
-        if wave_of[t.src] >= wave_of[t.dst]:
-            raise SpindleError(f"plan transfers[{i}]: {t.src} -> {t.dst} does not go to a "
-                               "later wave")
 
 
 Progress = Literal["wave", "rank"]
@@ -571,7 +567,10 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
     messages when it reaches it and goes on once they have arrived, so ranks whose slices end
     early, or that exchange nothing, run ahead (a slice still starts when all of its ranks
     are there). Then the iteration's parts are the time of the rank that ends it.
+
+    PlanError when the plan does not schedule `graph` consistently (`consistency.check_plan`).
     """
+    check_plan(plan, graph)
     return _result(plan, graph, profile, cluster,
                    _run(plan, graph, profile, cluster, progress=progress,
                         sync=backend_sync(cluster.backend) if sync is None else sync))

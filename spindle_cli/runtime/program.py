@@ -2,7 +2,7 @@
 row-range messages, parameter holders. Pure Python (no torch, no communication), identical on
 every rank, so all ranks agree on the order of every message and collective.
 
-Also the checks that a plan is executable against its graph and model (`check_program`): they
+Also the checks that a plan is executable against its graph and model (`build_program`): they
 run on every rank before the first collective and in `spindle run` before launch.
 """
 
@@ -14,11 +14,8 @@ from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.artifacts.model import ModelSpec
 from spindle_cli.artifacts.model_check import Shape, infer_shapes
 from spindle_cli.artifacts.plan import Plan, Slice
-from spindle_cli.errors import SpindleError
-
-
-class PlanError(SpindleError):
-    """A plan the executor cannot run (unsupported strategy, inconsistent with its graph)."""
+from spindle_cli.errors import PlanError
+from spindle_cli.planner.consistency import check_plan
 
 
 def split_rows(num_rows: int, num_parts: int) -> list[tuple[int, int]]:
@@ -139,102 +136,46 @@ def check_executable(plan: Plan) -> None:
 
 
 def build_program(plan: Plan, graph: MetaOpGraph, model: ModelSpec) -> Program:
-    """Resolve a plan against its graph and model; PlanError when they do not fit together."""
+    """Resolve a plan against its graph and model; PlanError when they do not fit together
+    (`check_executable`, `consistency.check_plan`)."""
     check_executable(plan)
     if plan.model != model.name or graph.model != model.name:
         raise PlanError(f"plan is for model {plan.model!r}, graph for {graph.model!r}, "
                         f"model file is {model.name!r}")
+    holders = check_plan(plan, graph)
     ops = {m.id: m for m in graph.metaops}
     shapes = {t: infer_shapes(model, model.task(t)) for t in graph.tasks}
-    by_id: dict[str, tuple[int, Slice]] = {}
-    for w in plan.waves:
-        for s in w.slices:
-            if s.metaop not in ops:
-                raise PlanError(f"slice {s.id}: unknown MetaOp {s.metaop!r}")
-            by_id[s.id] = (w.index, s)
+    by_id = {s.id: (w.index, s) for w in plan.waves for s in w.slices}
     # inputs of each slice: transfers by producer MetaOp
     feeding: dict[str, dict[str, int]] = {}
     for ti, t in enumerate(plan.transfers):
-        src_op = by_id[t.src][1].metaop
-        if src_op in feeding.setdefault(t.dst, {}):
-            raise PlanError(f"transfers[{ti}]: two transfers from {src_op!r} into slice {t.dst}")
-        if by_id[t.src][0] >= by_id[t.dst][0]:
-            raise PlanError(f"transfers[{ti}]: {t.src} is not in an earlier wave than {t.dst}")
-        feeding[t.dst][src_op] = ti
-    covered: dict[str, list[tuple[int, int]]] = {}
+        feeding.setdefault(t.dst, {})[by_id[t.src][1].metaop] = ti
     slices = []
     for sid, (wave, s) in by_id.items():
         m = ops[s.metaop]
-        if s.last > m.num_layers:
-            raise PlanError(f"slice {sid}: operators [{s.first}, {s.last}) exceed the "
-                            f"{m.num_layers} of {m.id}")
-        covered.setdefault(m.id, []).append((s.first, s.last))
         wanted = (m.id,) if s.first > 0 else m.predecessors
-        got = feeding.get(sid, {})
-        if set(got) != set(wanted):
-            raise PlanError(f"slice {sid} needs inputs from {sorted(wanted)}, plan transfers "
-                            f"bring {sorted(got)}")
         step = next(st for st in model.task(m.task).steps if st.name == m.step)
         data = tuple(step.inputs) if s.first == 0 and not m.predecessors else ()
         slices.append(SliceProgram(
             slice=s, wave=wave, metaop=m,
             layers=tuple(range(m.first_layer + s.first, m.first_layer + s.last)),
-            data_inputs=data, in_transfers=tuple(got[p] for p in wanted),
+            data_inputs=data, in_transfers=tuple(feeding[sid][p] for p in wanted),
             out_shape=_per_sample(shapes[m.task][m.step]), kind=m.layer_kind,
         ))
-    for mid, ranges in covered.items():
-        ranges.sort()
-        expect = 0
-        for a, b in ranges:
-            if a != expect:
-                raise PlanError(f"MetaOp {mid}: operators from {expect} are not covered exactly "
-                                "once by its slices")
-            expect = b
-        if expect != ops[mid].num_layers:
-            raise PlanError(f"MetaOp {mid}: operators from {expect} are in no slice")
-    missing = sorted(set(ops) - set(covered))
-    if missing:
-        raise PlanError(f"MetaOp {missing[0]} has no slice in the plan")
     t_msgs, t_shapes = [], []
     for t in plan.transfers:
         src = by_id[t.src][1]
-        dst = by_id[t.dst][1]
-        if t.src_ranks != src.ranks or t.dst_ranks != dst.ranks:
-            raise PlanError(f"transfer {t.src} -> {t.dst}: ranks differ from its slices'")
         m = ops[src.metaop]
-        t_msgs.append(tuple(messages(m.batch_size, src.ranks, dst.ranks)))
+        t_msgs.append(tuple(messages(m.batch_size, src.ranks, by_id[t.dst][1].ranks)))
         t_shapes.append(_per_sample(shapes[m.task][m.step]))
-    holders: dict[tuple[str, int], set[int]] = {}
-    for sp in slices:
-        for layer in sp.layers:
-            holders.setdefault((sp.metaop.module, layer), set()).update(sp.slice.ranks)
-    frozen = {k: tuple(sorted(v)) for k, v in sorted(holders.items())}
-    _check_param_groups(plan, frozen)
-    sets = {r for r in frozen.values() if len(r) > 1}
+    sets = {r for r in holders.values() if len(r) > 1}
     sets |= {sp.slice.ranks for sp in slices
              if sp.kind == "contrastive_loss" and len(sp.slice.ranks) > 1}
     slices.sort(key=lambda sp: (sp.wave, plan.waves[sp.wave].slices.index(sp.slice)))
     return Program(slices=tuple(slices), transfer_messages=tuple(t_msgs),
-                   transfer_shapes=tuple(t_shapes), holders=frozen,
+                   transfer_shapes=tuple(t_shapes), holders=holders,
                    group_ranks=tuple(sorted(sets)), num_waves=len(plan.waves),
                    tasks=graph.tasks)
-
-
-def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ...]]) -> None:
-    """Every layer a slice runs must be in exactly one ParamGroup whose ranks are exactly its
-    holders: the gradient sync relies on it."""
-    seen: dict[tuple[str, int], tuple[int, ...]] = {}
-    for i, g in enumerate(plan.param_groups):
-        for layer in range(g.first_layer, g.last_layer):
-            key = (g.module, layer)
-            if key in seen:
-                raise PlanError(f"param_groups[{i}]: layer {layer} of {g.module!r} is in two "
-                                "groups")
-            seen[key] = g.ranks
-    for key, ranks in holders.items():
-        if seen.get(key) != ranks:
-            raise PlanError(f"layer {key[1]} of module {key[0]!r} is held by ranks {list(ranks)} "
-                            f"but its param group lists {list(seen.get(key, ()))}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

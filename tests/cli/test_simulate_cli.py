@@ -189,3 +189,20 @@ def test_waves_that_do_not_fit_placed_again_are_a_one_line_error():
     assert res.exit_code == 2 and res.stdout == ""
     (line,) = res.stderr.splitlines()
     assert line.startswith("error: out of memory placing") and "(sequential placement)" in line
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (lambda p: dataclasses.replace(p, transfers=()),
+     "error: slice w1.0 needs inputs from ['t/enc'], plan transfers bring []"),
+    (lambda p: dataclasses.replace(p, param_groups=p.param_groups[1:]),
+     "error: layer 0 of module 'enc' is held by ranks [0, 1] but its param group lists []"),
+    (lambda p: dataclasses.replace(p, waves=p.waves[:1], transfers=()),
+     "error: MetaOp t/head has no slice in the plan"),
+])
+def test_a_plan_that_contradicts_its_graph_is_refused(tmp_path, edit, expected):
+    # a hand-edited plan that no longer schedules its graph as the executor would run it
+    plan_path = write_case(tmp_path)
+    write_artifact(edit(load(str(plan_path), Plan)), str(plan_path))
+    res = _run(["simulate", str(plan_path)])
+    assert res.exit_code == 2
+    assert res.stderr.splitlines() == [expected.replace("error: ", f"error: {plan_path}: ")]

@@ -285,7 +285,7 @@ def test_mismatched_cluster_is_a_user_error():
 def test_transfer_to_an_earlier_wave_is_a_user_error():
     plan = fx.plan()
     t = dataclasses.replace(plan.transfers[0], src="w1.0", dst="w0.0")
-    with pytest.raises(SpindleError, match="later wave"):
+    with pytest.raises(SpindleError, match="is not in an earlier wave than"):
         simulate(dataclasses.replace(plan, transfers=(t,)), fx.graph(), fx.profile(),
                  fx.cluster())
 

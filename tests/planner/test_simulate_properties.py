@@ -21,7 +21,7 @@ ranks = st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True).map(
 
 @st.composite
 def plans(draw):
-    """enc (2 layers) in one or two slices, then head; any ranks; one group per module."""
+    """enc (2 layers) in one or two slices, then head; any ranks; one group per slice."""
     split = draw(st.booleans())
     enc_ranges = [(0, 1), (1, 2)] if split else [(0, 2)]
     slices = []
@@ -33,11 +33,10 @@ def plans(draw):
     act = draw(st.integers(0, 10**9))
     transfers = tuple(Transfer(src=a.id, dst=b.id, bytes=act, src_ranks=a.ranks,
                                dst_ranks=b.ranks) for a, b in itertools.pairwise(slices))
-    enc_ranks = tuple(sorted({r for s in slices[:-1] for r in s.ranks}))
-    groups = (ParamGroup(module="enc", first_layer=0, last_layer=2, ranks=enc_ranks,
-                         bytes=draw(st.integers(0, 10**9))),
-              ParamGroup(module="head", first_layer=0, last_layer=1, ranks=slices[-1].ranks,
-                         bytes=draw(st.integers(0, 10**9))))
+    # a layer's group is the ranks of the slice running it (consistency.check_plan)
+    groups = tuple(ParamGroup(module=s.metaop.split("/")[1], first_layer=s.first,
+                              last_layer=s.last, ranks=s.ranks,
+                              bytes=draw(st.integers(0, 10**9))) for s in slices)
     waves = tuple(Wave(index=i, level=0 if s.metaop == "t/enc" else 1, start_ms=float(i),
                        duration_ms=1.0, slices=(s,)) for i, s in enumerate(slices))
     return dataclasses.replace(fx.plan(), waves=waves, transfers=transfers,

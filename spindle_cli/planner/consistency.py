@@ -1,0 +1,85 @@
+"""Whether a plan schedules its graph the way the executor and the simulator assume
+(docs/CONTRACTS.md, "Plan semantics"). The planner's own plans always do; a plan edited by
+hand, or merged from two versions, may not, and then both would run something else than the
+plan says."""
+
+from __future__ import annotations
+
+from spindle_cli.artifacts.graph import MetaOpGraph
+from spindle_cli.artifacts.plan import Plan, Slice
+from spindle_cli.errors import PlanError
+
+
+def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[int, ...]]:
+    """PlanError unless: every slice runs operators of a MetaOp of `graph` within its count;
+    every operator of every MetaOp is in exactly one slice; a slice gets its inputs through
+    exactly one transfer from each producer MetaOp (its own MetaOp's earlier slice when it does
+    not start at operator 0), from an earlier wave, between the two slices' ranks; and every
+    layer a slice runs is in exactly one parameter group, whose ranks are all the ranks that
+    run it. Returns those holders: (module, layer) -> sorted ranks."""
+    ops = {m.id: m for m in graph.metaops}
+    by_id: dict[str, tuple[int, Slice]] = {}
+    for w in plan.waves:
+        for s in w.slices:
+            if s.metaop not in ops:
+                raise PlanError(f"slice {s.id}: unknown MetaOp {s.metaop!r}")
+            by_id[s.id] = (w.index, s)
+    feeding: dict[str, set[str]] = {}
+    for ti, t in enumerate(plan.transfers):
+        (src_wave, src), (dst_wave, dst) = by_id[t.src], by_id[t.dst]
+        if src.metaop in feeding.setdefault(t.dst, set()):
+            raise PlanError(f"transfers[{ti}]: two transfers from {src.metaop!r} into slice "
+                            f"{t.dst}")
+        if src_wave >= dst_wave:
+            raise PlanError(f"transfers[{ti}]: {t.src} is not in an earlier wave than {t.dst}")
+        if t.src_ranks != src.ranks or t.dst_ranks != dst.ranks:
+            raise PlanError(f"transfer {t.src} -> {t.dst}: ranks differ from its slices'")
+        feeding[t.dst].add(src.metaop)
+    covered: dict[str, list[tuple[int, int]]] = {}
+    holders: dict[tuple[str, int], set[int]] = {}
+    for sid, (_, s) in by_id.items():
+        m = ops[s.metaop]
+        if s.last > m.num_layers:
+            raise PlanError(f"slice {sid}: operators [{s.first}, {s.last}) exceed the "
+                            f"{m.num_layers} of {m.id}")
+        covered.setdefault(m.id, []).append((s.first, s.last))
+        wanted = {m.id} if s.first > 0 else set(m.predecessors)
+        got = feeding.get(sid, set())
+        if got != wanted:
+            raise PlanError(f"slice {sid} needs inputs from {sorted(wanted)}, plan transfers "
+                            f"bring {sorted(got)}")
+        for layer in range(m.first_layer + s.first, m.first_layer + s.last):
+            holders.setdefault((m.module, layer), set()).update(s.ranks)
+    for mid, ranges in covered.items():
+        ranges.sort()
+        expect = 0
+        for a, b in ranges:
+            if a != expect:
+                raise PlanError(f"MetaOp {mid}: operators from {expect} are not covered exactly "
+                                "once by its slices")
+            expect = b
+        if expect != ops[mid].num_layers:
+            raise PlanError(f"MetaOp {mid}: operators from {expect} are in no slice")
+    missing = sorted(set(ops) - set(covered))
+    if missing:
+        raise PlanError(f"MetaOp {missing[0]} has no slice in the plan")
+    frozen = {k: tuple(sorted(v)) for k, v in sorted(holders.items())}
+    _check_param_groups(plan, frozen)
+    return frozen
+
+
+def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ...]]) -> None:
+    """Every layer a slice runs must be in exactly one ParamGroup whose ranks are exactly its
+    holders: the gradient sync relies on it."""
+    seen: dict[tuple[str, int], tuple[int, ...]] = {}
+    for i, g in enumerate(plan.param_groups):
+        for layer in range(g.first_layer, g.last_layer):
+            key = (g.module, layer)
+            if key in seen:
+                raise PlanError(f"param_groups[{i}]: layer {layer} of {g.module!r} is in two "
+                                "groups")
+            seen[key] = g.ranks
+    for key, ranks in holders.items():
+        if seen.get(key) != ranks:
+            raise PlanError(f"layer {key[1]} of module {key[0]!r} is held by ranks {list(ranks)} "
+                            f"but its param group lists {list(seen.get(key, ()))}")
