@@ -60,7 +60,10 @@ def test_plans_are_valid_or_infeasible(problem, planner, placement, uneven):
     try:
         plan = make_plan(g, p, c, options=options)
     except PlanInfeasible as e:
-        assert "rank" in str(e) and "bytes" in str(e)
+        # out of memory names the rank and the bytes; consecutive ranks may also split a
+        # tensor-parallel group over two islands, which the profile's times do not allow
+        assert ("rank" in str(e) and "bytes" in str(e)) or (
+            placement == "sequential" and "across two islands" in str(e)), str(e)
         return
     check_contract(plan, g)
     for _, s in plan.slices():
