@@ -1,7 +1,9 @@
 """`spindle run PLAN`: train a plan with torch.distributed, wave by wave.
 
-Checks the plan, its graph and model (sha256) and the world size here, before launching, so
-bad input is a one-line error with exit code 2 and no process starts. Then starts the workers
+Checks the plan, its graph and model (sha256), the world size, the node layout and every
+option (`worker.check_options`: paths, numbers, a checkpoint to resume from) here, before
+launching, so bad input is a one-line error with exit code 2 and no process starts; `--dry-run`
+runs the same checks. Then starts the workers
 (`python -m spindle_cli.runtime.worker`) through torch's elastic launcher with torchrun's
 semantics; on a cluster, the same worker runs under a plain `torchrun` on every node.
 """
@@ -9,9 +11,11 @@ semantics; on a cluster, the same worker runs under a plain `torchrun` on every 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,6 +25,35 @@ from spindle_cli.errors import RuntimeFailure, SpindleError
 
 if TYPE_CHECKING:
     from spindle_cli.runtime.program import Program
+    from spindle_cli.runtime.worker import TrainOptions
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange that also refuses nan and inf: a range check lets nan through (every
+    comparison with it is false), and neither is a learning rate or a timeout."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{number} is not a finite number.", param, ctx)
+        return number
+
+
+def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--rdzv-endpoint: HOST:PORT (an IPv6 host in brackets), as torchrun parses it but with
+    the port required: every node must name the same one."""
+    if value is None:
+        return None
+    host, _, port = value.strip().rpartition(":")
+    if not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65535:
+        raise click.BadParameter(f"{value!r} is not HOST:PORT with a port from 1 to 65535.",
+                                 ctx, param)
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not re.fullmatch(r"[\w.:-]+", bare) or (":" in bare and bare == host):
+        raise click.BadParameter(f"{value!r}: {host!r} is not a host name or address (write an "
+                                 "IPv6 address in brackets, e.g. [::1]:29500).", ctx, param)
+    return value.strip()
 
 
 @click.command()
@@ -31,8 +64,8 @@ if TYPE_CHECKING:
 @click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Number of nodes (each runs `spindle run` with its --node-rank).")
 @click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True,
-              help="This node's index (multi-node runs).")
-@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+              help="This node's index, from 0 to NNODES-1 (multi-node runs).")
+@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT", callback=_endpoint,
               help="Rendezvous endpoint shared by all nodes (multi-node runs).")
 @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
               help="Training steps (a resumed run continues up to this step).")
@@ -40,7 +73,7 @@ if TYPE_CHECKING:
               show_default=True, help="auto: nccl when CUDA is present, else gloo.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the initialization and the synthetic data.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3,
+@click.option("--lr", type=FiniteFloatRange(min=0, min_open=True), default=1e-3,
               show_default=True, help="AdamW learning rate.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp64"]), default="fp32",
               show_default=True, help="Parameter and activation dtype.")
@@ -55,11 +88,14 @@ if TYPE_CHECKING:
 @click.option("--trace", "trace_path", default=None, metavar="FILE.json",
               help="Write a Chrome trace (per rank, per wave) with measured vs predicted time.")
 @click.option("--checkpoint-dir", default=None, metavar="DIR",
-              help="Where checkpoints go (shared by all nodes).")
+              help="Save a checkpoint here after the last step (and every K steps with "
+                   "--checkpoint-every); made if missing, shared by all nodes.")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=None, metavar="K",
-              help="Checkpoint every K steps (and at the end).")
-@click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in DIR.")
-@click.option("--timeout-s", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Also checkpoint every K steps (needs --checkpoint-dir).")
+@click.option("--resume", is_flag=True,
+              help="Continue from the newest complete checkpoint in --checkpoint-dir; start "
+                   "from step 0 when it holds none yet (--dry-run says which).")
+@click.option("--timeout-s", type=FiniteFloatRange(min=1), default=300.0, show_default=True,
               help="Collective/P2P timeout: a silent rank fails the run after this long.")
 @click.option("--dry-run", is_flag=True,
               help="Check everything, print what each rank would do, launch nothing.")
@@ -71,6 +107,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     of every step."""
     from spindle_cli.runtime.dist import resolve_backend
     from spindle_cli.runtime.inputs import check_world, load_run_inputs
+    from spindle_cli.runtime.worker import TrainOptions, check_options, resume_point
 
     inputs = load_run_inputs(plan_path)
     if nproc_per_node is None:
@@ -81,14 +118,21 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
         from spindle_cli.runtime.data import dataset_factory
 
         dataset_factory(dataset)
-    if (checkpoint_every or resume) and not checkpoint_dir:
-        raise SpindleError("--checkpoint-every and --resume need --checkpoint-dir")
-    if trace_path is not None and not Path(trace_path).resolve().parent.is_dir():
-        raise SpindleError(f"--trace {trace_path}: directory does not exist")
+    if node_rank >= nnodes:
+        raise SpindleError(f"--node-rank {node_rank} with --nnodes {nnodes}: node ranks run "
+                           f"from 0 to {nnodes - 1}")
     if nnodes > 1 and rdzv_endpoint is None:
         raise SpindleError("a multi-node run needs --rdzv-endpoint HOST:PORT")
+    # the same options and checks as every worker's, which runs them again before training
+    opts = TrainOptions(steps=steps, seed=seed, lr=lr, dtype=dtype, dataset=dataset,
+                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
+                        resume=resume, trace_path=trace_path)
+    check_options(opts, timeout_s=timeout_s)
+    # a checkpoint of another configuration would fail every rank after launch: refuse it here
+    found = resume_point(inputs.plan, opts, nproc_per_node * nnodes) if resume else None
     if dry_run:
         _print_ranks(inputs.program, inputs.plan.num_devices)
+        _print_checkpoints(opts, found)
         return
     worker_args = [plan_path, "--steps", str(steps), "--seed", str(seed), "--lr", repr(lr),
                    "--dtype", dtype, "--backend", backend, "--sync", sync,
@@ -125,6 +169,20 @@ def _ranks_per_node(num_ranks: int, nnodes: int) -> int:
         raise SpindleError(f"the plan's {num_ranks} ranks do not split evenly over {nnodes} "
                            "nodes", hint="give --nproc-per-node for this node")
     return num_ranks // nnodes
+
+
+def _print_checkpoints(opts: TrainOptions, found: tuple[Path, int] | None) -> None:
+    """--dry-run: where the run would checkpoint, and where a resume would start."""
+    from spindle_cli.cli._console import out
+    from spindle_cli.runtime.worker import resume_note
+
+    if opts.checkpoint_dir is None:
+        return
+    k = opts.checkpoint_every
+    every = f"every {k} step{'s' * (k > 1)} and " if 0 < k < opts.steps else ""
+    out.print(f"checkpoints: {opts.checkpoint_dir}, {every}after step {opts.steps}")
+    if opts.resume:
+        out.print(resume_note(found, opts))
 
 
 def _print_ranks(program: Program, num_ranks: int) -> None:

@@ -7,6 +7,9 @@ manifest and renames the directory, and a second barrier makes every rank wait f
 anywhere before the rename leaves only the hidden directory, which `latest` ignores, so a
 checkpoint directory without a hidden prefix is always complete. The checkpoint directory must
 be shared by all nodes.
+
+`check_dir` and `resume_point` read the file system only, so `spindle run` calls them before
+launching (and `--dry-run` reports what a resume would start from).
 """
 
 from __future__ import annotations
@@ -55,6 +58,23 @@ def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[s
         dist.barrier()
 
 
+def check_dir(directory: str) -> None:
+    """SpindleError unless `save` can write under `directory`: it is a directory, or it is
+    missing and `save` can make it (with its missing parents), so nothing on its path is a
+    file and the nearest existing directory is writable. Writes nothing."""
+    existing = Path(directory).absolute()
+    # lexists: a dangling symlink exists for mkdir, which then fails
+    while not os.path.lexists(existing):
+        existing = existing.parent
+    if not existing.is_dir():
+        problem = ("is not a directory" if existing == Path(directory).absolute()
+                   else f"{existing} is not a directory")
+        raise SpindleError(f"--checkpoint-dir {directory}: {problem}",
+                           hint="give a directory, or a path where one can be made")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SpindleError(f"--checkpoint-dir {directory}: {existing} is not writable")
+
+
 def latest(directory: str) -> Path | None:
     """The newest complete checkpoint under `directory`, or None."""
     root = Path(directory)
@@ -64,17 +84,44 @@ def latest(directory: str) -> Path | None:
     return done[-1] if done else None
 
 
-def load(path: Path, *, rank: int, world_size: int,
-         meta: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """(completed steps, this rank's state) of a checkpoint; SpindleError when it was taken by
-    a different run configuration."""
-    manifest = json.loads((path / MANIFEST).read_text())
-    if manifest["world_size"] != world_size:
-        raise SpindleError(f"{path}: checkpoint of {manifest['world_size']} ranks, this run has "
+def read_manifest(path: Path, *, world_size: int, meta: dict[str, Any]) -> int:
+    """The completed steps of the checkpoint at `path`; SpindleError when it was taken by a
+    different run configuration or lacks a rank's file. Reads no tensors."""
+    manifest_path = path / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        step, saved_ranks = int(manifest["step"]), int(manifest["world_size"])
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise SpindleError(f"{manifest_path}: not a spindle checkpoint manifest ({e})") from None
+    if saved_ranks != world_size:
+        raise SpindleError(f"{path}: checkpoint of {saved_ranks} ranks, this run has "
                            f"{world_size}")
     for key, value in meta.items():
         if manifest.get(key) != value:
             raise SpindleError(f"{path}: checkpoint was taken with {key}={manifest.get(key)!r}, "
                                f"this run has {value!r}")
+    missing = [f"rank-{r:05d}.pt" for r in range(world_size)
+               if not (path / f"rank-{r:05d}.pt").is_file()]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise SpindleError(f"{path}: checkpoint lacks {', '.join(missing[:3])}{more}")
+    return step
+
+
+def resume_point(directory: str, *, world_size: int,
+                 meta: dict[str, Any]) -> tuple[Path, int] | None:
+    """(newest complete checkpoint, its completed steps) under `directory`, checked against
+    this run (`read_manifest`); None when there is none yet."""
+    found = latest(directory)
+    if found is None:
+        return None
+    return found, read_manifest(found, world_size=world_size, meta=meta)
+
+
+def load(path: Path, *, rank: int, world_size: int,
+         meta: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(completed steps, this rank's state) of a checkpoint; SpindleError when it was taken by
+    a different run configuration."""
+    step = read_manifest(path, world_size=world_size, meta=meta)
     state: dict[str, Any] = torch.load(path / f"rank-{rank:05d}.pt", weights_only=True)
-    return int(manifest["step"]), state
+    return step, state

@@ -3,22 +3,26 @@
 
 Every rank loads and checks the plan against the world before the first collective, trains
 with the wave executor, prints each step's loss on rank 0 (stdout), checkpoints and writes the
-trace. A failing rank prints one line `error: rank R: cause` on stderr, records the same line
-for the launcher (torchelastic error file) and exits non-zero; its peers then fail too (their
-next message to it errors, or the process-group timeout expires).
+trace. `check_options` refuses options that would fail later or do nothing; `spindle run` calls
+it before launching and every rank again before its first collective. A failing rank prints one
+line `error: rank R: cause` on stderr, records the same line for the launcher (torchelastic
+error file) and exits non-zero; its peers then fail too (their next message to it errors, or
+the process-group timeout expires).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,8 +62,11 @@ class TrainOptions:
     dtype: str = "fp32"
     dataset: str | None = None
     checkpoint_dir: str | None = None
+    """Where checkpoints go: one after the last step, and every `checkpoint_every` steps."""
     checkpoint_every: int = 0
+    """Also checkpoint every this many steps (0: after the last step only)."""
     resume: bool = False
+    """Continue from the newest complete checkpoint in `checkpoint_dir`, if there is one."""
     trace_path: str | None = None
     predicted_ms: float | None = None
     """Predicted iteration time for the trace summary (default: the plan's estimate)."""
@@ -86,6 +93,77 @@ def _meta(plan: Plan, opts: TrainOptions) -> dict[str, Any]:
             "dataset": opts.dataset or "synthetic"}
 
 
+def check_options(opts: TrainOptions, *, timeout_s: float) -> None:
+    """Refuse (SpindleError) options that would fail only later in the run, or do nothing.
+    Reads the file system, writes nothing, uses no process group."""
+    if opts.steps < 1:
+        raise SpindleError(f"--steps {opts.steps}: expected at least 1")
+    if not (math.isfinite(opts.lr) and opts.lr > 0):
+        raise SpindleError(f"--lr {opts.lr}: expected a finite number > 0")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise SpindleError(f"--timeout-s {timeout_s}: expected a finite number of seconds > 0")
+    if opts.checkpoint_every < 0:
+        raise SpindleError(f"--checkpoint-every {opts.checkpoint_every}: expected at least 1")
+    if opts.checkpoint_dir is None:
+        for flag, given in (("--checkpoint-every", opts.checkpoint_every),
+                            ("--resume", opts.resume)):
+            if given:
+                raise SpindleError(f"{flag} needs --checkpoint-dir")
+    else:
+        checkpoint.check_dir(opts.checkpoint_dir)
+    if opts.trace_path is not None:
+        _check_trace_path(opts.trace_path)
+
+
+def _check_trace_path(path: str) -> None:
+    """A Chrome trace is one JSON file, written at the end of the run into an existing
+    directory (`trace.write_json`)."""
+    target = Path(path)
+    if target.is_dir():
+        raise SpindleError(f"--trace {path}: is a directory",
+                           hint=f"give a file name, e.g. {target / 'trace.json'}")
+    if target.suffix.lower() != ".json":
+        raise SpindleError(f"--trace {path}: a Chrome trace is a .json file",
+                           hint="give a name ending in .json, e.g. trace.json")
+    parent = target.absolute().parent
+    if not parent.exists():
+        raise SpindleError(f"--trace {path}: directory does not exist")
+    if not parent.is_dir():
+        raise SpindleError(f"--trace {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SpindleError(f"--trace {path}: directory {parent} is not writable")
+
+
+def resume_point(plan: Plan, opts: TrainOptions, world_size: int) -> tuple[Path, int] | None:
+    """(checkpoint, completed steps) a run with `opts.resume` continues from, or None when
+    `checkpoint_dir` holds no complete checkpoint yet (the run starts from step 0);
+    SpindleError when the newest one was taken by another run configuration."""
+    assert opts.resume and opts.checkpoint_dir is not None
+    return checkpoint.resume_point(opts.checkpoint_dir, world_size=world_size,
+                                   meta=_meta(plan, opts))
+
+
+def resume_note(found: tuple[Path, int] | None, opts: TrainOptions) -> str:
+    """What a run with `opts.resume` says about where it starts."""
+    if found is None:
+        return f"no checkpoint in {opts.checkpoint_dir} yet: starting from step 0"
+    path, start = found
+    if start >= opts.steps:
+        left = f"nothing left to train (--steps {opts.steps})"
+    elif start + 1 == opts.steps:
+        left = f"training step {opts.steps}"
+    else:
+        left = f"training steps {start + 1}-{opts.steps}"
+    return f"resuming from {path} at step {start}: {left}"
+
+
+def _say(line: str) -> None:
+    """One line on stderr in one write: the ranks share the launcher's stderr, and `print`
+    writes the text and its newline separately, so two ranks' lines could run together."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
           world: rdist.World, opts: TrainOptions,
           log: Callable[[str], None] | None = None) -> TrainResult:
@@ -107,11 +185,8 @@ def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
             start, state = checkpoint.load(found, rank=world.rank, world_size=world.world_size,
                                            meta=meta)
             ex.load_state(state)
-            note = f"resumed from {found} at step {start}"
-        else:
-            note = f"no checkpoint in {opts.checkpoint_dir} yet: starting from step 0"
         if world.rank == 0:
-            print(note, file=sys.stderr, flush=True)
+            _say(resume_note(None if found is None else (found, start), opts))
     result = TrainResult(start_step=start)
     for step in range(start, opts.steps):
         t0 = time.perf_counter()
@@ -122,8 +197,10 @@ def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
             per_task = "  ".join(f"{t} {v:.6f}" for t, v in losses.items())
             log(f"step {step + 1}/{opts.steps}  loss {sum(losses.values()):.6f}  ({per_task})")
         done = step + 1
-        if opts.checkpoint_dir and opts.checkpoint_every and (
-                done % opts.checkpoint_every == 0 or done == opts.steps):
+        # a checkpoint directory without an interval still gets the final state: a run given
+        # somewhere to save should not end with nothing saved
+        if opts.checkpoint_dir and (done == opts.steps or (
+                opts.checkpoint_every and done % opts.checkpoint_every == 0)):
             checkpoint.save(opts.checkpoint_dir, done, rank=world.rank,
                             world_size=world.world_size, state=ex.state(done), meta=meta)
     if opts.trace_path is not None:
@@ -159,8 +236,8 @@ def _write_trace(tracer: Tracer, result: TrainResult, plan: Plan, world: rdist.W
     assert opts.trace_path is not None
     write_json(trace_document([evs for evs, _, _ in gathered],
                               [origin for _, _, origin in gathered], summary), opts.trace_path)
-    print(f"trace: {opts.trace_path}  measured {measured:.2f} ms/iteration, predicted "
-          f"{predicted:.2f} ms", file=sys.stderr)
+    _say(f"trace: {opts.trace_path}  measured {measured:.2f} ms/iteration, predicted "
+         f"{predicted:.2f} ms")
 
 
 def predicted_iteration_ms(plan_path: str, plan: Plan, graph: MetaOpGraph,
@@ -211,7 +288,7 @@ def _report_failure(rank: int, e: BaseException) -> int:
     # a rank that lost a peer is rarely the root cause; the launcher prefers other ranks' lines
     secondary = isinstance(e, PeerLost)
     line = f"rank {rank}: {cause}"
-    print(f"error: {line}", file=sys.stderr, flush=True)
+    _say(f"error: {line}")
     if os.environ.get("SPINDLE_DEBUG") == "1":
         traceback.print_exception(e)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
@@ -230,8 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         inputs = load_run_inputs(args.plan)
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         check_world(inputs.plan, world_size)
-        if args.resume and not args.checkpoint_dir:
-            raise SpindleError("--resume needs --checkpoint-dir")
+        opts = TrainOptions(steps=args.steps, seed=args.seed, lr=args.lr, dtype=args.dtype,
+                            dataset=args.dataset, checkpoint_dir=args.checkpoint_dir,
+                            checkpoint_every=args.checkpoint_every, resume=args.resume,
+                            trace_path=args.trace)
+        check_options(opts, timeout_s=args.timeout_s)
         world = rdist.init(args.backend, timeout_s=args.timeout_s)
         try:
             check_world(inputs.plan, world.world_size, rank=world.rank,
@@ -241,11 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             predicted = (predicted_iteration_ms(args.plan, inputs.plan, inputs.graph,
                                                 overlap_sync=overlap)
                          if args.trace and world.rank == 0 else None)
-            opts = TrainOptions(steps=args.steps, seed=args.seed, lr=args.lr, dtype=args.dtype,
-                                dataset=args.dataset, checkpoint_dir=args.checkpoint_dir,
-                                checkpoint_every=args.checkpoint_every, resume=args.resume,
-                                trace_path=args.trace, predicted_ms=predicted,
-                                overlap_sync=overlap)
+            opts = replace(opts, predicted_ms=predicted, overlap_sync=overlap)
             log = (lambda line: print(line, flush=True)) if world.rank == 0 else None
             train(inputs.plan, inputs.graph, inputs.model, inputs.program, world, opts, log)
         except BaseException:

@@ -132,7 +132,9 @@ def invoke(*args: str) -> object:
 def _one_line_error(result: object) -> str:
     stderr = getattr(result, "stderr", "")
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("error: ")]
+    # click's usage errors (bad option values) go through the same handler; its case differs
+    # in older click output ("Error: ..."), the message does not
+    errors = [ln for ln in lines if ln.lower().startswith("error: ")]
     assert len(errors) == 1, stderr
     assert "Traceback" not in stderr
     return errors[0]
@@ -205,6 +207,9 @@ def test_crashing_rank_fails_every_rank_and_leaves_no_partial_checkpoint(tmp_pat
     assert r.stderr.strip().splitlines()[-1] == \
         "error: run failed: rank 1: OSError: disk read failed (injected)"
     assert "Traceback" not in r.stderr
+    # each rank's line ends with its own newline, however close together the ranks fail
+    assert all(ln.count("error: ") == 1 for ln in r.stderr.splitlines() if "error: " in ln), \
+        r.stderr
     # step 1 was checkpointed before the crash in step 2; nothing else is complete
     done = sorted(p.name for p in ckpt.iterdir() if not p.name.startswith("."))
     assert done == ["step-000001"]
@@ -227,19 +232,154 @@ def test_hanging_rank_fails_the_run_within_the_timeout(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
 @pytest.mark.parametrize(("args", "expected"), [
     (["--dataset", "no_such_module:make"], "No module named 'no_such_module'"),
     (["--dataset", "faulty_data"], "expected 'module:function'"),
-    (["--resume"], "need --checkpoint-dir"),
+    (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
+    (["--checkpoint-dir", "{tmp}/file"], "file: is not a directory"),
+    (["--checkpoint-dir", "{tmp}/file/ck"], "/file is not a directory"),
+    (["--checkpoint-dir", "{tmp}/file", "--resume"], "file: is not a directory"),
     (["--trace", "/no/such/dir/trace.json"], "directory does not exist"),
-    (["--nnodes", "2"], "the run has 4"),
+    (["--trace", "{tmp}"], "is a directory"),
+    (["--trace", "{tmp}/trace.txt"], "a Chrome trace is a .json file"),
+    (["--trace", "{tmp}/file/trace.json"], "/file is not a directory"),
+    (["--lr", "nan"], "nan is not a finite number"),
+    (["--lr", "inf"], "inf is not a finite number"),
+    (["--timeout-s", "nan"], "nan is not a finite number"),
+    (["--timeout-s", "inf"], "inf is not a finite number"),
+    (["--timeout-s", "0"], "not in the range x>=1"),
+    (["--nnodes", "2", "--nproc-per-node", "2"], "the run has 4"),
+    (["--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint", "h:29500"],
+     "--node-rank 5 with --nnodes 2: node ranks run from 0 to 1"),
+    (["--node-rank", "1"], "--node-rank 1 with --nnodes 1: node ranks run from 0 to 0"),
+    (["--rdzv-endpoint", "nonsense"], "'nonsense' is not HOST:PORT"),
+    (["--rdzv-endpoint", "h:"], "'h:' is not HOST:PORT"),
+    (["--rdzv-endpoint", "h:65536"], "'h:65536' is not HOST:PORT"),
+    (["--rdzv-endpoint", "::1:29500"], "write an IPv6 address in brackets"),
 ])
-def test_bad_run_options_are_refused_before_launch(tmp_path: Path, args: list[str],
-                                                   expected: str) -> None:
+def test_bad_run_options_are_refused_before_launch(tmp_path: Path, monkeypatch,
+                                                   args: list[str], expected: str,
+                                                   dry_run: bool) -> None:
+    """The run refuses what its dry run refuses, with one line, and launches nothing."""
     plan_path = write_plan_files(tmp_path)
-    result = invoke("run", str(plan_path), "--nproc-per-node", "2", *args)
+    (tmp_path / "file").write_text("x")
+    launched: list[list[str]] = []
+    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    args = [a.format(tmp=tmp_path) for a in args]
+    result = invoke("run", str(plan_path), *args, *["--dry-run"] * dry_run)
     assert result.exit_code == 2, getattr(result, "stderr", "")
     assert expected in _one_line_error(result)
+    assert not launched
+
+
+def test_sound_run_options_are_passed_on_and_create_nothing(tmp_path: Path,
+                                                            monkeypatch) -> None:
+    plan_path = write_plan_files(tmp_path)
+    launched: list[list[str]] = []
+    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    ckpt, trace = tmp_path / "new" / "ckpt", tmp_path / "trace.json"
+    result = invoke("run", str(plan_path), "--checkpoint-dir", str(ckpt), "--resume",
+                    "--trace", str(trace), "--rdzv-endpoint", "[::1]:29500", "--lr", "0.01")
+    assert result.exit_code == 0, getattr(result, "stderr", "")
+    argv = launched[0]
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "[::1]:29500"
+    assert argv[argv.index("--checkpoint-dir") + 1] == str(ckpt)
+    assert "--resume" in argv and "--checkpoint-every" not in argv
+    # the workers make the checkpoint directory when they first save
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(("every", "said"), [([], "after step 5"),
+                                             (["--checkpoint-every", "2"],
+                                              "every 2 steps and after step 5"),
+                                             (["--checkpoint-every", "5"], "after step 5")])
+def test_dry_run_says_when_the_run_checkpoints(tmp_path: Path, every: list[str],
+                                               said: str) -> None:
+    plan_path = write_plan_files(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    result = invoke("run", str(plan_path), "--steps", "5", "--checkpoint-dir", str(ckpt),
+                    *every, "--resume", "--dry-run")
+    assert result.exit_code == 0, getattr(result, "stderr", "")
+    lines = result.stdout.splitlines()
+    assert f"checkpoints: {ckpt}, {said}" in lines
+    # --resume without a checkpoint yet starts from step 0 (as the workers do, and say)
+    assert f"no checkpoint in {ckpt} yet: starting from step 0" in lines
+    assert not ckpt.exists()
+
+
+def test_worker_refuses_bad_options_before_the_process_group(tmp_path: Path,
+                                                             monkeypatch) -> None:
+    """Under a plain `torchrun`, every rank runs the checks of `spindle run` before
+    initializing the process group."""
+    from spindle_cli.runtime import worker
+
+    plan_path = write_plan_files(tmp_path)
+    inits: list[object] = []
+    monkeypatch.setattr(worker.rdist, "init", lambda *a, **k: inits.append(a))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    assert worker.main([str(plan_path), "--trace", str(tmp_path / "trace.txt")]) == 2
+    assert worker.main([str(plan_path), "--lr", "nan"]) == 2
+    assert not inits
+
+
+@pytest.fixture(scope="module")
+def one_step_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(plan, checkpoint dir) of a real 2-rank, 1-step run given --checkpoint-dir alone."""
+    tmp = tmp_path_factory.mktemp("one_step")
+    plan = write_plan_files(tmp)
+    ckpt = tmp / "ckpt"
+    r = spindle("run", str(plan), "--nproc-per-node", "2", "--steps", "1", "--timeout-s", "60",
+                "--checkpoint-dir", str(ckpt))
+    assert r.returncode == 0, r.stderr
+    return plan, ckpt
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_checkpoint_dir_alone_saves_after_the_last_step(
+        one_step_checkpoint: tuple[Path, Path]) -> None:
+    _, ckpt = one_step_checkpoint
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-000001"]
+    assert sorted(p.name for p in (ckpt / "step-000001").iterdir()) == \
+        ["manifest.json", "rank-00000.pt", "rank-00001.pt"]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
+@pytest.mark.parametrize(("args", "said"), [
+    (["--steps", "3"], "resuming from {ckpt}/step-000001 at step 1: training steps 2-3"),
+    (["--steps", "1"], "resuming from {ckpt}/step-000001 at step 1: nothing left to train"),
+    (["--seed", "1"], "error: {ckpt}/step-000001: checkpoint was taken with seed=0, this run "
+                      "has 1"),
+    (["--dtype", "fp64"], "checkpoint was taken with dtype='fp32', this run has 'fp64'"),
+])
+def test_resume_is_checked_against_the_checkpoint_before_launch(
+        one_step_checkpoint: tuple[Path, Path], monkeypatch, args: list[str], said: str,
+        dry_run: bool) -> None:
+    plan, ckpt = one_step_checkpoint
+    launched: list[list[str]] = []
+    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    said = said.format(ckpt=ckpt)
+    result = invoke("run", str(plan), "--checkpoint-dir", str(ckpt), "--resume", *args,
+                    *["--dry-run"] * dry_run)
+    if "checkpoint was taken" in said:
+        assert result.exit_code == 2, getattr(result, "stderr", "")
+        assert said in _one_line_error(result)
+        assert not launched
+    elif dry_run:
+        assert result.exit_code == 0, getattr(result, "stderr", "")
+        assert any(ln.startswith(said) for ln in result.stdout.splitlines()), result.stdout
+    else:
+        # the workers say where they resume from (rank 0, on stderr)
+        assert result.exit_code == 0, getattr(result, "stderr", "")
+        assert len(launched) == 1
 
 
 @pytest.mark.parametrize("ranks", [["--nproc-per-node", "2"], []])

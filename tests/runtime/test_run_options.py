@@ -1,0 +1,130 @@
+"""Run options checked before any process group (`worker.check_options`, `checkpoint.check_dir`,
+`checkpoint.resume_point`) and the one-write error line of a failing rank. No ranks start here;
+`test_run_cli.py` drives the same checks through `spindle run`."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spindle_cli.errors import SpindleError
+from spindle_cli.runtime import checkpoint, worker
+from spindle_cli.runtime.worker import TrainOptions, check_options, resume_note
+
+META = {"plan_sha256": "ab" * 32, "seed": 0, "dtype": "fp32", "dataset": "synthetic"}
+
+
+def test_check_dir_accepts_a_directory_or_a_path_it_can_make(tmp_path: Path) -> None:
+    checkpoint.check_dir(str(tmp_path))
+    checkpoint.check_dir(str(tmp_path / "a" / "b"))
+    # the check writes nothing: `save` makes the directory when it first saves
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("target", "said"), [
+    ("file", "file: is not a directory"),
+    ("file/ck", "/file is not a directory"),
+    ("file/a/b", "/file is not a directory"),
+    ("dangling/ck", "/dangling is not a directory"),
+])
+def test_check_dir_refuses_a_file_on_the_path(tmp_path: Path, target: str, said: str) -> None:
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(SpindleError, match="^--checkpoint-dir ") as info:
+        checkpoint.check_dir(str(tmp_path / target))
+    assert said in str(info.value)
+
+
+@pytest.mark.parametrize(("changes", "timeout_s", "said"), [
+    ({"lr": float("nan")}, 300.0, "--lr nan: expected a finite number > 0"),
+    ({"lr": float("inf")}, 300.0, "--lr inf: expected a finite number > 0"),
+    ({"lr": 0.0}, 300.0, "--lr 0.0: expected a finite number > 0"),
+    ({}, float("nan"), "--timeout-s nan: expected a finite number of seconds > 0"),
+    ({}, float("inf"), "--timeout-s inf: expected a finite number of seconds > 0"),
+    ({}, 0.0, "--timeout-s 0.0: expected a finite number of seconds > 0"),
+    ({"steps": 0}, 300.0, "--steps 0: expected at least 1"),
+    ({"checkpoint_every": 2}, 300.0, "--checkpoint-every needs --checkpoint-dir"),
+    ({"resume": True}, 300.0, "--resume needs --checkpoint-dir"),
+    ({"checkpoint_dir": "{tmp}/file"}, 300.0, "is not a directory"),
+    ({"trace_path": "{tmp}"}, 300.0, "is a directory"),
+    ({"trace_path": "{tmp}/trace.txt"}, 300.0, "a Chrome trace is a .json file"),
+    ({"trace_path": "{tmp}/trace"}, 300.0, "a Chrome trace is a .json file"),
+    ({"trace_path": "{tmp}/nowhere/trace.json"}, 300.0, "directory does not exist"),
+    ({"trace_path": "{tmp}/file/trace.json"}, 300.0, "/file is not a directory"),
+])
+def test_check_options_refuses(tmp_path: Path, changes: dict[str, Any], timeout_s: float,
+                               said: str) -> None:
+    (tmp_path / "file").write_text("x")
+    changes = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v
+               for k, v in changes.items()}
+    with pytest.raises(SpindleError, match=re.escape(said)):
+        check_options(TrainOptions(**{"steps": 2, **changes}), timeout_s=timeout_s)
+
+
+def test_check_options_accepts_a_sound_run(tmp_path: Path) -> None:
+    check_options(TrainOptions(steps=2, checkpoint_dir=str(tmp_path / "new" / "ck"),
+                               checkpoint_every=1, resume=True,
+                               trace_path=str(tmp_path / "Trace.JSON")), timeout_s=1.0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_point_checks_the_newest_checkpoint_without_loading_it(tmp_path: Path) -> None:
+    ck = str(tmp_path)
+    assert checkpoint.resume_point(ck, world_size=1, meta=META) is None
+    assert checkpoint.resume_point(str(tmp_path / "missing"), world_size=1, meta=META) is None
+    checkpoint.save(ck, 3, rank=0, world_size=1, state={"step": 3}, meta=META)
+    assert checkpoint.resume_point(ck, world_size=1, meta=META) == (tmp_path / "step-000003", 3)
+    with pytest.raises(SpindleError, match="checkpoint was taken with seed=0, this run has 1"):
+        checkpoint.resume_point(ck, world_size=1, meta={**META, "seed": 1})
+    with pytest.raises(SpindleError, match="checkpoint of 1 ranks, this run has 2"):
+        checkpoint.resume_point(ck, world_size=2, meta=META)
+    (tmp_path / "step-000003" / "rank-00000.pt").unlink()
+    with pytest.raises(SpindleError, match="checkpoint lacks rank-00000.pt"):
+        checkpoint.resume_point(ck, world_size=1, meta=META)
+    (tmp_path / "step-000003" / checkpoint.MANIFEST).write_text("{not json")
+    with pytest.raises(SpindleError, match="manifest.json: not a spindle checkpoint manifest"):
+        checkpoint.resume_point(ck, world_size=1, meta=META)
+
+
+def test_resume_note_says_where_the_run_starts(tmp_path: Path) -> None:
+    opts = TrainOptions(steps=4, checkpoint_dir=str(tmp_path), resume=True)
+    assert resume_note(None, opts) == f"no checkpoint in {tmp_path} yet: starting from step 0"
+    found = tmp_path / "step-000002"
+    assert resume_note((found, 2), opts) == \
+        f"resuming from {found} at step 2: training steps 3-4"
+    assert resume_note((found, 3), opts) == f"resuming from {found} at step 3: training step 4"
+    assert resume_note((found, 4), opts) == \
+        f"resuming from {found} at step 4: nothing left to train (--steps 4)"
+
+
+class _Writes(io.StringIO):
+    """A stderr that records each write call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.calls.append(s)
+        return super().write(s)
+
+
+def test_a_failing_rank_writes_its_line_and_newline_at_once(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks share one stderr: `print` writes the text and the newline separately, so two
+    ranks failing together printed `error: rank 0: ...error: rank 1: ...` on one line."""
+    stderr = _Writes()
+    monkeypatch.setattr("sys.stderr", stderr)
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.delenv("SPINDLE_DEBUG", raising=False)
+    code = worker._report_failure(1, NotADirectoryError(20, "Not a directory", "ck/.tmp"))
+    assert code == 1
+    line = "error: rank 1: NotADirectoryError: [Errno 20] Not a directory: 'ck/.tmp'\n"
+    assert stderr.calls == [line]
+    assert json.loads(error_file.read_text())["message"] == line[len("error: "):-1]
