@@ -8,6 +8,14 @@ from typing import Literal
 from spindle_cli.artifacts.base import Artifact
 from spindle_cli.artifacts.codec import meta
 from spindle_cli.artifacts.io import register
+from spindle_cli.artifacts.limits import (
+    MAX_DEVICES,
+    MAX_DEVICES_WHY,
+    MAX_LINK_LATENCY_S,
+    MAX_LINK_LATENCY_WHY,
+    MIN_BANDWIDTH_BYTES_PER_S,
+    MIN_BANDWIDTH_WHY,
+)
 from spindle_cli.errors import FieldError
 
 
@@ -32,17 +40,27 @@ class ClusterSpec(Artifact):
 
     name: str = field(metadata=meta("cluster name"))
     description: str = field(default="", metadata=meta("one-line description"))
-    num_nodes: int = field(metadata=meta("number of nodes", ge=1))
-    devices_per_node: int = field(metadata=meta("devices in each node", ge=1))
+    num_nodes: int = field(
+        metadata=meta("number of nodes", ge=1, le=MAX_DEVICES, le_why=MAX_DEVICES_WHY)
+    )
+    devices_per_node: int = field(
+        metadata=meta("devices in each node", ge=1, le=MAX_DEVICES, le_why=MAX_DEVICES_WHY)
+    )
     island_size: int = field(metadata=meta("devices per NVLink island", ge=1))
     device: DeviceSpec = field(metadata=meta("the device every rank runs on"))
     intra_island_bandwidth_bytes_per_s: float = field(
-        metadata=meta("per-device bandwidth inside an island (NVLink)", gt=0)
+        metadata=meta("per-device bandwidth inside an island (NVLink)",
+                      ge=MIN_BANDWIDTH_BYTES_PER_S, ge_why=MIN_BANDWIDTH_WHY)
     )
     inter_node_bandwidth_bytes_per_s: float = field(
-        metadata=meta("per-device bandwidth between nodes (InfiniBand)", gt=0)
+        metadata=meta("per-device bandwidth between nodes (InfiniBand)",
+                      ge=MIN_BANDWIDTH_BYTES_PER_S, ge_why=MIN_BANDWIDTH_WHY)
     )
-    link_latency_s: float = field(default=5e-6, metadata=meta("per-message latency", ge=0))
+    link_latency_s: float = field(
+        default=5e-6,
+        metadata=meta("per-message latency", ge=0, le=MAX_LINK_LATENCY_S,
+                      le_why=MAX_LINK_LATENCY_WHY),
+    )
     backend: Literal["nccl", "gloo"] = field(
         default="nccl",
         metadata=meta("the torch.distributed backend `spindle run` uses here (nccl on GPUs, "
@@ -52,6 +70,12 @@ class ClusterSpec(Artifact):
 
     def __post_init__(self) -> None:
         Artifact.__post_init__(self)
+        if self.num_devices > MAX_DEVICES:
+            raise FieldError(
+                "num_nodes",
+                f"{self.num_nodes} nodes x {self.devices_per_node} devices is "
+                f"{self.num_devices} devices, more than {MAX_DEVICES} ({MAX_DEVICES_WHY})",
+            )
         if self.devices_per_node % self.island_size:
             raise FieldError(
                 "island_size",

@@ -3,9 +3,10 @@
 Artifacts are frozen dataclasses. Each field's type drives both directions:
 
 - `from_data(cls, data, path)` checks types, missing and unknown fields, `Literal` choices and
-  numeric bounds (field metadata `ge`, `gt`, `le`), then calls the constructor, whose
-  `__post_init__` may raise `FieldError` for cross-field rules. Problems surface as
-  `FieldError` whose field is the full path from the artifact's root (`tasks[2].steps[1].module`).
+  numeric bounds (field metadata `ge`, `gt`, `le`; integers fit in 64 bits, floats are
+  finite), then calls the constructor, whose `__post_init__` may raise `FieldError` for
+  cross-field rules. Problems surface as `FieldError` whose field is the full path from the
+  artifact's root (`tasks[2].steps[1].module`).
 - `to_data(obj)` returns plain dicts/lists in field order with floats at a fixed precision, so
   the same artifact always serializes to the same bytes.
 
@@ -29,10 +30,17 @@ T = TypeVar("T")
 FLOAT_DIGITS = 9
 """Significant digits kept for every float written to an artifact."""
 
+INT_LIMIT = 2**63
+"""Integers in an artifact lie in [-INT_LIMIT, INT_LIMIT): counts and byte sizes never come
+near 2**63 (9.2e18 bytes), and the planner's arrays hold them as 64-bit integers. A
+representation limit like the finiteness of floats, so the JSON Schemas do not repeat it."""
 
-def meta(doc: str, **bounds: float) -> dict[str, Any]:
-    """Field metadata: a docstring for the JSON Schema plus optional `ge`/`gt`/`le` bounds."""
-    return {"doc": doc, **bounds}
+
+def meta(doc: str, *, ge_why: str = "", le_why: str = "", **bounds: float) -> dict[str, Any]:
+    """Field metadata: a docstring for the JSON Schema plus optional `ge`/`gt`/`le` bounds;
+    `ge_why` / `le_why` say in the error message why that bound is there."""
+    whys = {k: v for k, v in (("ge_why", ge_why), ("le_why", le_why)) if v}
+    return {"doc": doc, **bounds, **whys}
 
 
 def canonical_float(x: float) -> float:
@@ -64,7 +72,8 @@ def _type_name(tp: Any) -> str:
     return str(tp)
 
 
-def _actual(value: Any) -> str:
+def describe_value(value: Any) -> str:
+    """What a parsed value is, for error messages: 'a list', 'an integer', 'null', ..."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -101,30 +110,38 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise FieldError(path, f"expected a boolean, got {_actual(value)}")
+            raise FieldError(path, f"expected a boolean, got {describe_value(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise FieldError(path, f"expected an integer, got {_actual(value)}")
+            raise FieldError(path, f"expected an integer, got {describe_value(value)}")
+        if not -INT_LIMIT <= value < INT_LIMIT:
+            raise FieldError(path, "expected a 64-bit integer, got one that needs "
+                                   f"{value.bit_length() + 1} bits")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise FieldError(path, f"expected a number, got {_actual(value)}")
-        if not math.isfinite(value):
+            raise FieldError(path, f"expected a number, got {describe_value(value)}")
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the float range
+            raise FieldError(path, "expected a finite number, got an integer too large for "
+                                   "a float") from None
+        if not math.isfinite(number):
             raise FieldError(path, f"expected a finite number, got {value!r}")
-        return float(value)
+        return number
     if tp is str:
         if not isinstance(value, str):
-            raise FieldError(path, f"expected a string, got {_actual(value)}")
+            raise FieldError(path, f"expected a string, got {describe_value(value)}")
         return value
     if origin is tuple:
         if not isinstance(value, list):
-            raise FieldError(path, f"expected a list, got {_actual(value)}")
+            raise FieldError(path, f"expected a list, got {describe_value(value)}")
         (item,) = [a for a in get_args(tp) if a is not Ellipsis]
         return tuple(_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
-            raise FieldError(path, f"expected a mapping, got {_actual(value)}")
+            raise FieldError(path, f"expected a mapping, got {describe_value(value)}")
         _, item = get_args(tp)
         out = {}
         for k, v in value.items():
@@ -146,24 +163,48 @@ def _check_bounds(field: dataclasses.Field[Any], value: Any, path: str) -> None:
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             continue
         if "ge" in md and v < md["ge"]:
-            raise FieldError(path, f"must be >= {md['ge']}, got {v}")
+            raise FieldError(path, f"must be >= {md['ge']}, got {_shown(v)}{_why(md, 'ge')}")
         if "gt" in md and v <= md["gt"]:
-            raise FieldError(path, f"must be > {md['gt']}, got {v}")
+            raise FieldError(path, f"must be > {md['gt']}, got {_shown(v)}")
         if "le" in md and v > md["le"]:
-            raise FieldError(path, f"must be <= {md['le']}, got {v}")
+            raise FieldError(path, f"must be <= {md['le']}, got {_shown(v)}{_why(md, 'le')}")
+
+
+def _shown(v: float) -> str:
+    # str() refuses integers of more than 4300 digits; past ~60 digits the size says enough
+    if isinstance(v, int) and v.bit_length() > 200:
+        return f"a {v.bit_length()}-bit integer"
+    return str(v)
+
+
+def _why(md: typing.Mapping[str, Any], bound: str) -> str:
+    return f" ({md[bound + '_why']})" if bound + "_why" in md else ""
+
+
+def _wide(raw: Any) -> bool:
+    """Whether a parsed value (a number or a list of them) holds an integer beyond 64 bits."""
+    if type(raw) is int:
+        return not -INT_LIMIT <= raw < INT_LIMIT
+    if type(raw) is list:
+        return any(type(v) is int and not -INT_LIMIT <= v < INT_LIMIT for v in raw)
+    return False
 
 
 @functools.cache
-def _layout(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+def _layout(
+    cls: type,
+) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]], dict[str, bool]]:
     # Resolving type hints is costly and a profile holds thousands of records of a few classes.
-    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    bounded = {n: any(k in f.metadata for k in ("ge", "gt", "le")) for n, f in fields.items()}
+    return typing.get_type_hints(cls), fields, bounded
 
 
 def from_data(cls: type[T], data: Any, path: str = "") -> T:
     """Build and validate a dataclass from plain data; raise FieldError with the full path."""
     if not isinstance(data, dict):
-        raise FieldError(path, f"expected a mapping, got {_actual(data)}")
-    hints, fields = _layout(cls)
+        raise FieldError(path, f"expected a mapping, got {describe_value(data)}")
+    hints, fields, bounded = _layout(cls)
     unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
         raise FieldError(_join(path, str(unknown[0])), "unknown field")
@@ -173,7 +214,11 @@ def from_data(cls: type[T], data: Any, path: str = "") -> T:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise FieldError(_join(path, name), "missing required field")
             continue
-        value = _convert(hints[name], data[name], _join(path, name))
+        raw = data[name]
+        if bounded[name] and _wide(raw):
+            # the field's own bound explains more than "expected a 64-bit integer" does
+            _check_bounds(f, tuple(raw) if isinstance(raw, list) else raw, _join(path, name))
+        value = _convert(hints[name], raw, _join(path, name))
         _check_bounds(f, value, _join(path, name))
         kwargs[name] = value
     try:

@@ -8,6 +8,7 @@ from typing import Literal
 from spindle_cli.artifacts.base import DerivedArtifact
 from spindle_cli.artifacts.codec import meta
 from spindle_cli.artifacts.io import register
+from spindle_cli.artifacts.limits import MAX_BATCH, MAX_BATCH_WHY, MAX_LAYERS, MAX_LAYERS_WHY
 from spindle_cli.artifacts.model import LayerKind
 from spindle_cli.errors import FieldError
 
@@ -25,9 +26,16 @@ class MetaOp:
     step: str = field(metadata=meta("step of the task"))
     module: str = field(metadata=meta("module whose parameters it uses (shared across tasks)"))
     layer_kind: LayerKind = field(metadata=meta("layer kind of every operator"))
-    first_layer: int = field(metadata=meta("index in the module of its first layer", ge=0))
-    num_layers: int = field(metadata=meta("operators in the MetaOp (L)", ge=1))
-    batch_size: int = field(metadata=meta("global batch (B)", ge=1))
+    first_layer: int = field(
+        metadata=meta("index in the module of its first layer", ge=0, le=MAX_LAYERS - 1,
+                      le_why=MAX_LAYERS_WHY)
+    )
+    num_layers: int = field(
+        metadata=meta("operators in the MetaOp (L)", ge=1, le=MAX_LAYERS, le_why=MAX_LAYERS_WHY)
+    )
+    batch_size: int = field(
+        metadata=meta("global batch (B)", ge=1, le=MAX_BATCH, le_why=MAX_BATCH_WHY)
+    )
     seq_len: int = field(metadata=meta("input sequence length per sample", ge=1))
     in_width: int = field(metadata=meta("input width per position (0 for token ids)", ge=0))
     out_seq_len: int = field(metadata=meta("output sequence length per sample", ge=0))
@@ -44,6 +52,15 @@ class MetaOp:
     stash_bytes_per_sample: int = field(
         metadata=meta("activation bytes kept for backward per sample per operator", ge=0)
     )
+
+    def __post_init__(self) -> None:
+        end = self.first_layer + self.num_layers
+        if end > MAX_LAYERS:
+            raise FieldError(
+                "num_layers",
+                f"layers {self.first_layer}..{end - 1} run past layer {MAX_LAYERS - 1}, the "
+                f"last a module may have ({MAX_LAYERS_WHY})",
+            )
 
 
 @register
@@ -62,10 +79,19 @@ class MetaOpGraph(DerivedArtifact):
 
     def __post_init__(self) -> None:
         DerivedArtifact.__post_init__(self)
+        tasks: set[str] = set()
+        for i, t in enumerate(self.tasks):
+            if t in tasks:
+                raise FieldError(f"tasks[{i}]", f"duplicate task {t!r}")
+            tasks.add(t)
+        if not self.metaops:
+            raise FieldError("metaops", "a graph needs at least one MetaOp")
         ids: dict[str, int] = {}
         for i, m in enumerate(self.metaops):
             if m.id in ids:
                 raise FieldError(f"metaops[{i}].id", f"duplicate MetaOp id {m.id!r}")
+            if m.task not in tasks:
+                raise FieldError(f"metaops[{i}].task", f"unknown task {m.task!r} (not in tasks)")
             ids[m.id] = m.level
         for i, m in enumerate(self.metaops):
             for j, p in enumerate(m.predecessors):
@@ -76,10 +102,28 @@ class MetaOpGraph(DerivedArtifact):
                         f"metaops[{i}].level",
                         f"level {m.level} is not above predecessor {p!r} (level {ids[p]})",
                     )
+            # a MetaLevel is the longest-path depth: one above the deepest predecessor
+            depth = 1 + max((ids[p] for p in m.predecessors), default=-1)
+            if m.level != depth:
+                raise FieldError(
+                    f"metaops[{i}].level",
+                    f"expected {depth} (one above its deepest predecessor), got {m.level}"
+                    if m.predecessors else f"expected 0 (it has no predecessors), got {m.level}",
+                )
             if m.level >= self.num_levels:
                 raise FieldError(
                     f"metaops[{i}].level", f"{m.level} >= num_levels {self.num_levels}"
                 )
+        deepest = max(ids.values())
+        if self.num_levels != deepest + 1:
+            raise FieldError(
+                "num_levels",
+                f"expected {deepest + 1} (MetaLevels run 0..{deepest}), got {self.num_levels}",
+            )
+        used = {m.task for m in self.metaops}
+        for i, t in enumerate(self.tasks):
+            if t not in used:
+                raise FieldError(f"tasks[{i}]", f"task {t!r} has no MetaOp")
 
     def metaop(self, metaop_id: str) -> MetaOp:
         """The MetaOp with that id."""

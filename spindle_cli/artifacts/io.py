@@ -1,7 +1,9 @@
 """Reading and writing artifact files: parse, check kind/version, validate, hash, atomic write.
 
 YAML (`.yaml`, `.yml`) or JSON (`.json`) by file extension, with the same content. `-` as an
-output path means stdout.
+output path means stdout. Reading refuses, as one-line ArtifactErrors, what the parsers would
+accept silently or crash on: a key repeated in a mapping, nesting deeper than MAX_NESTING, and
+integers longer than Python converts.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -18,7 +21,8 @@ import yaml
 
 from spindle_cli import __version__
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact, InputRef
-from spindle_cli.artifacts.codec import from_data, to_data
+from spindle_cli.artifacts.codec import describe_value, from_data, to_data
+from spindle_cli.artifacts.limits import MAX_NESTING
 from spindle_cli.errors import ArtifactError, FieldError
 
 A = TypeVar("A", bound=Artifact)
@@ -27,8 +31,127 @@ PRODUCER = f"spindle {__version__}"
 
 _REGISTRY: dict[str, type[Artifact]] = {}
 
-_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-"""The safe loader, backed by libyaml where PyYAML was built with it."""
+
+class _DuplicateKey(Exception):
+    """A key repeated in one mapping (YAML or JSON), raised while parsing."""
+
+    def __init__(self, field: str, key: object, where: str) -> None:
+        super().__init__(field, key, where)
+        self.field = field
+        self.key = key
+        self.where = where
+
+
+class _UniqueKeys:
+    """Loader mixin: refuse a key that repeats among a mapping's own keys, where PyYAML would
+    keep the last value silently. Keys brought in by a `<<` merge may still be overridden."""
+
+    _root: yaml.Node | None = None
+    _merged: dict[yaml.Node, int]
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._root, self._merged = node, {}
+        return super().construct_document(node)  # type: ignore[misc]
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        own = node.value
+        super().flatten_mapping(node)  # type: ignore[misc]
+        if node.value is not own:
+            # merged pairs were put before the node's own pairs (the merge keys are gone)
+            self._merged[node] = len(node.value) - len(own)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
+        mapping = super().construct_mapping(node, deep=deep)  # type: ignore[misc]
+        merged = self._merged.get(node, 0)
+        if merged == 0 and len(mapping) == len(node.value):
+            return mapping  # the common case: no merge, no repeated key
+        first: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value[merged:]:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[attr-defined]
+            if key in first:
+                a, b = first[key].start_mark.line + 1, key_node.start_mark.line + 1
+                raise _DuplicateKey(_node_path(self._root, node, key), key,
+                                    f"line {a}" if a == b else f"lines {a} and {b}")
+            first[key] = key_node
+        return mapping
+
+
+def _node_path(root: yaml.Node | None, target: yaml.Node, key: object) -> str:
+    """The field path (`tasks[1].steps`) of `key` in the mapping node `target`, found from the
+    document's root node; only computed for an error."""
+    stack: list[tuple[yaml.Node, str]] = [(root, "")] if root is not None else []
+    seen: set[int] = set()
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return f"{path}.{key}" if path else str(key)
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                name = k.value if isinstance(k, yaml.ScalarNode) else "?"
+                stack.append((v, f"{path}.{name}" if path else str(name)))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node.value))
+    return str(key)
+
+
+_LIBYAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _FastLoader(_UniqueKeys, _LIBYAML_LOADER):  # type: ignore[misc,valid-type]
+    """The safe loader, backed by libyaml where PyYAML was built with it."""
+
+
+class _SlowLoader(_UniqueKeys, yaml.SafeLoader):  # type: ignore[misc]
+    """The pure-Python safe loader, whose syntax errors name the offending token."""
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey("", key, "")
+            seen.add(key)
+    return obj
+
+
+def _check_nesting(path: str, text: str) -> None:
+    """Refuse YAML nested deeper than MAX_NESTING before libyaml composes it (its composer
+    recurses on the C stack and crashes the process on nesting in the tens of thousands)."""
+    # Flow collections nest one level per bracket, block ones one level per column at most,
+    # so this bound is cheap and almost always settles it without parsing.
+    longest = max(map(len, text.split("\n")))
+    if text.count("[") + text.count("{") + longest <= MAX_NESTING:
+        return
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=_FastLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_NESTING:
+                    line = event.start_mark.line + 1 if event.start_mark else 0
+                    raise ArtifactError(path, "", f"invalid YAML at line {line}: nested more "
+                                                  f"than {MAX_NESTING} levels deep")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError:
+        pass  # a syntax error: the parse below reports it
+
+
+def _value_problem(text: str, e: ValueError) -> str:
+    """The problem of a ValueError raised while building values: PyYAML and json convert
+    numbers and dates with int() and datetime, which raise ValueError rather than a parse
+    error, for instance on an integer longer than Python converts (4300 digits by default)."""
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    long_int = re.search(rf"\d{{{limit + 1},}}", text) if limit else None
+    if long_int:
+        line = text.count("\n", 0, long_int.start()) + 1
+        return f" at line {line}: integer with more than {limit} digits"
+    return f": {e}"
 
 
 def register(cls: type[A]) -> type[A]:
@@ -64,19 +187,32 @@ def read_data(path: str) -> Any:
         raise ArtifactError(path, "", "is a directory, expected a file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ArtifactError(path, "", f"cannot read: {e}") from None
+    try:
+        return _parse(path, fmt, text)
+    except _DuplicateKey as e:
+        where = f" ({e.where})" if e.where else ""
+        raise ArtifactError(path, e.field, f"duplicate key {e.key!r}{where}") from None
+    except RecursionError:
+        raise ArtifactError(path, "", f"invalid {fmt.upper()}: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError is one too, handled in _parse
+        raise ArtifactError(path, "", f"invalid {fmt.upper()}{_value_problem(text, e)}") from None
+
+
+def _parse(path: str, fmt: str, text: str) -> Any:
     if fmt == "json":
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_json_object)
         except json.JSONDecodeError as e:
             raise ArtifactError(path, "", f"invalid JSON at line {e.lineno}: {e.msg}") from None
+    _check_nesting(path, text)
     try:
         # libyaml parses large profiles ~6x faster; on an error, the pure-Python parser is
         # asked again because its messages name the offending token.
-        return yaml.load(text, Loader=_FAST_LOADER)
+        return yaml.load(text, Loader=_FastLoader)
     except yaml.YAMLError:
         pass
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_SlowLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -93,6 +229,8 @@ def parse_artifact(data: Any, path: str, expect: type[A] | None = None) -> Artif
     kind = data.get("kind")
     if kind is None:
         raise ArtifactError(path, "kind", "missing required field")
+    if not isinstance(kind, str):
+        raise ArtifactError(path, "kind", f"expected a string, got {describe_value(kind)}")
     if kind not in registry:
         raise ArtifactError(path, "kind", f"unknown kind {kind!r} (known: {', '.join(registry)})")
     cls = registry[kind]

@@ -18,6 +18,7 @@ from typing import Literal
 from spindle_cli.artifacts.base import Artifact
 from spindle_cli.artifacts.codec import meta
 from spindle_cli.artifacts.io import register
+from spindle_cli.artifacts.limits import MAX_BATCH, MAX_BATCH_WHY, MAX_LAYERS, MAX_LAYERS_WHY
 from spindle_cli.errors import FieldError
 
 LayerKind = Literal[
@@ -48,7 +49,10 @@ class ModuleSpec:
     task that uses it."""
 
     kind: LayerKind = field(metadata=meta("layer kind"))
-    num_layers: int = field(default=1, metadata=meta("identical layers in the stack", ge=1))
+    num_layers: int = field(
+        default=1,
+        metadata=meta("identical layers in the stack", ge=1, le=MAX_LAYERS, le_why=MAX_LAYERS_WHY),
+    )
     hidden: int = field(metadata=meta("output width (model dimension)", ge=1))
     heads: int = field(default=0, metadata=meta("attention heads (transformer kinds)", ge=0))
     ffn: int = field(default=0, metadata=meta("MLP inner width (transformer kinds)", ge=0))
@@ -105,7 +109,9 @@ class TaskSpec:
     """A task: its global batch, its data inputs and its DAG of steps."""
 
     name: str = field(metadata=meta("task name"))
-    batch_size: int = field(metadata=meta("global batch size of the task", ge=1))
+    batch_size: int = field(
+        metadata=meta("global batch size of the task", ge=1, le=MAX_BATCH, le_why=MAX_BATCH_WHY)
+    )
     inputs: dict[str, InputSpec] = field(metadata=meta("data inputs, by name"))
     steps: tuple[StepSpec, ...] = field(metadata=meta("the task's steps (a DAG)"))
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from spindle_cli.artifacts.base import DerivedArtifact
 from spindle_cli.artifacts.codec import meta
 from spindle_cli.artifacts.io import register
+from spindle_cli.artifacts.limits import MAX_DEVICES, MAX_DEVICES_WHY, MAX_LAYERS, MAX_LAYERS_WHY
 from spindle_cli.artifacts.profile import check_strategy, tp_degree
 from spindle_cli.errors import FieldError
 
@@ -37,7 +38,9 @@ class Slice:
     id: str = field(metadata=meta("unique slice id: 'w<wave>.<index>'"))
     metaop: str = field(metadata=meta("MetaOp id"))
     first: int = field(metadata=meta("first operator (0-based, within the MetaOp)", ge=0))
-    last: int = field(metadata=meta("one past the last operator", ge=1))
+    last: int = field(
+        metadata=meta("one past the last operator", ge=1, le=MAX_LAYERS, le_why=MAX_LAYERS_WHY)
+    )
     ranks: tuple[int, ...] = field(metadata=meta("ranks running the slice, ascending", ge=0))
     strategy: str = field(metadata=meta("'dp' or 'tp<t>'"))
     time_ms: float = field(metadata=meta("estimated forward+backward time of the slice", ge=0))
@@ -83,8 +86,16 @@ class Transfer:
     src: str = field(metadata=meta("producer slice id"))
     dst: str = field(metadata=meta("consumer slice id"))
     bytes: int = field(metadata=meta("forward activation bytes (the same flow back)", ge=0))
-    src_ranks: tuple[int, ...] = field(metadata=meta("producer ranks"))
-    dst_ranks: tuple[int, ...] = field(metadata=meta("consumer ranks"))
+    src_ranks: tuple[int, ...] = field(metadata=meta("producer ranks", ge=0))
+    dst_ranks: tuple[int, ...] = field(metadata=meta("consumer ranks", ge=0))
+
+    def __post_init__(self) -> None:
+        for name in ("src_ranks", "dst_ranks"):
+            ranks = getattr(self, name)
+            if not ranks:
+                raise FieldError(name, "a transfer needs at least one rank on each side")
+            if list(ranks) != sorted(set(ranks)):
+                raise FieldError(name, "ranks must be ascending and distinct")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,9 +105,19 @@ class ParamGroup:
 
     module: str = field(metadata=meta("module name"))
     first_layer: int = field(metadata=meta("first layer of the module", ge=0))
-    last_layer: int = field(metadata=meta("one past the last layer", ge=1))
-    ranks: tuple[int, ...] = field(metadata=meta("ranks holding a replica, ascending"))
+    last_layer: int = field(
+        metadata=meta("one past the last layer", ge=1, le=MAX_LAYERS, le_why=MAX_LAYERS_WHY)
+    )
+    ranks: tuple[int, ...] = field(metadata=meta("ranks holding a replica, ascending", ge=0))
     bytes: int = field(metadata=meta("gradient bytes synchronized", ge=0))
+
+    def __post_init__(self) -> None:
+        if self.last_layer <= self.first_layer:
+            raise FieldError("last_layer", f"{self.last_layer} <= first_layer {self.first_layer}")
+        if not self.ranks:
+            raise FieldError("ranks", "a parameter group needs at least one rank")
+        if list(self.ranks) != sorted(set(self.ranks)):
+            raise FieldError("ranks", "ranks must be ascending and distinct")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,7 +161,9 @@ class Plan(DerivedArtifact):
     options: dict[str, str] = field(default_factory=dict, metadata=meta("planner options"))
     candidate: str = field(default="", metadata=meta(
         "which of the spindle planner's candidate schedules this is (empty for baselines)"))
-    num_devices: int = field(metadata=meta("world size N", ge=1))
+    num_devices: int = field(
+        metadata=meta("world size N", ge=1, le=MAX_DEVICES, le_why=MAX_DEVICES_WHY)
+    )
     islands: tuple[tuple[int, ...], ...] = field(metadata=meta("ranks of each NVLink island"))
     waves: tuple[Wave, ...] = field(metadata=meta("waves in execution order"))
     transfers: tuple[Transfer, ...] = field(metadata=meta("inter-wave activation flows"))
@@ -179,6 +202,21 @@ class Plan(DerivedArtifact):
                     raise FieldError(
                         f"transfers[{ti}].{name}", f"unknown slice {getattr(t, name)!r}"
                     )
+                self._check_ranks(f"transfers[{ti}].{name}_ranks", getattr(t, f"{name}_ranks"))
+        for gi, g in enumerate(self.param_groups):
+            self._check_ranks(f"param_groups[{gi}].ranks", g.ranks)
+        # one entry per rank, in rank order (what the planner writes)
+        if len(self.memory) != self.num_devices:
+            raise FieldError("memory", f"expected one entry per rank ({self.num_devices}), got "
+                                       f"{len(self.memory)}")
+        for r, m in enumerate(self.memory):
+            if m.rank != r:
+                raise FieldError(f"memory[{r}].rank", f"expected {r}, got {m.rank}")
+
+    def _check_ranks(self, where: str, ranks: tuple[int, ...]) -> None:
+        bad = [r for r in ranks if r >= self.num_devices]
+        if bad:
+            raise FieldError(where, f"rank {bad[0]} >= num_devices {self.num_devices}")
 
     def slices(self) -> list[tuple[Wave, Slice]]:
         """Every slice with its wave, in execution order."""

@@ -10,6 +10,13 @@ from spindle_cli.artifacts.base import DerivedArtifact
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.codec import meta
 from spindle_cli.artifacts.io import load_recorded_input, register
+from spindle_cli.artifacts.limits import (
+    MAX_BATCH,
+    MAX_BATCH_WHY,
+    MAX_DEVICES,
+    MAX_DEVICES_WHY,
+    MIN_OPERATOR_MS,
+)
 from spindle_cli.errors import FieldError
 
 Strategy = str
@@ -23,19 +30,25 @@ def tp_degree(strategy: str) -> int:
 
 
 def check_strategy(strategy: str, where: str) -> None:
-    """Raise FieldError unless `strategy` is 'dp' or 'tp<t>' with t >= 2."""
+    """Raise FieldError unless `strategy` is 'dp' or 'tp<t>' with 2 <= t <= MAX_DEVICES."""
+    digits = strategy[2:]
+    # isdecimal() alone admits non-ASCII digits, and the length check keeps int() cheap
     ok = strategy == "dp" or (
-        strategy.startswith("tp") and strategy[2:].isdigit() and int(strategy[2:]) >= 2
+        strategy.startswith("tp") and digits.isascii() and digits.isdecimal()
+        and len(digits) <= 8 and 2 <= int(digits) <= MAX_DEVICES
     )
     if not ok:
-        raise FieldError(where, f"unknown strategy {strategy!r} (expected 'dp' or 'tp<t>')")
+        raise FieldError(where, f"unknown strategy {strategy!r} (expected 'dp' or 'tp<t>', "
+                                f"2 <= t <= {MAX_DEVICES})")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProfilePoint:
     """One profiled device count under one strategy."""
 
-    num_devices: int = field(metadata=meta("device count n", ge=1))
+    num_devices: int = field(
+        metadata=meta("device count n", ge=1, le=MAX_DEVICES, le_why=MAX_DEVICES_WHY)
+    )
     strategy: str = field(metadata=meta("'dp' or 'tp<t>'"))
     feasible: bool = field(metadata=meta("false when the shape ran out of memory or timed out"))
     time_ms: float = field(metadata=meta("forward+backward time of one operator, ms", ge=0))
@@ -50,9 +63,18 @@ class ProfilePoint:
 class CurvePiece:
     """T(n) = alpha_ms + beta_ms * (B / n) for n in [n_lo, n_hi]."""
 
-    n_lo: int = field(metadata=meta("lower device count of the piece", ge=1))
-    n_hi: int = field(metadata=meta("upper device count of the piece", ge=1))
-    alpha_ms: float = field(metadata=meta("fixed cost per operator, ms"))
+    n_lo: int = field(
+        metadata=meta("lower device count of the piece", ge=1, le=MAX_DEVICES,
+                      le_why=MAX_DEVICES_WHY)
+    )
+    n_hi: int = field(
+        metadata=meta("upper device count of the piece", ge=1, le=MAX_DEVICES,
+                      le_why=MAX_DEVICES_WHY)
+    )
+    alpha_ms: float = field(
+        metadata=meta("fixed cost per operator, ms (may be negative where T(n) stays positive "
+                      "over the counts the piece covers)")
+    )
     beta_ms: float = field(metadata=meta("cost per sample on one device, ms", ge=0))
     strategy: str = field(metadata=meta("strategy used on this piece"))
 
@@ -81,7 +103,9 @@ class Curve:
     """The scaling curve of one operator signature."""
 
     signature: str = field(metadata=meta("operator signature (layer kind, dims, shape)"))
-    batch_size: int = field(metadata=meta("global batch B of the signature", ge=1))
+    batch_size: int = field(
+        metadata=meta("global batch B of the signature", ge=1, le=MAX_BATCH, le_why=MAX_BATCH_WHY)
+    )
     points: tuple[ProfilePoint, ...] = field(metadata=meta("raw profiled points"))
     pieces: tuple[CurvePiece, ...] = field(metadata=meta("fitted pieces, ascending in n"))
     memory: MemoryModel = field(metadata=meta("per-layer memory model (data parallel)"))
@@ -96,6 +120,25 @@ class Curve:
         for i in range(1, len(self.pieces)):
             if self.pieces[i].n_lo != self.pieces[i - 1].n_hi:
                 raise FieldError(f"pieces[{i}].n_lo", "pieces must be contiguous")
+        last = len(self.pieces) - 1
+        for i, p in enumerate(self.pieces):
+            # T(n) = alpha + beta * B / n falls with n (beta >= 0), so its least value over the
+            # counts a piece covers is at the highest: n_hi, or for the last piece (which
+            # extends up) the most devices the batch can use, t * B under 'tp<t>'. Lines
+            # fitted through two points may have a negative alpha; only T itself must stay
+            # positive, since the planner divides by it.
+            most = self.batch_size * tp_degree(p.strategy)
+            n = most if i == last else min(p.n_hi, most)
+            if n < p.n_lo:
+                continue  # counts beyond what the batch can use: never read
+            t_ms = p.alpha_ms + p.beta_ms * self.batch_size / n
+            if not t_ms >= MIN_OPERATOR_MS:
+                raise FieldError(
+                    f"pieces[{i}]",
+                    f"T(n) = alpha_ms + beta_ms * B / n is {t_ms:.6g} ms at n = {n} "
+                    f"(B = {self.batch_size}); an operator must take at least "
+                    f"{MIN_OPERATOR_MS:g} ms at every device count its piece covers",
+                )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,7 +178,9 @@ class Profile(DerivedArtifact):
 
     source: Literal["measured", "analytic"] = field(metadata=meta("how the points were made"))
     fingerprint: Fingerprint = field(metadata=meta("hardware and software the profile describes"))
-    counts: tuple[int, ...] = field(metadata=meta("profiled device counts", ge=1))
+    counts: tuple[int, ...] = field(
+        metadata=meta("profiled device counts", ge=1, le=MAX_DEVICES, le_why=MAX_DEVICES_WHY)
+    )
     curves: tuple[Curve, ...] = field(metadata=meta("curves, sorted by signature"))
     optimizer: OptimizerCost | None = field(
         default=None,

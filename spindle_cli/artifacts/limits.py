@@ -1,0 +1,45 @@
+"""Bounds on artifact values that are well typed but no real model, cluster or plan reaches.
+
+Without them a value like `num_nodes: 10**30` or a link of 0.5 B/s passes validation and then
+hangs or overflows the planner, the simulator or the runtime. Each bound sits orders of
+magnitude beyond what the shipped files and the planner benchmarks use (the paper's clusters
+have 256 GPUs, the benchmarks 4096 devices, the largest modules about 100 layers), so it only
+ever rejects a typo or a corrupted file. Every bound comes with the reason the error prints.
+"""
+
+from __future__ import annotations
+
+MAX_DEVICES = 2**20
+"""Most devices in a cluster or a plan, and the highest device count a profile may hold."""
+
+MAX_DEVICES_WHY = "about a million; the largest training clusters have ~10**5 devices"
+
+MAX_LAYERS = 100_000
+"""Most layers in a module; layer indices and slice bounds stay at or below it."""
+
+MAX_LAYERS_WHY = "the deepest real models have a few hundred layers per module"
+
+MAX_BATCH = 2**30
+"""Largest global batch of a task (samples per iteration)."""
+
+MAX_BATCH_WHY = "about a billion samples; real global batches are below ~10**7"
+
+MIN_BANDWIDTH_BYTES_PER_S = 1e6
+"""Slowest link a cluster may declare (1 MB/s)."""
+
+MIN_BANDWIDTH_WHY = "1 MB/s; every real interconnect is at least 1000x faster"
+
+MAX_LINK_LATENCY_S = 1.0
+"""Highest per-message latency a cluster may declare."""
+
+MAX_LINK_LATENCY_WHY = "real links take microseconds per message"
+
+MIN_OPERATOR_MS = 1e-12
+"""Shortest time a scaling curve may give one operator (a femtosecond). The planner divides by
+these times, so zero, negative and underflowing ones must go; a fitted curve whose last piece
+falls towards 0 as n grows (alpha 0) stays far above it at any count its batch can use."""
+
+MAX_NESTING = 1000
+"""Deepest nesting of lists and mappings an artifact file may have (artifacts nest about 6
+levels deep). libyaml's composer recurses on the C stack and would crash the process on
+nesting in the tens of thousands, so deeper files are refused before they are parsed."""

@@ -1,0 +1,197 @@
+"""Files that parse into something unusable: a `kind` that is not a string, integers longer
+than Python converts, nesting deep enough to overflow a stack, repeated keys. Each must be a
+one-line `<file>: <field>: <problem>` error at read time, never a crash."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spindle_cli.artifacts import ClusterSpec, load, load_artifact
+from spindle_cli.artifacts.io import read_data
+from spindle_cli.errors import ArtifactError
+
+CLUSTER_YAML = """\
+kind: cluster
+version: 1
+name: c
+num_nodes: 1
+devices_per_node: 4
+island_size: 4
+device:
+  name: cpu-core
+  memory_bytes: 4294967296
+  peak_flops: 1.0e+11
+  memory_bandwidth_bytes_per_s: 2.0e+10
+intra_island_bandwidth_bytes_per_s: 2.0e+9
+inter_node_bandwidth_bytes_per_s: 2.0e+9
+"""
+
+
+def _error(path: Path) -> str:
+    with pytest.raises(ArtifactError) as e:
+        load_artifact(str(path))
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(("name", "text", "problem"), [
+    ("k.yaml", "kind: [plan]\nversion: 1\n", "kind: expected a string, got a list"),
+    ("k.yaml", "kind: {a: 1}\nversion: 1\n", "kind: expected a string, got a mapping"),
+    ("k.yaml", "kind: 3\nversion: 1\n", "kind: expected a string, got an integer"),
+    ("k.json", '{"kind": ["plan"], "version": 1}', "kind: expected a string, got a list"),
+])
+def test_kind_must_be_a_string(tmp_path, name, text, problem):
+    path = tmp_path / name
+    path.write_text(text)
+    assert _error(path) == f"{path}: {problem}"
+
+
+@pytest.mark.parametrize(("name", "text", "line"), [
+    ("c.yaml", "kind: cluster\nversion: 1\nnum_nodes: " + "9" * 5000 + "\n", 3),
+    ("c.json", '{"kind": "cluster", "version": 1,\n"num_nodes": ' + "9" * 5000 + "}", 2),
+], ids=["yaml", "json"])
+def test_integers_longer_than_python_converts(tmp_path, name, text, line):
+    path = tmp_path / name
+    path.write_text(text)
+    fmt = "YAML" if name.endswith(".yaml") else "JSON"
+    limit = sys.get_int_max_str_digits()
+    assert _error(path) == (f"{path}: invalid {fmt} at line {line}: integer with more than "
+                            f"{limit} digits")
+
+
+DEVICES_WHY = "about a million; the largest training clusters have ~10**5 devices"
+
+
+@pytest.mark.parametrize(("old", "new", "problem"), [
+    # a bounded field says what its bound is
+    ("num_nodes: 1\n", f"num_nodes: {10**4000}\n",
+     f"num_nodes: must be <= 1048576, got a 13288-bit integer ({DEVICES_WHY})"),
+    # hexadecimal escapes the digit limit; its value still may not be shown in decimal
+    ("num_nodes: 1\n", "num_nodes: 0x" + "f" * 5000 + "\n",
+     f"num_nodes: must be <= 1048576, got a 20000-bit integer ({DEVICES_WHY})"),
+    # any other integer must fit in 64 bits
+    ("memory_bytes: 4294967296\n", f"memory_bytes: {2**63}\n",
+     "device.memory_bytes: expected a 64-bit integer, got one that needs 65 bits"),
+    ("memory_bytes: 4294967296\n", "memory_bytes: 0x" + "f" * 5000 + "\n",
+     "device.memory_bytes: expected a 64-bit integer, got one that needs 20001 bits"),
+    ("peak_flops: 1.0e+11\n", f"peak_flops: {10**400}\n",
+     "device.peak_flops: expected a finite number, got an integer too large for a float"),
+], ids=["bounded-decimal", "bounded-hex", "2**63", "hex", "float-field"])
+def test_integers_beyond_64_bits(tmp_path, old, new, problem):
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER_YAML.replace(old, new))
+    assert _error(path) == f"{path}: {problem}"
+
+
+def test_the_largest_64_bit_integer_loads(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER_YAML.replace("memory_bytes: 4294967296", f"memory_bytes: {2**63 - 1}"))
+    assert load(str(path), ClusterSpec).device.memory_bytes == 2**63 - 1
+
+
+def test_other_value_errors_of_the_yaml_constructors(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("kind: cluster\nversion: 1\nname: 2001-13-45\n")
+    assert _error(path) == f"{path}: invalid YAML: month must be in 1..12"
+
+
+def test_deeply_nested_json(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 50_000)
+    assert _error(path) == f"{path}: invalid JSON: nested too deeply"
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("kind: " + "[" * 50_000 + "]" * 50_000 + "\n", 1),
+    ("[" * 50_000, 1),  # unclosed too: refused before the syntax error is found
+    ("kind: model\nversion: 1\nx:\n" + "- " * 50_000 + "1\n", 4),  # block sequences
+], ids=["flow", "unclosed-flow", "block"])
+def test_deeply_nested_yaml_is_refused_before_libyaml_composes_it(tmp_path, text, line):
+    # libyaml's composer recursed on the C stack and crashed the whole process (SIGSEGV) on
+    # this; a subprocess keeps a regression from taking the test session down with it
+    path = tmp_path / "deep.yaml"
+    path.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "spindle_cli", "validate", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"error: {path}: invalid YAML at line {line}: nested more than 1000 "
+                           "levels deep\n")
+
+
+def test_moderate_nesting_still_loads(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("a: " + "[" * 900 + "]" * 900 + "\n" + "b: " + "x" * 2000 + "\n")
+    assert read_data(str(path))["b"] == "x" * 2000
+
+
+@pytest.mark.parametrize(("edit", "field", "where"), [
+    (lambda t: t + "num_nodes: 2\n", "num_nodes", "lines 4 and 14"),
+    (lambda t: t.replace("  name: cpu-core\n", "  name: cpu-core\n  name: gpu\n"),
+     "device.name", "lines 8 and 9"),
+    (lambda t: "kind: model\n" + t, "kind", "lines 1 and 2"),
+])
+def test_duplicate_yaml_keys(tmp_path, edit, field, where):
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER_YAML)
+    load(str(path), ClusterSpec)
+    path.write_text(edit(CLUSTER_YAML))
+    key = field.rsplit(".", 1)[-1]
+    assert _error(path) == f"{path}: {field}: duplicate key {key!r} ({where})"
+
+
+def test_duplicate_keys_inside_lists_and_flow_mappings(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("tasks:\n- {name: a}\n- {name: b, batch_size: 1, name: c}\n")
+    with pytest.raises(ArtifactError) as e:
+        read_data(str(path))
+    assert str(e.value) == f"{path}: tasks[1].name: duplicate key 'name' (line 3)"
+
+
+def test_keys_equal_after_parsing_are_duplicates(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("a:\n  1: x\n  0x1: y\n")
+    with pytest.raises(ArtifactError) as e:
+        read_data(str(path))
+    assert str(e.value) == f"{path}: a.1: duplicate key 1 (lines 2 and 3)"
+
+
+def test_duplicate_json_keys(tmp_path):
+    path = tmp_path / "c.json"
+    text = json.dumps(yaml.safe_load(CLUSTER_YAML), indent=2)
+    path.write_text(text)
+    load(str(path), ClusterSpec)
+    path.write_text(text.replace('"num_nodes": 1,', '"num_nodes": 1, "num_nodes": 2,'))
+    assert _error(path) == f"{path}: duplicate key 'num_nodes'"
+
+
+def test_merge_keys_may_still_be_overridden(tmp_path):
+    # `<<` merges are YAML's way to share settings; a key the mapping sets itself overrides
+    # the merged one, which is not a duplicate
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER_YAML.replace(
+        "device:\n", "device:\n  <<: {name: other, memory_bytes: 1024}\n"))
+    merged = load(str(path), ClusterSpec)
+    path.write_text(CLUSTER_YAML)
+    assert merged == load(str(path), ClusterSpec)
+    nested = tmp_path / "n.yaml"
+    nested.write_text("a: &a {x: 1, y: 1}\nouter:\n  m: &m {<<: *a, x: 2}\nt: {<<: *m, y: 3}\n")
+    assert read_data(str(nested)) == {"a": {"x": 1, "y": 1}, "outer": {"m": {"x": 2, "y": 1}},
+                                      "t": {"x": 2, "y": 3}}
+    nested.write_text("a: &a {x: 1}\nm: {<<: *a, y: 2, y: 3}\n")
+    with pytest.raises(ArtifactError, match=r"m\.y: duplicate key 'y' \(line 2\)"):
+        read_data(str(nested))
+
+
+def test_the_cli_prints_one_line_for_a_kind_that_is_a_list(tmp_path, spindle):
+    path = tmp_path / "k.yaml"
+    path.write_text("kind: [plan]\nversion: 1\n")
+    result = spindle("validate", str(path))
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == f"error: {path}: kind: expected a string, got a list\n"
