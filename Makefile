@@ -2,7 +2,8 @@
 # PYTHON may point at a virtual environment's interpreter: `make test PYTHON=.venv/bin/python`.
 PYTHON ?= python3
 SPINDLE := $(PYTHON) -m spindle_cli
-STAMP := .make/installed
+# one install stamp per interpreter, so switching PYTHON installs into the new one
+STAMP := .make/installed-$(subst /,_,$(PYTHON))
 OUT ?= out
 # --check on every generator target: `make plans CHECK=--check` never writes.
 CHECK ?=
@@ -12,7 +13,7 @@ A800_64 := --hardware a800 --cluster clusters/a800-8x8.yaml --validate
 A800_256 := --hardware a800 --cluster clusters/a800-32x8.yaml --validate \
 	--counts 1,2,4,8,16,32,64,128,256
 
-.PHONY: install demo test check graphs profiles plans plans-check bench schemas clean
+.PHONY: install demo test check graphs profiles measure plans plans-check bench schemas clean
 
 install: $(STAMP)
 
