@@ -2,8 +2,9 @@
 
 YAML (`.yaml`, `.yml`) or JSON (`.json`) by file extension, with the same content. `-` as an
 output path means stdout. Reading refuses, as one-line ArtifactErrors, what the parsers would
-accept silently or crash on: a key repeated in a mapping, nesting deeper than MAX_NESTING, and
-integers longer than Python converts.
+accept silently or crash on: a key repeated in a mapping, nesting deeper than MAX_NESTING,
+integers longer than Python converts, and aliases that refer to their own value or expand the
+file past MAX_EXPANDED_NODES values.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import yaml
 from spindle_cli import __version__
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact, InputRef
 from spindle_cli.artifacts.codec import describe_value, from_data, to_data
-from spindle_cli.artifacts.limits import MAX_NESTING
+from spindle_cli.artifacts.limits import MAX_EXPANDED_NODES, MAX_NESTING
 from spindle_cli.errors import ArtifactError, FieldError
 
 A = TypeVar("A", bound=Artifact)
@@ -142,6 +143,44 @@ def _check_nesting(path: str, text: str) -> None:
         pass  # a syntax error: the parse below reports it
 
 
+def _check_aliases(path: str, text: str) -> None:
+    """Refuse YAML whose aliases refer to the value they are in, or expand it past
+    MAX_EXPANDED_NODES values. Only called on text with a `*`, which every alias has."""
+    try:
+        root = yaml.compose(text, Loader=_FastLoader)
+    except yaml.YAMLError:
+        return  # a syntax error: the parse below reports it
+    if root is None:
+        return
+    size: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            children = []
+        if children_done:
+            open_.discard(id(node))
+            size[id(node)] = min(1 + sum(size[id(c)] for c in children), MAX_EXPANDED_NODES + 1)
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in open_:
+            line = node.start_mark.line + 1
+            raise ArtifactError(path, "", f"invalid YAML at line {line}: an alias refers to the "
+                                          "value it is in")
+        open_.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+    if size[id(root)] > MAX_EXPANDED_NODES:
+        raise ArtifactError(path, "", f"invalid YAML: its aliases expand it past "
+                                      f"{MAX_EXPANDED_NODES} values")
+
+
 def _value_problem(text: str, e: ValueError) -> str:
     """The problem of a ValueError raised while building values: PyYAML and json convert
     numbers and dates with int() and datetime, which raise ValueError rather than a parse
@@ -205,6 +244,8 @@ def _parse(path: str, fmt: str, text: str) -> Any:
         except json.JSONDecodeError as e:
             raise ArtifactError(path, "", f"invalid JSON at line {e.lineno}: {e.msg}") from None
     _check_nesting(path, text)
+    if "*" in text:
+        _check_aliases(path, text)
     try:
         # libyaml parses large profiles ~6x faster; on an error, the pure-Python parser is
         # asked again because its messages name the offending token.

@@ -43,3 +43,9 @@ MAX_NESTING = 1000
 """Deepest nesting of lists and mappings an artifact file may have (artifacts nest about 6
 levels deep). libyaml's composer recurses on the C stack and would crash the process on
 nesting in the tens of thousands, so deeper files are refused before they are parsed."""
+
+MAX_EXPANDED_NODES = 10**6
+"""Most values (mappings, lists, scalars) an artifact file may hold once its YAML aliases are
+expanded (the largest shipped artifact holds about 19000). PyYAML builds an aliased value once
+and shares it, but validating, hashing and writing the data visit every reference, so a few
+nested aliases (a "billion laughs" file of a few hundred bytes) would take hours."""

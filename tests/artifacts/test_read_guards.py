@@ -1,5 +1,6 @@
 """Files that parse into something unusable: a `kind` that is not a string, integers longer
-than Python converts, nesting deep enough to overflow a stack, repeated keys. Each must be a
+than Python converts, nesting deep enough to overflow a stack, repeated keys, aliases that
+expand without bound. Each must be a
 one-line `<file>: <field>: <problem>` error at read time, never a crash."""
 
 from __future__ import annotations
@@ -195,3 +196,26 @@ def test_the_cli_prints_one_line_for_a_kind_that_is_a_list(tmp_path, spindle):
     result = spindle("validate", str(path))
     assert (result.exit_code, result.stdout) == (2, "")
     assert result.stderr == f"error: {path}: kind: expected a string, got a list\n"
+
+
+def test_aliases_that_expand_past_the_limit_are_refused(tmp_path):
+    # nine levels of ten aliases each: 10**9 values once expanded, in a few hundred bytes
+    lines = [CLUSTER_YAML, 'x0: &x0 ["a", "a", "a", "a", "a", "a", "a", "a", "a", "a"]']
+    lines += [f"x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 10)}]" for i in range(1, 10)]
+    path = tmp_path / "c.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    assert _error(path) == f"{path}: invalid YAML: its aliases expand it past 1000000 values"
+
+
+def test_an_alias_inside_its_own_value_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER_YAML + "loop: &a [1, [2, *a]]\n")
+    assert _error(path) == (f"{path}: invalid YAML at line 14: an alias refers to the value "
+                            "it is in")
+
+
+def test_a_few_aliases_are_read_as_usual(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER_YAML.replace("  name: cpu-core", "  name: &dev cpu-core")
+                    + "note: *dev\n")
+    assert read_data(str(path))["note"] == "cpu-core"
