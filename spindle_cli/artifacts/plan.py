@@ -31,6 +31,15 @@ def tp_groups(ranks: tuple[int, ...], strategy: str) -> list[tuple[int, ...]]:
     return [ranks[i : i + t] for i in range(0, len(ranks), t)]
 
 
+def _check_rank_list(name: str, ranks: tuple[int, ...], empty: str) -> None:
+    """FieldError at `name` unless `ranks` is non-empty (`empty`: the problem when it is),
+    ascending and distinct."""
+    if not ranks:
+        raise FieldError(name, empty)
+    if list(ranks) != sorted(set(ranks)):
+        raise FieldError(name, "ranks must be ascending and distinct")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Slice:
     """Operators [first, last) of one MetaOp run on `ranks` for the whole task batch."""
@@ -49,10 +58,7 @@ class Slice:
         check_strategy(self.strategy, "strategy")
         if self.last <= self.first:
             raise FieldError("last", f"{self.last} <= first {self.first}")
-        if not self.ranks:
-            raise FieldError("ranks", "a slice needs at least one rank")
-        if list(self.ranks) != sorted(set(self.ranks)):
-            raise FieldError("ranks", "ranks must be ascending and distinct")
+        _check_rank_list("ranks", self.ranks, "a slice needs at least one rank")
 
     @property
     def num_layers(self) -> int:
@@ -91,11 +97,8 @@ class Transfer:
 
     def __post_init__(self) -> None:
         for name in ("src_ranks", "dst_ranks"):
-            ranks = getattr(self, name)
-            if not ranks:
-                raise FieldError(name, "a transfer needs at least one rank on each side")
-            if list(ranks) != sorted(set(ranks)):
-                raise FieldError(name, "ranks must be ascending and distinct")
+            _check_rank_list(name, getattr(self, name),
+                             "a transfer needs at least one rank on each side")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,10 +117,7 @@ class ParamGroup:
     def __post_init__(self) -> None:
         if self.last_layer <= self.first_layer:
             raise FieldError("last_layer", f"{self.last_layer} <= first_layer {self.first_layer}")
-        if not self.ranks:
-            raise FieldError("ranks", "a parameter group needs at least one rank")
-        if list(self.ranks) != sorted(set(self.ranks)):
-            raise FieldError("ranks", "ranks must be ascending and distinct")
+        _check_rank_list("ranks", self.ranks, "a parameter group needs at least one rank")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,10 +184,7 @@ class Plan(DerivedArtifact):
                 if s.id in ids:
                     raise FieldError(f"waves[{wi}].slices[{si}].id", f"duplicate id {s.id!r}")
                 ids.add(s.id)
-                bad = [r for r in s.ranks if r >= self.num_devices]
-                if bad:
-                    raise FieldError(f"waves[{wi}].slices[{si}].ranks",
-                                     f"rank {bad[0]} >= num_devices {self.num_devices}")
+                self._check_ranks(f"waves[{wi}].slices[{si}].ranks", s.ranks)
                 # a tensor-parallel group's collectives run at island (NVLink) speed in the
                 # profile's curves, so none may span islands
                 for group in tp_groups(s.ranks, s.strategy):
@@ -214,6 +211,7 @@ class Plan(DerivedArtifact):
                 raise FieldError(f"memory[{r}].rank", f"expected {r}, got {m.rank}")
 
     def _check_ranks(self, where: str, ranks: tuple[int, ...]) -> None:
+        """FieldError at `where` when a rank is not below num_devices."""
         bad = [r for r in ranks if r >= self.num_devices]
         if bad:
             raise FieldError(where, f"rank {bad[0]} >= num_devices {self.num_devices}")

@@ -30,7 +30,7 @@ A = TypeVar("A", bound=Artifact)
 def explain(plan_path: str, metaop_id: str) -> None:
     """Explain the allocation and the waves of one MetaOp of PLAN."""
     from spindle_cli.planner import scaling
-    from spindle_cli.planner.api import PlanOptions, allocate, op_curves
+    from spindle_cli.planner.api import PlanOptions, allocate, options_curves
     from spindle_cli.planner.exact import exact_packing_ms
 
     plan = load_input(plan_path, Plan)
@@ -43,9 +43,7 @@ def explain(plan_path: str, metaop_id: str) -> None:
         hint = f"did you mean {', '.join(near)}?" if near else f"{len(ids)} MetaOps in the graph"
         raise SpindleError(f"{plan_path}: no MetaOp {metaop_id!r}", hint=hint)
     m = graph.metaop(metaop_id)
-    options = PlanOptions.of(plan)
-    curves = op_curves(graph, profile, plan.num_devices, uneven=options.uneven_splits,
-                       recompute=options.recompute, tensor_parallel=options.tensor_parallel)
+    curves = options_curves(graph, profile, plan.num_devices, PlanOptions.of(plan))
     oc = curves[m.id]
     out.print(f"{m.id}: {m.num_layers} x {m.layer_kind} of module {m.module} (layers "
               f"{m.first_layer}-{m.first_layer + m.num_layers}), batch {m.batch_size}, "

@@ -169,9 +169,7 @@ def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
         trial = replace(options, zero=zero, recompute=recompute)
         if best is not None:
             if recompute not in bound_ms:
-                curves = op_curves(graph, profile, cluster.num_devices,
-                                   uneven=options.uneven_splits, recompute=recompute,
-                                   tensor_parallel=options.tensor_parallel)
+                curves = options_curves(graph, profile, cluster.num_devices, trial)
                 bound_ms[recompute] = sum(a.lower_bound_ms for a in
                                           allocate(graph, curves, cluster.num_devices))
             if bound_ms[recompute] >= best[0]:
@@ -229,6 +227,16 @@ def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven:
             )
         result[m.id] = oc
     return result
+
+
+def options_curves(graph: MetaOpGraph, profile: Profile, num_devices: int,
+                   options: PlanOptions, *,
+                   profile_name: str = "the profile") -> dict[str, OpCurve]:
+    """`op_curves` as a plan made with `options` sees them (uneven splits, recomputation,
+    tensor parallelism)."""
+    return op_curves(graph, profile, num_devices, uneven=options.uneven_splits,
+                     recompute=options.recompute, tensor_parallel=options.tensor_parallel,
+                     profile_name=profile_name)
 
 
 def allocate(graph: MetaOpGraph, curves: dict[str, OpCurve],
@@ -435,9 +443,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     planned once, as their rules say."""
     n_dev = cluster.num_devices
     profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
-    curves = op_curves(graph, profile, n_dev, uneven=options.uneven_splits,
-                       recompute=options.recompute, tensor_parallel=options.tensor_parallel,
-                       profile_name=profile_name)
+    curves = options_curves(graph, profile, n_dev, options, profile_name=profile_name)
     allocs = allocate(graph, curves, n_dev)
     max_ops = slice_limits(graph, curves, cluster, options.memory)
     if options.planner != "spindle":
@@ -696,8 +702,7 @@ def place_again(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Clust
     not fit on the devices that way."""
     options = replace(PlanOptions.of(plan), placement=placement)
     n_dev = cluster.num_devices
-    curves = op_curves(graph, profile, n_dev, uneven=options.uneven_splits,
-                       recompute=options.recompute, tensor_parallel=options.tensor_parallel)
+    curves = options_curves(graph, profile, n_dev, options)
     planned = [PlannedWave(level=w.level, slots=tuple(
         Slot(metaop=s.metaop, n=len(s.ranks), num_ops=s.last - s.first,
              op_time_ms=curves[s.metaop].time_at(len(s.ranks))) for s in w.slices))

@@ -39,13 +39,18 @@ def _atomic_torch_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def rank_file(rank: int) -> str:
+    """The name of a rank's state file inside a checkpoint directory."""
+    return f"rank-{rank:05d}.pt"
+
+
 def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[str, Any],
          meta: dict[str, Any]) -> None:
     """Collective: write this rank's `state` for `step` completed steps; rank 0 commits."""
     final = step_dir(directory, step)
     tmp = final.with_name(f".{final.name}.tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    _atomic_torch_save(state, tmp / f"rank-{rank:05d}.pt")
+    _atomic_torch_save(state, tmp / rank_file(rank))
     if world_size > 1:
         dist.barrier()
     if rank == 0:
@@ -100,8 +105,7 @@ def read_manifest(path: Path, *, world_size: int, meta: dict[str, Any]) -> int:
         if manifest.get(key) != value:
             raise SpindleError(f"{path}: checkpoint was taken with {key}={manifest.get(key)!r}, "
                                f"this run has {value!r}")
-    missing = [f"rank-{r:05d}.pt" for r in range(world_size)
-               if not (path / f"rank-{r:05d}.pt").is_file()]
+    missing = [rank_file(r) for r in range(world_size) if not (path / rank_file(r)).is_file()]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise SpindleError(f"{path}: checkpoint lacks {', '.join(missing[:3])}{more}")
@@ -123,5 +127,5 @@ def load(path: Path, *, rank: int, world_size: int,
     """(completed steps, this rank's state) of a checkpoint; SpindleError when it was taken by
     a different run configuration."""
     step = read_manifest(path, world_size=world_size, meta=meta)
-    state: dict[str, Any] = torch.load(path / f"rank-{rank:05d}.pt", weights_only=True)
+    state: dict[str, Any] = torch.load(path / rank_file(rank), weights_only=True)
     return step, state
