@@ -226,6 +226,13 @@ def read_data(path: str) -> Any:
         raise ArtifactError(path, "", "is a directory, expected a file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ArtifactError(path, "", f"cannot read: {e}") from None
+    return parse_text(path, text, fmt)
+
+
+def parse_text(path: str, text: str, fmt: str | None = None) -> Any:
+    """Parse `text` into plain data as the file `path` would be (`fmt`: 'yaml' or 'json',
+    by default from the suffix); one-line errors naming `path`."""
+    fmt = fmt or _format(path)
     try:
         return _parse(path, fmt, text)
     except _DuplicateKey as e:

@@ -3,13 +3,16 @@ strategies a plan uses."""
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
 from typing import TypeVar
 
 from spindle_cli.artifacts import Plan, load, rendered_for, write_artifact
-from spindle_cli.artifacts.base import Artifact
+from spindle_cli.artifacts.base import Artifact, DerivedArtifact
+from spindle_cli.artifacts.io import parse_artifact, parse_text
 from spindle_cli.cli._console import err
+from spindle_cli.cli.views.plan_diff import differences
 from spindle_cli.errors import SpindleError
 
 A = TypeVar("A", bound=Artifact)
@@ -55,6 +58,8 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
             return 1
         if old != new:
             err.print(f"{output}: out of date (regenerate it)", soft_wrap=True)
+            for line in stale_lines(output, old, new, obj):
+                err.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
             return 1
         err.print(f"{output}: up to date", soft_wrap=True)
         return 0
@@ -62,6 +67,52 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
     if output != "-":
         err.print(f"wrote {output}", soft_wrap=True)
     return 0
+
+
+STALE_TEXT_LINES = 8
+"""Changed lines of text `stale_lines` shows at most."""
+
+
+def stale_lines(path: str, old_text: str, new_text: str, new: Artifact) -> list[str]:
+    """Why the file at `path` (`old_text`) is not what the command makes now (`new`, rendered
+    as `new_text`), for `--check` in CI: the recorded inputs or producer that changed, for a
+    plan its semantic differences (`spindle diff`), and the first changed lines of text."""
+    lines: list[str] = []
+    # both as read back from text, so that numbers compare as written
+    new = parse_artifact(parse_text(path, new_text), path, type(new))
+    try:
+        old = parse_artifact(parse_text(path, old_text), path, type(new))
+    except SpindleError as e:
+        lines.append(f"the file does not load: {e}")
+        old = None
+    if isinstance(old, DerivedArtifact) and isinstance(new, DerivedArtifact):
+        if old.producer != new.producer:
+            lines.append(f"made by {old.producer}, now {new.producer}")
+        was = {r.kind: r for r in old.inputs}
+        for ref in new.inputs:
+            before = was.pop(ref.kind, None)
+            if before is None:
+                lines.append(f"input {ref.kind} {ref.path}: not recorded in the file")
+            elif before.sha256 != ref.sha256:
+                path_text = (ref.path if before.path == ref.path
+                             else f"{before.path} -> {ref.path}")
+                lines.append(f"input {ref.kind} {path_text} changed (sha256 "
+                             f"{before.sha256[:12]} -> {ref.sha256[:12]})")
+            elif before.path != ref.path:
+                lines.append(f"input {ref.kind}: path {before.path} -> {ref.path} (same content)")
+        lines += [f"input {ref.kind} {ref.path}: no longer an input" for ref in was.values()]
+    if isinstance(old, Plan) and isinstance(new, Plan):
+        lines += differences(old, new)
+    old_lines, new_lines = old_text.splitlines(), new_text.splitlines()
+    first = next((i for i, (a, b) in enumerate(zip(old_lines, new_lines, strict=False))
+                  if a != b), min(len(old_lines), len(new_lines)))
+    changed = [line for line in difflib.unified_diff(old_lines, new_lines, n=0, lineterm="")
+               if line[:1] in "-+" and line[:3] not in ("---", "+++")]
+    lines.append(f"text: {len(changed)} changed line(s), the first at line {first + 1}")
+    lines += [line[:100] for line in changed[:STALE_TEXT_LINES]]
+    if len(changed) > STALE_TEXT_LINES:
+        lines.append(f"... {len(changed) - STALE_TEXT_LINES} more")
+    return lines
 
 
 def exit_with(code: int) -> None:

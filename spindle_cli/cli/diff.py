@@ -7,82 +7,9 @@ from __future__ import annotations
 import click
 
 from spindle_cli.artifacts import Plan
-from spindle_cli.artifacts.codec import to_data
 from spindle_cli.cli._console import out
 from spindle_cli.cli.common import exit_with, load_input
-from spindle_cli.cli.views import fmt_bytes
-
-_HEADER = ("kind", "version", "producer", "inputs")
-
-
-def allocations(plan: Plan) -> dict[str, str]:
-    """Per MetaOp, its slices as 'first-last@n' in order."""
-    result: dict[str, list[str]] = {}
-    for _, s in plan.slices():
-        result.setdefault(s.metaop, []).append(f"{s.first}-{s.last}@{len(s.ranks)}")
-    return {m: " ".join(v) for m, v in sorted(result.items())}
-
-
-def _wave_shape(plan: Plan) -> list[tuple[tuple[str, int, int, int], ...]]:
-    return [tuple(sorted((s.metaop, s.first, s.last, len(s.ranks)) for s in w.slices))
-            for w in plan.waves]
-
-
-def differences(a: Plan, b: Plan) -> list[str]:
-    """Human-readable lines, one per difference; empty when the plans are the same."""
-    lines: list[str] = []
-    da = {k: v for k, v in to_data(a).items() if k not in _HEADER}
-    db = {k: v for k, v in to_data(b).items() if k not in _HEADER}
-    if da == db:
-        return lines
-    for key in ("model", "cluster", "planner", "candidate", "num_devices"):
-        if da[key] != db[key]:
-            lines.append(f"{key}: {da[key]} -> {db[key]}")
-    if a.options != b.options:
-        lines.append(f"options: {a.options} -> {b.options}")
-    alloc_a, alloc_b = allocations(a), allocations(b)
-    for m in sorted(set(alloc_a) | set(alloc_b)):
-        if alloc_a.get(m) != alloc_b.get(m):
-            lines.append(f"allocation {m}: {alloc_a.get(m, '-')} -> {alloc_b.get(m, '-')}")
-    shape_a, shape_b = _wave_shape(a), _wave_shape(b)
-    if len(shape_a) != len(shape_b):
-        lines.append(f"waves: {len(shape_a)} -> {len(shape_b)}")
-    changed = [i for i, (x, y) in enumerate(zip(shape_a, shape_b, strict=False)) if x != y]
-    if changed:
-        lines.append(f"waves with other slices: {', '.join(map(str, changed[:20]))}"
-                     + (" ..." if len(changed) > 20 else ""))
-    if shape_a == shape_b:
-        moved = sum(1 for (_, sa), (_, sb) in zip(a.slices(), b.slices(), strict=True)
-                    if sa.ranks != sb.ranks)
-        if moved:
-            lines.append(f"placement: {moved} slice(s) on other ranks")
-    if a.estimated_iteration_ms != b.estimated_iteration_ms:
-        delta = b.estimated_iteration_ms - a.estimated_iteration_ms
-        rel = delta / a.estimated_iteration_ms if a.estimated_iteration_ms else 0.0
-        lines.append(f"estimated iteration: {a.estimated_iteration_ms:.3f} -> "
-                     f"{b.estimated_iteration_ms:.3f} ms ({delta:+.3f} ms, {rel:+.1%})")
-    if a.lower_bound_ms != b.lower_bound_ms:
-        lines.append(f"C*: {a.lower_bound_ms:.3f} -> {b.lower_bound_ms:.3f} ms")
-    peak_a = max((m.total_bytes for m in a.memory), default=0)
-    peak_b = max((m.total_bytes for m in b.memory), default=0)
-    if peak_a != peak_b:
-        lines.append(f"peak memory: {fmt_bytes(peak_a)} -> {fmt_bytes(peak_b)} "
-                     f"({'+' if peak_b >= peak_a else '-'}{fmt_bytes(abs(peak_b - peak_a))})")
-    mem_a = {m.rank: m.total_bytes for m in a.memory}
-    mem_b = {m.rank: m.total_bytes for m in b.memory}
-    ranks_changed = [r for r in sorted(set(mem_a) | set(mem_b)) if mem_a.get(r) != mem_b.get(r)]
-    if ranks_changed:
-        lines.append(f"memory changed on {len(ranks_changed)} rank(s)")
-    if da["transfers"] != db["transfers"]:
-        moved_a = sum(t.bytes for t in a.transfers if t.src_ranks != t.dst_ranks)
-        moved_b = sum(t.bytes for t in b.transfers if t.src_ranks != t.dst_ranks)
-        lines.append(f"transfers: {len(a.transfers)} -> {len(b.transfers)}; bytes between "
-                     f"different ranks {fmt_bytes(moved_a)} -> {fmt_bytes(moved_b)}")
-    if da["param_groups"] != db["param_groups"]:
-        lines.append(f"parameter groups: {len(a.param_groups)} -> {len(b.param_groups)}")
-    if not lines:
-        lines.append("other fields differ")
-    return lines
+from spindle_cli.cli.views.plan_diff import differences
 
 
 @click.command()

@@ -80,6 +80,11 @@ def test_check_compares_and_never_writes(model_path, tmp_path):
     stale = _invoke("graph", str(model_path), "-o", str(out), "--check")
     assert stale.exit_code == 1
     assert "out of date" in _said(stale.stderr)
+    # what differs: the one line, as it is and as it would be
+    at, line = next((i, x) for i, x in enumerate(stale_text.splitlines())
+                    if "batch_size: 9" in x)
+    assert f"  text: 2 changed line(s), the first at line {at + 1}" in stale.stderr
+    assert f"  -{line}\n  +{line.replace('9', '8')}\n" in stale.stderr
     assert out.read_text() == stale_text
 
 

@@ -62,6 +62,45 @@ def test_check_detects_drift_and_writes_nothing(case):
     assert r.exit_code == 1 and not Path("missing.yaml").exists()
 
 
+def test_check_says_why_a_plan_is_stale(case):
+    assert invoke(*plan_args("-o", "plan.yaml")).exit_code == 0
+    kept = load("plan.yaml", Plan)
+    profile = load("profile.yaml", Profile)
+    slower = replace(profile, curves=tuple(
+        replace(c, pieces=tuple(replace(q, beta_ms=q.beta_ms * 3) for q in c.pieces))
+        for c in profile.curves))
+    write_artifact(slower, "profile.yaml")
+    r = invoke(*plan_args("-o", "plan.yaml", "--check"))
+    assert r.exit_code == 1
+    said = r.output.splitlines()
+    assert "plan.yaml: out of date (regenerate it)" in said
+    old_sha = next(i.sha256 for i in kept.inputs if i.kind == "profile")
+    new_sha = input_ref(slower, "profile.yaml").sha256
+    assert (f"  input profile profile.yaml changed (sha256 {old_sha[:12]} -> {new_sha[:12]})"
+            in said)
+    assert not any(x.startswith("  input metaop_graph") or x.startswith("  input cluster")
+                   for x in said)
+    # the semantic difference: three times the per-operator time is a longer iteration
+    line = next(x for x in said if x.startswith("  estimated iteration: "))
+    assert f"{kept.estimated_iteration_ms:.3f} -> " in line and "+" in line.split("(")[1]
+    assert any(x.startswith("  text: ") for x in said)
+    assert load("plan.yaml", Plan) == kept
+
+
+def test_check_of_a_file_that_no_longer_loads(case):
+    assert invoke(*plan_args("-o", "plan.yaml")).exit_code == 0
+    text = Path("plan.yaml").read_text()
+    Path("plan.yaml").write_text(text.replace("num_devices:", "num_devices: -3\nx:", 1))
+    r = invoke(*plan_args("-o", "plan.yaml", "--check"))
+    assert r.exit_code == 1
+    assert "  the file does not load: plan.yaml: " in r.output
+    at, line = next((i, x) for i, x in enumerate(text.splitlines())
+                    if x.startswith("num_devices:"))
+    assert f"  text: 3 changed line(s), the first at line {at + 1}" in r.output
+    value = line.split(":")[1]
+    assert f"  -num_devices: -3\n  -x:{value}\n  +{line}" in r.output
+
+
 @pytest.mark.parametrize("planner", ["sequential", "optimus", "distmm"])
 def test_baseline_planners_and_options(case, planner):
     r = invoke(*plan_args("--planner", planner, "--placement", "sequential", "--uneven-splits",
