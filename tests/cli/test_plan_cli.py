@@ -221,6 +221,12 @@ def test_diff_is_semantic(case):
     assert kept and f"candidate: {kept} -> " in r.output
     assert "allocation t1/img:" in r.output
     assert "estimated iteration:" in r.output
+    # a level whose schedule differs, with both estimates; the same C* (same graph and profile)
+    a, c = load("a.yaml", Plan), load("c.yaml", Plan)
+    x, y = next((x, y) for x, y in zip(a.levels, c.levels, strict=True)
+                if x.estimated_ms != y.estimated_ms)
+    assert (f"level {x.level}: estimated {x.estimated_ms:.3f} -> {y.estimated_ms:.3f} ms, "
+            f"C* {x.lower_bound_ms:.3f} -> {y.lower_bound_ms:.3f} ms") in r.output
 
 
 def test_explain_shows_n_star_tuples_and_waves(case):
