@@ -1,5 +1,6 @@
 """Chrome trace events (open in Perfetto or chrome://tracing) of a run: per rank, per wave, the
-compute, send/recv and sync spans, plus measured vs predicted iteration time.
+compute, send/recv and sync spans, plus measured vs predicted iteration time and every slice's
+measured compute against its planned time (`slice_compute`, `drift_lines`).
 
 Each rank records its own spans with a monotonic clock; the file has one process per rank
 ("pid" = rank). Clocks of different processes are not aligned, so spans are shown relative to
@@ -10,12 +11,24 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from spindle_cli.artifacts.plan import Plan
+
+COMPUTE_DRIFT = 0.25
+"""A slice whose measured compute is off its planned time by more than this share is named
+after a traced run (`drift_lines`) ..."""
+DRIFT_FLOOR = 0.01
+"""... when the difference is also at least this share of the predicted iteration (a slice of
+microseconds is mostly the executor's fixed cost per slice)."""
+DRIFT_NAMED = 3
+"""Slices named at most."""
 
 
 class Tracer:
@@ -91,3 +104,57 @@ def write_json(document: dict[str, Any], path: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def slice_compute(plan: Plan, rank_events: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per slice of `plan`, in wave order: where it ran, its planned forward+backward time
+    (`Slice.time_ms`) and the measured one: the forward and backward compute spans of its
+    wave on each of its ranks (a rank runs one slice per wave), the slowest rank per step,
+    the median over the traced steps (leaving out the first, warm-up, when there are more)."""
+    ms: dict[tuple[int, int, int], float] = {}
+    steps: set[int] = set()
+    for rank, events in enumerate(rank_events):
+        for e in events:
+            args = e["args"]
+            if e["cat"] == "compute" and "wave" in args:
+                key = (rank, args["wave"], args["step"])
+                ms[key] = ms.get(key, 0.0) + e["dur"] / 1e3
+                steps.add(args["step"])
+    counted = sorted(steps)[1:] if len(steps) > 1 else sorted(steps)
+    rows = []
+    for w in plan.waves:
+        for s in w.slices:
+            per_step = [max(ms.get((r, w.index, k), 0.0) for r in s.ranks) for k in counted]
+            measured = statistics.median(per_step) if per_step else 0.0
+            rows.append({"wave": w.index, "slice": s.id, "metaop": s.metaop, "first": s.first,
+                         "last": s.last, "ranks": list(s.ranks), "planned_ms": s.time_ms,
+                         "measured_ms": measured})
+    return rows
+
+
+def drift_lines(rows: list[dict[str, Any]], predicted_ms: float) -> list[str]:
+    """What a traced run says about `slice_compute`'s rows: measured against planned compute
+    over all slices, and the slices furthest off (by more than COMPUTE_DRIFT of their planned
+    time and DRIFT_FLOOR of the predicted iteration), with what to do about them."""
+    timed = [r for r in rows if r["planned_ms"] > 0]
+    if not timed:
+        return []
+    planned = sum(r["planned_ms"] for r in timed)
+    measured = sum(r["measured_ms"] for r in timed)
+    ratios = [r["measured_ms"] / r["planned_ms"] for r in timed]
+    lines = [f"slices' compute: measured {measured:.2f} ms, planned {planned:.2f} ms "
+             f"({measured / planned:.2f}x over {len(timed)} slices; per slice "
+             f"{min(ratios):.2f}-{max(ratios):.2f}x)"]
+    off = sorted((r for r in timed
+                  if abs(r["measured_ms"] - r["planned_ms"]) > COMPUTE_DRIFT * r["planned_ms"]
+                  and abs(r["measured_ms"] - r["planned_ms"]) >= DRIFT_FLOOR * predicted_ms),
+                 key=lambda r: (-abs(r["measured_ms"] - r["planned_ms"]), r["slice"]))
+    for r in off[:DRIFT_NAMED]:
+        lines.append(f"  {r['slice']} {r['metaop']} [{r['first']}, {r['last']}) on "
+                     f"{len(r['ranks'])} rank(s): {r['measured_ms']:.2f} ms, planned "
+                     f"{r['planned_ms']:.2f} ({r['measured_ms'] / r['planned_ms'] - 1:+.0%})")
+    if off:
+        lines.append(f"  {len(off)} slice(s) off by more than {COMPUTE_DRIFT:.0%}: the profile "
+                     "does not describe these devices as they ran; measure them again "
+                     "(spindle profile --hardware local --no-cache) and re-plan")
+    return lines

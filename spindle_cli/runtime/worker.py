@@ -46,7 +46,14 @@ from spindle_cli.runtime.executor import Executor, PeerLost, overlaps_sync
 from spindle_cli.runtime.groups import make_groups
 from spindle_cli.runtime.inputs import check_world, load_run_inputs
 from spindle_cli.runtime.program import Program
-from spindle_cli.runtime.trace import Tracer, breakdown_ms, trace_document, write_json
+from spindle_cli.runtime.trace import (
+    Tracer,
+    breakdown_ms,
+    drift_lines,
+    slice_compute,
+    trace_document,
+    write_json,
+)
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
@@ -232,12 +239,15 @@ def _write_trace(tracer: Tracer, result: TrainResult, plan: Plan, world: rdist.W
                "predicted_iteration_ms": predicted,
                "measured_over_predicted": measured / predicted if predicted > 0 else None,
                "breakdown_ms_per_step": {str(r): breakdown_ms(evs, len(ms))
-                                         for r, (evs, ms, _) in enumerate(gathered)}}
+                                         for r, (evs, ms, _) in enumerate(gathered)},
+               "slices": slice_compute(plan, [evs for evs, _, _ in gathered])}
     assert opts.trace_path is not None
     write_json(trace_document([evs for evs, _, _ in gathered],
                               [origin for _, _, origin in gathered], summary), opts.trace_path)
     _say(f"trace: {opts.trace_path}  measured {measured:.2f} ms/iteration, predicted "
          f"{predicted:.2f} ms")
+    for line in drift_lines(summary["slices"], predicted):
+        _say(line)
 
 
 def predicted_iteration_ms(plan_path: str, plan: Plan, graph: MetaOpGraph,

@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from spindle_cli.artifacts import ClusterSpec, ModelSpec, input_ref, load, write_artifact
+from spindle_cli.artifacts import (
+    ClusterSpec,
+    MetaOpGraph,
+    ModelSpec,
+    Plan,
+    Profile,
+    input_ref,
+    load,
+    write_artifact,
+)
 from spindle_cli.cli import main
 from spindle_cli.planner.api import PlanOptions, make_plan
 from spindle_cli.planner.graph import build_graph
@@ -78,9 +87,13 @@ def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
     assert summary["measured_iteration_ms"] > 0
     assert set(summary["breakdown_ms_per_step"]) == {"0", "1"}
     assert all(parts["compute"] > 0 for parts in summary["breakdown_ms_per_step"].values())
+    # every slice's measured compute beside its planned time, and the run says how they compare
+    planned = [(s.id, s.time_ms) for w in load(str(plan), Plan).waves for s in w.slices]
+    assert [(r["slice"], r["planned_ms"]) for r in summary["slices"]] == planned
+    assert all(r["measured_ms"] > 0 for r in summary["slices"])
+    assert "slices' compute: measured " in r.stderr
     # the prediction is the simulator's (the plan's profile and cluster files are at hand),
     # as the executor on gloo runs: each rank on its own, one gradient bucket per rank set
-    from spindle_cli.artifacts import MetaOpGraph, Plan, Profile
     from spindle_cli.planner.simulate import simulate
 
     args = (load(str(plan), Plan), load(str(tmp_path / "graph.yaml"), MetaOpGraph),
@@ -106,7 +119,6 @@ def test_sync_flag_chooses_the_gradient_buckets(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         losses[sync] = [ln for ln in r.stdout.splitlines() if ln.startswith("step ")]
     assert losses["chunked"] == losses["per-set"] and len(losses["chunked"]) == 2
-    from spindle_cli.artifacts import MetaOpGraph, Plan, Profile
     from spindle_cli.planner.simulate import simulate
 
     args = (load(str(plan), Plan), load(str(tmp_path / "graph.yaml"), MetaOpGraph),
@@ -142,7 +154,6 @@ def _one_line_error(result: object) -> str:
 
 def test_tensor_parallel_plan_is_refused_before_launch(tmp_path: Path) -> None:
     plan_path = write_plan_files(tmp_path)
-    from spindle_cli.artifacts import Plan
 
     plan = load(str(plan_path), Plan)
     w0 = plan.waves[0]
@@ -162,7 +173,6 @@ def test_tensor_parallel_plan_is_refused_before_launch(tmp_path: Path) -> None:
 def test_zero3_plans_are_refused_before_launch(tmp_path: Path, options: dict[str, str],
                                                named: str | None) -> None:
     plan_path = write_plan_files(tmp_path)
-    from spindle_cli.artifacts import Plan
 
     plan = load(str(plan_path), Plan)
     saving = dataclasses.replace(plan, options={**plan.options, **options})
@@ -412,7 +422,6 @@ def test_ranks_per_node_default_to_the_plans_over_the_nodes(
 def test_the_launch_line_names_the_memory_strategies(tmp_path: Path, monkeypatch,
                                                      options: dict[str, str], said: str) -> None:
     plan_path = write_plan_files(tmp_path)
-    from spindle_cli.artifacts import Plan
 
     plan = load(str(plan_path), Plan)
     write_artifact(dataclasses.replace(plan, options={**plan.options, **options}),

@@ -1,0 +1,78 @@
+"""The trace's comparison of each slice's measured compute with its planned time (torch-free)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spindle_cli.artifacts import Plan, load
+from spindle_cli.runtime.trace import COMPUTE_DRIFT, drift_lines, slice_compute
+
+PLAN = (Path(__file__).resolve().parents[1] / "data" / "plan-tiny-clip-local-cpu"
+        / "expected_plan.yaml")
+
+
+def _span(wave: int, step: int, phase: str, dur_ms: float) -> dict:
+    return {"name": "compute", "cat": "compute", "ph": "X", "ts": 0.0, "dur": dur_ms * 1e3,
+            "args": {"step": step, "wave": wave, "phase": phase}}
+
+
+def _events(plan: Plan, ms_of) -> list[list[dict]]:
+    """Every rank's compute spans for steps 3, 4, 5 (as after a resume): `ms_of(slice, rank,
+    step)` is the slice's forward+backward on that rank, split 1:2; step 3 (warm-up) takes
+    100 ms everywhere. Plus a span that is not compute and one without a wave."""
+    events: list[list[dict]] = [[] for _ in range(plan.num_devices)]
+    for w in plan.waves:
+        for s in w.slices:
+            for r in s.ranks:
+                for step in (3, 4, 5):
+                    total = 100.0 if step == 3 else ms_of(s, r, step)
+                    events[r] += [_span(w.index, step, "forward", total / 3),
+                                  _span(w.index, step, "backward", 2 * total / 3)]
+    events[0].append({"name": "sync", "cat": "sync", "ph": "X", "ts": 0.0, "dur": 5e6,
+                      "args": {"step": 4}})
+    events[0].append({"name": "optimizer", "cat": "compute", "ph": "X", "ts": 0.0, "dur": 5e6,
+                      "args": {"step": 4}})
+    return events
+
+
+def test_slowest_rank_per_step_and_median_over_steps() -> None:
+    plan = load(str(PLAN), Plan)
+    # the first rank of a slice is 1 ms slower; step 5 is 0.5 ms slower than step 4
+    rows = slice_compute(plan, _events(
+        plan, lambda s, r, step: s.time_ms + (1.0 if r == s.ranks[0] else 0.0)
+        + (0.5 if step == 5 else 0.0)))
+    slices = [(w.index, s) for w in plan.waves for s in w.slices]
+    assert [(r["wave"], r["slice"]) for r in rows] == [(w, s.id) for w, s in slices]
+    for row, (_, s) in zip(rows, slices, strict=True):
+        assert row["metaop"] == s.metaop and row["ranks"] == list(s.ranks)
+        assert (row["first"], row["last"]) == (s.first, s.last)
+        assert row["planned_ms"] == s.time_ms
+        # median of steps 4 and 5 on the slowest rank; warm-up step 3 left out
+        assert row["measured_ms"] == pytest.approx(s.time_ms + 1.25)
+
+
+def test_drift_names_the_slices_furthest_off() -> None:
+    plan = load(str(PLAN), Plan)
+    slices = sorted((s for w in plan.waves for s in w.slices), key=lambda s: -s.time_ms)
+    heavy, second = slices[0], slices[1]
+    factor = {heavy.id: 2.0, second.id: 1 + COMPUTE_DRIFT / 2}
+    rows = slice_compute(plan, _events(plan, lambda s, r, step: s.time_ms * factor.get(s.id, 1)))
+    lines = drift_lines(rows, plan.estimated_iteration_ms)
+    planned = sum(s.time_ms for s in slices)
+    measured = planned + heavy.time_ms + second.time_ms * COMPUTE_DRIFT / 2
+    assert lines[0] == (f"slices' compute: measured {measured:.2f} ms, planned {planned:.2f} ms "
+                        f"({measured / planned:.2f}x over {len(slices)} slices; per slice "
+                        "1.00-2.00x)")
+    # only the slice off by more than COMPUTE_DRIFT is named
+    assert lines[1] == (f"  {heavy.id} {heavy.metaop} [{heavy.first}, {heavy.last}) on "
+                        f"{len(heavy.ranks)} rank(s): {2 * heavy.time_ms:.2f} ms, planned "
+                        f"{heavy.time_ms:.2f} (+100%)")
+    assert lines[2].startswith("  1 slice(s) off by more than 25%: ")
+    assert len(lines) == 3
+    # a difference below DRIFT_FLOOR of the iteration is not named
+    assert drift_lines(rows, 1e6)[1:] == []
+    # compute as planned: nothing to name
+    exact = slice_compute(plan, _events(plan, lambda s, r, step: s.time_ms))
+    assert len(drift_lines(exact, plan.estimated_iteration_ms)) == 1
