@@ -24,11 +24,14 @@ def load_input(path: str, cls: type[A]) -> A:
 
 
 def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json"),
-                 what: str = "file extension") -> None:
-    """SpindleError unless `path` ('-': stdout) can be written or compared with: one of
-    `suffixes` (else 'unknown <what>'), not a directory, in a directory that exists. Commands
-    call it before their work, so a bad name prints nothing else and wastes nothing."""
+                 what: str = "file extension", *, check: bool = False) -> None:
+    """SpindleError unless `path` ('-': stdout, not with `check`) can be written or compared
+    with: one of `suffixes` (else 'unknown <what>'), not a directory, in a directory that
+    exists. Commands call it before their work, so a bad name prints nothing else and wastes
+    nothing."""
     if path == "-":
+        if check:
+            raise SpindleError("--check compares with a file: give it as -o FILE, not '-'")
         return
     target = Path(path)
     if target.suffix.lower() not in suffixes:

@@ -77,7 +77,7 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
     """Scaling curves T(n) for every operator signature of GRAPH."""
     from spindle_cli.planner import roofline
 
-    check_output(output)
+    check_output(output, check=check)
     if hardware != "local" and hardware not in roofline.HARDWARE:
         known = ", ".join(["local", *sorted(roofline.HARDWARE)])
         raise SpindleError(f"--hardware: unknown hardware {hardware!r} (known: {known})")

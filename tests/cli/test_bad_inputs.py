@@ -290,6 +290,13 @@ def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spind
      "error: d.yaml: is a directory"),
     (("simulate", "p.yaml", "--gantt", "d.svg"), "error: d.svg: is a directory"),
     (("show", "f.yaml", "--plot", "file/c.png"), "error: file/c.png: 'file' is not a directory"),
+    # --check has nothing to compare with on stdout
+    (("graph", "m.yaml", "--check", "-o", "-"),
+     "error: --check compares with a file: give it as -o FILE, not '-'"),
+    (("profile", "g.yaml", "--hardware", "a800", "--check", "-o", "-"),
+     "error: --check compares with a file: give it as -o FILE, not '-'"),
+    (("plan", "g.yaml", "f.yaml", "--cluster", "c.yaml", "--check", "-o", "-"),
+     "error: --check compares with a file: give it as -o FILE, not '-'"),
 ])
 def test_an_unwritable_output_fails_before_any_work(args, expected, workdir, spindle):
     # an output that is a directory, or under a file, is refused up front: one line, the
