@@ -248,12 +248,16 @@ def split_rows(num_rows: int, num_parts: int) -> list[tuple[int, int]]:
 
 
 def operator_ms(curve: Curve, s: Slice) -> float:
-    """Forward+backward time of one operator of slice `s` (its slowest rank)."""
+    """Forward+backward time of one operator of slice `s` (its slowest rank): the curve's at
+    the count whose per-device batch is the slowest rank's rows (`scaling.work_count`, n itself
+    when the groups divide the batch), read on the piece holding that count, as the planner
+    reads it (`allocation.op_time_ms`)."""
     n = len(s.ranks)
-    piece = next((p for p in curve.pieces if n <= p.n_hi), curve.pieces[-1])
-    groups = tp_groups(s.ranks, s.strategy)
-    rows = math.ceil(curve.batch_size / len(groups))
-    return piece.alpha_ms + piece.beta_ms * rows * len(groups) / n
+    groups = len(tp_groups(s.ranks, s.strategy))
+    rows = math.ceil(curve.batch_size / groups)
+    work = n * curve.batch_size / (rows * groups)
+    piece = next((p for p in curve.pieces if work <= p.n_hi), curve.pieces[-1])
+    return piece.alpha_ms + piece.beta_ms * rows * groups / n
 
 
 @lru_cache(maxsize=8192)
