@@ -43,7 +43,7 @@ def explain(plan_path: str, metaop_id: str) -> None:
         hint = f"did you mean {', '.join(near)}?" if near else f"{len(ids)} MetaOps in the graph"
         raise SpindleError(f"{plan_path}: no MetaOp {metaop_id!r}", hint=hint)
     m = graph.metaop(metaop_id)
-    curves = options_curves(graph, profile, plan.num_devices, PlanOptions.of(plan))
+    curves = options_curves(graph, profile, cluster, PlanOptions.of(plan))
     oc = curves[m.id]
     out.print(f"{m.id}: {m.num_layers} x {m.layer_kind} of module {m.module} (layers "
               f"{m.first_layer}-{m.first_layer + m.num_layers}), batch {m.batch_size}, "

@@ -169,7 +169,7 @@ def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
         trial = replace(options, zero=zero, recompute=recompute)
         if best is not None:
             if recompute not in bound_ms:
-                curves = options_curves(graph, profile, cluster.num_devices, trial)
+                curves = options_curves(graph, profile, cluster, trial)
                 bound_ms[recompute] = sum(a.lower_bound_ms for a in
                                           allocate(graph, curves, cluster.num_devices))
             if bound_ms[recompute] >= best[0]:
@@ -200,9 +200,14 @@ def _with_recompute(curve: Curve) -> Curve:
 
 def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven: bool = False,
               recompute: bool = False, tensor_parallel: bool = True,
+              island_size: int | None = None,
               profile_name: str = "the profile") -> dict[str, OpCurve]:
     """Every MetaOp's curve restricted to its valid counts <= N (the data-parallel ones only
-    without `tensor_parallel`; times with the extra forward of recomputation when asked)."""
+    without `tensor_parallel`; with `island_size`, no tensor-parallel degree that does not
+    divide it; times with the extra forward of recomputation when asked). A tensor-parallel
+    group stays inside one island, and when its degree divides the island size the islands
+    split into whole groups: with islands of 3, three tp2 slices on 6 devices would need
+    three islands; and a profile made for larger islands may hold degrees that fit in none."""
     counts_cache: dict[str, list[int]] = {}
     result = {}
     for m in graph.metaops:
@@ -218,25 +223,47 @@ def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven:
         if m.signature not in counts_cache:
             counts_cache[m.signature] = [
                 n for n in valid_counts(curve, num_devices, uneven=uneven)
-                if tensor_parallel or tp_degree(scaling.strategy(curve, n)) == 1]
+                if _tp_allowed(tp_degree(scaling.strategy(curve, n)), tensor_parallel,
+                               island_size)]
         oc = op_curve(m, curve, num_devices, counts_cache[m.signature], uneven=uneven)
         if len(oc.counts) == 1:
             raise PlanInfeasible(
                 f"MetaOp {m.id} has no valid device count <= {num_devices} "
-                f"(batch {curve.batch_size}, strategy {scaling.strategy(curve, 1)})"
+                f"(batch {curve.batch_size}, strategy {scaling.strategy(curve, 1)}"
+                f"{_tp_refusal(curve, tensor_parallel, island_size)})"
             )
         result[m.id] = oc
     return result
 
 
-def options_curves(graph: MetaOpGraph, profile: Profile, num_devices: int,
+def _tp_refusal(curve: Curve, tensor_parallel: bool, island_size: int | None) -> str:
+    """Why `op_curves` kept none of the curve's tensor-parallel counts ('' when it had none,
+    or kept some), for its infeasibility message."""
+    degrees = sorted({tp_degree(p.strategy) for p in curve.pieces} - {1})
+    if not degrees:
+        return ""
+    if not tensor_parallel:
+        return "; tensor parallelism is off"
+    if island_size is not None and all(island_size % t for t in degrees):
+        return (f"; no tensor-parallel degree of its curve ({', '.join(map(str, degrees))}) "
+                f"divides the island size {island_size}")
+    return ""
+
+
+def _tp_allowed(degree: int, tensor_parallel: bool, island_size: int | None) -> bool:
+    """Whether a count of this tensor-parallel degree may be planned (`op_curves`)."""
+    return degree == 1 or (tensor_parallel
+                           and (island_size is None or island_size % degree == 0))
+
+
+def options_curves(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                    options: PlanOptions, *,
                    profile_name: str = "the profile") -> dict[str, OpCurve]:
-    """`op_curves` as a plan made with `options` sees them (uneven splits, recomputation,
-    tensor parallelism)."""
-    return op_curves(graph, profile, num_devices, uneven=options.uneven_splits,
+    """`op_curves` as a plan made with `options` on `cluster` sees them (its devices and
+    islands, uneven splits, recomputation, tensor parallelism)."""
+    return op_curves(graph, profile, cluster.num_devices, uneven=options.uneven_splits,
                      recompute=options.recompute, tensor_parallel=options.tensor_parallel,
-                     profile_name=profile_name)
+                     island_size=cluster.island_size, profile_name=profile_name)
 
 
 def allocate(graph: MetaOpGraph, curves: dict[str, OpCurve],
@@ -443,7 +470,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     planned once, as their rules say."""
     n_dev = cluster.num_devices
     profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
-    curves = options_curves(graph, profile, n_dev, options, profile_name=profile_name)
+    curves = options_curves(graph, profile, cluster, options, profile_name=profile_name)
     allocs = allocate(graph, curves, n_dev)
     max_ops = slice_limits(graph, curves, cluster, options.memory)
     if options.planner != "spindle":
@@ -702,7 +729,7 @@ def place_again(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Clust
     not fit on the devices that way."""
     options = replace(PlanOptions.of(plan), placement=placement)
     n_dev = cluster.num_devices
-    curves = options_curves(graph, profile, n_dev, options)
+    curves = options_curves(graph, profile, cluster, options)
     planned = [PlannedWave(level=w.level, slots=tuple(
         Slot(metaop=s.metaop, n=len(s.ranks), num_ops=s.last - s.first,
              op_time_ms=curves[s.metaop].time_at(len(s.ranks))) for s in w.slices))

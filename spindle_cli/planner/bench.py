@@ -160,7 +160,7 @@ def profile_for(graph: MetaOpGraph, cluster: ClusterSpec) -> Profile:
 
 def lower_bound_ms(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> float:
     """The relaxed optimum of the allocator: the sum over MetaLevels of C*."""
-    curves = op_curves(graph, profile, cluster.num_devices)
+    curves = op_curves(graph, profile, cluster.num_devices, island_size=cluster.island_size)
     return sum(a.lower_bound_ms for a in allocate(graph, curves, cluster.num_devices))
 
 

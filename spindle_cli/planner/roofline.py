@@ -192,12 +192,14 @@ def layer_memory_bytes(memory: MemoryModel, batch: int, t: int) -> int:
 
 def strategies(op: MetaOp, n: int, island_size: int) -> list[str]:
     """Strategies worth profiling at n devices: 'dp' always; 'tp<t>' for transformer layers
-    when t fits in an island, divides n and leaves shards at least MIN_TP_SHARD_WIDTH wide."""
+    when t divides the island size (each group inside one island, the islands split into
+    whole groups: `api.op_curves` plans no other degree) and n, and leaves shards at least
+    MIN_TP_SHARD_WIDTH wide."""
     out = ["dp"]
     if op.layer_kind in TP_KINDS:
         for t in TP_DEGREES:
             wide = op.out_width % t == 0 and op.out_width // t >= MIN_TP_SHARD_WIDTH
-            if t <= island_size and n % t == 0 and wide:
+            if island_size % t == 0 and n % t == 0 and wide:
                 out.append(f"tp{t}")
     return out
 

@@ -15,6 +15,7 @@ from plan_builders import (
     two_point_curve,
 )
 
+from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import scaling
 from spindle_cli.planner.allocation import n_lin, op_curve, op_time_ms, single_count
 from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves
@@ -234,3 +235,29 @@ def test_without_tensor_parallelism_only_data_parallel_counts_are_planned(tensor
     assert ("tp2" in strategies) == tensor_parallel
     assert ("tensor_parallel" in plan.options) == (not tensor_parallel)
     assert PlanOptions.of(plan) == options
+
+
+def test_tensor_parallel_degrees_must_divide_the_island_size():
+    # a profile made for islands of 8 (tp4 from 4 devices on), planned on islands of 2
+    c = curve("a/x", 8, [(1, 4, 1.0, 1.0, "dp"), (4, 64, 1.1, 0.9, "tp4")])
+    g = graph([metaop("a/x", layers=2, batch=8)])
+    assert op_curves(g, profile([c]), 8)["a/x"].counts == (0, 1, 2, 4, 8)
+    assert op_curves(g, profile([c]), 8, island_size=2)["a/x"].counts == (0, 1, 2, 4)
+    # every planner plans data-parallel slices there (tp4 groups fit in no island)
+    two = cluster(num_nodes=2, per_node=4, island=2)
+    for planner in ("spindle", "sequential", "optimus", "distmm"):
+        plan = make_plan(g, profile([c]), two, options=PlanOptions(planner=planner))
+        assert {s.strategy for _, s in plan.slices()} == {"dp"}, planner
+
+
+def test_a_curve_of_tensor_parallel_counts_only_says_why_it_has_none():
+    # tp2 everywhere, islands of 3: three tp2 slices on 6 devices would need three islands
+    c = curve("a/x", 16, [(1, 1 << 20, 1.0, 2.0, "tp2")])
+    g = graph([metaop("a/x", layers=2, batch=16)])
+    with pytest.raises(PlanInfeasible, match=r"no valid device count <= 6 \(batch 16, strategy "
+                       r"tp2; no tensor-parallel degree of its curve \(2\) divides the island "
+                       r"size 3\)"):
+        make_plan(g, profile([c]), cluster(num_nodes=1, per_node=6, island=3))
+    with pytest.raises(PlanInfeasible, match="tp2; tensor parallelism is off"):
+        make_plan(g, profile([c]), cluster(num_nodes=1, per_node=4),
+                  options=PlanOptions(tensor_parallel=False))

@@ -82,6 +82,9 @@ def test_strategies_and_batches(clip_graph):
     assert roofline.strategies(enc, 8, 8) == ["dp", "tp2", "tp4", "tp8"]
     assert roofline.strategies(enc, 8, 4) == ["dp", "tp2", "tp4"]
     assert roofline.strategies(enc, 6, 8) == ["dp", "tp2"]
+    # a degree must divide the island size: islands of 6 split into tp2 groups, not tp4
+    assert roofline.strategies(enc, 8, 6) == ["dp", "tp2"]
+    assert roofline.strategies(enc, 6, 3) == ["dp"]
     assert roofline.strategies(proj, 8, 8) == ["dp"]
     B = enc.batch_size
     assert roofline.per_device_batch(enc, 3, "dp") == -(-B // 3)
