@@ -48,7 +48,7 @@ def test_plan_to_stdout_is_yaml_only(case):
                        check=False)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("kind: plan\n")
-    assert "estimated iteration" in r.stderr
+    assert "estimated compute" in r.stderr and "simulated iteration" in r.stderr
 
 
 def test_check_detects_drift_and_writes_nothing(case):

@@ -91,6 +91,12 @@ def test_progress_flag(tmp_path):
     data = json.loads(res.stdout)
     assert data["iteration_ms"] == pytest.approx(61.0)
     assert (data["compute_ms"], data["transfer_ms"]) == pytest.approx((12.0, 43.0))
+    # the table says that the transfer part holds waits as well, where waves tell transfers
+    res = _run(["simulate", str(write_case(tmp_path)), "--progress", "rank"])
+    assert "transfers and waits for peers" in res.stdout
+    assert "inter-wave transfer (exposed)" not in res.stdout
+    res = _run(["simulate", str(write_case(tmp_path))])
+    assert "inter-wave transfer (exposed)" in res.stdout
     res = _run(["simulate", str(write_case(tmp_path)), "--progress", "node"])
     assert res.exit_code == 2 and "node" in res.stderr
 
@@ -169,6 +175,7 @@ def test_placement_flag_simulates_the_waves_placed_again():
     assert own.exit_code == 0 and naive.exit_code == 0, own.stderr + naive.stderr
     a, b = json.loads(own.stdout), json.loads(naive.stdout)
     assert (a["placement"], b["placement"]) == ("island", "sequential")
+    assert (a["placed_again"], b["placed_again"]) == (False, True)
     # the same waves: the same compute; on consecutive ranks more rows cross the islands
     assert b["compute_ms"] == pytest.approx(a["compute_ms"])
     assert [w["forward_end_ms"] - w["forward_start_ms"] for w in b["waves"]] == pytest.approx(
@@ -179,6 +186,7 @@ def test_placement_flag_simulates_the_waves_placed_again():
     # estimate, which the simulation recomputes)
     same = json.loads(_run(["simulate", plan_path, "--json", "--placement", "island"]).stdout)
     assert same["ranks"] == a["ranks"] and same["syncs"] == a["syncs"]
+    assert same["placed_again"]
     for key in ("iteration_ms", "transfer_ms", "sync_ms", "lower_bound_ms"):
         assert same[key] == pytest.approx(a[key]), key
 

@@ -78,7 +78,8 @@ def show(obj: Plan, path: str, *, gantt: str | None = None, utilization: str | N
     out.print(f"{obj.num_devices} ranks in {len(obj.islands)} island(s), {len(obj.waves)} waves, "
               f"{len(obj.transfers)} transfers ({fmt_bytes(moved)} between different ranks), "
               f"{len(obj.param_groups)} parameter groups")
-    out.print(f"estimated iteration {obj.estimated_iteration_ms:.2f} ms; relaxed optimum C* "
+    out.print(f"estimated compute {obj.estimated_iteration_ms:.2f} ms (the waves' durations; "
+              f"`spindle simulate` adds transfers and sync); relaxed optimum C* "
               f"{obj.lower_bound_ms:.2f} ms; gap {gap(obj):.3f}x")
     print_table(wave_table(obj))
     print_table(level_table(obj))
