@@ -340,3 +340,35 @@ def test_memory_flags_force_a_setting(case):
     assert r.exit_code == 0 and "cannot train" not in r.output
     r = invoke(*plan_args("--memory", "zero9", "-o", "bad.yaml"))
     assert r.exit_code == 2 and not Path("bad.yaml").exists()
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["ofasys-a800-2x8", "multitask-clip-4-a800-2x8"])
+def test_levels_that_share_waves_get_no_per_level_gap(name, monkeypatch):
+    # a fused schedule labels each wave with its lowest level: per-level times of such a plan
+    # are no measure of a level (OFASys's level 0 read 93x its C*, level 5 0.31x)
+    from spindle_cli.artifacts import MetaOpGraph, load_recorded_input
+    from spindle_cli.cli.views.plan import mixed_waves
+
+    monkeypatch.chdir(REPO)
+    path = f"plans/{name}.yaml"
+    plan = load(path, Plan)
+    _, g = load_recorded_input(plan, path, MetaOpGraph)
+    level_of = {m.id: m.level for m in g.metaops}
+    mixed = sum(1 for w in plan.waves if {level_of[s.metaop] for s in w.slices} != {w.level})
+    assert mixed_waves(plan, level_of) == mixed
+    assert (mixed > 0) == plan.candidate.startswith("fused")
+    shown = invoke("show", path).output
+    note = f"{mixed} of {len(plan.waves)} waves run several levels at once"
+    assert (note in shown) == (mixed > 0)
+    metaop = max(plan.slices(), key=lambda ws: ws[1].time_ms)[1].metaop
+    explained = " ".join(invoke("explain", path, metaop).output.split())
+    if mixed:
+        assert f"{mixed} of the plan's {len(plan.waves)} waves run several levels" in explained
+        assert "the waves take" not in explained
+    else:
+        level = next(lv for lv in plan.levels if lv.level == level_of[metaop])
+        assert (f"level {level.level} planned {level.estimated_ms:.3f} ms = "
+                f"{level.estimated_ms / level.lower_bound_ms:.3f}x C*") in explained

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from spindle_cli.artifacts import MetaOpGraph, load_recorded_input
 from spindle_cli.artifacts.plan import Plan
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.views import fmt_bytes, print_table
+from spindle_cli.errors import SpindleError
 
 
 def _ranks(ranks: tuple[int, ...]) -> str:
@@ -55,15 +57,25 @@ def memory_table(plan: Plan, capacity_bytes: int | None = None) -> Table:
     return table
 
 
-def level_table(plan: Plan) -> Table:
-    """C* and the planned time of every MetaLevel."""
+def mixed_waves(plan: Plan, level_of: dict[str, int]) -> int:
+    """Waves that hold a slice of a MetaOp of another level than the wave's (`level_of`: each
+    MetaOp's level). A fused or task-concurrent schedule runs several levels at once and
+    labels each wave with its lowest, so its per-level planned times say nothing about a
+    level: only their total compares with C*."""
+    return sum(1 for w in plan.waves if any(level_of.get(s.metaop, w.level) != w.level
+                                            for s in w.slices))
+
+
+def level_table(plan: Plan, mixed: int = 0) -> Table:
+    """C* and the planned time of every MetaLevel (no per-level gap when `mixed` waves
+    hold several levels: `mixed_waves`)."""
     table = Table(title="levels: planned time vs relaxed optimum C*")
     for col in ("level", "C* ms", "planned ms", "gap"):
         table.add_column(col, justify="right")
     for lv in plan.levels:
         ratio = lv.estimated_ms / lv.lower_bound_ms if lv.lower_bound_ms else 1.0
         table.add_row(str(lv.level), f"{lv.lower_bound_ms:.3f}", f"{lv.estimated_ms:.3f}",
-                      f"{ratio:.3f}x")
+                      "-" if mixed else f"{ratio:.3f}x")
     return table
 
 
@@ -82,7 +94,15 @@ def show(obj: Plan, path: str, *, gantt: str | None = None, utilization: str | N
               f"`spindle simulate` adds transfers and sync); relaxed optimum C* "
               f"{obj.lower_bound_ms:.2f} ms; gap {gap(obj):.3f}x")
     print_table(wave_table(obj))
-    print_table(level_table(obj))
+    try:
+        _, graph = load_recorded_input(obj, path, MetaOpGraph)
+        mixed = mixed_waves(obj, {m.id: m.level for m in graph.metaops})
+    except SpindleError:
+        mixed = 0  # without its graph, a plan's levels cannot be told apart
+    print_table(level_table(obj, mixed))
+    if mixed:
+        out.print(f"{mixed} of {len(obj.waves)} waves run several levels at once, each counted "
+                  "under its lowest level: only the total compares with C*")
     print_table(memory_table(obj))
     peak = max(obj.memory, key=lambda m: (m.total_bytes, -m.rank))
     out.print(f"peak memory: rank {peak.rank}, {fmt_bytes(peak.total_bytes)}")
