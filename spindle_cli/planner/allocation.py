@@ -209,8 +209,11 @@ def _bisect_makespan(curves: list[OpCurve], num_devices: int,
                      need: Callable[[OpCurve], Callable[[float], float]]) -> float:
     """The smallest C with sum_m need(m)(C) <= N, by bisection on
     [max L * T(inf), sum L * T(1)] (eq. 9; the left side is non-increasing in C). `need(m)`
-    returns MetaOp m's device count as a function of C."""
-    lo = max(0.0, max(oc.metaop.num_layers * scaling.floor_ms(oc.curve) for oc in curves))
+    returns MetaOp m's device count as a function of C. T(inf), the last piece's alpha, is
+    no bound where a valid count runs faster (a later piece with more fixed cost, or a batch
+    that ends the counts early): there the fastest valid count's time is the lower end."""
+    lo = max(0.0, max(oc.metaop.num_layers * min(scaling.floor_ms(oc.curve), min(oc.times_ms))
+                      for oc in curves))
     hi = sum(oc.work_ms for oc in curves)
     needs = [need(oc) for oc in curves]
     for _ in range(_BISECTION_STEPS):

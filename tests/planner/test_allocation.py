@@ -261,3 +261,17 @@ def test_a_curve_of_tensor_parallel_counts_only_says_why_it_has_none():
     with pytest.raises(PlanInfeasible, match="tp2; tensor parallelism is off"):
         make_plan(g, profile([c]), cluster(num_nodes=1, per_node=4),
                   options=PlanOptions(tensor_parallel=False))
+
+
+def test_c_star_is_bounded_by_the_fastest_valid_count_not_the_last_alpha():
+    # batch 2 ends the counts at 2 devices, where the first piece gives 1 + 1 * 2 / 2 = 2 ms;
+    # the last piece's alpha (2.5 ms, more fixed cost at more devices) is no lower bound
+    c = curve("a/x", 2, [(1, 2, 1.0, 1.0, "dp"), (2, 1 << 20, 2.5, 0.1, "dp")])
+    g = graph([metaop("a/x", layers=4, batch=2)])
+    curves = op_curves(g, profile([c]), 4)
+    (level,) = allocate(g, curves, 4)
+    assert level.c_star_ms == pytest.approx(4 * 2.0)
+    assert level.lower_bound_ms == pytest.approx(4 * 2.0)
+    assert [(t.n, t.num_ops) for x in level.ops for t in x.tuples] == [(2, 4)]
+    plan = make_plan(g, profile([c]), cluster(per_node=4))
+    assert plan.estimated_iteration_ms >= plan.lower_bound_ms - 1e-9
