@@ -77,6 +77,8 @@ Ranks = tuple[int, ...]
 class _Failure:
     wave: int
     message: str
+    memory: bool = False
+    """Whether a rank's memory stopped the slice (what the backtracking is for)."""
 
 
 def _describe(s: SliceSpec) -> str:
@@ -99,10 +101,15 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
         incoming.setdefault(f.dst, []).append(f)
     home = home or {}
     memory_first: set[int] = set()
+    # the first shortage of memory, which the backtracking tries to get round: when it does
+    # not, that is the cause to name, not what a memory-first attempt ran into instead (a
+    # slice scattered for memory can leave no island room for a tensor-parallel group)
+    short: _Failure | None = None
     for _ in range(_MAX_ATTEMPTS):
         result = _attempt(waves, incoming, graph, cluster, memory_first, memory, home, reserve)
         if not isinstance(result, _Failure):
             return result
+        short = short or (result if result.memory else None)
         k = result.wave
         for j in range(k, max(-1, k - _BACKTRACK_DEPTH - 1), -1):
             if j not in memory_first:
@@ -110,12 +117,12 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
                 break
         else:
             if len(memory_first) == len(waves):
-                raise PlanInfeasible(result.message)
+                raise PlanInfeasible((short or result).message)
             memory_first = set(range(len(waves)))
     result = _attempt(waves, incoming, graph, cluster, set(range(len(waves))), memory, home,
                       reserve)
     if isinstance(result, _Failure):
-        raise PlanInfeasible(result.message)
+        raise PlanInfeasible((short or result).message)
     return result
 
 
@@ -249,7 +256,7 @@ def _failure(wi: int, s: SliceSpec, free: np.ndarray, used: np.ndarray, need: np
     order = np.argsort(-slack, kind="stable")
     r = int(next(int(k) for k in order if slack[k] < 0))
     return _Failure(
-        wave=wi,
+        wave=wi, memory=True,
         message=(f"out of memory placing {_describe(s)} in wave {wi}: rank {r} needs "
                  f"{int(need[r])} bytes more but only {int(max(cap - used[r], 0))} bytes are "
                  f"available (of {int(cap)})"),

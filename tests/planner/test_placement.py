@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from plan_builders import cluster, graph, metaop
+from plan_builders import GIB, cluster, curve, graph, metaop, profile
 
 from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner.api import PlanOptions, make_plan
 from spindle_cli.planner.memory import Ledger, rows_per_rank, split_rows, state_bytes_per_param
 from spindle_cli.planner.placement import Flow, SliceSpec, place
 
@@ -203,3 +204,24 @@ def test_sequential_placement_refuses_a_tensor_parallel_group_across_islands():
     waves = [[spec(a, 0, 1, 2), spec(t, 0, 1, 4, "tp2")]]
     ranks, _ = place(waves, [], g, c, mode="sequential")
     assert ranks == [[(0, 1), (2, 3, 4, 5)]]
+
+
+def test_a_memory_shortage_is_named_when_backtracking_ends_elsewhere():
+    # ZeRO-3 on 100 MB devices: the first placement runs out of memory; the memory-first
+    # re-placements scatter slices and then find no island room for enc1's tp4 groups. The
+    # error names the shortage (rank, bytes), the cause: with 80 GiB the graph plans.
+    g = graph([metaop("t0/enc0", layers=6, batch=3, module="enc0", params=10_000_000,
+                      act_bytes=0, stash=0),
+               metaop("t0/enc1", layers=3, batch=3, module="enc1", params=0, act_bytes=0,
+                      stash=0),
+               metaop("t0/head4", layers=3, batch=3, module="head4", params=0, act_bytes=0,
+                      stash=0)])
+    p = profile([curve("t0/enc0", 3, [(1, 1 << 20, 0.38, 0.25, "dp")]),
+                 curve("t0/enc1", 3, [(1, 1 << 20, 0.27, 2.35, "tp4")]),
+                 curve("t0/head4", 3, [(1, 1 << 20, 0.27, 0.70, "dp")])])
+    small = cluster(num_nodes=2, per_node=8, memory_bytes=100_000_000)
+    with pytest.raises(PlanInfeasible, match=r"out of memory placing .* rank \d+ needs \d+ "
+                                             r"bytes more but only \d+ bytes are available"):
+        make_plan(g, p, small, options=PlanOptions(zero=3))
+    make_plan(g, p, cluster(num_nodes=2, per_node=8, memory_bytes=80 * GIB),
+              options=PlanOptions(zero=3))
