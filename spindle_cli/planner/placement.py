@@ -19,7 +19,10 @@ Island-aware placement, greedy wave by wave:
   - a rank that would exceed its memory is never chosen. When a wave cannot be placed, the
     failed wave and then up to `_BACKTRACK_DEPTH` earlier waves are re-placed memory-first
     (worse locality, better balance) before giving up with PlanInfeasible naming the rank, the
-    bytes needed and the bytes available.
+    bytes needed and the bytes available;
+  - a wave whose tensor-parallel group finds no island with room (data-parallel slices
+    placed before it filled every island in part) is placed again with its largest groups
+    first.
 `placement="sequential"` is the ablation baseline: consecutive ranks in slot order, no search.
 """
 
@@ -79,6 +82,9 @@ class _Failure:
     message: str
     memory: bool = False
     """Whether a rank's memory stopped the slice (what the backtracking is for)."""
+    grouping: bool = False
+    """Whether free ranks were left but no island could hold the slice's tensor-parallel
+    groups (the wave is then placed again with its largest groups first)."""
 
 
 def _describe(s: SliceSpec) -> str:
@@ -105,12 +111,19 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
     # not, that is the cause to name, not what a memory-first attempt ran into instead (a
     # slice scattered for memory can leave no island room for a tensor-parallel group)
     short: _Failure | None = None
+    # waves whose slices are placed largest tensor-parallel group first: the usual order can
+    # fill every island with data-parallel slices, leaving no island room for a group
+    groups_first: set[int] = set()
     for _ in range(_MAX_ATTEMPTS):
-        result = _attempt(waves, incoming, graph, cluster, memory_first, memory, home, reserve)
+        result = _attempt(waves, incoming, graph, cluster, memory_first, memory, home, reserve,
+                          groups_first)
         if not isinstance(result, _Failure):
             return result
         short = short or (result if result.memory else None)
         k = result.wave
+        if result.grouping and k not in groups_first:
+            groups_first.add(k)
+            continue
         for j in range(k, max(-1, k - _BACKTRACK_DEPTH - 1), -1):
             if j not in memory_first:
                 memory_first.add(j)
@@ -120,7 +133,7 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
                 raise PlanInfeasible((short or result).message)
             memory_first = set(range(len(waves)))
     result = _attempt(waves, incoming, graph, cluster, set(range(len(waves))), memory, home,
-                      reserve)
+                      reserve, groups_first)
     if isinstance(result, _Failure):
         raise PlanInfeasible((short or result).message)
     return result
@@ -129,7 +142,8 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
 def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[Flow]],
              graph: MetaOpGraph, cluster: ClusterSpec,
              memory_first: set[int], memory: MemoryStrategy,
-             home: dict[str, Ranks], reserve: bool) -> tuple[list[list[Ranks]], Ledger] | _Failure:
+             home: dict[str, Ranks], reserve: bool,
+             groups_first: set[int]) -> tuple[list[list[Ranks]], Ledger] | _Failure:
     n_dev = cluster.num_devices
     cap = float(cluster.device.memory_bytes)
     island_of = np.arange(n_dev) // cluster.island_size
@@ -151,6 +165,8 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
             order = sorted(range(len(wave)), key=lambda i: (-per_rank_stash(i), i))
         else:
             order = sorted(range(len(wave)), key=lambda i: (-heaviest_in(i), -wave[i].n, i))
+        if wi in groups_first:
+            order.sort(key=lambda i: -tp_group_size(wave[i].n, wave[i].strategy))
         locality = ({i: _locality(incoming.get((wi, i), []), placed, island_of, n_dev, s.n)
                      for i, s in enumerate(wave)} if wi not in memory_first else {})
         # with `reserve`: the same-rank locality of every slice not placed yet
@@ -178,7 +194,7 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
             group = tp_group_size(s.n, s.strategy)
             chosen = _choose(np.where(ok, score, -np.inf), s.n, cluster.island_size, group)
             if chosen is None:
-                return _Failure(wave=wi, message=(
+                return _Failure(wave=wi, grouping=True, message=(
                     f"wave {wi}: no {s.n} free ranks for {_describe(s)} with each "
                     f"tensor-parallel group of {group} inside one island"))
             free[list(chosen)] = False

@@ -225,3 +225,19 @@ def test_a_memory_shortage_is_named_when_backtracking_ends_elsewhere():
         make_plan(g, p, small, options=PlanOptions(zero=3))
     make_plan(g, p, cluster(num_nodes=2, per_node=8, memory_bytes=80 * GIB),
               options=PlanOptions(zero=3))
+
+
+def test_a_tensor_parallel_group_finds_room_when_the_islands_fill_up():
+    # 3 islands of 8: three 5-rank data-parallel slices, placed first (larger), would take one
+    # island each and leave 3 ranks per island, too few for the 4-rank tp4 group; the wave is
+    # placed again with its largest group first
+    ops = [metaop(f"t{i}/enc", layers=1, batch=5, module=f"enc{i}", act_bytes=0, stash=0)
+           for i in range(4)]
+    g = graph(ops)
+    wave = [spec(ops[0], 0, 1, 5), spec(ops[1], 0, 1, 5), spec(ops[2], 0, 1, 5),
+            spec(ops[3], 0, 1, 4, "tp4")]
+    ranks, _ = place([wave], [], g, cluster(num_nodes=3, per_node=8))
+    (placed,) = ranks
+    assert len({r for rs in placed for r in rs}) == 19
+    assert len({r // 8 for r in placed[3]}) == 1
+    assert all(len(rs) == s.n for rs, s in zip(placed, wave, strict=True))
