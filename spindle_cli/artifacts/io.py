@@ -394,6 +394,16 @@ def write_artifact(obj: Artifact, path: str) -> None:
         raise
 
 
+def as_written(obj: A) -> A:
+    """`obj` as its file holds it: numbers rounded as the writer rounds them. What a stage
+    computes from a file can differ from what it computes from the unrounded object (a
+    planner near a tie keeps another candidate), so in-process pipelines that stand for the
+    CLI's (`spindle bench`) pass their artifacts through this."""
+    again = from_data(type(obj), to_data(obj))
+    assert isinstance(again, type(obj))
+    return again
+
+
 def rendered_for(obj: Artifact, path: str) -> str:
     """The exact text `write_artifact(obj, path)` would write (for `--check`)."""
     return render(obj, "yaml" if path == "-" else _format(path))

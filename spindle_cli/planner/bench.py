@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOpGraph
+from spindle_cli.artifacts.io import as_written
 from spindle_cli.artifacts.model import ModelSpec
 from spindle_cli.artifacts.plan import Plan
 from spindle_cli.artifacts.profile import Profile
@@ -152,10 +153,11 @@ class BenchRow:
 
 
 def profile_for(graph: MetaOpGraph, cluster: ClusterSpec) -> Profile:
-    """Analytic a800 curves at every power of two up to the cluster size."""
+    """Analytic a800 curves at every power of two up to the cluster size, as `spindle profile
+    GRAPH --hardware a800 --cluster CLUSTER --counts 1,2,4,...` writes them."""
     n = cluster.num_devices
     counts = [2**i for i in range(n.bit_length()) if 2**i <= n]
-    return analytic_profile(graph, cluster, hardware=HARDWARE, counts=counts)
+    return as_written(analytic_profile(graph, cluster, hardware=HARDWARE, counts=counts))
 
 
 def lower_bound_ms(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> float:
@@ -182,8 +184,10 @@ def plan_and_simulate(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
             failure = e
             continue
         seconds = time.perf_counter() - start
+        plan = as_written(plan)
         sim = simulate(plan, graph, profile, cluster)
-        if best is None or sim.iteration_ms < best[1].iteration_ms:
+        # the first on ties, as `spindle plan --memory auto` keeps (`api.make_fitting_plan`)
+        if best is None or sim.iteration_ms < best[1].iteration_ms - 1e-9:
             best = (plan, sim, seconds)
     if best is None:
         assert failure is not None
@@ -218,7 +222,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> list[BenchRow]:
     """Every variant's row plus the optimum's, for one configuration."""
-    graph = build_graph(model, tasks=config.tasks(model))
+    graph = as_written(build_graph(model, tasks=config.tasks(model)))
     profile = profile_for(graph, cluster)
     try:
         bound: float | None = lower_bound_ms(graph, profile, cluster)
@@ -311,7 +315,7 @@ def run_dynamic(model: ModelSpec, cluster: ClusterSpec, *,
     change, under every planner."""
     prepared = []
     for name in schedule:
-        graph = build_graph(model, tasks=list(model.task_sets[name]))
+        graph = as_written(build_graph(model, tasks=list(model.task_sets[name])))
         prepared.append((name, graph, profile_for(graph, cluster)))
     rows = []
     for planner in planners:

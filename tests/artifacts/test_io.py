@@ -11,8 +11,10 @@ import yaml
 
 from spindle_cli.artifacts import (
     PRODUCER,
+    ClusterSpec,
     MetaOpGraph,
     ModelSpec,
+    Profile,
     input_ref,
     load,
     load_artifact,
@@ -20,9 +22,10 @@ from spindle_cli.artifacts import (
     sha256,
     write_artifact,
 )
-from spindle_cli.artifacts.io import derived_header, parse_artifact, read_data
+from spindle_cli.artifacts.io import as_written, derived_header, parse_artifact, read_data
 from spindle_cli.errors import ArtifactError
 from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.profiling import analytic_profile
 
 
 def _files(directory: Path) -> list[str]:
@@ -166,3 +169,16 @@ def test_fast_yaml_parser_reads_the_same_data(repo_root):
     for path in sorted((repo_root / "models").glob("*.yaml")) + sorted(
             (repo_root / "clusters").glob("*.yaml")):
         assert read_data(str(path)) == yaml.safe_load(path.read_text()), path
+
+
+def test_as_written_is_what_the_file_holds(tmp_path):
+    # an analytic profile's times have more digits than a file keeps
+    root = Path(__file__).resolve().parents[2]
+    graph = load(str(root / "graphs" / "tiny-clip.yaml"), MetaOpGraph)
+    cluster = load(str(root / "clusters" / "a800-1x8.yaml"), ClusterSpec)
+    profile = analytic_profile(graph, cluster, hardware="a800", counts=[1, 2, 4, 8])
+    write_artifact(profile, str(tmp_path / "p.yaml"))
+    read = load(str(tmp_path / "p.yaml"), Profile)
+    assert read != profile
+    assert as_written(profile) == read
+    assert as_written(read) == read
