@@ -102,18 +102,27 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
 
         result = analytic_profile(graph, cluster, hardware=hardware, counts=fit_counts,
                                   validate=validate, inputs=inputs)
-    _summary(result)
+    _summary(result, validate)
     exit_with(emit(result, output, check=check))
 
 
-def _summary(result: Any) -> None:
-    """One line for people: how many curves and how well they fit."""
+def _summary(result: Any, validate: bool) -> None:
+    """One line for people: how many curves and how well they fit (with `validate`, at the
+    held-out counts too, or that no curve had one)."""
     fit = max(c.max_rel_error for c in result.curves)
     line = f"{len(result.curves)} curves over counts {','.join(map(str, result.counts))}; "
     line += f"max fit error at profiled counts {fit:.1%}"
     held = [c.heldout_rel_error for c in result.curves if c.heldout_rel_error is not None]
     if held:
         line += f", at held-out counts {max(held):.1%}"
+    elif validate:
+        from spindle_cli.planner.profiling import heldout_counts
+
+        held_out = ",".join(map(str, heldout_counts(result.counts)))
+        line += (f"; no curve can run at the held-out counts {held_out} (a data-parallel "
+                 "count divides the batch): the planner uses only profiled counts"
+                 if held_out else
+                 "; no held-out count lies between the profiled counts (1,4 holds out 2)")
     from spindle_cli.planner import scaling
 
     # a curve ends before a count that is slower than fewer devices (planner/curves.py)

@@ -195,7 +195,7 @@ def build_curve(
     if not validate:
         return curve
     errors = [e.rel_error for e in heldout_errors(curve, counts)]
-    return replace(curve, heldout_rel_error=max(errors, default=0.0))
+    return replace(curve, heldout_rel_error=max(errors) if errors else None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,6 +12,7 @@ from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Profile, input_ref, lo
 from spindle_cli.cli import main
 from spindle_cli.planner import scaling
 from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.profiling import heldout_errors
 
 
 def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -47,13 +48,14 @@ def test_analytic_profile_is_written_and_checked(workdir, repo_root, capsys):
     assert code == 0, err
     assert out == ""
     assert "curves over counts 1,2,4,8; max fit error at profiled counts" in err
-    assert "at held-out counts" in err
+    # 3 and 6 split none of the graph's power-of-two batches: nothing to validate there
+    assert "no curve can run at the held-out counts 3,6" in " ".join(err.split())
     profile = load("p.yaml", Profile)
     graph = load("graph.yaml", MetaOpGraph)
     assert profile.counts == (1, 2, 4, 8)
     assert [r.kind for r in profile.inputs] == ["metaop_graph", "cluster"]
     assert {c.signature for c in profile.curves} == {m.signature for m in graph.metaops}
-    assert all(c.heldout_rel_error is not None for c in profile.curves)
+    assert all(c.heldout_rel_error is None for c in profile.curves)
     first = Path("p.yaml").read_bytes()
 
     code, _, err = _run([*args, "--check"], capsys)
@@ -215,3 +217,24 @@ def test_sparkline_and_names():
         "transformer_encoder hidden=32 batch=8 seq=12"
     )
     assert short_name("opaque") == "opaque"
+
+
+@pytest.mark.parametrize(("counts", "said"), [
+    ("1", "no held-out count lies between the profiled counts"),
+    ("1,4", "at held-out counts"),
+])
+def test_validate_claims_an_error_only_where_it_held_a_count_out(counts, said, workdir,
+                                                                  repo_root, capsys):
+    # 1 alone leaves nothing between counts; 1,4 holds out 2, which splits every batch
+    cluster = str(repo_root / "clusters" / "a800-8x8.yaml")
+    code, _, err = _run(["profile", "graph.yaml", "--hardware", "a800", "--cluster", cluster,
+                         "--counts", counts, "--validate", "-o", "p.yaml"], capsys)
+    assert code == 0, err
+    assert said in " ".join(err.split())
+    profile = load("p.yaml", Profile)
+    for c in profile.curves:
+        errors = heldout_errors(c, profile.counts)
+        # (from the file's rounded curve: the same error up to the rounding)
+        assert c.heldout_rel_error == (pytest.approx(max(e.rel_error for e in errors), abs=1e-6)
+                                       if errors else None)
+    assert any(c.heldout_rel_error is not None for c in profile.curves) == (counts == "1,4")
