@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +112,19 @@ def test_validate_lines_are_not_wrapped(small_model_data, tmp_path):
     result = _invoke("validate", str(path))
     assert result.exit_code == 0, result.stderr
     assert result.stderr == f"ok {path} (model)\n"
+
+
+@pytest.mark.timeout(120)
+def test_a_reader_closing_the_pipe_is_not_a_failure():
+    # `spindle show PLAN | head -1`: the output ends early, the exit code stays 0 (rich exits
+    # 1 there, the code of a difference found)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "spindle_cli", "show",
+                             str(root / "plans" / "ofasys-a800-2x8.yaml")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    with proc.stdout, proc.stderr:
+        assert proc.stdout.read(10)
+        proc.stdout.close()
+        assert proc.wait(timeout=100) == 0
+        assert proc.stderr.read() == b""
