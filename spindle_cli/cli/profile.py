@@ -86,6 +86,8 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
     cluster = load_input(cluster_path, ClusterSpec) if cluster_path else None
     if fit_counts is None:
         fit_counts = default_counts(cluster)
+    if cluster is not None and hardware != "local":
+        _check_hardware(hardware, cluster, cluster_path or "")
     if cluster is not None and fit_counts[-1] > cluster.num_devices:
         raise SpindleError(
             f"--counts: {fit_counts[-1]} exceeds the {cluster.num_devices} devices of "
@@ -104,6 +106,24 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
                                   validate=validate, inputs=inputs)
     _summary(result, validate)
     exit_with(emit(result, output, check=check))
+
+
+def _check_hardware(hardware: str, cluster: ClusterSpec, cluster_path: str) -> None:
+    """Refuse an analytic model of other devices than the cluster's: its profile would time
+    them on the cluster's memory and links, and `spindle plan` refuses it there."""
+    from spindle_cli.planner import roofline
+
+    device = roofline.HARDWARE[hardware].name
+    if device == cluster.device.name:
+        return
+    same = [k for k, v in sorted(roofline.HARDWARE.items()) if v.name == cluster.device.name]
+    known = ", ".join(f"{k} ({v.name})" for k, v in sorted(roofline.HARDWARE.items()))
+    raise SpindleError(
+        f"--hardware {hardware} models {device} devices, but {cluster_path} has "
+        f"{cluster.device.name}",
+        hint=(f"use --hardware {same[0]}" if same else
+              f"no analytic model of {cluster.device.name} (models: {known}); --hardware "
+              "local measures the devices of this machine"))
 
 
 def _summary(result: Any, validate: bool) -> None:

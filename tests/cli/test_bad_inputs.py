@@ -290,6 +290,9 @@ def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spind
      "error: d.yaml: is a directory"),
     (("simulate", "p.yaml", "--gantt", "d.svg"), "error: d.svg: is a directory"),
     (("show", "f.yaml", "--plot", "file/c.png"), "error: file/c.png: 'file' is not a directory"),
+    # an analytic model of other devices than the cluster's
+    (("profile", "g.yaml", "--hardware", "h100", "--cluster", "c.yaml", "-o", "p.yaml"),
+     "error: --hardware h100 models H100-SXM5-80GB devices, but c.yaml has cpu-core"),
     # --check has nothing to compare with on stdout
     (("graph", "m.yaml", "--check", "-o", "-"),
      "error: --check compares with a file: give it as -o FILE, not '-'"),
