@@ -50,11 +50,15 @@ def explain(plan_path: str, metaop_id: str) -> None:
               f"{m.first_layer}-{m.first_layer + m.num_layers}), batch {m.batch_size}, "
               f"level {m.level}; signature {m.signature}")
     table = Table(title="scaling curve at the valid device counts")
-    for col in ("n", "strategy", "T(n) ms/op", "L*T(n) ms", "speedup"):
+    for col in ("n", "strategy", "T(n) ms/op", "L*T(n) ms", "speedup", "from"):
         table.add_column(col, justify="right")
+    lo, hi = min(profile.counts), max(profile.counts)
     for n, t, s in zip(oc.counts[1:], oc.times_ms[1:], oc.speedups[1:], strict=True):
+        source = ("profiled" if n in profile.counts else
+                  "fit, between profiled counts" if lo < n < hi else
+                  "fit, beyond the profiled counts")
         table.add_row(str(n), scaling.strategy(oc.curve, n), f"{t:.4f}",
-                      f"{m.num_layers * t:.3f}", f"{s:.2f}")
+                      f"{m.num_layers * t:.3f}", f"{s:.2f}", source)
     print_table(table)
     [level] = [a for a in allocate(graph, curves, plan.num_devices) if a.level == m.level]
     a = next(x for x in level.ops if x.metaop == m.id)

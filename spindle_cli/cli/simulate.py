@@ -114,9 +114,10 @@ def print_report(result: SimResult, path: str, progress: simulation.Progress = "
                   f"x{r.iteration_ms / r.lower_bound_ms:.3f}" if r.lower_bound_ms > 0 else "-")
     table.add_row("planner's compute estimate", f"{r.planned_iteration_ms:.2f}", "")
     print_table(table)
-    out.print(f"idle: {100 * r.idle_fraction:.1f}% of device time; inter-wave bytes "
-              f"{fmt_bytes(r.transfer_bytes)} ({fmt_bytes(r.inter_island_bytes)} across "
-              f"islands); peak memory {fmt_bytes(r.peak_memory_bytes)}")
+    out.print(f"idle: {100 * r.idle_fraction:.1f}% of device time; bytes leaving their rank "
+              f"between waves, activations and gradients: {fmt_bytes(r.transfer_bytes)} "
+              f"({fmt_bytes(r.inter_island_bytes)} across islands); peak memory "
+              f"{fmt_bytes(r.peak_memory_bytes)}")
 
     ranks = Table(title="per rank")
     for col in ("rank", "busy ms", "utilization", "activations", "peak memory"):

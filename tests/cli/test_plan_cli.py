@@ -234,6 +234,14 @@ def test_explain_shows_n_star_tuples_and_waves(case):
     r = invoke("explain", "plan.yaml", "t1/img")
     assert r.exit_code == 0, r.output
     assert "n* =" in r.output and "tuples before rounding" in r.output
+    # each count says whether the profile measured it or the fit stands in for it
+    counts = load("profile.yaml", Profile).counts
+    rows = [line.split("│") for line in r.output.splitlines() if line.count("│") == 7]
+    assert rows
+    for row in rows:
+        n, source = int(row[1]), row[6].strip()
+        assert source == ("profiled" if n in counts else "fit, between profiled counts"
+                          if min(counts) < n < max(counts) else "fit, beyond the profiled counts")
     assert "waves running it" in r.output
     r = subprocess.run(["spindle", "explain", "plan.yaml", "t1/nope"], capture_output=True,
                        text=True, check=False)

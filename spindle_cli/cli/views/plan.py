@@ -88,7 +88,8 @@ def show(obj: Plan, path: str, *, gantt: str | None = None, utilization: str | N
     if obj.candidate:
         out.print(f"kept candidate: {obj.candidate}")
     out.print(f"{obj.num_devices} ranks in {len(obj.islands)} island(s), {len(obj.waves)} waves, "
-              f"{len(obj.transfers)} transfers ({fmt_bytes(moved)} between different ranks), "
+              f"{len(obj.transfers)} transfers ({fmt_bytes(moved)} of activations in those "
+              f"between different rank sets), "
               f"{len(obj.param_groups)} parameter groups")
     out.print(f"estimated compute {obj.estimated_iteration_ms:.2f} ms (the waves' durations; "
               f"`spindle simulate` adds transfers and sync); relaxed optimum C* "
