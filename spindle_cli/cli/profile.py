@@ -165,6 +165,11 @@ def _measured(graph: MetaOpGraph, graph_path: str, cluster: ClusterSpec | None,
     model, model_ref = graph_model(graph, graph_path)
     inputs.insert(1, model_ref)
     target = measure.local_target()
+    if target.dtype_name != graph.dtype:
+        err.print(f"note: {graph_path} sizes activations and parameters in {graph.dtype}, but "
+                  f"{target.device_name} measures (and `spindle run` trains) in "
+                  f"{target.dtype_name}: plans would count their bytes at the wrong size; "
+                  f"make the graph with --dtype {target.dtype_name}", soft_wrap=True)
     settings = measure.Settings(
         repeats=repeats,
         memory_limit_bytes=cluster.device.memory_bytes if cluster is not None else None,
