@@ -192,3 +192,42 @@ def test_the_optimizer_step_is_timed_as_the_executor_runs_it():
     assert cost.ms_per_tensor >= 0 and cost.ms_per_million_params > 0
     assert cost.time_ms(1, large) > 2 * cost.time_ms(1, small)
     assert cost.time_ms(3, 0) == 0.0
+
+
+def test_timed_steps_run_as_the_executor_does(tiny, monkeypatch):
+    # the saved-tensor hook that counts activation bytes runs once, untimed; the timed steps
+    # accumulate into the same gradient tensors, zeroed in place, as the executor's buckets
+    model, graph = tiny
+    op = graph.metaop("text_vision/text_enc")
+    hooks = []
+    real_hooks = torch.autograd.graph.saved_tensors_hooks
+
+    def counting(*args):
+        hooks.append(1)
+        return real_hooks(*args)
+
+    layers = []
+    real_layer = measure._layer
+
+    def keep(*args):
+        layers.append(real_layer(*args))
+        return layers[-1]
+
+    seen: list[tuple[int, ...]] = []
+    real_median = measure._median_ms
+
+    def timed(fn, target, repeats):
+        def step():
+            fn()
+            seen.append(tuple(id(p.grad) for p in layers[0].parameters()))
+        return real_median(step, target, repeats)
+
+    monkeypatch.setattr(torch.autograd.graph, "saved_tensors_hooks", counting)
+    monkeypatch.setattr(measure, "_layer", keep)
+    monkeypatch.setattr(measure, "_median_ms", timed)
+    m = measure.measure(model.modules[op.module], op, 4, "dp", target=measure.local_target(),
+                        settings=measure.Settings(repeats=5, warmup=2))
+    assert m.feasible and m.peak_memory_bytes > 0
+    assert len(hooks) == 1
+    assert len(seen) == 5 and len(set(seen)) == 1
+    assert all(p.grad is not None for p in layers[0].parameters())
