@@ -171,7 +171,9 @@ class Plan(DerivedArtifact):
     memory: tuple[RankMemory, ...] = field(metadata=meta("estimated memory per rank"))
     levels: tuple[LevelBound, ...] = field(metadata=meta("relaxed optimum per MetaLevel"))
     lower_bound_ms: float = field(metadata=meta("sum of the levels' lower bounds", ge=0))
-    estimated_iteration_ms: float = field(metadata=meta("planned iteration time", ge=0))
+    estimated_iteration_ms: float = field(metadata=meta(
+        "planned compute of one iteration: the sum of the waves' durations (`spindle simulate` "
+        "adds transfers and gradient sync)", ge=0))
 
     def __post_init__(self) -> None:
         DerivedArtifact.__post_init__(self)
