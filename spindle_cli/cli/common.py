@@ -62,7 +62,7 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
         if old != new:
             err.print(f"{output}: out of date (regenerate it)", soft_wrap=True)
             for line in stale_lines(output, old, new, obj):
-                err.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
+                err.print(f"  {line}", soft_wrap=True)
             return 1
         err.print(f"{output}: up to date", soft_wrap=True)
         return 0

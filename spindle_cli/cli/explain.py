@@ -84,7 +84,7 @@ def explain(plan_path: str, metaop_id: str) -> None:
     tuples = [(t.metaop, t.n, t.num_ops * curves[t.metaop].time_at(t.n))
               for x in level.ops for t in x.tuples]
     best = exact_packing_ms(tuples, cluster.num_devices)
-    mixed = mixed_waves(plan, {x.id: x.level for x in graph.metaops})
+    mixed = mixed_waves(plan, graph)
     if mixed:
         line = (f"level {m.level}: {mixed} of the plan's {len(plan.waves)} waves run several "
                 "levels at once (each counted under its lowest), so no planned time of this "

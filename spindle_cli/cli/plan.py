@@ -47,13 +47,7 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
          uneven_splits: bool, memory: str, recompute: str, tensor_parallel: bool,
          runnable: bool, allow_device_mismatch: bool, output: str, check: bool) -> None:
     """Plan the waves of GRAPH on a cluster using PROFILE's scaling curves."""
-    from spindle_cli.planner.api import (
-        SIMULATED_CHOICE_MAX_DEVICES,
-        PlanOptions,
-        make_fitting_plan,
-        memory_ladder,
-    )
-    from spindle_cli.planner.simulate import simulated_cost
+    from spindle_cli.planner.api import PlanOptions, fitting_plan_with_cost, memory_ladder
     from spindle_cli.runtime.program import EXECUTABLE_ZERO_STAGES, PlanError, check_executable
 
     ladder = memory_ladder(memory, recompute)
@@ -72,15 +66,12 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
                           tensor_parallel=tensor_parallel)
     inputs = (input_ref(graph, graph_path), input_ref(profile, profile_path),
               input_ref(cluster, cluster_path))
-    result = make_fitting_plan(graph, profile, cluster, options=options,
-                               ladder=ladder, inputs=inputs)
+    result, iteration_ms = fitting_plan_with_cost(graph, profile, cluster, options=options,
+                                                  ladder=ladder, inputs=inputs)
     gap = result.estimated_iteration_ms / result.lower_bound_ms if result.lower_bound_ms else 1.0
     # the compute alone can be far from the iteration (transfers, gradient sync, ZeRO-3's
     # gathers), and the planner chose by the simulated iteration: say both
-    simulated = ""
-    if cluster.num_devices <= SIMULATED_CHOICE_MAX_DEVICES:
-        cost = simulated_cost(result, graph, profile, cluster)
-        simulated = f", simulated iteration {cost.iteration_ms:.2f} ms"
+    simulated = "" if iteration_ms is None else f", simulated iteration {iteration_ms:.2f} ms"
     err.print(f"{planner}: {len(result.waves)} waves, estimated compute "
               f"{result.estimated_iteration_ms:.2f} ms ({gap:.3f}x of C* "
               f"{result.lower_bound_ms:.2f} ms){simulated}{memory_text(result)}")

@@ -149,7 +149,17 @@ def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
                       options: PlanOptions = PlanOptions(),
                       ladder: tuple[tuple[int, bool], ...] = memory_ladder(),
                       inputs: tuple[InputRef, ...] = ()) -> Plan:
-    """`make_plan` under the (ZeRO stage, recompute) settings of `ladder` that fit (the
+    """`fitting_plan_with_cost`'s plan."""
+    return fitting_plan_with_cost(graph, profile, cluster, options=options, ladder=ladder,
+                                  inputs=inputs)[0]
+
+
+def fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
+                           options: PlanOptions = PlanOptions(),
+                           ladder: tuple[tuple[int, bool], ...] = memory_ladder(),
+                           inputs: tuple[InputRef, ...] = ()) -> tuple[Plan, float | None]:
+    """The plan and its simulated iteration (ms; None where it is not simulated, see
+    below) of `make_plan` under the (ZeRO stage, recompute) settings of `ladder` that fit (the
     options' own `zero` and `recompute` are replaced), keeping the plan that simulates
     fastest; on ties the earlier, less aggressive setting. Fitting is not enough: a setting
     that fits may fit only a slow plan (qwen-val-70b on 256 devices fits under ZeRO-1 only
@@ -180,7 +190,7 @@ def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
             error = e
             continue
         if cluster.num_devices > SIMULATED_CHOICE_MAX_DEVICES:
-            return plan
+            return plan, None
         iteration_ms = simulated_cost(plan, graph, profile, cluster,
                                       give_up_ms=best[0] if best else math.inf).iteration_ms
         if best is None or iteration_ms < best[0] - 1e-9:
@@ -188,7 +198,7 @@ def make_fitting_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
     if best is None:
         assert error is not None
         raise error
-    return best[1]
+    return best[1], best[0]
 
 
 def _with_recompute(curve: Curve) -> Curve:

@@ -145,10 +145,10 @@ def drift_lines(rows: list[dict[str, Any]], predicted_ms: float) -> list[str]:
     lines = [f"slices' compute: measured {measured:.2f} ms, planned {planned:.2f} ms "
              f"({measured / planned:.2f}x over {len(timed)} slices; per slice "
              f"{min(ratios):.2f}-{max(ratios):.2f}x)"]
-    off = sorted((r for r in timed
-                  if abs(r["measured_ms"] - r["planned_ms"]) > COMPUTE_DRIFT * r["planned_ms"]
-                  and abs(r["measured_ms"] - r["planned_ms"]) >= DRIFT_FLOOR * predicted_ms),
-                 key=lambda r: (-abs(r["measured_ms"] - r["planned_ms"]), r["slice"]))
+    gap = {r["slice"]: abs(r["measured_ms"] - r["planned_ms"]) for r in timed}
+    off = sorted((r for r in timed if gap[r["slice"]] > COMPUTE_DRIFT * r["planned_ms"]
+                  and gap[r["slice"]] >= DRIFT_FLOOR * predicted_ms),
+                 key=lambda r: (-gap[r["slice"]], r["slice"]))
     for r in off[:DRIFT_NAMED]:
         lines.append(f"  {r['slice']} {r['metaop']} [{r['first']}, {r['last']}) on "
                      f"{len(r['ranks'])} rank(s): {r['measured_ms']:.2f} ms, planned "

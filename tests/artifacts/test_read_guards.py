@@ -147,20 +147,19 @@ def test_duplicate_yaml_keys(tmp_path, edit, field, where):
     assert _error(path) == f"{path}: {field}: duplicate key {key!r} ({where})"
 
 
-def test_duplicate_keys_inside_lists_and_flow_mappings(tmp_path):
+@pytest.mark.parametrize(("text", "problem"), [
+    # inside lists and flow mappings
+    ("tasks:\n- {name: a}\n- {name: b, batch_size: 1, name: c}\n",
+     "tasks[1].name: duplicate key 'name' (line 3)"),
+    # keys equal after parsing
+    ("a:\n  1: x\n  0x1: y\n", "a.1: duplicate key 1 (lines 2 and 3)"),
+])
+def test_duplicate_keys_anywhere_in_yaml(tmp_path, text, problem):
     path = tmp_path / "m.yaml"
-    path.write_text("tasks:\n- {name: a}\n- {name: b, batch_size: 1, name: c}\n")
+    path.write_text(text)
     with pytest.raises(ArtifactError) as e:
         read_data(str(path))
-    assert str(e.value) == f"{path}: tasks[1].name: duplicate key 'name' (line 3)"
-
-
-def test_keys_equal_after_parsing_are_duplicates(tmp_path):
-    path = tmp_path / "m.yaml"
-    path.write_text("a:\n  1: x\n  0x1: y\n")
-    with pytest.raises(ArtifactError) as e:
-        read_data(str(path))
-    assert str(e.value) == f"{path}: a.1: duplicate key 1 (lines 2 and 3)"
+    assert str(e.value) == f"{path}: {problem}"
 
 
 def test_duplicate_json_keys(tmp_path):

@@ -366,7 +366,7 @@ def test_levels_that_share_waves_get_no_per_level_gap(name, monkeypatch):
     _, g = load_recorded_input(plan, path, MetaOpGraph)
     level_of = {m.id: m.level for m in g.metaops}
     mixed = sum(1 for w in plan.waves if {level_of[s.metaop] for s in w.slices} != {w.level})
-    assert mixed_waves(plan, level_of) == mixed
+    assert mixed_waves(plan, g) == mixed
     assert (mixed > 0) == plan.candidate.startswith("fused")
     shown = invoke("show", path).output
     note = f"{mixed} of {len(plan.waves)} waves run several levels at once"

@@ -57,11 +57,12 @@ def memory_table(plan: Plan, capacity_bytes: int | None = None) -> Table:
     return table
 
 
-def mixed_waves(plan: Plan, level_of: dict[str, int]) -> int:
-    """Waves that hold a slice of a MetaOp of another level than the wave's (`level_of`: each
-    MetaOp's level). A fused or task-concurrent schedule runs several levels at once and
-    labels each wave with its lowest, so its per-level planned times say nothing about a
-    level: only their total compares with C*."""
+def mixed_waves(plan: Plan, graph: MetaOpGraph) -> int:
+    """Waves that hold a slice of a MetaOp of another level than the wave's. A fused or
+    task-concurrent schedule runs several levels at once and labels each wave with its
+    lowest, so its per-level planned times say nothing about a level: only their total
+    compares with C*."""
+    level_of = {m.id: m.level for m in graph.metaops}
     return sum(1 for w in plan.waves if any(level_of.get(s.metaop, w.level) != w.level
                                             for s in w.slices))
 
@@ -97,7 +98,7 @@ def show(obj: Plan, path: str, *, gantt: str | None = None, utilization: str | N
     print_table(wave_table(obj))
     try:
         _, graph = load_recorded_input(obj, path, MetaOpGraph)
-        mixed = mixed_waves(obj, {m.id: m.level for m in graph.metaops})
+        mixed = mixed_waves(obj, graph)
     except SpindleError:
         mixed = 0  # without its graph, a plan's levels cannot be told apart
     print_table(level_table(obj, mixed))
