@@ -25,3 +25,9 @@ err = _Console(stderr=True, markup=False, emoji=False, highlight=False, soft_wra
 
 out = _Console(markup=False, emoji=False, highlight=False, soft_wrap=True)
 """Reports a user asked for (tables of `show`, `bench`, `simulate`)."""
+
+
+def wide_out(width: int) -> Console:
+    """A console like `out`, `width` columns wide (Console.print never renders wider than its
+    console)."""
+    return _Console(width=width, markup=False, emoji=False, highlight=False)

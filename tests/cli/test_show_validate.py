@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -10,10 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from rich.table import Table
 
 from spindle_cli.artifacts import ModelSpec, input_ref, load, load_artifact, write_artifact
 from spindle_cli.cli import cli
-from spindle_cli.cli.views import fmt_count
+from spindle_cli.cli._console import out
+from spindle_cli.cli.views import fmt_count, print_table
 from spindle_cli.planner.costs import module_params
 from spindle_cli.planner.graph import build_graph
 
@@ -128,3 +131,34 @@ def test_a_reader_closing_the_pipe_is_not_a_failure():
         proc.stdout.close()
         assert proc.wait(timeout=100) == 0
         assert proc.stderr.read() == b""
+
+
+class _ClosedPipe(io.StringIO):
+    """A stdout whose reader has gone: every write fails as a closed pipe does."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self.fd = fd
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError
+
+    def fileno(self) -> int:
+        return self.fd
+
+
+@pytest.mark.parametrize("write", ["line", "table"])
+def test_every_stdout_console_ends_quietly_on_a_closed_pipe(write, tmp_path, monkeypatch):
+    # `spindle show PLAN | head -1` hits whichever console writes when the reader closes:
+    # the one-line reports, or the tables printed at their natural width
+    with open(tmp_path / "stdout", "w") as f:
+        monkeypatch.setattr(sys, "stdout", _ClosedPipe(f.fileno()))
+        monkeypatch.setattr(out, "quiet", False)
+        table = Table("wave", "ranks")
+        table.add_row("0", "0-15")
+        with pytest.raises(SystemExit) as e:
+            if write == "line":
+                out.print("plan of ofasys")
+            else:
+                print_table(table)
+    assert e.value.code == 0

@@ -9,10 +9,9 @@ Tables go to stdout (`_console.out`). This package holds the number formats view
 
 from __future__ import annotations
 
-from rich.console import Console
 from rich.table import Table
 
-from spindle_cli.cli._console import out
+from spindle_cli.cli._console import out, wide_out
 
 VIEW_MODULES = {
     "model": "model",
@@ -52,6 +51,4 @@ def print_table(table: Table) -> None:
     """Print a table to stdout at its natural width: a narrow terminal or a pipe (80 columns)
     would otherwise squeeze ids and numbers into ellipses or wrapped cells."""
     natural = out.measure(table, options=out.options.update_width(10_000)).maximum
-    # Console.print never renders wider than the console, so use one sized for this table.
-    wide = Console(width=max(natural, out.width), markup=False, emoji=False, highlight=False)
-    wide.print(table)
+    wide_out(max(natural, out.width)).print(table)
