@@ -19,6 +19,7 @@ from spindle_cli.artifacts.base import Artifact
 from spindle_cli.artifacts.codec import meta
 from spindle_cli.artifacts.io import register
 from spindle_cli.artifacts.limits import MAX_BATCH, MAX_BATCH_WHY, MAX_LAYERS, MAX_LAYERS_WHY
+from spindle_cli.artifacts.model_check import article
 from spindle_cli.errors import FieldError
 
 LayerKind = Literal[
@@ -41,6 +42,17 @@ bidirectional / causal.
 `lm_loss`: LN + vocabulary head + next-token cross-entropy over the last `target_len` positions."""
 
 SEQUENCE_KINDS = ("patch_embed", "transformer_encoder", "transformer_decoder", "adapter")
+
+KIND_FIELDS = {
+    "heads": ("transformer_encoder", "transformer_decoder"),
+    "ffn": ("transformer_encoder", "transformer_decoder"),
+    "in_dim": ("patch_embed", "adapter", "projection"),
+    "vocab_size": ("embedding", "lm_loss"),
+    "max_seq_len": ("embedding", "patch_embed"),
+    "target_len": ("lm_loss",),
+}
+"""The layer kinds each optional size field applies to: set on another kind it is a mistake
+(`heads` on a projection would be shown, and ignored)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,23 +80,21 @@ class ModuleSpec:
 
     def __post_init__(self) -> None:
         k = self.kind
-        if k in ("transformer_encoder", "transformer_decoder"):
-            if self.heads < 1:
-                raise FieldError("heads", f"a {k} needs heads >= 1")
-            if self.hidden % self.heads:
-                raise FieldError("heads", f"hidden {self.hidden} is not divisible by {self.heads}")
-            if self.ffn < 1:
-                raise FieldError("ffn", f"a {k} needs ffn >= 1")
-        if k in ("patch_embed", "adapter", "projection") and self.in_dim < 1:
-            raise FieldError("in_dim", f"a {k} needs in_dim >= 1")
-        if k in ("embedding", "lm_loss") and self.vocab_size < 1:
-            raise FieldError("vocab_size", f"a {k} needs vocab_size >= 1")
-        if k in ("embedding", "patch_embed") and self.max_seq_len < 1:
-            raise FieldError("max_seq_len", f"a {k} needs max_seq_len >= 1")
-        if k == "lm_loss" and self.target_len < 1:
-            raise FieldError("target_len", "an lm_loss needs target_len >= 1")
+        a = article(k)
+        for name, kinds in KIND_FIELDS.items():
+            value = getattr(self, name)
+            if k in kinds and value < 1:
+                raise FieldError(name, f"{a} {k} needs {name} >= 1")
+            if k not in kinds and value:
+                raise FieldError(name, f"{a} {k} has no {name} (it applies to "
+                                       f"{', '.join(kinds)}); remove it")
+        if k in ("transformer_encoder", "transformer_decoder") and self.hidden % self.heads:
+            raise FieldError("heads", f"hidden {self.hidden} is not divisible by {self.heads}")
+        if k != "projection" and self.pool != "cls":
+            raise FieldError("pool", f"{a} {k} does not pool (pool applies to projection); "
+                                     "remove it")
         if k not in ("transformer_encoder", "transformer_decoder") and self.num_layers != 1:
-            raise FieldError("num_layers", f"a {k} has exactly one layer")
+            raise FieldError("num_layers", f"{a} {k} has exactly one layer")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,6 +16,11 @@ if TYPE_CHECKING:
 LOSS_KINDS = ("contrastive_loss", "lm_loss")
 
 
+def article(word: str) -> str:
+    """'a' or 'an' before `word` ('an embedding', 'a projection')."""
+    return "an" if word[:1] in "aeiou" else "a"
+
+
 @dataclass(frozen=True, slots=True)
 class Shape:
     """A per-sample activation shape. `form` is 'tokens', 'features', 'sequence', 'pooled' or
@@ -82,13 +87,13 @@ def infer_shapes(model: ModelSpec, task: TaskSpec, where: str = "") -> dict[str,
                  f"feature width {ins[0].width} != in_dim {mod.in_dim} of '{step.module}'")
             out = Shape("sequence", ins[0].seq, mod.hidden)
         elif k in ("transformer_encoder", "transformer_decoder"):
-            need(len(ins) >= 1 and forms == {"sequence"}, f"a {k} takes sequence activations")
+            need(len(ins) >= 1 and forms == {"sequence"}, f"{article(k)} {k} takes sequence activations")
             for s in ins:
                 need(s.width == mod.hidden,
                      f"input width {s.width} != hidden {mod.hidden} of '{step.module}'")
             out = Shape("sequence", sum(s.seq for s in ins), mod.hidden)
         elif k in ("adapter", "projection"):
-            need(len(ins) == 1 and forms == {"sequence"}, f"a {k} takes one sequence activation")
+            need(len(ins) == 1 and forms == {"sequence"}, f"{article(k)} {k} takes one sequence activation")
             need(ins[0].width == mod.in_dim,
                  f"input width {ins[0].width} != in_dim {mod.in_dim} of '{step.module}'")
             out = (Shape("sequence", ins[0].seq, mod.hidden) if k == "adapter"
@@ -113,6 +118,10 @@ def infer_shapes(model: ModelSpec, task: TaskSpec, where: str = "") -> dict[str,
 
 def check_model(model: ModelSpec) -> None:
     """Validate references, uniqueness, DAG structure and shapes; raise FieldError."""
+    if not model.name.strip():
+        raise FieldError("name", "a model needs a name")
+    if not model.tasks:
+        raise FieldError("tasks", "a model needs at least one task")
     seen_tasks: set[str] = set()
     for ti, task in enumerate(model.tasks):
         where = f"tasks[{ti}]"
@@ -156,6 +165,8 @@ def check_model(model: ModelSpec) -> None:
                 raise FieldError(f"{where}.steps[{si}]",
                                  f"output of {step.name!r} is not used (end each branch in a loss)")
     for set_name, members in model.task_sets.items():
+        if not members:
+            raise FieldError(f"task_sets.{set_name}", "a task set needs at least one task")
         for i, t in enumerate(members):
             if t not in seen_tasks:
                 raise FieldError(f"task_sets.{set_name}[{i}]", f"unknown task {t!r}")

@@ -59,4 +59,8 @@ def graph(model_path: str, tasks: str | None, task_set: str | None, dtype: str, 
     # after emit, so that a bad output path leaves a single error line
     err.print(f"{model.name}: {len(result.tasks)} tasks -> {len(result.metaops)} MetaOps on "
               f"{result.num_levels} MetaLevels")
+    unused = sorted(set(model.modules) - {s.module for t in model.tasks for s in t.steps})
+    if unused:
+        err.print(f"note: {model_path}: no task runs module(s) {', '.join(unused)}",
+                  soft_wrap=True)
     exit_with(code)

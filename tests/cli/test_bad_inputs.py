@@ -83,6 +83,19 @@ MODEL_CASES: dict[str, tuple[Callable[[Data], Data], str]] = {
                             "task_sets.two[1]: unknown task 'solo'"),
     "bad-choice": (_edit(lambda d: d["modules"]["text_proj"].update(pool="max")),
                    "modules.text_proj.pool: must be one of 'cls', 'mean', got 'max'"),
+    "no-tasks": (_edit(lambda d: (d.update(tasks=[]), d.pop("task_sets"))),
+                 "tasks: a model needs at least one task"),
+    "empty-name": (_edit(lambda d: d.update(name=" ")), "name: a model needs a name"),
+    "empty-task-set": (_edit(lambda d: d["task_sets"].update(none=[])),
+                       "task_sets.none: a task set needs at least one task"),
+    "field-of-another-kind": (_edit(lambda d: d["modules"]["text_proj"].update(heads=4)),
+                              "modules.text_proj.heads: a projection has no heads (it applies "
+                              "to transformer_encoder, transformer_decoder); remove it"),
+    "pool-on-a-non-projection": (_edit(lambda d: d["modules"]["image_enc"].update(pool="mean")),
+                                 "modules.image_enc.pool: a transformer_encoder does not pool"),
+    "layers-of-an-embedding": (_edit(lambda d: d["modules"]["text_embed"].update(num_layers=2)),
+                               "modules.text_embed.num_layers: an embedding has exactly one "
+                               "layer"),
 }
 
 

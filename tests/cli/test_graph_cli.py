@@ -48,6 +48,15 @@ def test_graph_writes_the_contracted_graph(model_path, tmp_path):
     assert graph.inputs[0].sha256 == input_ref(model, str(model_path)).sha256
 
 
+def test_a_module_no_task_runs_is_noted(small_model_data, model_path):
+    assert "no task runs" not in _invoke("graph", str(model_path), "-o", "g.yaml").stderr
+    small_model_data["modules"]["spare"] = {"kind": "adapter", "in_dim": 8, "hidden": 8}
+    model_path.write_text(yaml.safe_dump(small_model_data, sort_keys=False))
+    result = _invoke("graph", str(model_path), "-o", "g.yaml")
+    assert result.exit_code == 0, result.stderr
+    assert "note: m.yaml: no task runs module(s) spare" in _said(result.stderr)
+
+
 def test_stdout_output_is_yaml_data_only(model_path, tmp_path):
     result = _invoke("graph", str(model_path), "-o", "-")
     assert result.exit_code == 0, result.stderr
