@@ -87,13 +87,15 @@ def infer_shapes(model: ModelSpec, task: TaskSpec, where: str = "") -> dict[str,
                  f"feature width {ins[0].width} != in_dim {mod.in_dim} of '{step.module}'")
             out = Shape("sequence", ins[0].seq, mod.hidden)
         elif k in ("transformer_encoder", "transformer_decoder"):
-            need(len(ins) >= 1 and forms == {"sequence"}, f"{article(k)} {k} takes sequence activations")
+            need(len(ins) >= 1 and forms == {"sequence"},
+                 f"{article(k)} {k} takes sequence activations")
             for s in ins:
                 need(s.width == mod.hidden,
                      f"input width {s.width} != hidden {mod.hidden} of '{step.module}'")
             out = Shape("sequence", sum(s.seq for s in ins), mod.hidden)
         elif k in ("adapter", "projection"):
-            need(len(ins) == 1 and forms == {"sequence"}, f"{article(k)} {k} takes one sequence activation")
+            need(len(ins) == 1 and forms == {"sequence"},
+                 f"{article(k)} {k} takes one sequence activation")
             need(ins[0].width == mod.in_dim,
                  f"input width {ins[0].width} != in_dim {mod.in_dim} of '{step.module}'")
             out = (Shape("sequence", ins[0].seq, mod.hidden) if k == "adapter"
