@@ -113,6 +113,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             raise FieldError(path, f"expected a boolean, got {describe_value(value)}")
         return value
     if tp is int:
+        if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+            # 8.0e+10 bytes: a whole number written in exponent form (exact up to 2**53)
+            value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise FieldError(path, f"expected an integer, got {describe_value(value)}")
         if not -INT_LIMIT <= value < INT_LIMIT:

@@ -109,6 +109,18 @@ class _SlowLoader(_UniqueKeys, yaml.SafeLoader):  # type: ignore[misc]
     """The pure-Python safe loader, whose syntax errors name the offending token."""
 
 
+class _Dumper(yaml.SafeDumper):
+    """The safe dumper; it quotes the strings `_EXPONENT` would read back as numbers."""
+
+
+_EXPONENT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+"""Numbers with an exponent that YAML 1.1 reads as text (989e12, 1.5e9: it wants a dot and
+a signed exponent), as YAML 1.2 and JSON read them: numbers."""
+
+for _cls in (_FastLoader, _SlowLoader, _Dumper):
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+0123456789"))
+
+
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
     if len(obj) < len(pairs):
@@ -366,7 +378,7 @@ def render(obj: Artifact, fmt: str) -> str:
     data = to_data(obj)
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=100)
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
 
 
 def write_artifact(obj: Artifact, path: str) -> None:

@@ -121,6 +121,17 @@ def test_integers_are_accepted_for_float_fields(cluster_data):
     assert type(obj.device.peak_flops) is float
 
 
+def test_whole_numbers_are_accepted_for_integer_fields(cluster_data):
+    cluster_data["device"]["memory_bytes"] = 8.0e10
+    memory = from_data(ClusterSpec, cluster_data).device.memory_bytes
+    assert memory == 80_000_000_000 and type(memory) is int
+    # a fraction, and a float beyond 2**53 whose digits are not exact, stay errors
+    for value in (2.5, 1e300):
+        cluster_data["device"]["memory_bytes"] = value
+        with pytest.raises(FieldError, match="expected an integer, got a number"):
+            from_data(ClusterSpec, cluster_data)
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class _Bounded:
     """A record with bounds on an optional number and on list items."""

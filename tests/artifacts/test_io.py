@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -169,6 +170,20 @@ def test_fast_yaml_parser_reads_the_same_data(repo_root):
     for path in sorted((repo_root / "models").glob("*.yaml")) + sorted(
             (repo_root / "clusters").glob("*.yaml")):
         assert read_data(str(path)) == yaml.safe_load(path.read_text()), path
+
+
+def test_numbers_with_an_exponent_are_numbers_as_in_json(small_model, tmp_path):
+    # YAML 1.1 reads 989e12 and 1.5e9 as text (it wants a dot and a signed exponent)
+    path = tmp_path / "c.yaml"
+    path.write_text("a: 989e12\nb: 1.5e9\nc: 1_000e3\nd: '1e5'\ne: e5\nf: -2E-3\n")
+    assert read_data(str(path)) == {"a": 989e12, "b": 1.5e9, "c": 1e6, "d": "1e5", "e": "e5",
+                                    "f": -2e-3}
+    # so a string that reads as such a number is written quoted
+    odd = dataclasses.replace(small_model, description="1e5")
+    out = tmp_path / "m.yaml"
+    write_artifact(odd, str(out))
+    assert "description: '1e5'" in out.read_text()
+    assert load(str(out), ModelSpec) == odd
 
 
 def test_as_written_is_what_the_file_holds(tmp_path):
