@@ -328,6 +328,14 @@ def load(path: str, cls: type[A]) -> A:
     return obj
 
 
+def find_recorded_input(ref: InputRef, owner_path: str) -> Path | None:
+    """Where the input `ref` of the artifact read from `owner_path` is (`load_recorded_input`
+    says where it looks), or None."""
+    above = Path(owner_path).resolve().parents
+    candidates = (Path(ref.path), *(d / ref.path for d in above))
+    return next((p for p in candidates if p.is_file()), None)
+
+
 def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -> tuple[str, A]:
     """Load the input of kind `cls.KIND` that `owner` (read from `owner_path`) records, and check
     it still hashes to the recorded sha256. Returns the path it was found at and the artifact.
@@ -341,9 +349,7 @@ def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -
         raise ArtifactError(owner_path, "inputs", f"no {cls.KIND} input recorded")
     index = kinds_recorded.index(cls.KIND)
     ref = owner.inputs[index]
-    above = Path(owner_path).resolve().parents
-    candidates = (Path(ref.path), *(d / ref.path for d in above))
-    found = next((p for p in candidates if p.is_file()), None)
+    found = find_recorded_input(ref, owner_path)
     if found is None:
         raise ArtifactError(owner_path, f"inputs[{index}].path",
                             f"{cls.KIND} file {ref.path!r} not found")

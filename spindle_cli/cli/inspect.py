@@ -9,21 +9,56 @@ from typing import Any
 
 import click
 
-from spindle_cli.artifacts import load_artifact
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, load_artifact
+from spindle_cli.artifacts.base import Artifact, DerivedArtifact
+from spindle_cli.artifacts.io import find_recorded_input, kinds, load_recorded_input
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views import VIEW_MODULES
 from spindle_cli.cli.views.gantt import check_image_path
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import PlanError, SpindleError
+from spindle_cli.planner.consistency import check_plan
 
 
 @click.command()
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
 def validate(files: tuple[str, ...]) -> None:
-    """Validate artifact files of any kind; stop at the first invalid one."""
+    """Validate artifact files of any kind; stop at the first invalid one.
+
+    A graph, profile or plan is also checked against the inputs it records, where they are
+    found: that they still hash to the recorded sha256, and that a plan schedules its graph
+    consistently on its cluster (what simulate and run check before they start)."""
     for path in files:
         obj = load_artifact(path)
+        missing = _check_against_inputs(obj, path)
+        note = (f"; not checked against {', '.join(missing)}: not found" if missing else "")
         # one unwrapped line per file, like the error lines, so scripts can grep them
-        err.print(f"ok {path} ({obj.kind})", soft_wrap=True)
+        err.print(f"ok {path} ({obj.kind}{note})", soft_wrap=True)
+
+
+def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
+    """Check a derived artifact against its recorded inputs (`validate`); returns the recorded
+    paths of those not found."""
+    if not isinstance(obj, DerivedArtifact):
+        return []
+    registry = kinds()
+    found: dict[str, Artifact] = {}
+    missing = []
+    for ref in obj.inputs:
+        if find_recorded_input(ref, path) is None:
+            missing.append(ref.path)
+        elif ref.kind not in found:
+            found[ref.kind] = load_recorded_input(obj, path, registry[ref.kind])[1]
+    if isinstance(obj, Plan):
+        graph, cluster = found.get("metaop_graph"), found.get("cluster")
+        try:
+            if isinstance(graph, MetaOpGraph):
+                check_plan(obj, graph)
+            if isinstance(cluster, ClusterSpec) and cluster.num_devices != obj.num_devices:
+                raise PlanError(f"the plan is for {obj.num_devices} devices but its cluster "
+                                f"has {cluster.num_devices}")
+        except PlanError as e:
+            raise PlanError(f"{path}: {e}") from None
+    return missing
 
 
 def _view(kind: str, path: str) -> Any:

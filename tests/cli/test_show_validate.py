@@ -94,9 +94,55 @@ def test_show_graph_lists_metaops_by_level(files):
 def test_validate_and_show_every_shipped_artifact(path):
     checked = _invoke("validate", str(path))
     assert checked.exit_code == 0, checked.stderr
+    assert "not checked" not in checked.stderr  # its recorded inputs were found
     shown = _invoke("show", str(path))
     assert shown.exit_code == 0, shown.stderr
     assert shown.stdout.strip()
+
+
+@pytest.fixture
+def tiny_plan(tmp_path, monkeypatch) -> Path:
+    """The committed tiny-clip plan and its inputs, at the paths the plan records."""
+    monkeypatch.chdir(tmp_path)
+    plan = "plans/tiny-clip-local-cpu.yaml"
+    for name in (plan, "graphs/tiny-clip.yaml", "profiles/tiny-clip-local-cpu.yaml",
+                 "clusters/local-cpu.yaml", "models/tiny-clip.yaml"):
+        Path(name).parent.mkdir(exist_ok=True)
+        Path(name).write_text((REPO / name).read_text())
+    return Path(plan)
+
+
+def test_validate_checks_a_plan_against_its_inputs(tiny_plan, spindle):
+    assert spindle("validate", str(tiny_plan)).stderr == f"ok {tiny_plan} (plan)\n"
+    # a slice ending one operator early: the file is well-formed, the plan is not
+    text = tiny_plan.read_text()
+    data = yaml.safe_load(text)
+    first = next(s for w in data["waves"] for s in w["slices"] if s["last"] - s["first"] > 1)
+    first["last"] -= 1
+    tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = spindle("validate", str(tiny_plan))
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {tiny_plan}: MetaOp {first['metaop']}: operators")
+    assert "not covered exactly once" in result.stderr
+    # an input edited since: its sha256 no longer matches
+    tiny_plan.write_text(text)
+    graph = Path("graphs/tiny-clip.yaml")
+    graph.write_text(graph.read_text().replace("model: tiny-clip", "model: tiny-clip-2", 1))
+    result = spindle("validate", str(tiny_plan))
+    assert result.exit_code == 2
+    assert "inputs[0].sha256: metaop_graph 'graphs/tiny-clip.yaml' changed" in result.stderr
+
+
+def test_validate_says_which_inputs_it_could_not_find(tiny_plan, spindle, tmp_path):
+    alone = tmp_path / "elsewhere" / "p.yaml"
+    alone.parent.mkdir()
+    alone.write_text(tiny_plan.read_text())
+    Path("profiles/tiny-clip-local-cpu.yaml").unlink()
+    result = spindle("validate", "elsewhere/p.yaml")
+    assert result.exit_code == 0, result.stderr
+    # found from the working directory, as recorded, but for the profile
+    assert result.stderr == ("ok elsewhere/p.yaml (plan; not checked against "
+                             "profiles/tiny-clip-local-cpu.yaml: not found)\n")
 
 
 def test_show_rejects_options_of_other_kinds(files, spindle):
