@@ -84,7 +84,11 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
                    "rank set after its last layer. auto: chunked on nccl, per-set on gloo "
                    "(whose collective threads take the ranks' CPU).")
 @click.option("--dataset", default=None, metavar="MODULE:FUNCTION",
-              help="User dataset factory, called as FUNCTION(model, seed) (default: synthetic).")
+              help="User data: FUNCTION(model, seed) from MODULE (the working directory is on "
+                   "the import path) returns an object whose rows(task, name, step, lo, hi) "
+                   "gives rows [lo, hi) of a task's input (or 'STEP:targets' of an lm_loss "
+                   "step) at a step: int64 token ids [rows, seq_len], features [rows, "
+                   "seq_len, dim], targets [rows, target_len]. Default: synthetic data.")
 @click.option("--trace", "trace_path", default=None, metavar="FILE.json",
               help="Write a Chrome trace (per rank, per wave) with measured vs predicted time.")
 @click.option("--checkpoint-dir", default=None, metavar="DIR",
@@ -115,9 +119,9 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     check_world(inputs.plan, nproc_per_node * nnodes)
     resolved = resolve_backend(backend)
     if dataset is not None:
-        from spindle_cli.runtime.data import dataset_factory
+        from spindle_cli.runtime.data import check_data_source
 
-        dataset_factory(dataset)
+        check_data_source(dataset, inputs.model, inputs.graph.tasks, seed)
     if node_rank >= nnodes:
         raise SpindleError(f"--node-rank {node_rank} with --nnodes {nnodes}: node ranks run "
                            f"from 0 to {nnodes - 1}")

@@ -9,16 +9,20 @@ number (what a checkpoint records).
 Shapes (what the executor checks): token ids `[rows, seq_len]` int64; features
 `[rows, seq_len, dim]` in the run's dtype; targets `[rows, target_len]` int64.
 
-A user dataset is a `module:function` (`--dataset`), called as `function(model, seed)` and
-returning an object with that `rows` method.
+A user dataset is a `module:function` (`--dataset`), called as `function(model, seed)` (the
+ModelSpec and the run's --seed) and returning an object with that `rows` method; the module is
+imported as Python would with the working directory first on its path. `spindle run` reads the
+first row of every data item at step 0 before launch (`check_data_source`).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import zlib
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -56,6 +60,20 @@ def _vocab(model: ModelSpec, task: TaskSpec, name: str) -> int:
         return model.modules[step.module].vocab_size
     step_name = name.removesuffix(":targets")
     return model.modules[next(s.module for s in task.steps if s.name == step_name)].vocab_size
+
+
+def rows_problem(x: Any, model: ModelSpec, task: TaskSpec, name: str, lo: int,
+                 hi: int) -> str | None:
+    """What is wrong with rows [lo, hi) of data item `name` as a data source gave them, or
+    None: a tensor of the item's shape, int64 for token ids."""
+    shape, is_ids = item_shape(model, task, name)
+    want = [hi - lo, *shape]
+    kind = "int64 token ids" if is_ids else "float features"
+    if not isinstance(x, torch.Tensor):
+        return f"got {type(x).__name__}, expected {kind} {want}"
+    if list(x.shape) != want or (x.dtype == torch.int64) != is_ids:
+        return f"got {x.dtype} {list(x.shape)}, expected {kind} {want}"
+    return None
 
 
 def data_items(model: ModelSpec, task: TaskSpec) -> list[str]:
@@ -104,6 +122,9 @@ def dataset_factory(spec: str) -> Callable[[ModelSpec, int], DataSource]:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise SpindleError(f"--dataset {spec!r}: expected 'module:function'")
+    # as `python -m` and the workers (run with -m) see it: the working directory comes first
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
@@ -118,4 +139,26 @@ def load_data_source(spec: str | None, model: ModelSpec, seed: int,
     """The synthetic data (spec None) or a user dataset `module:function`."""
     if spec is None:
         return SyntheticData(model, seed, dtype)
-    return dataset_factory(spec)(model, seed)
+    source = dataset_factory(spec)(model, seed)
+    if not callable(getattr(source, "rows", None)):
+        raise SpindleError(f"--dataset {spec!r}: the function returned {type(source).__name__}, "
+                           "which has no rows(task, name, step, lo, hi) method")
+    return source  # type: ignore[no-any-return]
+
+
+def check_data_source(spec: str, model: ModelSpec, tasks: Sequence[str], seed: int) -> None:
+    """SpindleError unless the user dataset `spec` gives the first row of every data item of
+    `tasks` at step 0 in the shape the executor checks (before launch: every rank would fail
+    at its first slice otherwise)."""
+    source = load_data_source(spec, model, seed)
+    for name in tasks:
+        task = model.task(name)
+        for item in data_items(model, task):
+            call = f"rows({name!r}, {item!r}, 0, 0, 1)"
+            try:
+                x = source.rows(name, item, 0, 0, 1)
+            except Exception as e:  # the user's code: whatever it raises is the answer
+                raise SpindleError(f"--dataset {spec!r}: {call} raised {e!r}") from None
+            problem = rows_problem(x, model, task, item, 0, 1)
+            if problem is not None:
+                raise SpindleError(f"--dataset {spec!r}: {call} {problem}")

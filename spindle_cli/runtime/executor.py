@@ -64,7 +64,7 @@ from spindle_cli.artifacts.model import ModelSpec
 from spindle_cli.artifacts.plan import Plan
 from spindle_cli.errors import RuntimeFailure
 from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES, backend_sync, sync_buckets
-from spindle_cli.runtime.data import DataSource, item_shape, targets_name
+from spindle_cli.runtime.data import DataSource, rows_problem, targets_name
 from spindle_cli.runtime.dist import World
 from spindle_cli.runtime.groups import Groups
 from spindle_cli.runtime.model import LayerKey, build_layers, make_optimizer, named_parameters
@@ -466,13 +466,12 @@ class Executor:
 
     def _load(self, sp: SliceProgram, name: str, step: int, lo: int, hi: int) -> torch.Tensor:
         task = self.model.task(sp.metaop.task)
-        shape, is_ids = item_shape(self.model, task, name)
         x = self.data.rows(task.name, name, step, lo, hi)
-        want = [hi - lo, *shape]
-        if _shape(x) != want or (x.dtype == torch.int64) != is_ids:
-            kind = "int64 token ids" if is_ids else "float features"
+        problem = rows_problem(x, self.model, task, name, lo, hi)
+        if problem is not None:
             raise ShapeMismatch(f"data {task.name}/{name} at step {step}, rows [{lo}, {hi}): "
-                                f"got {x.dtype} {_shape(x)}, expected {kind} {want}")
+                                f"{problem}")
+        is_ids = x.dtype == torch.int64
         return x.to(self.world.device, dtype=None if is_ids else self.dtype)
 
     def _forward_slice(self, sp: SliceProgram, st: StepState, step: int) -> None:

@@ -49,3 +49,29 @@ class HangOnRankOne(SyntheticData):
 
 def hang_on_rank_one(model: ModelSpec, seed: int) -> HangOnRankOne:
     return HangOnRankOne(model, seed)
+
+
+def returns_nothing(model: ModelSpec, seed: int) -> None:
+    """A factory that forgot its return statement."""
+
+
+class WrongShape(SyntheticData):
+    """Rows without their sequence and width."""
+
+    def rows(self, task: str, name: str, step: int, lo: int, hi: int) -> torch.Tensor:
+        return torch.zeros(hi - lo)
+
+
+def wrong_shape(model: ModelSpec, seed: int) -> WrongShape:
+    return WrongShape(model, seed)
+
+
+class Unreadable(SyntheticData):
+    """Data whose files cannot be read."""
+
+    def rows(self, task: str, name: str, step: int, lo: int, hi: int) -> torch.Tensor:
+        raise OSError("no such shard")
+
+
+def unreadable(model: ModelSpec, seed: int) -> Unreadable:
+    return Unreadable(model, seed)

@@ -246,6 +246,12 @@ def test_hanging_rank_fails_the_run_within_the_timeout(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "expected"), [
     (["--dataset", "no_such_module:make"], "No module named 'no_such_module'"),
     (["--dataset", "faulty_data"], "expected 'module:function'"),
+    (["--dataset", "faulty_data:returns_nothing"],
+     "the function returned NoneType, which has no rows(task, name, step, lo, hi) method"),
+    (["--dataset", "faulty_data:wrong_shape"],
+     "rows('text_vision', 'text', 0, 0, 1) got torch.float32 [1], expected int64 token ids [1, "),
+    (["--dataset", "faulty_data:unreadable"],
+     "rows('text_vision', 'text', 0, 0, 1) raised OSError('no such shard')"),
     (["--resume"], "--resume needs --checkpoint-dir"),
     (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
     (["--checkpoint-dir", "{tmp}/file"], "file: is not a directory"),
@@ -282,6 +288,18 @@ def test_bad_run_options_are_refused_before_launch(tmp_path: Path, monkeypatch,
     assert result.exit_code == 2, getattr(result, "stderr", "")
     assert expected in _one_line_error(result)
     assert not launched
+
+
+def test_a_dataset_module_in_the_working_directory_is_found(tmp_path: Path,
+                                                           monkeypatch) -> None:
+    plan_path = write_plan_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    Path("my_rows.py").write_text("from spindle_cli.runtime.data import SyntheticData\n"
+                                  "def make(model, seed):\n"
+                                  "    return SyntheticData(model, seed)\n")
+    result = invoke("run", str(plan_path), "--dataset", "my_rows:make", "--dry-run")
+    assert result.exit_code == 0, getattr(result, "stderr", "")
 
 
 def test_sound_run_options_are_passed_on_and_create_nothing(tmp_path: Path,
