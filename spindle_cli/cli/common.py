@@ -4,6 +4,7 @@ strategies a plan uses."""
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from pathlib import Path
 from typing import TypeVar
@@ -74,6 +75,22 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
 
 STALE_TEXT_LINES = 8
 """Changed lines of text `stale_lines` shows at most."""
+STALE_TEXT_WIDTH = 99
+"""Characters of a changed line `stale_lines` shows at most."""
+
+
+def _clipped(line: str, other: str) -> str:
+    """`line` cut to STALE_TEXT_WIDTH characters, from a little before where it first differs
+    from `other` when that lies further on, or to its end ('...' marks what is cut)."""
+    if len(line) <= STALE_TEXT_WIDTH:
+        return line
+    width = STALE_TEXT_WIDTH - 3
+    start = len(os.path.commonprefix([line, other])) - STALE_TEXT_WIDTH // 3
+    if start <= 0:
+        return line[:width] + "..."
+    if start + width - 3 >= len(line):
+        return "..." + line[-width:]
+    return "..." + line[start:start + width - 3] + "..."
 
 
 def stale_lines(path: str, old_text: str, new_text: str, new: Artifact) -> list[str]:
@@ -109,10 +126,19 @@ def stale_lines(path: str, old_text: str, new_text: str, new: Artifact) -> list[
     old_lines, new_lines = old_text.splitlines(), new_text.splitlines()
     first = next((i for i, (a, b) in enumerate(zip(old_lines, new_lines, strict=False))
                   if a != b), min(len(old_lines), len(new_lines)))
-    changed = [line for line in difflib.unified_diff(old_lines, new_lines, n=0, lineterm="")
-               if line[:1] in "-+" and line[:3] not in ("---", "+++")]
+    changed: list[str] = []
+    # the changed lines as a unified diff orders them; a long line is shown where it differs
+    # from its counterpart (the line it replaces or that replaces it)
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag != "equal":
+            olds, news = old_lines[i1:i2], new_lines[j1:j2]
+            changed += ["-" + _clipped(a, news[k] if k < len(news) else a)
+                        for k, a in enumerate(olds)]
+            changed += ["+" + _clipped(b, olds[k] if k < len(olds) else b)
+                        for k, b in enumerate(news)]
     lines.append(f"text: {len(changed)} changed line(s), the first at line {first + 1}")
-    lines += [line[:100] for line in changed[:STALE_TEXT_LINES]]
+    lines += changed[:STALE_TEXT_LINES]
     if len(changed) > STALE_TEXT_LINES:
         lines.append(f"... {len(changed) - STALE_TEXT_LINES} more")
     return lines

@@ -97,6 +97,18 @@ def test_check_compares_and_never_writes(model_path, tmp_path):
     assert out.read_text() == stale_text
 
 
+def test_check_shows_where_a_long_line_differs(model_path):
+    # a signature differs only in its dtype, at its end: beyond the width a line is shown at
+    out = Path("g.yaml")
+    _invoke("graph", str(model_path), "--dtype", "fp32", "-o", str(out))
+    stale = _invoke("graph", str(model_path), "-o", str(out), "--check")
+    assert stale.exit_code == 1
+    shown = [x.strip() for x in stale.stderr.splitlines() if "|dtype=" in x]
+    assert shown and all(len(x) <= 100 for x in shown)
+    assert any(x.startswith("-...") and x.endswith("dtype=fp32") for x in shown), shown
+    assert any(x.startswith("+...") and x.endswith("dtype=bf16") for x in shown), shown
+
+
 def test_task_selection_and_task_sets(model_path):
     one = yaml.safe_load(_invoke("graph", str(model_path), "--tasks", "pairs_big", "-o",
                                  "-").stdout)
