@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from rich.console import Console
 
@@ -11,13 +13,27 @@ from rich.console import Console
 class _Console(Console):
     """A console that treats a reader closing the pipe (`spindle show PLAN | head`) as the end
     of the output, not a failure: rich exits 1 there, which the exit codes reserve for a
-    difference found."""
+    difference found. A command that has found one says so with `closed_pipe_exit`."""
+
+    closed_pipe_code = 0
+    """The exit code when the reader has closed the pipe."""
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, (sys.stderr if self.stderr else sys.stdout).fileno())
-        raise SystemExit(0)
+        raise SystemExit(_Console.closed_pipe_code)
+
+
+@contextmanager
+def closed_pipe_exit(code: int) -> Iterator[None]:
+    """Exit with `code` (the command's own: 1 for a difference found) if the reader closes
+    the pipe while the block prints."""
+    before, _Console.closed_pipe_code = _Console.closed_pipe_code, code
+    try:
+        yield
+    finally:
+        _Console.closed_pipe_code = before
 
 
 err = _Console(stderr=True, markup=False, emoji=False, highlight=False, soft_wrap=True)

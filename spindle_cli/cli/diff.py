@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from spindle_cli.artifacts import Plan
-from spindle_cli.cli._console import out
+from spindle_cli.cli._console import closed_pipe_exit, out
 from spindle_cli.cli.common import exit_with, load_input
 from spindle_cli.cli.views.plan_diff import differences
 
@@ -22,7 +22,8 @@ def diff(a_path: str, b_path: str) -> None:
     if not lines:
         out.print(f"{a_path} and {b_path}: same plan")
         return
-    out.print(f"--- {a_path}\n+++ {b_path}")
-    for line in lines:
-        out.print(line)
+    with closed_pipe_exit(1):
+        out.print(f"--- {a_path}\n+++ {b_path}")
+        for line in lines:
+            out.print(line)
     exit_with(1)

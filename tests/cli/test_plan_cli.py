@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -227,6 +228,21 @@ def test_diff_is_semantic(case):
                 if x.estimated_ms != y.estimated_ms)
     assert (f"level {x.level}: estimated {x.estimated_ms:.3f} -> {y.estimated_ms:.3f} ms, "
             f"C* {x.lower_bound_ms:.3f} -> {y.lower_bound_ms:.3f} ms") in r.output
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("b", "code"), [("a.yaml", 0), ("c.yaml", 1)])
+def test_diff_keeps_its_exit_code_when_the_reader_goes(case, b, code):
+    # `spindle diff A B | head -1`: the reader closes the pipe; "they differ" is still 1
+    invoke(*plan_args("-o", "a.yaml"))
+    invoke(*plan_args("--planner", "sequential", "-o", "c.yaml"))
+    proc = subprocess.Popen([sys.executable, "-m", "spindle_cli", "diff", "a.yaml", b],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the plans are even loaded
+    with proc.stderr:
+        assert proc.wait(timeout=100) == code
+        assert proc.stderr.read() == b""
 
 
 def test_explain_shows_n_star_tuples_and_waves(case):
