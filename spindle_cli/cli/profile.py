@@ -78,6 +78,11 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
     from spindle_cli.planner import roofline
 
     check_output(output, check=check)
+    if check and hardware == "local":
+        raise SpindleError(
+            "--check compares a profile made again with the file, and a measurement never "
+            "repeats exactly: it applies to analytic profiles (--hardware a800, h100, h200)",
+            hint=f"spindle validate {output} checks a measured profile against its inputs")
     if hardware != "local" and hardware not in roofline.HARDWARE:
         known = ", ".join(["local", *sorted(roofline.HARDWARE)])
         raise SpindleError(f"--hardware: unknown hardware {hardware!r} (known: {known})")

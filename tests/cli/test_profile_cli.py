@@ -68,6 +68,18 @@ def test_analytic_profile_is_written_and_checked(workdir, repo_root, capsys):
     assert code == 1 and "out of date" in err
 
 
+def test_a_measured_profile_is_not_checked_by_measuring_again(workdir, capsys):
+    Path("m.yaml").write_text("kept")
+    code, _, err = _run(["profile", "graph.yaml", "--hardware", "local", "-o", "m.yaml",
+                         "--check"], capsys)
+    assert code == 2
+    assert err.startswith("error: --check compares a profile made again with the file, and a "
+                          "measurement never repeats exactly")
+    assert "hint: spindle validate m.yaml" in err
+    assert not Path(".spindle-cache").exists()  # nothing was measured
+    assert Path("m.yaml").read_text() == "kept"
+
+
 def test_profile_to_stdout(workdir, capsys):
     code, out, _ = _run(["profile", "graph.yaml", "--hardware", "h200", "--counts", "1,2",
                          "-o", "-"], capsys)
