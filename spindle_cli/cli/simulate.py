@@ -16,7 +16,7 @@ from rich.table import Table
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_recorded_input
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input
-from spindle_cli.cli.views import fmt_bytes, print_table
+from spindle_cli.cli.views import print_table
 from spindle_cli.cli.views.gantt import check_image_path
 from spindle_cli.errors import PlanError
 from spindle_cli.planner import simulate as simulation
@@ -24,6 +24,7 @@ from spindle_cli.planner.api import PLACEMENTS, place_again
 from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
 from spindle_cli.planner.consistency import check_plan
 from spindle_cli.planner.simulate import SimResult
+from spindle_cli.units import fmt_bytes
 
 SUMMARY_FIELDS = (
     "planner", "model", "cluster", "num_devices", "iteration_ms", "compute_ms", "forward_ms",

@@ -197,8 +197,21 @@ def fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Cluste
             best = (iteration_ms, plan)
     if best is None:
         assert error is not None
-        raise error
+        last = memory_setting(*ladder[-1])
+        raise PlanInfeasible(
+            f"{error} (with {last}, the last of {len(ladder)} memory settings tried)"
+            if len(ladder) > 1 else f"{error} (with {last})",
+            hint=error.hint or (
+                "plan for more devices, or a smaller model or batch"
+                if ladder[-1] == (max(ZERO_STAGES), True) else
+                "--memory auto --recompute auto tries every ZeRO stage, without and with "
+                "recomputation; or plan for more devices")) from None
     return best[1], best[0]
+
+
+def memory_setting(zero: int, recompute: bool) -> str:
+    """'ZeRO-1', 'no ZeRO and recomputation', ... (a rung of `memory_ladder`)."""
+    return (f"ZeRO-{zero}" if zero else "no ZeRO") + (" and recomputation" if recompute else "")
 
 
 def _with_recompute(curve: Curve) -> Curve:

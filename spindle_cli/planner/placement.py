@@ -37,6 +37,7 @@ from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.artifacts.plan import tp_group_size, tp_groups
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.memory import NO_SAVING, Ledger, MemoryStrategy
+from spindle_cli.units import fmt_bytes
 
 _BACKTRACK_DEPTH = 3
 _MAX_ATTEMPTS = 16
@@ -273,10 +274,16 @@ def _failure(wi: int, s: SliceSpec, free: np.ndarray, used: np.ndarray, need: np
     r = int(next(int(k) for k in order if slack[k] < 0))
     return _Failure(
         wave=wi, memory=True,
-        message=(f"out of memory placing {_describe(s)} in wave {wi}: rank {r} needs "
-                 f"{int(need[r])} bytes more but only {int(max(cap - used[r], 0))} bytes are "
-                 f"available (of {int(cap)})"),
+        message=(f"out of memory placing {_describe(s)} in wave {wi}: rank {r} "
+                 f"{_shortage(need[r], cap - used[r], cap)}"),
     )
+
+
+def _shortage(need: float, free: float, capacity: float) -> str:
+    """'needs 24.0 GiB (25784090624 bytes) more but only ... are available (of ...)'."""
+    free = max(free, 0.0)
+    return (f"needs {fmt_bytes(need)} ({int(need)} bytes) more but only {fmt_bytes(free)} "
+            f"({int(free)} bytes) are available (of {fmt_bytes(capacity)})")
 
 
 def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster: ClusterSpec,
@@ -302,8 +309,7 @@ def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster:
                 r = over[0]
                 raise PlanInfeasible(
                     f"out of memory placing {_describe(s)} in wave {wi} (sequential placement): "
-                    f"rank {r} needs {int(need[r])} bytes more but only "
-                    f"{int(max(cap - used[r], 0))} bytes are available (of {int(cap)})"
+                    f"rank {r} {_shortage(need[r], cap - used[r], cap)}"
                 )
             ledger.commit(s.metaop, s.first, s.last, chosen, s.strategy)
             row.append(chosen)

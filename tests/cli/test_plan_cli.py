@@ -203,8 +203,11 @@ def test_infeasible_memory_is_a_clean_error(case):
                         "small.yaml", "-o", "p.yaml"], capture_output=True, text=True,
                        check=False)
     assert r.returncode == 2
-    flat = r.stderr.replace("\n", "")
-    assert flat.startswith("error: out of memory") and "bytes are available" in flat
+    error, hint = r.stderr.splitlines()
+    assert error.startswith("error: out of memory") and "bytes) are available (of 1000 B)" in error
+    # which memory settings were tried, and what is left to try
+    assert error.endswith("(with ZeRO-3 and recomputation, the last of 8 memory settings tried)")
+    assert hint == "hint: plan for more devices, or a smaller model or batch"
     assert not Path("p.yaml").exists()
 
 

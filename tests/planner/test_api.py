@@ -209,7 +209,7 @@ def test_waves_that_do_not_fit_placed_naively_are_infeasible():
     p = load(str(REPO / "profiles" / "qwen-val-70b-a800-32x8.yaml"), Profile)
     c = load(str(REPO / "clusters" / "a800-32x8.yaml"), ClusterSpec)
     with pytest.raises(PlanInfeasible, match=r"out of memory .* \(sequential placement\): "
-                                             r"rank \d+ needs \d+ bytes more"):
+                                             r"rank \d+ needs [\d.]+ \w+ \(\d+ bytes\) more"):
         place_again(plan, g, p, c, placement="sequential")
 
 

@@ -105,9 +105,10 @@ def test_infeasible_placement_names_the_rank_and_the_bytes():
     a = metaop("t/a", layers=2, batch=4, params=0, stash=100)
     g = graph([a])
     c = cluster(num_nodes=1, per_node=2, memory_bytes=300)
-    with pytest.raises(PlanInfeasible, match=r"rank \d needs 400 bytes more but only 300 bytes"):
+    short = r"needs 400 B \(400 bytes\) more but only 300 B \(300 bytes\) are available"
+    with pytest.raises(PlanInfeasible, match=r"rank \d " + short):
         place([[spec(a, 0, 1, 1)]], [], g, c)
-    with pytest.raises(PlanInfeasible, match=r"rank 0 needs 400 bytes more but only 300 bytes"):
+    with pytest.raises(PlanInfeasible, match=r"rank 0 " + short):
         place([[spec(a, 0, 1, 1)]], [], g, c, mode="sequential")
 
 
@@ -220,8 +221,8 @@ def test_a_memory_shortage_is_named_when_backtracking_ends_elsewhere():
                  curve("t0/enc1", 3, [(1, 1 << 20, 0.27, 2.35, "tp4")]),
                  curve("t0/head4", 3, [(1, 1 << 20, 0.27, 0.70, "dp")])])
     small = cluster(num_nodes=2, per_node=8, memory_bytes=100_000_000)
-    with pytest.raises(PlanInfeasible, match=r"out of memory placing .* rank \d+ needs \d+ "
-                                             r"bytes more but only \d+ bytes are available"):
+    with pytest.raises(PlanInfeasible, match=r"out of memory placing .* rank \d+ needs .* "
+                                             r"bytes\) more but only .* bytes\) are available"):
         make_plan(g, p, small, options=PlanOptions(zero=3))
     make_plan(g, p, cluster(num_nodes=2, per_node=8, memory_bytes=80 * GIB),
               options=PlanOptions(zero=3))

@@ -34,14 +34,6 @@ def fmt_count(n: float) -> str:
     return f"{n:g}"
 
 
-def fmt_bytes(n: float) -> str:
-    """Bytes in binary units: 80.0 GiB, 1.5 MiB, 384 B."""
-    for scale, suffix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {suffix}"
-    return f"{n:g} B"
-
-
 def fmt_rate(bytes_per_s: float) -> str:
     """A bandwidth in GB/s and Gb/s (links are quoted in both)."""
     return f"{bytes_per_s / 1e9:.1f} GB/s ({bytes_per_s * 8 / 1e9:.0f} Gb/s)"

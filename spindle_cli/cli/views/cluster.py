@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.table import Table
 
 from spindle_cli.artifacts.cluster import ClusterSpec
-from spindle_cli.cli.views import fmt_bytes, fmt_rate, print_table
+from spindle_cli.cli.views import fmt_rate, print_table
+from spindle_cli.units import fmt_bytes
 
 
 def show(obj: ClusterSpec, path: str) -> None:

@@ -6,7 +6,8 @@ from rich.table import Table
 
 from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.cli._console import out
-from spindle_cli.cli.views import fmt_bytes, fmt_count, print_table
+from spindle_cli.cli.views import fmt_count, print_table
+from spindle_cli.units import fmt_bytes
 
 
 def show(obj: MetaOpGraph, path: str) -> None:

@@ -7,8 +7,9 @@ from rich.table import Table
 from spindle_cli.artifacts import MetaOpGraph, load_recorded_input
 from spindle_cli.artifacts.plan import Plan
 from spindle_cli.cli._console import err, out
-from spindle_cli.cli.views import fmt_bytes, print_table
+from spindle_cli.cli.views import print_table
 from spindle_cli.errors import SpindleError
+from spindle_cli.units import fmt_bytes
 
 
 def _ranks(ranks: tuple[int, ...]) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from spindle_cli.artifacts import Plan
 from spindle_cli.artifacts.codec import to_data
-from spindle_cli.cli.views import fmt_bytes
+from spindle_cli.units import fmt_bytes
 
 _HEADER = ("kind", "version", "producer", "inputs")
 

@@ -10,8 +10,9 @@ from rich.table import Table
 
 from spindle_cli.artifacts.profile import Curve, Profile, ProfilePoint
 from spindle_cli.cli._console import err, out
-from spindle_cli.cli.views import fmt_bytes, print_table
+from spindle_cli.cli.views import print_table
 from spindle_cli.planner import scaling
+from spindle_cli.units import fmt_bytes
 
 BARS = "▁▂▃▄▅▆▇█"
 
