@@ -160,8 +160,9 @@ def print_report(result: SimResult, path: str, progress: simulation.Progress = "
               help="Simulate the plan's waves placed again this way (every slice keeps its "
                    "MetaOp, operators and device count; only its ranks change): what the "
                    "placement buys on this plan, the paper's Fig. 10 ablation. 'island' is "
-                   "the plain island placement: a kept plan's home or reserved ranks are not "
-                   "kept, so compare with the plan as it is (no --placement).")
+                   "the plain island placement: a kept plan's home, reserved or "
+                   "consecutive ranks are not kept, so compare with the plan as it is (no "
+                   "--placement).")
 def simulate(plan_path: str, as_json: bool, gantt: str | None,
              sync: str, progress: simulation.Progress, placement: str | None) -> None:
     """Simulate one training iteration of PLAN on its cluster."""

@@ -485,7 +485,10 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     the slices that would keep their rows there (`placement.place`'s `reserve`), kept when
     that simulates faster (in `spindle bench`, with the memory search: OFASys 4 tasks on 8
     GPUs 108.4 ms instead of 110.1, multitask-clip 7 tasks on 32 GPUs 105.2 instead of
-    109.9; 12 of the 17 cells below 256 GPUs gain). Candidates with the same waves are
+    109.9; 12 of the 17 cells below 256 GPUs gain), and on consecutive ranks as the
+    sequential baseline places them, kept when that simulates faster: island placement
+    weighs inter-wave flows, not where the gradient rings run (qwen-val on 64 GPUs: 716.1 ms
+    on consecutive ranks against 726.0, with less sync). Candidates with the same waves are
     simulated once; a one-island cluster has a single device bound and the other
     candidates. The allocator and the wave scheduler see compute only; the simulator is the
     planner's cost model for what they cannot see. The levels' lower bounds stay the uncapped
@@ -520,25 +523,27 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
 
     def consider(caps: tuple[int, ...], planned: list[PlannedWave] | None = None, *,
                  fused: bool = False, home: dict[str, Ranks] | None = None,
-                 label: str = "", slack: float = 0.0, reserve: bool = False) -> bool:
+                 label: str = "", slack: float = 0.0, reserve: bool = False,
+                 consecutive: bool = False) -> bool:
         """Assemble and simulate a candidate (placed with `home`, and with `reserve`: ranks
-        reserved for their rows, `placement.place`; `label`: what it is, after its device
-        bounds, in Plan.candidate; simulated until it is `slack` above the best, so `last_ms`
-        tells how close it came); whether it is now the best."""
+        reserved for their rows, `placement.place`, or with `consecutive`: on consecutive
+        ranks; `label`: what it is, after its device bounds, in Plan.candidate; simulated
+        until it is `slack` above the best, so `last_ms` tells how close it came); whether it
+        is now the best."""
         nonlocal best, error, last_ms
         last_ms = math.inf
         if planned is None:
             planned = [w for level, cap in enumerate(caps) for w in by_cap[cap][level]]
         # bounds that change nothing give the same waves, hence (placed alike) the same plan
         # and iteration; and a plan whose waves alone outlast the best iteration cannot beat it
-        key = (tuple(planned), home is not None, reserve)
+        key = (tuple(planned), home is not None, reserve, consecutive)
         if key in tried or (
                 best is not None and sum(w.duration_ms for w in planned) >= best.iteration_ms):
             return False
         tried.add(key)
         try:
             plan = _assemble(graph, curves, cluster, options, inputs, allocs, planned, home,
-                             reserve=reserve)
+                             reserve=reserve, consecutive=consecutive)
         except PlanInfeasible as e:
             error = error or e
             return False
@@ -693,8 +698,13 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         consider_task_stable()
         consider_lanes()
     if best is not None and simulated:
-        consider(best.caps, best.planned, fused=best.fused, home=best.home,
-                 label=", ".join(x for x in (best.label, "reserved ranks") if x), reserve=True)
+        kept = best
+        consider(kept.caps, kept.planned, fused=kept.fused, home=kept.home,
+                 label=", ".join(x for x in (kept.label, "reserved ranks") if x), reserve=True)
+        if options.placement == "island":
+            consider(kept.caps, kept.planned, fused=kept.fused,
+                     label=", ".join(x for x in (kept.label, "consecutive ranks") if x),
+                     consecutive=True)
     if best is None:
         assert error is not None
         raise error
@@ -704,14 +714,16 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
 def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpec,
               options: PlanOptions, inputs: tuple[InputRef, ...],
               allocs: list[LevelAllocation], planned: list[PlannedWave],
-              home: dict[str, Ranks] | None = None, *, reserve: bool = False) -> Plan:
+              home: dict[str, Ranks] | None = None, *, reserve: bool = False,
+              consecutive: bool = False) -> Plan:
     """Place the planned waves (`home`: ranks each MetaOp prefers; `reserve`: ranks reserved
-    for their rows; `placement.place`) and build the Plan; `allocs` give the levels' lower
-    bounds."""
+    for their rows; `consecutive`: on consecutive ranks whatever `options.placement` says;
+    `placement.place`) and build the Plan; `allocs` give the levels' lower bounds."""
     n_dev = cluster.num_devices
     specs = _slice_specs(graph, curves, planned)
     flows = _flows(graph, specs)
-    ranks, ledger = place(specs, flows, graph, cluster, mode=options.placement,
+    ranks, ledger = place(specs, flows, graph, cluster,
+                          mode="sequential" if consecutive else options.placement,
                           memory=options.memory, home=home, reserve=reserve)
     waves = _waves(planned, specs, ranks)
     transfers = tuple(
@@ -748,7 +760,8 @@ def place_again(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Clust
     and device count, only its ranks (and with them the transfers, parameter groups and
     memory) change. The placement ablation with the schedule held fixed, as the paper's
     Fig. 10 compares Spindle with and without its placement. A plan made with `placement`
-    (without home or reserved ranks) comes back unchanged. PlanInfeasible when the waves do
+    (without home, reserved or consecutive ranks) comes back unchanged, and one kept on
+    consecutive ranks comes back unchanged from 'sequential'. PlanInfeasible when the waves do
     not fit on the devices that way."""
     options = replace(PlanOptions.of(plan), placement=placement)
     n_dev = cluster.num_devices

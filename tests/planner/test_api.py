@@ -194,6 +194,24 @@ def test_the_kept_waves_are_placed_again_with_reserved_ranks_when_that_is_faster
     assert before.waves == plain.waves
 
 
+def test_the_kept_waves_go_on_consecutive_ranks_when_that_is_faster():
+    # qwen-val on 64 GPUs: consecutive ranks keep each parameter group's ring inside fewer
+    # nodes than island placement, which weighs inter-wave flows only
+    g = load(str(REPO / "graphs" / "qwen-val.yaml"), MetaOpGraph)
+    p = load(str(REPO / "profiles" / "qwen-val-a800-8x8.yaml"), Profile)
+    c = load(str(REPO / "clusters" / "a800-8x8.yaml"), ClusterSpec)
+    plan = make_plan(g, p, c, options=PlanOptions(zero=1))
+    assert plan.candidate.endswith(", consecutive ranks")
+    assert plan.options["placement"] == "island"
+    naive = place_again(plan, g, p, c, placement="sequential")
+    assert naive.waves == plan.waves
+    island = place_again(plan, g, p, c, placement="island")
+    assert island.waves != plan.waves
+    kept, other = simulate(plan, g, p, c), simulate(island, g, p, c)
+    assert kept.iteration_ms < other.iteration_ms
+    assert kept.sync_ms < other.sync_ms
+
+
 def test_a_plan_with_unknown_options_cannot_be_placed_again():
     g, p, c = multitask()
     plan = make_plan(g, p, c)
