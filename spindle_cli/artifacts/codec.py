@@ -17,6 +17,7 @@ dict[str, X] (serialized with sorted keys) and X | None.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import types
@@ -210,7 +211,10 @@ def from_data(cls: type[T], data: Any, path: str = "") -> T:
     hints, fields, bounded = _layout(cls)
     unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
-        raise FieldError(_join(path, str(unknown[0])), "unknown field")
+        near = difflib.get_close_matches(str(unknown[0]), [n for n in fields if n not in data],
+                                         n=1)
+        raise FieldError(_join(path, str(unknown[0])),
+                         f"unknown field (did you mean {near[0]!r}?)" if near else "unknown field")
     kwargs = {}
     for name, f in fields.items():
         if name not in data:

@@ -53,6 +53,10 @@ MODEL_CASES: dict[str, tuple[Callable[[Data], Data], str]] = {
                       "tasks[1].batch_size: missing required field"),
     "extra-field": (_edit(lambda d: d["modules"]["text_enc"].update(dropout=0.1)),
                     "modules.text_enc.dropout: unknown field"),
+    "misspelled-field": (_edit(lambda d: d["modules"]["text_enc"].update(
+                             num_layer=d["modules"]["text_enc"].pop("num_layers"))),
+                         "modules.text_enc.num_layer: unknown field (did you mean "
+                         "'num_layers'?)"),
     "wrong-type": (_edit(lambda d: d["modules"]["image_enc"].update(num_layers="two")),
                    "modules.image_enc.num_layers: expected an integer, got a string"),
     "negative-size": (_edit(lambda d: d["tasks"][0].update(batch_size=-8)),
