@@ -281,6 +281,17 @@ def _parse(path: str, fmt: str, text: str) -> Any:
         raise ArtifactError(path, "", f"invalid YAML: {e}") from None
 
 
+MADE_BY = {
+    ("model", "metaop_graph"): "spindle graph {path} -o GRAPH makes its MetaOp graph",
+    ("metaop_graph", "profile"): "spindle profile {path} --hardware HW -o PROFILE makes its "
+                                 "profile",
+    ("metaop_graph", "plan"): "spindle plan {path} PROFILE --cluster CLUSTER -o PLAN makes a "
+                              "plan",
+    ("profile", "plan"): "spindle plan GRAPH {path} --cluster CLUSTER -o PLAN makes a plan",
+}
+"""(kind given, kind expected) -> the command that makes the expected kind from the given one."""
+
+
 def parse_artifact(data: Any, path: str, expect: type[A] | None = None) -> Artifact:
     """Validate plain data as an artifact: kind and version first, then every field."""
     registry = kinds()
@@ -295,7 +306,8 @@ def parse_artifact(data: Any, path: str, expect: type[A] | None = None) -> Artif
         raise ArtifactError(path, "kind", f"unknown kind {kind!r} (known: {', '.join(registry)})")
     cls = registry[kind]
     if expect is not None and cls is not expect:
-        raise ArtifactError(path, "kind", f"expected a {expect.KIND!r} artifact, got {kind!r}")
+        raise ArtifactError(path, "kind", f"expected a {expect.KIND!r} artifact, got {kind!r}",
+                            hint=MADE_BY.get((kind, expect.KIND), "").format(path=path) or None)
     version = data.get("version")
     if isinstance(version, bool) or not isinstance(version, int):
         raise ArtifactError(path, "version", "expected an integer format version")

@@ -217,6 +217,17 @@ def test_wrong_kind_of_input(cluster_data, workdir, spindle):
     assert not Path("g.yaml").exists()
 
 
+def test_a_stage_given_an_earlier_stage_names_the_command_between(small_model_data, workdir,
+                                                                  spindle):
+    Path("m.yaml").write_text(yaml.safe_dump(small_model_data, sort_keys=False))
+    result = spindle("profile", "m.yaml", "--hardware", "h100", "-o", "p.yaml")
+    _assert_one_line_error(result, "error: m.yaml: kind: expected a 'metaop_graph' artifact, "
+                                   "got 'model'")
+    assert result.stderr.splitlines()[1] == ("hint: spindle graph m.yaml -o GRAPH makes its "
+                                             "MetaOp graph")
+    assert not Path("p.yaml").exists()
+
+
 def test_show_option_for_another_kind(small_model_data, workdir, spindle):
     Path("m.yaml").write_text(yaml.safe_dump(small_model_data, sort_keys=False))
     result = spindle("show", "m.yaml", "--gantt", "g.svg")
