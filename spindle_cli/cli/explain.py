@@ -60,6 +60,17 @@ def explain(plan_path: str, metaop_id: str) -> None:
         table.add_row(str(n), scaling.strategy(oc.curve, n), f"{t:.4f}",
                       f"{m.num_layers * t:.3f}", f"{s:.2f}", source)
     print_table(table)
+    missing = [n for n in profile.counts if n <= plan.num_devices and n not in oc.counts]
+    undivided = [n for n in missing if m.batch_size % n and not PlanOptions.of(plan).uneven_splits]
+    if undivided:
+        out.print(f"not valid: {', '.join(map(str, undivided))} device(s), which do not divide "
+                  f"the batch of {m.batch_size} (a data-parallel slice splits it evenly; "
+                  "--uneven-splits lets any count run)")
+    if set(missing) - set(undivided):
+        out.print(f"not valid: {', '.join(str(n) for n in missing if n not in undivided)} "
+                  "device(s), where the profile has no point this MetaOp can use (out of "
+                  "memory, a tensor-parallel degree that does not fit, or slower than fewer "
+                  "devices)")
     [level] = [a for a in allocate(graph, curves, plan.num_devices) if a.level == m.level]
     a = next(x for x in level.ops if x.metaop == m.id)
     out.print(f"level {m.level}: C* = {level.c_star_ms:.3f} ms; n* = {a.n_star:.3f} "

@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from spindle_cli.artifacts import ClusterSpec, Plan, Profile, input_ref, load, write_artifact
+from spindle_cli.artifacts import (
+    ClusterSpec,
+    MetaOpGraph,
+    Plan,
+    Profile,
+    input_ref,
+    load,
+    write_artifact,
+)
 from spindle_cli.cli import cli
 
 CASE = Path(__file__).resolve().parents[1] / "data" / "plan-two-node-multitask"
@@ -265,6 +273,22 @@ def test_explain_shows_n_star_tuples_and_waves(case):
     r = subprocess.run(["spindle", "explain", "plan.yaml", "t1/nope"], capture_output=True,
                        text=True, check=False)
     assert r.returncode == 2 and "no MetaOp 't1/nope'" in r.stderr
+
+
+@pytest.mark.parametrize("uneven", [False, True])
+def test_explain_says_which_counts_do_not_divide_the_batch(case, uneven):
+    # t1/img's batch of 6 on counts 1, 2, 4: 4 devices cannot split it evenly
+    for name in ("graph.yaml", "profile.yaml"):
+        text = Path(name).read_text()
+        at = text.index("t1/img\n")
+        Path(name).write_text(text[:at] + text[at:].replace("batch_size: 8", "batch_size: 6", 1))
+    assert load("graph.yaml", MetaOpGraph).metaop("t1/img").batch_size == 6
+    invoke(*plan_args("-o", "plan.yaml", *["--uneven-splits"] * uneven))
+    r = invoke("explain", "plan.yaml", "t1/img")
+    assert r.exit_code == 0, r.output
+    said = ("not valid: 4 device(s), which do not divide the batch of 6 (a data-parallel slice "
+            "splits it evenly; --uneven-splits lets any count run)")
+    assert (said in " ".join(r.output.split())) != uneven
 
 
 def test_explain_refuses_changed_inputs(case):
