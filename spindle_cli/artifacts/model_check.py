@@ -17,8 +17,17 @@ LOSS_KINDS = ("contrastive_loss", "lm_loss")
 
 
 def article(word: str) -> str:
-    """'a' or 'an' before `word` ('an embedding', 'a projection')."""
-    return "an" if word[:1] in "aeiou" else "a"
+    """'a' or 'an' before `word` as it is read ('an embedding', 'an lm_loss', 'a projection')."""
+    return "an" if word[:1] in "aeiou" or word.startswith("lm") else "a"
+
+
+def _check_name(name: str, path: str, what: str) -> None:
+    """A task or step name: MetaOps are named `task/step`, so neither may be empty or hold '/'."""
+    if not name.strip():
+        raise FieldError(path, f"a {what} needs a name")
+    if "/" in name:
+        raise FieldError(path, f"{name!r}: a {what} name cannot hold '/' (MetaOps are named "
+                               "task/step)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +136,7 @@ def check_model(model: ModelSpec) -> None:
     seen_tasks: set[str] = set()
     for ti, task in enumerate(model.tasks):
         where = f"tasks[{ti}]"
+        _check_name(task.name, f"{where}.name", "task")
         if task.name in seen_tasks:
             raise FieldError(f"{where}.name", f"duplicate task name {task.name!r}")
         seen_tasks.add(task.name)
@@ -135,6 +145,7 @@ def check_model(model: ModelSpec) -> None:
         names: set[str] = set()
         for si, step in enumerate(task.steps):
             sp = f"{where}.steps[{si}]"
+            _check_name(step.name, f"{sp}.name", "step")
             if step.name in names or step.name in task.inputs:
                 raise FieldError(f"{sp}.name", f"duplicate step name {step.name!r}")
             names.add(step.name)
@@ -159,10 +170,17 @@ def check_model(model: ModelSpec) -> None:
             if name not in used:
                 raise FieldError(f"{where}.inputs.{name}", "input is not used by any step")
         infer_shapes(model, task, where)
+        for name, spec in task.inputs.items():
+            vocabs = sorted({model.modules[s.module].vocab_size for s in task.steps
+                             if name in s.inputs})
+            if not spec.dim and len(vocabs) > 1:
+                raise FieldError(f"{where}.inputs.{name}",
+                                 f"these token ids feed embeddings of vocab_size "
+                                 f"{', '.join(map(str, vocabs))}: ids of one input index one "
+                                 "vocabulary")
+        # (a step fed a loss fails its own input check above: no kind takes a loss)
         for si, step in enumerate(task.steps):
             is_loss = model.modules[step.module].kind in LOSS_KINDS
-            if is_loss and step.name in used:
-                raise FieldError(f"{where}.steps[{si}]", "a loss step cannot feed another step")
             if not is_loss and step.name not in used:
                 raise FieldError(f"{where}.steps[{si}]",
                                  f"output of {step.name!r} is not used (end each branch in a loss)")

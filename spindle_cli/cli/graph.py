@@ -57,7 +57,8 @@ def graph(model_path: str, tasks: str | None, task_set: str | None, dtype: str, 
                          inputs=[input_ref(model, model_path)])
     code = emit(result, output, check=check)
     # after emit, so that a bad output path leaves a single error line
-    err.print(f"{model.name}: {len(result.tasks)} tasks -> {len(result.metaops)} MetaOps on "
+    tasks = f"{len(result.tasks)} task{'s' * (len(result.tasks) > 1)}"
+    err.print(f"{model.name}: {tasks} -> {len(result.metaops)} MetaOps on "
               f"{result.num_levels} MetaLevels")
     unused = sorted(set(model.modules) - {s.module for t in model.tasks for s in t.steps})
     if unused:

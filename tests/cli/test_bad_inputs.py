@@ -44,6 +44,16 @@ def _dangling_branch(d: Data) -> None:
 
 
 # id -> (edit of the valid model, expected `error:` line after the file name)
+def _two_vocabularies(d: Data) -> None:
+    """A second embedding, of another vocabulary, reading the first task's text input."""
+    d["modules"]["text_embed_2"] = {**d["modules"]["text_embed"], "vocab_size": 60}
+    steps = d["tasks"][0]["steps"]
+    first = next(s for s in steps if s["module"] == "text_embed")
+    enc = next(s for s in steps if first["name"] in s["inputs"])
+    steps.append({"name": "text_embed_2", "module": "text_embed_2", "inputs": first["inputs"]})
+    enc["inputs"] = [first["name"], "text_embed_2"]
+
+
 MODEL_CASES: dict[str, tuple[Callable[[Data], Data], str]] = {
     "unknown-kind": (_edit(lambda d: d.update(kind="spaceship")), "kind: unknown kind "
                      "'spaceship'"),
@@ -87,6 +97,13 @@ MODEL_CASES: dict[str, tuple[Callable[[Data], Data], str]] = {
                             "task_sets.two[1]: unknown task 'solo'"),
     "bad-choice": (_edit(lambda d: d["modules"]["text_proj"].update(pool="max")),
                    "modules.text_proj.pool: must be one of 'cls', 'mean', got 'max'"),
+    "task-name-with-slash": (_edit(lambda d: d["tasks"][0].update(name="a/b")),
+                             "tasks[0].name: 'a/b': a task name cannot hold '/'"),
+    "blank-step-name": (_edit(lambda d: d["tasks"][0]["steps"][0].update(name="")),
+                        "tasks[0].steps[0].name: a step needs a name"),
+    "two-vocabularies-for-one-input": (_edit(lambda d: _two_vocabularies(d)),
+                                       "tasks[0].inputs.text: these token ids feed embeddings "
+                                       "of vocab_size 50, 60"),
     "no-tasks": (_edit(lambda d: (d.update(tasks=[]), d.pop("task_sets"))),
                  "tasks: a model needs at least one task"),
     "empty-name": (_edit(lambda d: d.update(name=" ")), "name: a model needs a name"),
