@@ -230,7 +230,11 @@ def test_diff_is_semantic(case):
     assert "planner: spindle -> sequential" in r.output
     # the kept spindle candidate against a baseline, which has none
     kept = load("a.yaml", Plan).candidate
-    assert kept and f"candidate: {kept} -> " in r.output
+    assert kept and f"candidate: {kept} -> (none)" in r.output
+    assert "option planner" not in r.output and r.output.count("planner:") == 1
+    # options one per line
+    invoke(*plan_args("--uneven-splits", "-o", "d.yaml"))
+    assert "option uneven_splits: false -> true" in invoke("diff", "a.yaml", "d.yaml").output
     assert "allocation t1/img:" in r.output
     assert "estimated iteration:" in r.output
     # a level whose schedule differs, with both estimates; the same C* (same graph and profile)

@@ -33,9 +33,11 @@ def differences(a: Plan, b: Plan) -> list[str]:
         return lines
     for key in ("model", "cluster", "planner", "candidate", "num_devices"):
         if da[key] != db[key]:
-            lines.append(f"{key}: {da[key]} -> {db[key]}")
-    if a.options != b.options:
-        lines.append(f"options: {a.options} -> {b.options}")
+            lines.append(f"{key}: {da[key] or '(none)'} -> {db[key] or '(none)'}")
+    # one line per option that differs (the planner has its own line above)
+    keys = sorted((set(a.options) | set(b.options)) - {"planner"})
+    lines += [f"option {k}: {a.options.get(k, '(unset)')} -> {b.options.get(k, '(unset)')}"
+              for k in keys if a.options.get(k) != b.options.get(k)]
     alloc_a, alloc_b = allocations(a), allocations(b)
     for m in sorted(set(alloc_a) | set(alloc_b)):
         if alloc_a.get(m) != alloc_b.get(m):
