@@ -180,10 +180,12 @@ def build_curve(
     samples = fitted_run(counts, best)
     if not samples:
         notes = sorted({p.note for p in points if p.note})
+        memory = any(n.startswith("out of memory") for n in notes)
         raise SpindleError(
-            f"signature {op.signature!r}: no feasible strategy at any profiled count"
-            + (f" ({'; '.join(notes)})" if notes else "")
-        )
+            f"signature {op.signature!r} (MetaOp {op.id}): no feasible strategy at any "
+            "profiled count" + (f" ({'; '.join(notes)})" if notes else ""),
+            hint=("one layer does not fit a device: check device.memory_bytes of the --cluster "
+                  "file (bytes: 85899345920 is 80 GiB)" if memory else None))
     curve = fit_curve(
         signature=op.signature,
         batch_size=op.batch_size,

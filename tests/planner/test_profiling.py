@@ -149,8 +149,11 @@ def test_out_of_memory_points_are_infeasible(three_tasks):
 
 def test_no_feasible_count_is_an_error(three_tasks):
     tiny = _cluster(memory_bytes=1024)
-    with pytest.raises(SpindleError, match="no feasible strategy at any profiled count"):
+    with pytest.raises(SpindleError, match=r"\(MetaOp [^)]+\): no feasible strategy at any "
+                                           "profiled count") as e:
         analytic_profile(three_tasks, tiny, hardware="a800", counts=COUNTS)
+    # every point ran out of memory: the hint points at the cluster's memory
+    assert e.value.hint is not None and "device.memory_bytes" in e.value.hint
 
 
 def test_validate_profiles_heldout_counts(three_tasks):
