@@ -58,7 +58,9 @@ def graph_model(graph: MetaOpGraph, graph_path: str) -> tuple[ModelSpec, InputRe
 @click.command()
 @click.argument("graph_path", metavar="GRAPH")
 @click.option("--hardware", required=True, metavar="HW",
-              help="local (measure with torch here), or an analytic model: a800, h100, h200.")
+              help="local (measure with torch here), or an analytic model: a800, h100, h200 "
+                   "(a roofline of that device's own figures; the --cluster gives the memory "
+                   "limit and the links).")
 @click.option("--cluster", "cluster_path", default=None, metavar="CLUSTER",
               help="Cluster spec: island size and links for tensor parallelism, memory limit.")
 @click.option("--counts", default=None, metavar="1,2,4,...",
@@ -127,8 +129,9 @@ def _check_hardware(hardware: str, cluster: ClusterSpec, cluster_path: str) -> N
         f"--hardware {hardware} models {device} devices, but {cluster_path} has "
         f"{cluster.device.name}",
         hint=(f"use --hardware {same[0]}" if same else
-              f"no analytic model of {cluster.device.name} (models: {known}); --hardware "
-              "local measures the devices of this machine"))
+              f"no analytic model of {cluster.device.name} (models: {known}); if the cluster's "
+              f"devices are {device}, write device.name: {device} in {cluster_path}; "
+              "--hardware local measures the devices of this machine"))
 
 
 def _summary(result: Any, validate: bool) -> None:
