@@ -406,19 +406,34 @@ def write_artifact(obj: Artifact, path: str) -> None:
         sys.stdout.flush()
         return
     text = render(obj, _format(path))
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
+    parent = Path(path).parent
     if not parent.is_dir():
         raise ArtifactError(path, "", f"output directory {str(parent)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp")
+    write_text_atomic(path, text)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write `text` to `path` as one step: a temp file beside it, on disk before it is renamed
+    over the target, so a failure or a kill leaves the old file whole. ArtifactError ('cannot
+    write: ...') when the directory or the disk refuses."""
+    target = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as e:
+        raise ArtifactError(str(path), "", f"cannot write: {e.strerror}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         # mkstemp creates 0600; give the file the mode a plain open() would (0666 - umask).
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, target)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise ArtifactError(str(path), "", f"cannot write: {e.strerror}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -13,7 +13,6 @@ import dataclasses
 import io
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import click
 from rich.table import Table
 
 from spindle_cli.artifacts import ClusterSpec, ModelSpec
+from spindle_cli.artifacts.io import write_text_atomic
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input
 from spindle_cli.cli.views import print_table
@@ -145,19 +145,6 @@ def _markdown(header: list[str], body: list[list[str]]) -> str:
 def _failures(rows: list[lib.BenchRow]) -> list[str]:
     return [f"{r.model} {r.num_tasks} tasks @{r.num_devices} {r.planner}/{r.placement}: {r.error}"
             for r in rows if r.error]
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write a text file atomically (temp file beside it, then rename)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _csv(records: list[dict[str, Any]]) -> str:
@@ -287,10 +274,10 @@ def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
             out.print(f"failed: {line}")
     if out_dir is not None:
         out_dir.mkdir(exist_ok=True)
-        write_text(out_dir / "bench.json", json.dumps(records, indent=2) + "\n")
-        write_text(out_dir / "bench.csv", _csv(records))
+        write_text_atomic(out_dir / "bench.json", json.dumps(records, indent=2) + "\n")
+        write_text_atomic(out_dir / "bench.csv", _csv(records))
         failures = "".join(f"- {line}\n" for line in _failures(rows))
-        write_text(out_dir / "bench.md",
+        write_text_atomic(out_dir / "bench.md",
                    "## Iteration time (ms) and speedup over `sequential` "
                    "(paper's speedup over DeepSpeed in parentheses; [memory setting] when the "
                    "kept plan uses ZeRO or recomputation)\n\n" + _markdown(*fig8)
@@ -334,9 +321,9 @@ def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
                 out.print(f"failed: {r.planner} phase {r.phase}: {r.error}")
     if out_dir is not None:
         out_dir.mkdir(exist_ok=True)
-        write_text(out_dir / "dynamic.json", json.dumps(records, indent=2) + "\n")
-        write_text(out_dir / "dynamic.csv", _csv(records))
-        write_text(out_dir / "dynamic.md", _markdown(header, body))
+        write_text_atomic(out_dir / "dynamic.json", json.dumps(records, indent=2) + "\n")
+        write_text_atomic(out_dir / "dynamic.csv", _csv(records))
+        write_text_atomic(out_dir / "dynamic.md", _markdown(header, body))
         err.print(f"wrote {out_dir}/dynamic.{{csv,json,md}}")
 
 
@@ -359,6 +346,8 @@ def bench(as_json: bool, out_dir: str | None, quick: bool, dynamic: bool, models
             raise SpindleError(f"--out {out_dir}: exists and is not a directory")
         if not target.parent.is_dir():
             raise SpindleError(f"--out {out_dir}: parent directory does not exist")
+        if not os.access(target if target.exists() else target.parent, os.W_OK):
+            raise SpindleError(f"--out {out_dir}: cannot write there")
     if dynamic:
         if quick:
             raise SpindleError("--quick applies to the matrix, not to --dynamic")

@@ -25,11 +25,13 @@ def load_input(path: str, cls: type[A]) -> A:
 
 
 def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json"),
-                 what: str = "file extension", *, check: bool = False) -> None:
+                 what: str = "file extension", *, check: bool = False,
+                 inputs: tuple[str | None, ...] = ()) -> None:
     """SpindleError unless `path` ('-': stdout, not with `check`) can be written or compared
     with: one of `suffixes` (else 'unknown <what>'), not a directory, in a directory that
-    exists. Commands call it before their work, so a bad name prints nothing else and wastes
-    nothing."""
+    exists and (unless `check`) can be written, and not one of the command's `inputs` (None:
+    not given). Commands call it before their work, so a bad name prints nothing else and
+    wastes nothing."""
     if path == "-":
         if check:
             raise SpindleError("--check compares with a file: give it as -o FILE, not '-'")
@@ -44,6 +46,16 @@ def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json
         raise SpindleError(f"{path}: output directory {str(parent)!r} does not exist")
     if not parent.is_dir():
         raise SpindleError(f"{path}: {str(parent)!r} is not a directory")
+    if check:
+        return
+    if not os.access(parent, os.W_OK):
+        raise SpindleError(f"{path}: cannot write in {str(parent)!r}")
+    for given in inputs:
+        if given is not None and target.exists() and Path(given).exists() and \
+                os.path.samefile(given, target):
+            raise SpindleError(f"{path}: is also an input of this command ({given}); writing "
+                               "it would replace that input",
+                               hint="give the output another name")
 
 
 def _one_of(suffixes: tuple[str, ...]) -> str:
@@ -59,6 +71,10 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
             old = Path(output).read_text(encoding="utf-8")
         except FileNotFoundError:
             err.print(f"{output}: missing (would be created)", soft_wrap=True)
+            return 1
+        except UnicodeDecodeError:
+            err.print(f"{output}: out of date (regenerate it)", soft_wrap=True)
+            err.print("  the file is not UTF-8 text", soft_wrap=True)
             return 1
         if old != new:
             err.print(f"{output}: out of date (regenerate it)", soft_wrap=True)

@@ -50,7 +50,7 @@ def graph(model_path: str, tasks: str | None, task_set: str | None, dtype: str, 
     """Contract the operator DAG of MODEL's tasks into a MetaOp graph."""
     from spindle_cli.planner.graph import build_graph
 
-    check_output(output, check=check)
+    check_output(output, check=check, inputs=(model_path,))
     model = load_input(model_path, ModelSpec)
     selected = _selected_tasks(model, model_path, tasks, task_set)
     result = build_graph(model, tasks=selected, dtype=dtype,

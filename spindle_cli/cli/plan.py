@@ -57,7 +57,7 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
                                "run` trains ZeRO-1 and -2 only")
         tensor_parallel = False
         ladder = tuple((z, r) for z, r in ladder if z in EXECUTABLE_ZERO_STAGES)
-    check_output(output, check=check)
+    check_output(output, check=check, inputs=(graph_path, profile_path, cluster_path))
     graph = load_input(graph_path, MetaOpGraph)
     profile = load_input(profile_path, Profile)
     cluster = load_input(cluster_path, ClusterSpec)

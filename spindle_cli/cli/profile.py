@@ -79,7 +79,7 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
     """Scaling curves T(n) for every operator signature of GRAPH."""
     from spindle_cli.planner import roofline
 
-    check_output(output, check=check)
+    check_output(output, check=check, inputs=(graph_path, cluster_path))
     if check and hardware == "local":
         raise SpindleError(
             "--check compares a profile made again with the file, and a measurement never "

@@ -114,6 +114,10 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     from spindle_cli.runtime.worker import TrainOptions, check_options, resume_point
 
     inputs = load_run_inputs(plan_path)
+    if trace_path is not None and Path(trace_path).exists() and \
+            os.path.samefile(trace_path, plan_path):
+        raise SpindleError(f"--trace {trace_path}: is the plan; writing the trace would "
+                           "replace it", hint="give the trace another name, e.g. trace.json")
     if nproc_per_node is None:
         nproc_per_node = _ranks_per_node(inputs.plan.num_devices, nnodes)
     check_world(inputs.plan, nproc_per_node * nnodes)

@@ -10,15 +10,13 @@ each rank's first step start.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
+from spindle_cli.artifacts.io import write_text_atomic
 from spindle_cli.artifacts.plan import Plan
 
 COMPUTE_DRIFT = 0.25
@@ -93,17 +91,8 @@ def trace_document(rank_events: list[list[dict[str, Any]]], origins_wall_ns: lis
 
 
 def write_json(document: dict[str, Any], path: str) -> None:
-    """Write JSON atomically (temp file in the target directory + rename)."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(document, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write JSON atomically (`io.write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(document, indent=1, sort_keys=True) + "\n")
 
 
 def slice_compute(plan: Plan, rank_events: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

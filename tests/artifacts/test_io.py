@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -77,13 +79,25 @@ def test_failed_write_keeps_the_old_file(small_model, tmp_path, monkeypatch):
     path.write_text("old content\n")
 
     def fail(src: str, dst: object) -> None:
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(OSError, match="disk full"):
+    # one line naming the file, not an internal error
+    with pytest.raises(ArtifactError, match=r"m.yaml: cannot write: No space left on device"):
         write_artifact(model, str(path))
     assert path.read_text() == "old content\n"
     assert _files(tmp_path) == ["m.yaml"]
+
+
+def test_a_directory_that_refuses_files_is_an_artifact_error(small_model, tmp_path,
+                                                              monkeypatch):
+    def refuse(**kwargs: object) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    with pytest.raises(ArtifactError, match="m.yaml: cannot write: Read-only file system"):
+        write_artifact(small_model, str(tmp_path / "m.yaml"))
+    assert _files(tmp_path) == []
 
 
 def test_write_to_missing_directory_is_an_error(small_model, tmp_path):

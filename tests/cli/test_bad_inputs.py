@@ -345,6 +345,13 @@ def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spind
      "error: --check compares with a file: give it as -o FILE, not '-'"),
     (("plan", "g.yaml", "f.yaml", "--cluster", "c.yaml", "--check", "-o", "-"),
      "error: --check compares with a file: give it as -o FILE, not '-'"),
+    # an output that is one of the command's inputs would destroy it
+    (("graph", "m.yaml", "-o", "m.yaml"),
+     "error: m.yaml: is also an input of this command (m.yaml); writing it would replace"),
+    (("profile", "g.yaml", "--hardware", "a800", "-o", "./g.yaml"),
+     "error: ./g.yaml: is also an input of this command (g.yaml)"),
+    (("plan", "g.yaml", "f.yaml", "--cluster", "c.yaml", "-o", "c.yaml"),
+     "error: c.yaml: is also an input of this command (c.yaml)"),
 ])
 def test_an_unwritable_output_fails_before_any_work(args, expected, workdir, spindle):
     # an output that is a directory, or under a file, is refused up front: one line, the
@@ -362,3 +369,12 @@ def test_an_unwritable_output_fails_before_any_work(args, expected, workdir, spi
     result = spindle(*args)
     _assert_one_line_error(result, expected)
     assert _listing(Path()) == before
+
+
+def test_check_against_a_file_that_is_not_text_says_so(small_model_data, workdir, spindle):
+    Path("m.yaml").write_text(yaml.safe_dump(small_model_data, sort_keys=False))
+    Path("g.yaml").write_bytes(bytes(range(128, 256)) * 8)
+    result = spindle("graph", "m.yaml", "-o", "g.yaml", "--check")
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[:2] == ["g.yaml: out of date (regenerate it)",
+                                              "  the file is not UTF-8 text"]

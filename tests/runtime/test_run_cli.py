@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from spindle_cli.artifacts import (
@@ -288,6 +289,21 @@ def test_bad_run_options_are_refused_before_launch(tmp_path: Path, monkeypatch,
     assert result.exit_code == 2, getattr(result, "stderr", "")
     assert expected in _one_line_error(result)
     assert not launched
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
+def test_a_trace_over_the_plan_is_refused(tmp_path: Path, monkeypatch, dry_run: bool) -> None:
+    plan = write_plan_files(tmp_path)
+    as_json = tmp_path / "plan.json"
+    as_json.write_text(json.dumps(yaml.safe_load(plan.read_text())))
+    launched: list[list[str]] = []
+    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    before = as_json.read_text()
+    result = invoke("run", str(as_json), "--trace", str(as_json), *["--dry-run"] * dry_run)
+    assert result.exit_code == 2
+    assert f"--trace {as_json}: is the plan; writing the trace would replace it" in \
+        _one_line_error(result)
+    assert not launched and as_json.read_text() == before
 
 
 def test_a_dataset_module_in_the_working_directory_is_found(tmp_path: Path,
