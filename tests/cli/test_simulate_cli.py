@@ -199,6 +199,17 @@ def test_waves_that_do_not_fit_placed_again_are_a_one_line_error():
     assert line.startswith("error: out of memory placing") and "(sequential placement)" in line
 
 
+def _also_on_ranks_2_3(plan: Plan) -> Plan:
+    """`plan` with a second slice of all of t/enc in wave 0, on ranks 2-3, and enc's parameter
+    group listing all four ranks that hold it."""
+    w0 = plan.waves[0]
+    again = dataclasses.replace(w0.slices[0], id="w0.1", ranks=(2, 3))
+    enc, head = plan.param_groups
+    return dataclasses.replace(
+        plan, waves=(dataclasses.replace(w0, slices=(*w0.slices, again)), *plan.waves[1:]),
+        param_groups=(dataclasses.replace(enc, ranks=(0, 1, 2, 3)), head))
+
+
 @pytest.mark.parametrize(("edit", "expected"), [
     (lambda p: dataclasses.replace(p, transfers=()),
      "error: slice w1.0 needs inputs from ['t/enc'], plan transfers bring []"),
@@ -206,6 +217,21 @@ def test_waves_that_do_not_fit_placed_again_are_a_one_line_error():
      "error: layer 0 of module 'enc' is held by ranks [0, 1] but its param group lists []"),
     (lambda p: dataclasses.replace(p, waves=p.waves[:1], transfers=()),
      "error: MetaOp t/head has no slice in the plan"),
+    # t/enc's operators run twice: a second slice of both on ranks 2-3 (its param group
+    # updated, so only the coverage rule objects); sorted, the second range starts at 0, not 2
+    (_also_on_ranks_2_3,
+     "error: MetaOp t/enc: operators from 2 are not covered exactly once by its slices"),
+    (lambda p: dataclasses.replace(p, transfers=(
+        dataclasses.replace(p.transfers[0], dst_ranks=(2,)),)),
+     "error: transfer w0.0 -> w1.0: ranks differ from its slices'"),
+    (lambda p: dataclasses.replace(p, transfers=(
+        dataclasses.replace(p.transfers[0], src_ranks=(0, 1, 2)),)),
+     "error: transfer w0.0 -> w1.0: ranks differ from its slices'"),
+    # enc's layer 1 listed again, with the same ranks
+    (lambda p: dataclasses.replace(p, param_groups=(
+        p.param_groups[0], dataclasses.replace(p.param_groups[0], first_layer=1),
+        *p.param_groups[1:])),
+     "error: param_groups[1]: layer 1 of 'enc' is in two groups"),
 ])
 def test_a_plan_that_contradicts_its_graph_is_refused(tmp_path, edit, expected):
     # a hand-edited plan that no longer schedules its graph as the executor would run it

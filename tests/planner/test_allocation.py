@@ -17,7 +17,7 @@ from plan_builders import (
 
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import scaling
-from spindle_cli.planner.allocation import n_lin, op_curve, op_time_ms, single_count
+from spindle_cli.planner.allocation import n_lin, op_curve, op_time_ms, single_count, split
 from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves
 
 C_MS = 100.0
@@ -104,6 +104,35 @@ def test_rounding_keeps_every_operator_and_valid_counts():
             assert t.n in curves[m.id].counts and 12 % t.n == 0 and t.n <= 8
     # the continuous allocation uses the whole cluster
     assert sum(a.n_star for a in level.ops) == pytest.approx(8.0, rel=1e-6)
+
+
+def _one_to_two_devices(layers: int):
+    """A MetaOp whose valid counts are 1 and 2 (B = 2), T(1) = 2 ms and T(2) = 1 ms."""
+    m = metaop("a/x", layers=layers, batch=2)
+    oc = op_curve(m, alpha_beta_curve("a/x", 2, 0.0, 1.0), 2, [1, 2])
+    assert oc.counts == (0, 1, 2) and (oc.time_at(1), oc.time_at(2)) == (2.0, 1.0)
+    return oc
+
+
+@pytest.mark.parametrize(("layers", "n_star", "c_ms", "ops", "expected"), [
+    # n* = 1.5 halves C = 5 ms: 2.5 ms on 2 devices is 2.5 ops, 2.5 ms on 1 device 1.25 ops;
+    # rounded half up 3 + 1 = 4 of L = 5, and the residual +1 goes to the (real, non-empty)
+    # lower tuple
+    (5, 1.5, 5.0, (2.5, 1.25), [(2, 3), (1, 2)]),
+    # the same rounding with L = 3: the residual -1 empties the lower tuple
+    (3, 1.5, 5.0, (2.5, 1.25), [(2, 3)]),
+    # n* = 1.75 of C = 4 ms: 3 ops on 2 devices, 0.5 on 1 (rounded up to 1); L = 2 leaves a
+    # residual of -2, more than the lower tuple holds, so the upper one gives up the rest
+    (2, 1.75, 4.0, (3.0, 0.5), [(2, 2)]),
+])
+def test_split_rounding_residual_goes_to_the_lower_tuple(layers, n_star, c_ms, ops, expected):
+    a = split(_one_to_two_devices(layers), n_star, c_ms)
+    assert (a.n_hi, a.n_lo) == (2, 1)
+    assert (a.ops_hi, a.ops_lo) == pytest.approx(ops, rel=1e-12)
+    assert [(t.n, t.num_ops) for t in a.tuples] == expected
+    # rounding keeps every operator, none negative
+    assert sum(t.num_ops for t in a.tuples) == layers
+    assert all(t.num_ops > 0 for t in a.tuples)
 
 
 def test_n_lin_is_infinite_beyond_the_largest_valid_count():

@@ -242,3 +242,34 @@ def test_a_tensor_parallel_group_finds_room_when_the_islands_fill_up():
     assert len({r for rs in placed for r in rs}) == 19
     assert len({r // 8 for r in placed[3]}) == 1
     assert all(len(rs) == s.n for rs, s in zip(placed, wave, strict=True))
+
+
+def _rows_kept(src, dst, batch):
+    """Rows each consumer rank already holds from the producer: both split `batch` in rank
+    order (`split_rows`), so position j of a slice owns the j-th contiguous range."""
+    def ranges(ranks):
+        out, lo = {}, 0
+        for r, n in zip(ranks, split_rows(batch, len(ranks)), strict=True):
+            out[r] = (lo, lo + n)
+            lo += n
+        return out
+
+    have, need = ranges(src), ranges(dst)
+    return sum(max(0, min(need[r][1], have[r][1]) - max(need[r][0], have[r][0]))
+               for r in dst if r in have)
+
+
+def test_local_ranks_of_a_smaller_consumer_are_every_kth_producer_rank():
+    from spindle_cli.planner.placement import _local_ranks
+
+    # 4 producer ranks, a 2-rank consumer (k = 2): consumer position j needs the rows of
+    # producer positions 2j and 2j + 1, so ranks 0 and 2 each keep half their rows local
+    assert _local_ranks((0, 1, 2, 3), 2) == (0, 2)
+    assert _rows_kept((0, 1, 2, 3), (0, 2), 8) == 4
+    # two neighbours keep only the first position's share: rank 1's rows are 2-3, it needs 4-7
+    assert _rows_kept((0, 1, 2, 3), (0, 1), 8) == 2
+    assert _local_ranks((4, 5, 6, 7, 8, 9), 3) == (4, 6, 8)
+    assert _local_ranks((4, 5, 6, 7, 8, 9), 2) == (4, 7)
+    # k not whole, or a consumer as large as the producer: every producer rank may be reused
+    assert _local_ranks((0, 1, 2, 3), 3) == (0, 1, 2, 3)
+    assert _local_ranks((0, 1), 4) == (0, 1)

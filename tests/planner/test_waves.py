@@ -260,3 +260,42 @@ def test_big_area_rule_proposes_the_largest_device_time_first():
                                                     sort_rule=rule)[0].slots]
              for rule in ("bigN_bigT", "bigA")}
     assert first == {"bigN_bigT": ["b/y"], "bigA": ["a/x"]}
+
+
+def test_down_rounding_keeps_the_span_at_the_shortest_tuple():
+    # t_min = 3 x 1.0 ms = 3 ms; the other tuple's operators take 0.8 ms, 3 / 0.8 = 3.75 of them.
+    # 'nearest' takes 4 (a 3.2 ms span, into which the first tuple still fits only its 3);
+    # 'down' takes 3 (2.4 ms), so the span stays 3 ms, and then floor(3 / 0.8) = 3 fit
+    assert align([1.0, 0.8], [3, 10], rounding="nearest") == [3, 4]
+    assert align([1.0, 0.8], [3, 10], rounding="down") == [3, 3]
+    # 'down' still gives a tuple at least one operator, longer than t_min or not
+    assert align([1.0, 5.0], [2, 10], rounding="down") == [2, 1]
+
+
+def _two_orders_of_equal_length():
+    """a/x: 8 operators of 1 ms on 1 device (B = 1); b/y: one 1 ms operator on 4 devices. Each
+    runs in a wave of its own (b/y leaves no device for a/x; next to a/x, b/y does not fit),
+    so largest n first and largest area first both take 1 + 8 ms, in opposite orders."""
+    g = graph([metaop("a/x", layers=8, batch=1), metaop("b/y", layers=1, batch=4)])
+    p = profile([alpha_beta_curve("a/x", 1, 0.0, 1.0), alpha_beta_curve("b/y", 4, 0.0, 1.0)])
+    curves = op_curves(g, p, 4)
+    alloc = LevelAllocation(level=0, c_star_ms=8.0, lower_bound_ms=8.0, ops=(
+        OpAllocation(metaop="a/x", n_star=1, n_lo=1, n_hi=1, ops_lo=0, ops_hi=8,
+                     tuples=(AslTuple(metaop="a/x", n=1, num_ops=8),)),
+        OpAllocation(metaop="b/y", n_star=4, n_lo=4, n_hi=4, ops_lo=0, ops_hi=1,
+                     tuples=(AslTuple(metaop="b/y", n=4, num_ops=1),)),
+    ))
+    return alloc, curves
+
+
+def test_best_schedule_keeps_the_first_variant_on_ties():
+    alloc, curves = _two_orders_of_equal_length()
+    preds: dict[str, tuple[str, ...]] = {"a/x": (), "b/y": ()}
+    by_n = ("bigN_bigT", "nearest", "remaining")
+    by_area = ("bigA", "nearest", "remaining")
+    for variants, first in (((by_n, by_area), "b/y"), ((by_area, by_n), "a/x")):
+        waves, ranking = best_schedule(alloc, curves, 4, preds, set(), variants)
+        assert [s.metaop for s in waves[0].slots] == [first]
+        assert sum(w.duration_ms for w in waves) == pytest.approx(9.0)
+        # a tie keeps the variants' own order
+        assert ranking == variants

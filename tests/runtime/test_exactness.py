@@ -493,3 +493,65 @@ def test_zero1_all_gathers_overlap_the_next_forward(graph: MetaOpGraph, model: M
     for name in results[sharded[0]][2]:
         values = [params[name] for _, _, params in results if name in params]
         assert all(torch.equal(v, values[0]) for v in values)
+
+
+FAN_OUT_MODEL = {
+    "kind": "model", "version": 1, "name": "fan-out",
+    "modules": {
+        "tok": {"kind": "embedding", "hidden": 16, "vocab_size": 32, "max_seq_len": 8},
+        "patch": {"kind": "patch_embed", "in_dim": 6, "hidden": 16, "max_seq_len": 8},
+        "enc": {"kind": "transformer_encoder", "num_layers": 2, "hidden": 16, "heads": 2,
+                "ffn": 32},
+        "proj_t": {"kind": "projection", "in_dim": 16, "hidden": 8, "pool": "cls"},
+        "proj_i": {"kind": "projection", "in_dim": 16, "hidden": 8, "pool": "mean"},
+        "clip": {"kind": "contrastive_loss", "hidden": 8},
+        "adapter": {"kind": "adapter", "in_dim": 16, "hidden": 16},
+        "lm": {"kind": "lm_loss", "hidden": 16, "vocab_size": 32, "target_len": 3},
+    },
+    "tasks": [
+        {"name": "both", "batch_size": 4,
+         "inputs": {"text": {"seq_len": 5}, "image": {"seq_len": 4, "dim": 6}},
+         "steps": [
+             {"name": "tok", "module": "tok", "inputs": ["text"]},
+             {"name": "enc", "module": "enc", "inputs": ["tok"]},
+             {"name": "proj_t", "module": "proj_t", "inputs": ["enc"]},
+             {"name": "patch", "module": "patch", "inputs": ["image"]},
+             {"name": "proj_i", "module": "proj_i", "inputs": ["patch"]},
+             {"name": "clip", "module": "clip", "inputs": ["proj_t", "proj_i"]},
+             {"name": "adapter", "module": "adapter", "inputs": ["enc"]},
+             {"name": "lm", "module": "lm", "inputs": ["adapter"]}]},
+    ],
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("consumers", [((1,), (2,)), ((1, 2), (2,))],
+                         ids=["same-wave", "later-wave"])
+def test_an_output_feeding_two_steps_on_other_ranks_sums_their_gradients(
+        consumers: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    """The encoder's output feeds a projection (into a contrastive loss) and an adapter (into
+    an lm_loss), both on other ranks than the encoder: its backward needs the sum of both
+    consumers' gradients. The consumers run in one wave (both gradients come back at one
+    boundary), or in two (rows split over 2 ranks for one; they come back at two)."""
+    from spindle_cli.artifacts.io import parse_artifact
+
+    model = parse_artifact(FAN_OUT_MODEL, "<fan-out>", ModelSpec)
+    assert isinstance(model, ModelSpec)
+    graph = build_graph(model, dtype="fp32")
+    proj_ranks, adapter_ranks = consumers
+    place = {m.id: [(0, m.num_layers, (0,))] for m in graph.metaops}
+    place["both/proj_t"] = [(0, 1, proj_ranks)]
+    place["both/adapter"] = [(0, 1, adapter_ranks)]
+    place["both/lm"] = [(0, 1, (1, 2))]
+    plan = hand_plan(graph, place, 3)
+    slices = {s.id: (w.index, s) for w in plan.waves for s in w.slices}
+    wave = {s.metaop: w for w, s in slices.values()}
+    from_enc = [t for t in plan.transfers if slices[t.src][1].metaop == "both/enc"]
+    assert {slices[t.dst][1].metaop for t in from_enc} == {"both/proj_t", "both/adapter"}
+    assert all(t.src_ranks == (0,) and 0 not in t.dst_ranks for t in from_enc)
+    assert (wave["both/proj_t"] == wave["both/adapter"]) == (proj_ranks == (1,))
+    data = SyntheticData(model, SEED, torch.float64)
+    reference = reference_training(model, graph.tasks, data, steps=STEPS, seed=SEED, lr=LR,
+                                   dtype=torch.float64)
+    results = run_distributed(train_rank, 3, plan, graph, model, "fp64", timeout_s=90)
+    assert_matches_reference(results, reference, plan, graph)

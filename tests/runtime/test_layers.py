@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -91,3 +93,37 @@ def test_contrastive_loss_is_low_for_aligned_embeddings() -> None:
     layer = build_layer(SPECS["contrastive_loss"])
     a = torch.eye(4)
     assert layer(a, a).item() < layer(a, a.roll(1, dims=0)).item()
+
+
+def test_contrastive_loss_is_the_mean_of_both_directions_in_closed_form() -> None:
+    # a = (e1, e2), b = (e1, (e1 + e2) / sqrt 2): cosine similarities a @ b.T = [[1, c], [0, c]]
+    # with c = 1 / sqrt 2, scaled by s = exp(logit_scale) = 2. Matching rows (a -> b):
+    # log(1 + e^(s(c - 1))) and log(1 + e^(-sc)); matching columns (b -> a): log(1 + e^(-s))
+    # and log 2. The two directions differ, so only their average is the symmetric InfoNCE.
+    layer = build_layer(SPECS["contrastive_loss"]).double()
+    with torch.no_grad():
+        layer.logit_scale.fill_(math.log(2.0))
+    s, c = 2.0, 1 / math.sqrt(2)
+    a = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]], dtype=torch.float64)
+    b = torch.tensor([[1.0, 0, 0, 0], [1.0, 1.0, 0, 0]], dtype=torch.float64)  # normalized inside
+    rows = (math.log1p(math.exp(s * (c - 1))) + math.log1p(math.exp(-s * c))) / 2
+    cols = (math.log1p(math.exp(-s)) + math.log(2)) / 2
+    assert abs(rows - cols) > 0.05
+    assert layer(a, b).item() == pytest.approx((rows + cols) / 2, rel=1e-12)
+    # symmetric: swapping the two embeddings swaps the directions, not the value
+    assert layer(b, a).item() == pytest.approx((rows + cols) / 2, rel=1e-12)
+
+
+def test_lm_loss_scores_only_the_last_target_len_positions() -> None:
+    # target_len = 3 of S = 5 positions: changing positions 0-1 leaves the loss as it is,
+    # changing any of the last 3 changes it
+    layer = build_layer(SPECS["lm_loss"], torch.Generator().manual_seed(0))
+    x, targets = _inputs("lm_loss")
+    base = layer(x, targets)
+    before = x.clone()
+    before[:, :2] += torch.randn(B, 2, 8, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(layer(before, targets), base)
+    for pos in (S - 3, S - 1):
+        y = x.clone()
+        y[:, pos] += torch.randn(B, 8, generator=torch.Generator().manual_seed(3))
+        assert not torch.isclose(layer(y, targets), base), pos
