@@ -211,9 +211,10 @@ def from_data(cls: type[T], data: Any, path: str = "") -> T:
     hints, fields, bounded = _layout(cls)
     unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
-        near = difflib.get_close_matches(str(unknown[0]), [n for n in fields if n not in data],
-                                         n=1)
-        raise FieldError(_join(path, str(unknown[0])),
+        key = str(unknown[0])
+        near = difflib.get_close_matches(key, [n for n in fields if n not in data], n=1)
+        # a key with line breaks or escape codes is shown quoted: an error is one plain line
+        raise FieldError(_join(path, key if key.isprintable() else repr(key)),
                          f"unknown field (did you mean {near[0]!r}?)" if near else "unknown field")
     kwargs = {}
     for name, f in fields.items():

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +24,7 @@ import yaml
 from spindle_cli import __version__
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact, InputRef
 from spindle_cli.artifacts.codec import describe_value, from_data, to_data
-from spindle_cli.artifacts.limits import MAX_EXPANDED_NODES, MAX_NESTING
+from spindle_cli.artifacts.limits import MAX_EXPANDED_NODES, MAX_FILE_BYTES, MAX_NESTING
 from spindle_cli.errors import ArtifactError, FieldError
 
 A = TypeVar("A", bound=Artifact)
@@ -231,6 +232,13 @@ def read_data(path: str) -> Any:
     """Parse a YAML or JSON file into plain data; one-line errors for unreadable files."""
     fmt = _format(path)
     try:
+        info = Path(path).stat()
+        if not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
+            # a pipe would block the read, a device (/dev/zero) never end it
+            raise ArtifactError(path, "", "not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise ArtifactError(path, "", f"{info.st_size} bytes: larger than any artifact "
+                                          f"({MAX_FILE_BYTES} bytes at most)")
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ArtifactError(path, "", "no such file") from None
@@ -245,6 +253,11 @@ def parse_text(path: str, text: str, fmt: str | None = None) -> Any:
     """Parse `text` into plain data as the file `path` would be (`fmt`: 'yaml' or 'json',
     by default from the suffix); one-line errors naming `path`."""
     fmt = fmt or _format(path)
+    conflict = re.search(r"^(<{7}|>{7}) ", text, re.M)
+    if conflict:
+        line = text.count("\n", 0, conflict.start()) + 1
+        raise ArtifactError(path, "", f"git merge conflict markers at line {line}",
+                            hint="resolve the conflict, or make the file again")
     try:
         return _parse(path, fmt, text)
     except _DuplicateKey as e:

@@ -39,6 +39,15 @@ MIN_OPERATOR_MS = 1e-12
 these times, so zero, negative and underflowing ones must go; a fitted curve whose last piece
 falls towards 0 as n grows (alpha 0) stays far above it at any count its batch can use."""
 
+MAX_MS = 1e12
+"""Longest time an artifact may record (ms): about 30 years. Times come from curves and sum
+into iterations; a finite but huge one (1e307) overflows to inf or NaN on the way."""
+
+MAX_MS_WHY = "about 30 years; an iteration takes seconds"
+
+MAX_FILE_BYTES = 2**30
+"""Largest artifact file read (1 GiB; a plan of 100,000 waves is about 63 MB)."""
+
 MAX_NESTING = 1000
 """Deepest nesting of lists and mappings an artifact file may have (artifacts nest about 6
 levels deep). libyaml's composer recurses on the C stack and would crash the process on

@@ -22,12 +22,19 @@ def article(word: str) -> str:
 
 
 def _check_name(name: str, path: str, what: str) -> None:
-    """A task or step name: MetaOps are named `task/step`, so neither may be empty or hold '/'."""
+    """A task or step name: MetaOps are named `task/step` and `--tasks` takes names separated
+    by commas, so neither may be empty or hold '/', ',' or unprintable characters."""
     if not name.strip():
         raise FieldError(path, f"a {what} needs a name")
     if "/" in name:
         raise FieldError(path, f"{name!r}: a {what} name cannot hold '/' (MetaOps are named "
                                "task/step)")
+    if "," in name:
+        raise FieldError(path, f"{name!r}: a {what} name cannot hold ',' (--tasks separates "
+                               "names with commas)")
+    if not name.isprintable():
+        raise FieldError(path, f"{name!r}: a {what} name must be printable (no line breaks or "
+                               "control characters)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from spindle_cli.artifacts.base import DerivedArtifact
 from spindle_cli.artifacts.codec import meta
 from spindle_cli.artifacts.io import register
-from spindle_cli.artifacts.limits import MAX_DEVICES, MAX_DEVICES_WHY, MAX_LAYERS, MAX_LAYERS_WHY
+from spindle_cli.artifacts.limits import (
+    MAX_DEVICES,
+    MAX_DEVICES_WHY,
+    MAX_LAYERS,
+    MAX_LAYERS_WHY,
+    MAX_MS,
+    MAX_MS_WHY,
+)
 from spindle_cli.artifacts.profile import check_strategy, tp_degree
 from spindle_cli.errors import FieldError
 
@@ -52,7 +59,8 @@ class Slice:
     )
     ranks: tuple[int, ...] = field(metadata=meta("ranks running the slice, ascending", ge=0))
     strategy: str = field(metadata=meta("'dp' or 'tp<t>'"))
-    time_ms: float = field(metadata=meta("estimated forward+backward time of the slice", ge=0))
+    time_ms: float = field(metadata=meta("estimated forward+backward time of the slice", ge=0,
+                                         le=MAX_MS, le_why=MAX_MS_WHY))
 
     def __post_init__(self) -> None:
         check_strategy(self.strategy, "strategy")
@@ -72,8 +80,10 @@ class Wave:
 
     index: int = field(metadata=meta("wave index, from 0", ge=0))
     level: int = field(metadata=meta("MetaLevel the wave belongs to", ge=0))
-    start_ms: float = field(metadata=meta("estimated start time", ge=0))
-    duration_ms: float = field(metadata=meta("estimated duration (longest slice)", ge=0))
+    start_ms: float = field(metadata=meta("estimated start time", ge=0, le=MAX_MS,
+                                          le_why=MAX_MS_WHY))
+    duration_ms: float = field(metadata=meta("estimated duration (longest slice)", ge=0,
+                                             le=MAX_MS, le_why=MAX_MS_WHY))
     slices: tuple[Slice, ...] = field(metadata=meta("the wave's slices"))
 
     def __post_init__(self) -> None:
@@ -142,9 +152,11 @@ class LevelBound:
 
     level: int = field(metadata=meta("MetaLevel", ge=0))
     lower_bound_ms: float = field(
-        metadata=meta("relaxed optimum of the level: C* on the concave speedup envelope", ge=0)
+        metadata=meta("relaxed optimum of the level: C* on the concave speedup envelope", ge=0,
+                      le=MAX_MS, le_why=MAX_MS_WHY)
     )
-    estimated_ms: float = field(metadata=meta("planned time of the level's waves", ge=0))
+    estimated_ms: float = field(metadata=meta("planned time of the level's waves", ge=0,
+                                              le=MAX_MS, le_why=MAX_MS_WHY))
 
 
 @register
@@ -170,10 +182,11 @@ class Plan(DerivedArtifact):
     param_groups: tuple[ParamGroup, ...] = field(metadata=meta("parameter device groups"))
     memory: tuple[RankMemory, ...] = field(metadata=meta("estimated memory per rank"))
     levels: tuple[LevelBound, ...] = field(metadata=meta("relaxed optimum per MetaLevel"))
-    lower_bound_ms: float = field(metadata=meta("sum of the levels' lower bounds", ge=0))
+    lower_bound_ms: float = field(metadata=meta("sum of the levels' lower bounds", ge=0,
+                                                le=MAX_MS, le_why=MAX_MS_WHY))
     estimated_iteration_ms: float = field(metadata=meta(
         "planned compute of one iteration: the sum of the waves' durations (`spindle simulate` "
-        "adds transfers and gradient sync)", ge=0))
+        "adds transfers and gradient sync)", ge=0, le=MAX_MS, le_why=MAX_MS_WHY))
 
     def __post_init__(self) -> None:
         DerivedArtifact.__post_init__(self)

@@ -15,6 +15,8 @@ from spindle_cli.artifacts.limits import (
     MAX_BATCH_WHY,
     MAX_DEVICES,
     MAX_DEVICES_WHY,
+    MAX_MS,
+    MAX_MS_WHY,
     MIN_OPERATOR_MS,
 )
 from spindle_cli.errors import FieldError
@@ -132,6 +134,11 @@ class Curve:
             if n < p.n_lo:
                 continue  # counts beyond what the batch can use: never read
             t_ms = p.alpha_ms + p.beta_ms * self.batch_size / n
+            slowest = p.alpha_ms + p.beta_ms * self.batch_size / p.n_lo
+            if not slowest <= MAX_MS:
+                raise FieldError(f"pieces[{i}]", f"T(n) = alpha_ms + beta_ms * B / n is "
+                                                 f"{slowest:.6g} ms at n = {p.n_lo}, above "
+                                                 f"{MAX_MS:g} ms ({MAX_MS_WHY})")
             if not t_ms >= MIN_OPERATOR_MS:
                 raise FieldError(
                     f"pieces[{i}]",
@@ -192,6 +199,10 @@ class Profile(DerivedArtifact):
         sigs = [c.signature for c in self.curves]
         if len(set(sigs)) != len(sigs):
             raise FieldError("curves", "duplicate signature")
+        if not self.counts:
+            raise FieldError("counts", "a profile needs at least one device count")
+        if list(self.counts) != sorted(set(self.counts)):
+            raise FieldError("counts", "device counts must be ascending, each once")
 
     def curve(self, signature: str) -> Curve:
         """The curve of an operator signature."""

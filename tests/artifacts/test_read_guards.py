@@ -6,6 +6,7 @@ one-line `<file>: <field>: <problem>` error at read time, never a crash."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -218,3 +219,33 @@ def test_a_few_aliases_are_read_as_usual(tmp_path):
     path.write_text(CLUSTER_YAML.replace("  name: cpu-core", "  name: &dev cpu-core")
                     + "note: *dev\n")
     assert read_data(str(path))["note"] == "cpu-core"
+
+
+@pytest.mark.timeout(30)
+def test_a_pipe_or_a_device_is_not_read(tmp_path):
+    # a pipe would block the read for ever; /dev/zero never ends it
+    fifo = tmp_path / "f.yaml"
+    os.mkfifo(fifo)
+    zero = tmp_path / "z.yaml"
+    zero.symlink_to("/dev/zero")
+    for path in (fifo, zero):
+        with pytest.raises(ArtifactError, match=r"f.yaml: not a regular file|z.yaml: not a "):
+            read_data(str(path))
+
+
+def test_merge_conflict_markers_are_named(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER_YAML.replace("num_nodes: 1\n", "<<<<<<< HEAD\nnum_nodes: 1\n=======\n"
+                                         "num_nodes: 2\n>>>>>>> other\n"))
+    with pytest.raises(ArtifactError) as e:
+        read_data(str(path))
+    assert str(e.value) == f"{path}: git merge conflict markers at line 4"
+    assert e.value.hint == "resolve the conflict, or make the file again"
+
+
+def test_a_key_with_control_characters_is_shown_quoted(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER_YAML + '"bad\\nkey\\u001b[31m": 1\n')
+    message = _error(path)
+    assert message == f"{path}: 'bad\\nkey\\x1b[31m': unknown field"
+    assert message.isprintable()

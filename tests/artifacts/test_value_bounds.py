@@ -216,6 +216,15 @@ PROFILE_CASES: dict[str, tuple[Edit, str]] = {
     "batch-huge": (_set("curves.2.batch_size", 2**31),
                    "curves[2].batch_size: must be <= 1073741824, got 2147483648 "
                    "(about a billion samples; real global batches are below ~10**7)"),
+    # finite, but on its way into sums and integer rounding it overflows to inf and NaN
+    "time-huge": (_piece(1e307, 0.0), "curves[2].pieces[0]: T(n) = alpha_ms + beta_ms * B / n "
+                                      "is 1e+307 ms at n = 1, above 1e+12 ms (about 30 years; "
+                                      "an iteration takes seconds)"),
+    "counts-empty": (_set("counts", []), "counts: a profile needs at least one device count"),
+    "counts-unsorted": (_set("counts", [4, 1, 2]),
+                        "counts: device counts must be ascending, each once"),
+    "counts-repeated": (_set("counts", [1, 2, 2]),
+                        "counts: device counts must be ascending, each once"),
 }
 
 
@@ -282,6 +291,9 @@ PLAN_CASES: dict[str, tuple[Edit, str]] = {
                            "param_groups[0].ranks: rank 4 >= num_devices 4"),
     "group-ranks-repeated": (_set("param_groups.0.ranks", [2, 2]),
                              "param_groups[0].ranks: ranks must be ascending and distinct"),
+    "duration-huge": (_set("waves.0.duration_ms", 1.7e308),
+                      "waves[0].duration_ms: must be <= 1000000000000.0, got 1.7e+308 (about "
+                      "30 years; an iteration takes seconds)"),
 }
 
 
