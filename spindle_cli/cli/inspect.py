@@ -16,6 +16,7 @@ from spindle_cli.cli._console import err
 from spindle_cli.cli.views import VIEW_MODULES
 from spindle_cli.cli.views.gantt import check_image_path
 from spindle_cli.errors import PlanError, SpindleError
+from spindle_cli.planner.api import PlanOptions
 from spindle_cli.planner.consistency import check_plan
 
 
@@ -51,13 +52,14 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
     if isinstance(obj, Plan):
         graph, cluster = found.get("metaop_graph"), found.get("cluster")
         try:
+            PlanOptions.of(obj)
             if isinstance(graph, MetaOpGraph):
                 check_plan(obj, graph)
             if isinstance(cluster, ClusterSpec) and cluster.num_devices != obj.num_devices:
                 raise PlanError(f"the plan is for {obj.num_devices} devices but its cluster "
                                 f"has {cluster.num_devices}")
-        except PlanError as e:
-            raise PlanError(f"{path}: {e}") from None
+        except SpindleError as e:
+            raise type(e)(f"{path}: {e}", hint=e.hint) from None
     return missing
 
 

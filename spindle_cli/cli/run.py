@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from spindle_cli.artifacts import ClusterSpec, Plan, load_recorded_input
+from spindle_cli.artifacts.io import find_recorded_input
 from spindle_cli.cli._console import err
 from spindle_cli.cli.common import memory_text
 from spindle_cli.errors import RuntimeFailure, SpindleError
@@ -114,6 +116,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     from spindle_cli.runtime.worker import TrainOptions, check_options, resume_point
 
     inputs = load_run_inputs(plan_path)
+    _check_cluster(inputs.plan, plan_path)
     if trace_path is not None and Path(trace_path).exists() and \
             os.path.samefile(trace_path, plan_path):
         raise SpindleError(f"--trace {trace_path}: is the plan; writing the trace would "
@@ -191,6 +194,19 @@ def _print_checkpoints(opts: TrainOptions, found: tuple[Path, int] | None) -> No
     out.print(f"checkpoints: {opts.checkpoint_dir}, {every}after step {opts.steps}")
     if opts.resume:
         out.print(resume_note(found, opts))
+
+
+def _check_cluster(plan: Plan, plan_path: str) -> None:
+    """The plan's recorded cluster, where this node has it, must hold as many devices as the
+    plan (workers need only the plan, its graph and its model, so a node without the file
+    skips this)."""
+    ref = next((r for r in plan.inputs if r.kind == "cluster"), None)
+    if ref is None or find_recorded_input(ref, plan_path) is None:
+        return
+    _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
+    if cluster.num_devices != plan.num_devices:
+        raise SpindleError(f"{plan_path}: the plan is for {plan.num_devices} devices but its "
+                           f"cluster has {cluster.num_devices}")
 
 
 def _print_ranks(program: Program, num_ranks: int) -> None:

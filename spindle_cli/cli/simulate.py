@@ -18,9 +18,9 @@ from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input
 from spindle_cli.cli.views import print_table
 from spindle_cli.cli.views.gantt import check_image_path
-from spindle_cli.errors import PlanError
+from spindle_cli.errors import SpindleError
 from spindle_cli.planner import simulate as simulation
-from spindle_cli.planner.api import PLACEMENTS, place_again
+from spindle_cli.planner.api import PLACEMENTS, PlanOptions, place_again
 from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
 from spindle_cli.planner.consistency import check_plan
 from spindle_cli.planner.simulate import SimResult
@@ -52,9 +52,10 @@ def simulate_file(plan_path: str, *, sync: SyncMode | None = None,
     plan = load_input(plan_path, Plan)
     graph, profile, cluster = load_plan_inputs(plan, plan_path)
     try:
+        PlanOptions.of(plan)
         check_plan(plan, graph)
-    except PlanError as e:
-        raise PlanError(f"{plan_path}: {e}") from None
+    except SpindleError as e:
+        raise type(e)(f"{plan_path}: {e}", hint=e.hint) from None
     if placement is not None:
         plan = place_again(plan, graph, profile, cluster, placement=placement)
     return plan, simulation.simulate(plan, graph, profile, cluster, sync=sync,

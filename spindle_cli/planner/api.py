@@ -96,12 +96,19 @@ class PlanOptions:
         option when the plan records one the planner does not know)."""
         o = plan.options
         try:
-            return cls(planner=plan.planner, placement=o.get("placement", "island"),
-                       uneven_splits=o.get("uneven_splits") == "true",
-                       zero=int(o.get("zero", "0")), recompute=o.get("recompute") == "true",
-                       tensor_parallel=o.get("tensor_parallel") != "false")
+            options = cls(planner=plan.planner, placement=o.get("placement", "island"),
+                          uneven_splits=o.get("uneven_splits") == "true",
+                          zero=int(o.get("zero", "0")), recompute=o.get("recompute") == "true",
+                          tensor_parallel=o.get("tensor_parallel") != "false")
         except ValueError as e:
             raise SpindleError(f"the plan's options: {e}") from None
+        # what the planner writes reads back the same: anything else was not written by it
+        written = options.as_dict()
+        for key in sorted(set(o) | set(written)):
+            if o.get(key) != written.get(key):
+                raise SpindleError(f"the plan's options: {key}: {o.get(key)!r} is not what the "
+                                   f"planner records (it writes {written.get(key)!r} there)")
+        return options
 
     @property
     def memory(self) -> MemoryStrategy:

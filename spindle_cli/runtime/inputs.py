@@ -7,10 +7,11 @@ torch): `spindle run` calls it before launching workers, and every worker calls 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Plan, load, load_recorded_input
 from spindle_cli.errors import SpindleError
+from spindle_cli.planner.graph import build_graph
 from spindle_cli.runtime.program import PlanError, Program, build_program
 
 
@@ -26,12 +27,22 @@ class RunInputs:
 
 
 def load_run_inputs(plan_path: str) -> RunInputs:
-    """Load and cross-check the plan, its graph and its model."""
+    """Load and cross-check the plan, its graph and its model: the graph must be the one its
+    model gives (`build_graph`), so a hand-edited graph is not trained as if it were the
+    model; and the plan must schedule the graph (`build_program`)."""
     plan = load(plan_path, Plan)
     graph_path, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
     _, model = load_recorded_input(graph, graph_path, ModelSpec)
-    return RunInputs(plan_path=plan_path, plan=plan, graph=graph, model=model,
-                     program=build_program(plan, graph, model))
+    made = build_graph(model, tasks=list(graph.tasks), dtype=graph.dtype, inputs=graph.inputs)
+    if replace(made, producer=graph.producer) != graph:
+        raise SpindleError(f"{graph_path}: is not the graph its model gives (edited since "
+                           "spindle graph wrote it?)",
+                           hint=f"spindle graph ... --check -o {graph_path} shows the difference")
+    try:
+        program = build_program(plan, graph, model)
+    except PlanError as e:
+        raise PlanError(f"{plan_path}: {e}") from None
+    return RunInputs(plan_path=plan_path, plan=plan, graph=graph, model=model, program=program)
 
 
 def check_world(plan: Plan, world_size: int, *, rank: int | None = None,

@@ -133,6 +133,23 @@ def test_validate_checks_a_plan_against_its_inputs(tiny_plan, spindle):
     assert "inputs[0].sha256: metaop_graph 'graphs/tiny-clip.yaml' changed" in result.stderr
 
 
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("zero", "7", "unknown ZeRO stage 7"),
+    ("recompute", "yes", "recompute: 'yes' is not what the planner records"),
+    ("colour", "red", "colour: 'red' is not what the planner records"),
+])
+def test_validate_refuses_options_the_planner_does_not_write(tiny_plan, spindle, key, value,
+                                                             expected):
+    data = yaml.safe_load(tiny_plan.read_text())
+    data["options"][key] = value
+    tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    for command in ("validate", "simulate"):
+        result = spindle(command, str(tiny_plan))
+        assert result.exit_code == 2, result.stderr
+        assert result.stderr.startswith(f"error: {tiny_plan}: the plan's options: ")
+        assert expected in result.stderr
+
+
 def test_validate_says_which_inputs_it_could_not_find(tiny_plan, spindle, tmp_path):
     alone = tmp_path / "elsewhere" / "p.yaml"
     alone.parent.mkdir()

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,12 +33,13 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
 
-def write_plan_files(tmp: Path, cluster_name: str = "local-cpu-2") -> Path:
+def write_plan_files(tmp: Path, cluster_name: str = "local-cpu-2",
+                     edit: Callable[[MetaOpGraph], MetaOpGraph] = lambda g: g) -> Path:
     """graph.yaml, profile.yaml and plan.yaml for tiny-clip under `tmp`, as `spindle plan`
-    would write them."""
+    would write them (from the graph as `edit` leaves it)."""
     model_path = str(REPO / "models" / "tiny-clip.yaml")
     model = load(model_path, ModelSpec)
-    graph = build_graph(model, dtype="fp32", inputs=[input_ref(model, model_path)])
+    graph = edit(build_graph(model, dtype="fp32", inputs=[input_ref(model, model_path)]))
     cluster_path = str(REPO / "clusters" / f"{cluster_name}.yaml")
     cluster = load(cluster_path, ClusterSpec)
     profile = analytic_profile(graph, cluster, hardware="a800", counts=[1, 2])
@@ -304,6 +306,39 @@ def test_a_trace_over_the_plan_is_refused(tmp_path: Path, monkeypatch, dry_run: 
     assert f"--trace {as_json}: is the plan; writing the trace would replace it" in \
         _one_line_error(result)
     assert not launched and as_json.read_text() == before
+
+
+def _wider_batch(graph: MetaOpGraph) -> MetaOpGraph:
+    """The graph with its first MetaOp's batch doubled: not what the model gives."""
+    first = graph.metaops[0]
+    return dataclasses.replace(graph, metaops=(
+        dataclasses.replace(first, batch_size=2 * first.batch_size), *graph.metaops[1:]))
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
+def test_a_graph_that_is_not_its_models_is_refused(tmp_path: Path, monkeypatch,
+                                                   dry_run: bool) -> None:
+    # planned from consistently, so every recorded sha256 matches: only the model can tell
+    plan = write_plan_files(tmp_path, edit=_wider_batch)
+    launched: list[list[str]] = []
+    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    result = invoke("run", str(plan), *["--dry-run"] * dry_run)
+    assert result.exit_code == 2
+    assert _one_line_error(result).startswith(
+        f"error: {tmp_path / 'graph.yaml'}: is not the graph its model gives")
+    assert not launched
+
+
+def test_a_plan_for_another_cluster_size_is_refused(tmp_path: Path) -> None:
+    plan = write_plan_files(tmp_path)
+    data = yaml.safe_load(plan.read_text())
+    data["num_devices"] = 4
+    data["memory"] += [{**data["memory"][-1], "rank": r} for r in (2, 3)]
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = invoke("run", str(plan), "--dry-run")
+    assert result.exit_code == 2
+    assert _one_line_error(result) == (f"error: {plan}: the plan is for 4 devices but its "
+                                       "cluster has 2")
 
 
 def test_a_dataset_module_in_the_working_directory_is_found(tmp_path: Path,
