@@ -242,10 +242,10 @@ def test_shorten_waves_drops_emptied_slots_and_waves():
     assert [[(s.metaop, s.num_ops) for s in w.slots] for w in new] == [[("a/x", 4), ("b/y", 2)]]
 
 
-def test_big_area_rule_proposes_the_largest_device_time_first():
-    # a/x: 8 operators on its only valid count, 1 device (B = 1): 8 device-ms; b/y: one
-    # operator on 4 devices: 4 device-ms. Largest n first admits b/y alone (no device left
-    # for a/x); largest area first admits a/x, and b/y no longer fits next to it
+def _two_orders_of_equal_length():
+    """a/x: 8 operators of 1 ms on 1 device (B = 1); b/y: one 1 ms operator on 4 devices. Each
+    runs in a wave of its own (b/y leaves no device for a/x; next to a/x, b/y does not fit),
+    so largest n first and largest area first both take 1 + 8 ms, in opposite orders."""
     g = graph([metaop("a/x", layers=8, batch=1), metaop("b/y", layers=1, batch=4)])
     p = profile([alpha_beta_curve("a/x", 1, 0.0, 1.0), alpha_beta_curve("b/y", 4, 0.0, 1.0)])
     curves = op_curves(g, p, 4)
@@ -255,6 +255,14 @@ def test_big_area_rule_proposes_the_largest_device_time_first():
         OpAllocation(metaop="b/y", n_star=4, n_lo=4, n_hi=4, ops_lo=0, ops_hi=1,
                      tuples=(AslTuple(metaop="b/y", n=4, num_ops=1),)),
     ))
+    return alloc, curves
+
+
+def test_big_area_rule_proposes_the_largest_device_time_first():
+    # a/x: 8 device-ms on its only valid count; b/y: 4 device-ms. Largest n first admits b/y
+    # alone (no device left for a/x); largest area first admits a/x, and b/y no longer fits
+    # next to it
+    alloc, curves = _two_orders_of_equal_length()
     preds: dict[str, tuple[str, ...]] = {"a/x": (), "b/y": ()}
     first = {rule: [s.metaop for s in schedule_level(alloc, curves, 4, preds, set(),
                                                     sort_rule=rule)[0].slots]
@@ -270,22 +278,6 @@ def test_down_rounding_keeps_the_span_at_the_shortest_tuple():
     assert align([1.0, 0.8], [3, 10], rounding="down") == [3, 3]
     # 'down' still gives a tuple at least one operator, longer than t_min or not
     assert align([1.0, 5.0], [2, 10], rounding="down") == [2, 1]
-
-
-def _two_orders_of_equal_length():
-    """a/x: 8 operators of 1 ms on 1 device (B = 1); b/y: one 1 ms operator on 4 devices. Each
-    runs in a wave of its own (b/y leaves no device for a/x; next to a/x, b/y does not fit),
-    so largest n first and largest area first both take 1 + 8 ms, in opposite orders."""
-    g = graph([metaop("a/x", layers=8, batch=1), metaop("b/y", layers=1, batch=4)])
-    p = profile([alpha_beta_curve("a/x", 1, 0.0, 1.0), alpha_beta_curve("b/y", 4, 0.0, 1.0)])
-    curves = op_curves(g, p, 4)
-    alloc = LevelAllocation(level=0, c_star_ms=8.0, lower_bound_ms=8.0, ops=(
-        OpAllocation(metaop="a/x", n_star=1, n_lo=1, n_hi=1, ops_lo=0, ops_hi=8,
-                     tuples=(AslTuple(metaop="a/x", n=1, num_ops=8),)),
-        OpAllocation(metaop="b/y", n_star=4, n_lo=4, n_hi=4, ops_lo=0, ops_hi=1,
-                     tuples=(AslTuple(metaop="b/y", n=4, num_ops=1),)),
-    ))
-    return alloc, curves
 
 
 def test_best_schedule_keeps_the_first_variant_on_ties():
