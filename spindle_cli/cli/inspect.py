@@ -17,7 +17,7 @@ from spindle_cli.cli.views import VIEW_MODULES
 from spindle_cli.cli.views.gantt import check_image_path
 from spindle_cli.errors import PlanError, SpindleError
 from spindle_cli.planner.api import PlanOptions
-from spindle_cli.planner.consistency import check_plan
+from spindle_cli.planner.consistency import check_plan, check_recorded
 
 
 @click.command()
@@ -55,6 +55,7 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
             PlanOptions.of(obj)
             if isinstance(graph, MetaOpGraph):
                 check_plan(obj, graph)
+                check_recorded(obj, graph)
             if isinstance(cluster, ClusterSpec) and cluster.num_devices != obj.num_devices:
                 raise PlanError(f"the plan is for {obj.num_devices} devices but its cluster "
                                 f"has {cluster.num_devices}")

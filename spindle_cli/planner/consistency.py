@@ -5,9 +5,12 @@ plan says."""
 
 from __future__ import annotations
 
+import math
+
 from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.plan import Plan, Slice
 from spindle_cli.errors import PlanError
+from spindle_cli.planner.memory import Ledger, plan_memory
 
 
 def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[int, ...]]:
@@ -68,6 +71,37 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
     return frozen
 
 
+def check_recorded(plan: Plan, graph: MetaOpGraph) -> None:
+    """PlanError unless the numbers a plan records beside its slices are the ones they imply:
+    each wave starts where the one before ends and lasts as long as its longest slice, the
+    estimates are the sums of the waves' durations (per level and in all), the lower bound
+    the sum of the levels', and the memory per rank what the slices hold (`memory.Ledger`,
+    as placement computed it; the executor refuses a rank by it). For plans read from files
+    (validate, simulate, run), after `check_plan`; plans built in memory may leave them
+    out."""
+    start = 0.0
+    for w in plan.waves:
+        _same(f"waves[{w.index}].start_ms", w.start_ms, start)
+        _same(f"waves[{w.index}].duration_ms", w.duration_ms,
+              max(s.time_ms for s in w.slices))
+        start += w.duration_ms
+    _same("estimated_iteration_ms", plan.estimated_iteration_ms, start)
+    _same("lower_bound_ms", plan.lower_bound_ms, sum(lv.lower_bound_ms for lv in plan.levels))
+    for i, lv in enumerate(plan.levels):
+        _same(f"levels[{i}].estimated_ms", lv.estimated_ms,
+              sum(w.duration_ms for w in plan.waves if w.level == lv.level))
+    ops = {m.id: m for m in graph.metaops}
+    ledger = Ledger(graph, plan.num_devices, plan_memory(plan))
+    for w in plan.waves:
+        for s in w.slices:
+            ledger.commit(ops[s.metaop], s.first, s.last, s.ranks, s.strategy)
+    for recorded, implied in zip(plan.memory, ledger.table(), strict=True):
+        if recorded != implied:
+            raise PlanError(f"memory[{recorded.rank}]: recorded {recorded.total_bytes} bytes, "
+                            f"but its slices need {implied.total_bytes} (edited since "
+                            "spindle plan wrote it?)")
+
+
 def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ...]]) -> None:
     """Every layer a slice runs must be in exactly one ParamGroup whose ranks are exactly its
     holders: the gradient sync relies on it."""
@@ -83,3 +117,10 @@ def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ..
         if seen.get(key) != ranks:
             raise PlanError(f"layer {key[1]} of module {key[0]!r} is held by ranks {list(ranks)} "
                             f"but its param group lists {list(seen.get(key, ()))}")
+
+
+def _same(field: str, recorded: float, implied: float) -> None:
+    """PlanError unless `recorded` is `implied`, up to the digits a file keeps."""
+    if not math.isclose(recorded, implied, rel_tol=1e-6, abs_tol=1e-6):
+        raise PlanError(f"{field}: recorded {recorded:g}, but the plan implies {implied:g} "
+                        "(edited since spindle plan wrote it?)")

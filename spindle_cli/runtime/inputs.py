@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Plan, load, load_recorded_input
 from spindle_cli.errors import SpindleError
+from spindle_cli.planner.consistency import check_recorded
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.runtime.program import PlanError, Program, build_program
 
@@ -40,6 +41,7 @@ def load_run_inputs(plan_path: str) -> RunInputs:
                            hint=f"spindle graph ... --check -o {graph_path} shows the difference")
     try:
         program = build_program(plan, graph, model)
+        check_recorded(plan, graph)
     except PlanError as e:
         raise PlanError(f"{plan_path}: {e}") from None
     return RunInputs(plan_path=plan_path, plan=plan, graph=graph, model=model, program=program)

@@ -6,6 +6,7 @@ import io
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -134,9 +135,9 @@ def test_validate_checks_a_plan_against_its_inputs(tiny_plan, spindle):
 
 
 @pytest.mark.parametrize(("key", "value", "expected"), [
-    ("zero", "7", "unknown ZeRO stage 7"),
-    ("recompute", "yes", "recompute: 'yes' is not what the planner records"),
-    ("colour", "red", "colour: 'red' is not what the planner records"),
+    ("zero", "7", "zero: '7' is not one of '0', '1', '2', '3'"),
+    ("recompute", "yes", "recompute: 'yes' is not one of 'true', 'false'"),
+    ("colour", "red", "unknown option 'colour'"),
 ])
 def test_validate_refuses_options_the_planner_does_not_write(tiny_plan, spindle, key, value,
                                                              expected):
@@ -148,6 +149,39 @@ def test_validate_refuses_options_the_planner_does_not_write(tiny_plan, spindle,
         assert result.exit_code == 2, result.stderr
         assert result.stderr.startswith(f"error: {tiny_plan}: the plan's options: ")
         assert expected in result.stderr
+
+
+def _bump(path: str) -> Callable[[dict], str]:
+    """An edit of the number at `path` (dots; list indices as numbers); returns the field."""
+    def edit(data: dict) -> str:
+        *head, last = path.split(".")
+        node = data
+        for key in head:
+            node = node[int(key)] if key.isdigit() else node[key]
+        node[last] = node[last] * 2 + 1
+        return path
+    return edit
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (_bump("memory.0.param_bytes"), "memory[0]: recorded "),
+    (_bump("waves.0.duration_ms"), "waves[0].duration_ms: recorded "),
+    (_bump("waves.1.start_ms"), "waves[1].start_ms: recorded "),
+    (_bump("estimated_iteration_ms"), "estimated_iteration_ms: recorded "),
+    (_bump("levels.0.estimated_ms"), "levels[0].estimated_ms: recorded "),
+], ids=["memory", "duration", "start", "iteration", "level"])
+def test_validate_refuses_numbers_the_slices_do_not_imply(tiny_plan, spindle, edit, expected):
+    # the executor refuses a rank by its recorded memory; show prints the rest
+    data = yaml.safe_load(tiny_plan.read_text())
+    edit(data)
+    tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = spindle("validate", str(tiny_plan))
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"error: {tiny_plan}: {expected}"), result.stderr
+    assert "(edited since spindle plan wrote it?)" in result.stderr
+    # and spindle run before it launches anything
+    dry = spindle("run", str(tiny_plan), "--dry-run")
+    assert dry.exit_code == 2 and dry.stderr.startswith(f"error: {tiny_plan}: {expected}")
 
 
 def test_validate_says_which_inputs_it_could_not_find(tiny_plan, spindle, tmp_path):

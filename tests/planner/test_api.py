@@ -216,7 +216,8 @@ def test_a_plan_with_unknown_options_cannot_be_placed_again():
     g, p, c = multitask()
     plan = make_plan(g, p, c)
     odd = replace(plan, options={**plan.options, "placement": "random"})
-    with pytest.raises(SpindleError, match="the plan's options: unknown placement 'random'"):
+    with pytest.raises(SpindleError, match="the plan's options: placement: 'random' is not one "
+                                           "of 'island', 'sequential'"):
         place_again(odd, g, p, c, placement="sequential")
 
 
