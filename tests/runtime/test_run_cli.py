@@ -34,9 +34,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def write_plan_files(tmp: Path, cluster_name: str = "local-cpu-2",
-                     edit: Callable[[MetaOpGraph], MetaOpGraph] = lambda g: g) -> Path:
+                     edit: Callable[[MetaOpGraph], MetaOpGraph] = lambda g: g,
+                     options: PlanOptions | None = None) -> Path:
     """graph.yaml, profile.yaml and plan.yaml for tiny-clip under `tmp`, as `spindle plan`
-    would write them (from the graph as `edit` leaves it)."""
+    would write them (from the graph as `edit` leaves it, with `options`)."""
     model_path = str(REPO / "models" / "tiny-clip.yaml")
     model = load(model_path, ModelSpec)
     graph = edit(build_graph(model, dtype="fp32", inputs=[input_ref(model, model_path)]))
@@ -46,7 +47,7 @@ def write_plan_files(tmp: Path, cluster_name: str = "local-cpu-2",
     graph_path, profile_path = str(tmp / "graph.yaml"), str(tmp / "profile.yaml")
     write_artifact(graph, graph_path)
     write_artifact(profile, profile_path)
-    plan = make_plan(graph, profile, cluster, options=PlanOptions(planner="spindle"),
+    plan = make_plan(graph, profile, cluster, options=options or PlanOptions(),
                      inputs=(input_ref(graph, graph_path), input_ref(profile, profile_path),
                              input_ref(cluster, cluster_path)))
     write_artifact(plan, str(tmp / "plan.yaml"))
@@ -175,12 +176,9 @@ def test_tensor_parallel_plan_is_refused_before_launch(tmp_path: Path) -> None:
                                                 ({"zero": "1", "recompute": "true"}, None)])
 def test_zero3_plans_are_refused_before_launch(tmp_path: Path, options: dict[str, str],
                                                named: str | None) -> None:
-    plan_path = write_plan_files(tmp_path)
-
-    plan = load(str(plan_path), Plan)
-    saving = dataclasses.replace(plan, options={**plan.options, **options})
-    write_artifact(saving, str(tmp_path / "saving.yaml"))
-    result = invoke("run", str(tmp_path / "saving.yaml"), "--dry-run")
+    saving = write_plan_files(tmp_path, options=PlanOptions(
+        zero=int(options["zero"]), recompute=options.get("recompute") == "true"))
+    result = invoke("run", str(saving), "--dry-run")
     if named is None:
         assert result.exit_code == 0, getattr(result, "stderr", "")
         return
@@ -330,10 +328,13 @@ def test_a_graph_that_is_not_its_models_is_refused(tmp_path: Path, monkeypatch,
 
 
 def test_a_plan_for_another_cluster_size_is_refused(tmp_path: Path) -> None:
-    plan = write_plan_files(tmp_path)
+    # a plan for the 4 ranks of local-cpu, its cluster input pointed at local-cpu-2 (sha256
+    # and all, so only the sizes disagree)
+    plan = write_plan_files(tmp_path, cluster_name="local-cpu")
     data = yaml.safe_load(plan.read_text())
-    data["num_devices"] = 4
-    data["memory"] += [{**data["memory"][-1], "rank": r} for r in (2, 3)]
+    two = str(REPO / "clusters" / "local-cpu-2.yaml")
+    ref = next(r for r in data["inputs"] if r["kind"] == "cluster")
+    ref.update(path=two, sha256=input_ref(load(two, ClusterSpec), two).sha256)
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
     result = invoke("run", str(plan), "--dry-run")
     assert result.exit_code == 2
@@ -490,15 +491,13 @@ def test_ranks_per_node_default_to_the_plans_over_the_nodes(
                                                "2 ranks, ZeRO-2, recompute, 3 steps")])
 def test_the_launch_line_names_the_memory_strategies(tmp_path: Path, monkeypatch,
                                                      options: dict[str, str], said: str) -> None:
-    plan_path = write_plan_files(tmp_path)
-
-    plan = load(str(plan_path), Plan)
-    write_artifact(dataclasses.replace(plan, options={**plan.options, **options}),
-                   str(tmp_path / "saving.yaml"))
+    saving = write_plan_files(tmp_path, options=PlanOptions(
+        zero=int(options.get("zero", "0")), recompute=options.get("recompute") == "true"))
     monkeypatch.setattr("spindle_cli.cli.run._launch", lambda argv: None)
-    result = invoke("run", str(tmp_path / "saving.yaml"), "--steps", "3")
+    result = invoke("run", str(saving), "--steps", "3")
     assert result.exit_code == 0, getattr(result, "stderr", "")
-    assert f"spindle run: spindle plan, {len(plan.waves)} waves, {said}" in result.stderr
+    waves = len(load(str(saving), Plan).waves)
+    assert f"spindle run: spindle plan, {waves} waves, {said}" in result.stderr
 
 
 def test_ranks_that_do_not_split_over_the_nodes_are_refused(tmp_path: Path) -> None:
