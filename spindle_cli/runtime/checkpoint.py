@@ -104,7 +104,9 @@ def read_manifest(path: Path, *, world_size: int, meta: dict[str, Any]) -> int:
     for key, value in meta.items():
         if manifest.get(key) != value:
             raise SpindleError(f"{path}: checkpoint was taken with {key}={manifest.get(key)!r}, "
-                               f"this run has {value!r}")
+                               f"this run has {value!r}",
+                               hint="resume with the plan and options it was taken with, or "
+                                    "give this run another --checkpoint-dir")
     missing = [rank_file(r) for r in range(world_size) if not (path / rank_file(r)).is_file()]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""

@@ -79,8 +79,10 @@ def test_resume_point_checks_the_newest_checkpoint_without_loading_it(tmp_path: 
     assert checkpoint.resume_point(str(tmp_path / "missing"), world_size=1, meta=META) is None
     checkpoint.save(ck, 3, rank=0, world_size=1, state={"step": 3}, meta=META)
     assert checkpoint.resume_point(ck, world_size=1, meta=META) == (tmp_path / "step-000003", 3)
-    with pytest.raises(SpindleError, match="checkpoint was taken with seed=0, this run has 1"):
+    with pytest.raises(SpindleError, match="checkpoint was taken with seed=0, this run has 1") \
+            as e:
         checkpoint.resume_point(ck, world_size=1, meta={**META, "seed": 1})
+    assert e.value.hint is not None and "another --checkpoint-dir" in e.value.hint
     with pytest.raises(SpindleError, match="checkpoint of 1 ranks, this run has 2"):
         checkpoint.resume_point(ck, world_size=2, meta=META)
     (tmp_path / "step-000003" / "rank-00000.pt").unlink()
