@@ -15,7 +15,7 @@ from spindle_cli.artifacts.io import find_recorded_input, kinds, load_recorded_i
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views import VIEW_MODULES
 from spindle_cli.cli.views.gantt import check_image_path
-from spindle_cli.errors import PlanError, SpindleError
+from spindle_cli.errors import ArtifactError, PlanError, SpindleError
 from spindle_cli.planner.api import PlanOptions
 from spindle_cli.planner.consistency import check_plan, check_recorded
 
@@ -44,7 +44,9 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
     registry = kinds()
     found: dict[str, Artifact] = {}
     missing = []
-    for ref in obj.inputs:
+    for i, ref in enumerate(obj.inputs):
+        if ref.kind not in registry:
+            raise ArtifactError(path, f"inputs[{i}].kind", f"unknown kind {ref.kind!r}")
         if find_recorded_input(ref, path) is None:
             missing.append(ref.path)
         elif ref.kind not in found:

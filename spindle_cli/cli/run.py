@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from spindle_cli.artifacts import ClusterSpec, Plan, load_recorded_input
+from spindle_cli.artifacts import ClusterSpec, Plan, load
 from spindle_cli.artifacts.io import find_recorded_input
 from spindle_cli.cli._console import err
 from spindle_cli.cli.common import memory_text
@@ -199,11 +199,12 @@ def _print_checkpoints(opts: TrainOptions, found: tuple[Path, int] | None) -> No
 def _check_cluster(plan: Plan, plan_path: str) -> None:
     """The plan's recorded cluster, where this node has it, must hold as many devices as the
     plan (workers need only the plan, its graph and its model, so a node without the file
-    skips this)."""
+    skips this; its other contents do not matter to a run)."""
     ref = next((r for r in plan.inputs if r.kind == "cluster"), None)
-    if ref is None or find_recorded_input(ref, plan_path) is None:
+    found = None if ref is None else find_recorded_input(ref, plan_path)
+    if found is None:
         return
-    _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
+    cluster = load(str(found), ClusterSpec)
     if cluster.num_devices != plan.num_devices:
         raise SpindleError(f"{plan_path}: the plan is for {plan.num_devices} devices but its "
                            f"cluster has {cluster.num_devices}")

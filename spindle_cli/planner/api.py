@@ -211,8 +211,7 @@ def fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Cluste
             f"{error} (with {last}, the last of {len(ladder)} memory settings tried)"
             if len(ladder) > 1 else f"{error} (with {last})",
             hint=error.hint or (
-                "plan for more devices, or a smaller model or batch"
-                if ladder[-1] == (max(ZERO_STAGES), True) else
+                "plan for more devices, or a smaller model or batch" if len(ladder) > 1 else
                 "--memory auto --recompute auto tries every ZeRO stage, without and with "
                 "recomputation; or plan for more devices")) from None
     return best[1], best[0]

@@ -77,13 +77,12 @@ def check_recorded(plan: Plan, graph: MetaOpGraph) -> None:
     estimates are the sums of the waves' durations (per level and in all), the lower bound
     the sum of the levels', and the memory per rank what the slices hold (`memory.Ledger`,
     as placement computed it; the executor refuses a rank by it). For plans read from files
-    (validate, simulate, run), after `check_plan`; plans built in memory may leave them
-    out."""
+    (validate, run), after `check_plan`; plans built in memory may leave them out."""
     start = 0.0
     for w in plan.waves:
         _same(f"waves[{w.index}].start_ms", w.start_ms, start)
         _same(f"waves[{w.index}].duration_ms", w.duration_ms,
-              max(s.time_ms for s in w.slices))
+              max((s.time_ms for s in w.slices), default=0.0))
         start += w.duration_ms
     _same("estimated_iteration_ms", plan.estimated_iteration_ms, start)
     _same("lower_bound_ms", plan.lower_bound_ms, sum(lv.lower_bound_ms for lv in plan.levels))
@@ -96,10 +95,11 @@ def check_recorded(plan: Plan, graph: MetaOpGraph) -> None:
         for s in w.slices:
             ledger.commit(ops[s.metaop], s.first, s.last, s.ranks, s.strategy)
     for recorded, implied in zip(plan.memory, ledger.table(), strict=True):
-        if recorded != implied:
-            raise PlanError(f"memory[{recorded.rank}]: recorded {recorded.total_bytes} bytes, "
-                            f"but its slices need {implied.total_bytes} (edited since "
-                            "spindle plan wrote it?)")
+        for name in ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"):
+            if getattr(recorded, name) != getattr(implied, name):
+                raise PlanError(f"memory[{recorded.rank}].{name}: recorded "
+                                f"{getattr(recorded, name)}, but its slices need "
+                                f"{getattr(implied, name)} (edited since spindle plan wrote it?)")
 
 
 def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ...]]) -> None:

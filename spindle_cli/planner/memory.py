@@ -58,7 +58,8 @@ NO_SAVING = MemoryStrategy()
 
 def plan_memory(plan: Plan) -> MemoryStrategy:
     """The memory strategy `plan.options` records (`api.PlanOptions.memory` once read back);
-    PlanError when it records none the planner knows."""
+    PlanError for a ZeRO stage the planner does not know (callers that read files check the
+    options first with `api.PlanOptions.of`)."""
     zero = plan.options.get("zero", "0")
     if zero not in ("0", "1", "2", "3"):
         raise PlanError(f"options.zero: unknown ZeRO stage {zero!r}")

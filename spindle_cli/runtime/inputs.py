@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Plan, load, load_recorded_input
 from spindle_cli.errors import SpindleError
+from spindle_cli.planner.api import PlanOptions
 from spindle_cli.planner.consistency import check_recorded
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.runtime.program import PlanError, Program, build_program
@@ -40,10 +41,11 @@ def load_run_inputs(plan_path: str) -> RunInputs:
                            "spindle graph wrote it?)",
                            hint=f"spindle graph ... --check -o {graph_path} shows the difference")
     try:
+        PlanOptions.of(plan)
         program = build_program(plan, graph, model)
         check_recorded(plan, graph)
-    except PlanError as e:
-        raise PlanError(f"{plan_path}: {e}") from None
+    except SpindleError as e:
+        raise type(e)(f"{plan_path}: {e}", hint=e.hint) from None
     return RunInputs(plan_path=plan_path, plan=plan, graph=graph, model=model, program=program)
 
 

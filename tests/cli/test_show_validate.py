@@ -164,7 +164,7 @@ def _bump(path: str) -> Callable[[dict], str]:
 
 
 @pytest.mark.parametrize(("edit", "expected"), [
-    (_bump("memory.0.param_bytes"), "memory[0]: recorded "),
+    (_bump("memory.0.param_bytes"), "memory[0].param_bytes: recorded "),
     (_bump("waves.0.duration_ms"), "waves[0].duration_ms: recorded "),
     (_bump("waves.1.start_ms"), "waves[1].start_ms: recorded "),
     (_bump("estimated_iteration_ms"), "estimated_iteration_ms: recorded "),
@@ -182,6 +182,24 @@ def test_validate_refuses_numbers_the_slices_do_not_imply(tiny_plan, spindle, ed
     # and spindle run before it launches anything
     dry = spindle("run", str(tiny_plan), "--dry-run")
     assert dry.exit_code == 2 and dry.stderr.startswith(f"error: {tiny_plan}: {expected}")
+
+
+def test_a_wave_without_slices_and_an_unknown_input_kind_are_clean_errors(tiny_plan, spindle):
+    data = yaml.safe_load(tiny_plan.read_text())
+    last = data["waves"][-1]
+    data["waves"].append({**last, "index": last["index"] + 1, "slices": [],
+                          "start_ms": last["start_ms"] + last["duration_ms"]})
+    tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = spindle("validate", str(tiny_plan))
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {tiny_plan}: waves[{last['index'] + 1}]."
+                                    "duration_ms: recorded ")
+    data["waves"].pop()
+    data["inputs"][0]["kind"] = "foo"
+    tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = spindle("validate", str(tiny_plan))
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {tiny_plan}: inputs[0].kind: unknown kind 'foo'\n"
 
 
 def test_validate_says_which_inputs_it_could_not_find(tiny_plan, spindle, tmp_path):

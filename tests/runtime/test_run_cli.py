@@ -185,6 +185,22 @@ def test_zero3_plans_are_refused_before_launch(tmp_path: Path, options: dict[str
     assert result.exit_code == 2
     line = _one_line_error(result)
     assert named in line and "implements ZeRO-1 and -2 only" in line
+    # the way out comes with it
+    assert "hint: make the plan with `spindle plan --runnable`" in result.stderr
+
+
+@pytest.mark.parametrize(("key", "value"), [("recompute", "yes"), ("colour", "red")])
+def test_options_the_planner_does_not_write_are_refused_before_launch(tmp_path: Path,
+                                                                      key: str,
+                                                                      value: str) -> None:
+    # the executor reads recompute as "true" or not: 'yes' would train without it
+    plan = write_plan_files(tmp_path)
+    data = yaml.safe_load(plan.read_text())
+    data["options"][key] = value
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = invoke("run", str(plan), "--dry-run")
+    assert result.exit_code == 2
+    assert _one_line_error(result).startswith(f"error: {plan}: the plan's options: ")
 
 
 def test_world_size_mismatch_is_refused(tmp_path: Path) -> None:
