@@ -11,18 +11,21 @@ from rich.console import Console
 
 
 class _Console(Console):
-    """A console that treats a reader closing the pipe (`spindle show PLAN | head`) as the end
-    of the output, not a failure: rich exits 1 there, which the exit codes reserve for a
-    difference found. A command that has found one says so with `closed_pipe_exit`."""
+    """A console that treats a reader closing the pipe as the end of its output, not a
+    failure (rich exits 1 there, which the exit codes reserve for a difference found). On
+    stdout (`spindle show PLAN | head`) the command ends there, with 0 or the code a command
+    that found a difference gives `closed_pipe_exit`. On stderr (`spindle plan ... 2>&1 |
+    head -1`) it goes on without its messages, so its output file is still written."""
 
     closed_pipe_code = 0
-    """The exit code when the reader has closed the pipe."""
+    """The exit code when the reader of stdout has closed the pipe."""
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, (sys.stderr if self.stderr else sys.stdout).fileno())
-        raise SystemExit(_Console.closed_pipe_code)
+        if not self.stderr:
+            raise SystemExit(_Console.closed_pipe_code)
 
 
 @contextmanager

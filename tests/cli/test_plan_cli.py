@@ -260,6 +260,19 @@ def test_diff_keeps_its_exit_code_when_the_reader_goes(case, b, code):
         assert proc.stderr.read() == b""
 
 
+@pytest.mark.timeout(120)
+def test_a_closed_stderr_does_not_stop_the_plan_being_written(case):
+    # `spindle plan ... 2>&1 | head -1`: the messages go nowhere, the plan is still written
+    proc = subprocess.Popen([sys.executable, "-m", "spindle_cli", *plan_args("-o", "p.yaml")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stderr.close()  # before anything is printed
+    with proc.stdout:
+        assert proc.wait(timeout=100) == 0
+    invoke(*plan_args("-o", "again.yaml"))
+    assert Path("p.yaml").read_text() == Path("again.yaml").read_text()
+
+
 def test_explain_shows_n_star_tuples_and_waves(case):
     invoke(*plan_args("-o", "plan.yaml"))
     r = invoke("explain", "plan.yaml", "t1/img")
