@@ -44,7 +44,8 @@ def explain(plan_path: str, metaop_id: str) -> None:
         hint = f"did you mean {', '.join(near)}?" if near else f"{len(ids)} MetaOps in the graph"
         raise SpindleError(f"{plan_path}: no MetaOp {metaop_id!r}", hint=hint)
     m = graph.metaop(metaop_id)
-    curves = options_curves(graph, profile, cluster, PlanOptions.of(plan))
+    options = PlanOptions.of(plan)
+    curves = options_curves(graph, profile, cluster, options)
     oc = curves[m.id]
     out.print(f"{m.id}: {m.num_layers} x {m.layer_kind} of module {m.module} (layers "
               f"{m.first_layer}-{m.first_layer + m.num_layers}), batch {m.batch_size}, "
@@ -61,7 +62,7 @@ def explain(plan_path: str, metaop_id: str) -> None:
                       f"{m.num_layers * t:.3f}", f"{s:.2f}", source)
     print_table(table)
     missing = [n for n in profile.counts if n <= plan.num_devices and n not in oc.counts]
-    undivided = [n for n in missing if m.batch_size % n and not PlanOptions.of(plan).uneven_splits]
+    undivided = [n for n in missing if m.batch_size % n and not options.uneven_splits]
     if undivided:
         out.print(f"not valid: {', '.join(map(str, undivided))} device(s), which do not divide "
                   f"the batch of {m.batch_size} (a data-parallel slice splits it evenly; "

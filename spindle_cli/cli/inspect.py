@@ -15,9 +15,9 @@ from spindle_cli.artifacts.io import find_recorded_input, kinds, load_recorded_i
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views import VIEW_MODULES
 from spindle_cli.cli.views.gantt import check_image_path
-from spindle_cli.errors import ArtifactError, PlanError, SpindleError
+from spindle_cli.errors import ArtifactError, SpindleError
 from spindle_cli.planner.api import PlanOptions
-from spindle_cli.planner.consistency import check_plan, check_recorded
+from spindle_cli.planner.consistency import check_cluster_size, check_plan, check_recorded
 
 
 @click.command()
@@ -54,13 +54,12 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
     if isinstance(obj, Plan):
         graph, cluster = found.get("metaop_graph"), found.get("cluster")
         try:
-            PlanOptions.of(obj)
+            memory = PlanOptions.of(obj).memory
             if isinstance(graph, MetaOpGraph):
                 check_plan(obj, graph)
-                check_recorded(obj, graph)
-            if isinstance(cluster, ClusterSpec) and cluster.num_devices != obj.num_devices:
-                raise PlanError(f"the plan is for {obj.num_devices} devices but its cluster "
-                                f"has {cluster.num_devices}")
+                check_recorded(obj, graph, memory)
+            if isinstance(cluster, ClusterSpec):
+                check_cluster_size(obj, cluster)
         except SpindleError as e:
             raise type(e)(f"{path}: {e}", hint=e.hint) from None
     return missing

@@ -23,7 +23,8 @@ from spindle_cli.artifacts import ClusterSpec, Plan, load
 from spindle_cli.artifacts.io import find_recorded_input
 from spindle_cli.cli._console import err
 from spindle_cli.cli.common import memory_text
-from spindle_cli.errors import RuntimeFailure, SpindleError
+from spindle_cli.errors import PlanError, RuntimeFailure, SpindleError
+from spindle_cli.planner.consistency import check_cluster_size
 
 if TYPE_CHECKING:
     from spindle_cli.runtime.program import Program
@@ -204,10 +205,10 @@ def _check_cluster(plan: Plan, plan_path: str) -> None:
     found = None if ref is None else find_recorded_input(ref, plan_path)
     if found is None:
         return
-    cluster = load(str(found), ClusterSpec)
-    if cluster.num_devices != plan.num_devices:
-        raise SpindleError(f"{plan_path}: the plan is for {plan.num_devices} devices but its "
-                           f"cluster has {cluster.num_devices}")
+    try:
+        check_cluster_size(plan, load(str(found), ClusterSpec))
+    except PlanError as e:
+        raise PlanError(f"{plan_path}: {e}") from None
 
 
 def _print_ranks(program: Program, num_ranks: int) -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 
+from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.plan import Plan, Slice
 from spindle_cli.errors import PlanError
-from spindle_cli.planner.memory import Ledger, plan_memory
+from spindle_cli.planner.memory import Ledger, MemoryStrategy
 
 
 def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[int, ...]]:
@@ -71,12 +72,13 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
     return frozen
 
 
-def check_recorded(plan: Plan, graph: MetaOpGraph) -> None:
+def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> None:
     """PlanError unless the numbers a plan records beside its slices are the ones they imply:
     each wave starts where the one before ends and lasts as long as its longest slice, the
     estimates are the sums of the waves' durations (per level and in all), the lower bound
-    the sum of the levels', and the memory per rank what the slices hold (`memory.Ledger`,
-    as placement computed it; the executor refuses a rank by it). For plans read from files
+    the sum of the levels', and the memory per rank what the slices hold under `memory`, the
+    plan's strategy (`memory.Ledger`, as placement computed it; the executor refuses a rank
+    by it). For plans read from files
     (validate, run), after `check_plan`; plans built in memory may leave them out."""
     start = 0.0
     for w in plan.waves:
@@ -90,7 +92,7 @@ def check_recorded(plan: Plan, graph: MetaOpGraph) -> None:
         _same(f"levels[{i}].estimated_ms", lv.estimated_ms,
               sum(w.duration_ms for w in plan.waves if w.level == lv.level))
     ops = {m.id: m for m in graph.metaops}
-    ledger = Ledger(graph, plan.num_devices, plan_memory(plan))
+    ledger = Ledger(graph, plan.num_devices, memory)
     for w in plan.waves:
         for s in w.slices:
             ledger.commit(ops[s.metaop], s.first, s.last, s.ranks, s.strategy)
@@ -117,6 +119,13 @@ def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ..
         if seen.get(key) != ranks:
             raise PlanError(f"layer {key[1]} of module {key[0]!r} is held by ranks {list(ranks)} "
                             f"but its param group lists {list(seen.get(key, ()))}")
+
+
+def check_cluster_size(plan: Plan, cluster: ClusterSpec) -> None:
+    """PlanError unless the plan is for as many devices as its cluster has."""
+    if cluster.num_devices != plan.num_devices:
+        raise PlanError(f"the plan is for {plan.num_devices} devices but its cluster has "
+                        f"{cluster.num_devices}")
 
 
 def _same(field: str, recorded: float, implied: float) -> None:

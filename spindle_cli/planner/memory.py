@@ -30,9 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.artifacts.plan import Plan, RankMemory
+from spindle_cli.artifacts.plan import RankMemory
 from spindle_cli.artifacts.profile import tp_degree
-from spindle_cli.errors import PlanError
 from spindle_cli.planner.roofline import REPLICATED_ACTIVATION_FRACTION
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -55,15 +54,6 @@ class MemoryStrategy:
 
 NO_SAVING = MemoryStrategy()
 
-
-def plan_memory(plan: Plan) -> MemoryStrategy:
-    """The memory strategy `plan.options` records (`api.PlanOptions.memory` once read back);
-    PlanError for a ZeRO stage the planner does not know (callers that read files check the
-    options first with `api.PlanOptions.of`)."""
-    zero = plan.options.get("zero", "0")
-    if zero not in ("0", "1", "2", "3"):
-        raise PlanError(f"options.zero: unknown ZeRO stage {zero!r}")
-    return MemoryStrategy(zero=int(zero), recompute=plan.options.get("recompute") == "true")
 
 
 def state_bytes_per_param(dtype: str) -> tuple[int, int, int]:

@@ -41,9 +41,9 @@ def load_run_inputs(plan_path: str) -> RunInputs:
                            "spindle graph wrote it?)",
                            hint=f"spindle graph ... --check -o {graph_path} shows the difference")
     try:
-        PlanOptions.of(plan)
+        memory = PlanOptions.of(plan).memory
         program = build_program(plan, graph, model)
-        check_recorded(plan, graph)
+        check_recorded(plan, graph, memory)
     except SpindleError as e:
         raise type(e)(f"{plan_path}: {e}", hint=e.hint) from None
     return RunInputs(plan_path=plan_path, plan=plan, graph=graph, model=model, program=program)
