@@ -142,6 +142,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         if not isinstance(value, list):
             raise FieldError(path, f"expected a list, got {describe_value(value)}")
         (item,) = [a for a in get_args(tp) if a is not Ellipsis]
+        if item is int and all(type(v) is int for v in value) and (
+                not value or -INT_LIMIT <= min(value) and max(value) < INT_LIMIT):
+            return tuple(value)  # a plan's rank lists: each item as _convert would give it
         return tuple(_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):

@@ -62,6 +62,20 @@ class _UniqueKeys:
             # merged pairs were put before the node's own pairs (the merge keys are gone)
             self._merged[node] = len(node.value) - len(own)
 
+    def resolve(self, kind: type[yaml.Node], value: Any, implicit: tuple[bool, bool]) -> str:
+        # a plan's rank lists hold most of its scalars: plain decimals skip the resolvers'
+        # regular expressions (same tag)
+        if kind is yaml.ScalarNode and implicit[0] and _plain_decimal(value):
+            return _INT_TAG
+        return super().resolve(kind, value, implicit)  # type: ignore[misc,no-any-return]
+
+    def construct_int(self, node: yaml.ScalarNode) -> int:
+        """`construct_yaml_int`, without its sign, base and underscore handling for a plain
+        decimal."""
+        if _plain_decimal(node.value):
+            return int(node.value)
+        return self.construct_yaml_int(node)  # type: ignore[attr-defined,no-any-return]
+
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
         mapping = super().construct_mapping(node, deep=deep)  # type: ignore[misc]
         merged = self._merged.get(node, 0)
@@ -76,6 +90,15 @@ class _UniqueKeys:
                                     f"line {a}" if a == b else f"lines {a} and {b}")
             first[key] = key_node
         return mapping
+
+
+_INT_TAG = "tag:yaml.org,2002:int"
+
+
+def _plain_decimal(value: str) -> bool:
+    """Whether a scalar is a decimal without sign, underscore or leading zero (which YAML 1.1
+    reads as octal)."""
+    return value.isascii() and value.isdecimal() and (value[0] != "0" or len(value) == 1)
 
 
 def _node_path(root: yaml.Node | None, target: yaml.Node, key: object) -> str:
@@ -120,6 +143,8 @@ a signed exponent), as YAML 1.2 and JSON read them: numbers."""
 
 for _cls in (_FastLoader, _SlowLoader, _Dumper):
     _cls.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+0123456789"))
+for _loader in (_FastLoader, _SlowLoader):
+    _loader.add_constructor(_INT_TAG, _UniqueKeys.construct_int)
 
 
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -150,3 +150,23 @@ def test_schema_bounds_match_the_loader_for_optional_and_list_fields():
     with pytest.raises(FieldError, match="must be >= 1"):
         from_data(_Bounded, {"counts": [2, 0]})
     assert from_data(_Bounded, {"counts": [2]}).error is None
+
+
+@pytest.mark.parametrize("counts, result", [
+    ([], ()),
+    ([1, 2, 2**63 - 1], (1, 2, 2**63 - 1)),
+    ([1, 4.0], (1, 4)),
+    ([1, True], "counts[1]: expected an integer, got a boolean"),
+    ([1, 2**63], "counts[1]: expected a 64-bit integer, got one that needs 65 bits"),
+    ([2**64, 1], "counts[0]: expected a 64-bit integer, got one that needs 66 bits"),
+    ([1, "2"], "counts[1]: expected an integer, got a string"),
+])
+def test_integer_lists_are_checked_item_by_item(counts, result):
+    # lists of plain integers (a plan's ranks) are taken whole; anything else names its item
+    if isinstance(result, tuple):
+        got = from_data(_Bounded, {"counts": counts}).counts
+        assert got == result and all(type(v) is int for v in got)
+    else:
+        with pytest.raises(FieldError) as e:
+            from_data(_Bounded, {"counts": counts})
+        assert str(e.value) == result

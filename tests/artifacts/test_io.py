@@ -25,7 +25,14 @@ from spindle_cli.artifacts import (
     sha256,
     write_artifact,
 )
-from spindle_cli.artifacts.io import as_written, derived_header, parse_artifact, read_data
+from spindle_cli.artifacts.io import (
+    _FastLoader,
+    _SlowLoader,
+    as_written,
+    derived_header,
+    parse_artifact,
+    read_data,
+)
 from spindle_cli.errors import ArtifactError
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
@@ -184,6 +191,19 @@ def test_fast_yaml_parser_reads_the_same_data(repo_root):
     for path in sorted((repo_root / "models").glob("*.yaml")) + sorted(
             (repo_root / "clusters").glob("*.yaml")):
         assert read_data(str(path)) == yaml.safe_load(path.read_text()), path
+
+
+INTEGER_LIKE = ["0", "7", "4095", "010", "0012", "00", "+5", "-3", "1_000", "0x1f", "0b101",
+                "0o17", "190:20:30", "1.0", "'12'", '"12"', "\uff10", "١٢", "12a", "-1_0", "~"]
+
+
+@pytest.mark.parametrize("loader", [_FastLoader, _SlowLoader])
+def test_integer_scalars_read_as_the_reference_loader_reads_them(loader):
+    # plain decimals take a shortcut past the resolvers; every other spelling goes the long way
+    text = "".join(f"k{i}: {v}\n" for i, v in enumerate(INTEGER_LIKE)) + "r: [0, 1, 010, +2]\n"
+    ours, reference = yaml.load(text, Loader=loader), yaml.safe_load(text)
+    assert ours == reference
+    assert [type(v) for v in ours.values()] == [type(v) for v in reference.values()]
 
 
 def test_numbers_with_an_exponent_are_numbers_as_in_json(small_model, tmp_path):
