@@ -440,3 +440,27 @@ def test_levels_that_share_waves_get_no_per_level_gap(name, monkeypatch):
         level = next(lv for lv in plan.levels if lv.level == level_of[metaop])
         assert (f"level {level.level} planned {level.estimated_ms:.3f} ms = "
                 f"{level.estimated_ms / level.lower_bound_ms:.3f}x C*") in explained
+
+
+@pytest.mark.parametrize("name", ["qwen-val-70b-a800-32x8", "multitask-clip-4-a800-2x8"])
+def test_memory_table_groups_ranks_that_read_alike(name):
+    from spindle_cli.cli.views.plan import memory_table
+    from spindle_cli.units import fmt_bytes
+
+    plan = load(str(REPO / "plans" / f"{name}.yaml"), Plan)
+    table = memory_table(plan)
+    cells = [list(c.cells) for c in table.columns]
+    rows = list(zip(*cells, strict=True))
+    by_rank = {m.rank: tuple(fmt_bytes(b) for b in (m.param_bytes, m.grad_bytes,
+                                                   m.optimizer_bytes, m.activation_bytes,
+                                                   m.total_bytes)) for m in plan.memory}
+    covered = []
+    for label, *values in rows:
+        first, _, last = label.partition("-")
+        ranks = list(range(int(first), int(last or first) + 1))
+        assert all(by_rank[r] == tuple(values) for r in ranks), label
+        covered += ranks
+    assert covered == sorted(by_rank)
+    # a run is as long as it can be: a new row wherever the next rank reads differently
+    shown = [by_rank[r] for r in sorted(by_rank)]
+    assert len(rows) == 1 + sum(a != b for a, b in zip(shown, shown[1:], strict=False))

@@ -46,15 +46,22 @@ def wave_table(plan: Plan) -> Table:
     return table
 
 
-def memory_table(plan: Plan, capacity_bytes: int | None = None) -> Table:
-    """Per-rank memory by category."""
+def memory_table(plan: Plan) -> Table:
+    """Per-rank memory by category, one row per run of consecutive ranks that read the same
+    (a data-parallel slice's ranks hold alike: 4096 ranks are a few rows, not 4096)."""
     table = Table(title="memory per rank")
     for col in ("rank", "params", "grads", "optimizer", "activations", "total"):
         table.add_column(col, justify="right")
-    for m in plan.memory:
-        table.add_row(str(m.rank), fmt_bytes(m.param_bytes), fmt_bytes(m.grad_bytes),
-                      fmt_bytes(m.optimizer_bytes), fmt_bytes(m.activation_bytes),
-                      fmt_bytes(m.total_bytes))
+    runs: list[tuple[list[int], tuple[str, ...]]] = []
+    for m in sorted(plan.memory, key=lambda m: m.rank):
+        row = tuple(fmt_bytes(b) for b in (m.param_bytes, m.grad_bytes, m.optimizer_bytes,
+                                           m.activation_bytes, m.total_bytes))
+        if runs and runs[-1][1] == row and runs[-1][0][-1] == m.rank - 1:
+            runs[-1][0].append(m.rank)
+        else:
+            runs.append(([m.rank], row))
+    for ranks, row in runs:
+        table.add_row(_ranks(tuple(ranks)), *row)
     return table
 
 
