@@ -109,6 +109,27 @@ def _clipped(line: str, other: str) -> str:
     return "..." + line[start:start + width - 3] + "..."
 
 
+def provenance_changes(old: DerivedArtifact, new: DerivedArtifact) -> list[str]:
+    """How `new` was made otherwise than `old`: its producer, and each recorded input whose
+    content (sha256) or path changed, that is new, or that is gone."""
+    lines: list[str] = []
+    if old.producer != new.producer:
+        lines.append(f"producer: {old.producer} -> {new.producer}")
+    was = {r.kind: r for r in old.inputs}
+    for ref in new.inputs:
+        before = was.pop(ref.kind, None)
+        if before is None:
+            lines.append(f"input {ref.kind} {ref.path}: a new input")
+        elif before.sha256 != ref.sha256:
+            path_text = ref.path if before.path == ref.path else f"{before.path} -> {ref.path}"
+            lines.append(f"input {ref.kind} {path_text} changed (sha256 "
+                         f"{before.sha256[:12]} -> {ref.sha256[:12]})")
+        elif before.path != ref.path:
+            lines.append(f"input {ref.kind}: path {before.path} -> {ref.path} (same content)")
+    lines += [f"input {ref.kind} {ref.path}: no longer an input" for ref in was.values()]
+    return lines
+
+
 def stale_lines(path: str, old_text: str, new_text: str, new: Artifact) -> list[str]:
     """Why the file at `path` (`old_text`) is not what the command makes now (`new`, rendered
     as `new_text`), for `--check` in CI: the recorded inputs or producer that changed, for a
@@ -122,21 +143,7 @@ def stale_lines(path: str, old_text: str, new_text: str, new: Artifact) -> list[
         lines.append(f"the file does not load: {e}")
         old = None
     if isinstance(old, DerivedArtifact) and isinstance(new, DerivedArtifact):
-        if old.producer != new.producer:
-            lines.append(f"made by {old.producer}, now {new.producer}")
-        was = {r.kind: r for r in old.inputs}
-        for ref in new.inputs:
-            before = was.pop(ref.kind, None)
-            if before is None:
-                lines.append(f"input {ref.kind} {ref.path}: not recorded in the file")
-            elif before.sha256 != ref.sha256:
-                path_text = (ref.path if before.path == ref.path
-                             else f"{before.path} -> {ref.path}")
-                lines.append(f"input {ref.kind} {path_text} changed (sha256 "
-                             f"{before.sha256[:12]} -> {ref.sha256[:12]})")
-            elif before.path != ref.path:
-                lines.append(f"input {ref.kind}: path {before.path} -> {ref.path} (same content)")
-        lines += [f"input {ref.kind} {ref.path}: no longer an input" for ref in was.values()]
+        lines += provenance_changes(old, new)
     if isinstance(old, Plan) and isinstance(new, Plan):
         lines += differences(old, new)
     old_lines, new_lines = old_text.splitlines(), new_text.splitlines()

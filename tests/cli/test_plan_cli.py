@@ -224,9 +224,10 @@ def test_diff_is_semantic(case):
     invoke(*plan_args("-o", "b.yaml"))
     invoke(*plan_args("--planner", "sequential", "-o", "c.yaml"))
     r = invoke("diff", "a.yaml", "b.yaml")
-    assert r.exit_code == 0 and "same plan" in r.output
+    assert r.exit_code == 0 and r.output == "a.yaml and b.yaml: same plan\n"
     r = invoke("diff", "a.yaml", "c.yaml")
     assert r.exit_code == 1
+    assert "input " not in r.output and "producer" not in r.output
     assert "planner: spindle -> sequential" in r.output
     # the kept spindle candidate against a baseline, which has none
     kept = load("a.yaml", Plan).candidate
@@ -243,6 +244,33 @@ def test_diff_is_semantic(case):
                 if x.estimated_ms != y.estimated_ms)
     assert (f"level {x.level}: estimated {x.estimated_ms:.3f} -> {y.estimated_ms:.3f} ms, "
             f"C* {x.lower_bound_ms:.3f} -> {y.lower_bound_ms:.3f} ms") in r.output
+
+
+def test_diff_lists_how_the_plans_were_made(case):
+    # the same schedule from a moved profile, and from a profile whose content changed
+    shutil.copy("profile.yaml", "moved.yaml")
+    invoke(*plan_args("-o", "a.yaml"))
+    invoke("plan", "graph.yaml", "moved.yaml", "--cluster", "cluster.yaml", "-o", "b.yaml")
+    r = invoke("diff", "a.yaml", "b.yaml")
+    assert r.exit_code == 0
+    assert r.output == ("a.yaml and b.yaml: same plan; made differently:\n"
+                        "  input profile: path profile.yaml -> moved.yaml (same content)\n")
+    old = load("a.yaml", Plan).inputs
+    sha = next(ref.sha256 for ref in old if ref.kind == "profile")
+    text = Path("a.yaml").read_text()
+    Path("c.yaml").write_text(text.replace(sha, "a" * 64).replace(
+        "producer: spindle", "producer: spindle 0.0.1 via"))
+    r = invoke("diff", "a.yaml", "c.yaml")
+    assert r.exit_code == 0, r.output
+    assert (f"  input profile profile.yaml changed (sha256 {sha[:12]} -> {'a' * 12})"
+            in r.output.splitlines())
+    assert "  producer: spindle" in r.output
+    # beside a difference in the schedule they come first
+    invoke(*plan_args("--planner", "sequential", "-o", "d.yaml"))
+    Path("d.yaml").write_text(Path("d.yaml").read_text().replace(sha, "a" * 64))
+    lines = invoke("diff", "a.yaml", "d.yaml").output.splitlines()
+    assert lines[2].startswith("input profile profile.yaml changed")
+    assert "planner: spindle -> sequential" in lines
 
 
 @pytest.mark.timeout(120)
