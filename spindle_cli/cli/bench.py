@@ -3,16 +3,21 @@ simulated clusters, with the paper's numbers beside ours.
 
 Tables go to stdout, progress to stderr. `--out DIR` writes bench.csv, bench.json, bench.md
 (the tables as markdown) and PNG charts (Figs. 8, 10, 11, 12, plus a Gantt chart and the
-utilization of one Spindle plan); with `--dynamic`, dynamic.csv/json/md instead.
+utilization of one Spindle plan); with `--dynamic`, dynamic.csv/json/md instead. A run's
+files are written into a hidden directory inside DIR and moved into place together at the
+end, so an interrupted run leaves the previous run's set whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
 import json
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +255,18 @@ def _gantt(models: dict[str, ModelSpec], clusters: dict[str, ClusterSpec],
     write_utilization(plan, str(out_dir / "utilization.png"), sim=sim)
 
 
+@contextlib.contextmanager
+def _staged(out_dir: Path) -> Iterator[Path]:
+    """A hidden directory inside `out_dir` to write a run's files into; once the block ends
+    without an error they replace their namesakes in `out_dir` (renames in one directory),
+    and otherwise they are removed."""
+    out_dir.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".staging-") as tmp:
+        yield Path(tmp)
+        for f in sorted(Path(tmp).iterdir()):
+            os.replace(f, out_dir / f.name)
+
+
 def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
                 out_dir: Path | None) -> None:
     configs = lib.matrix(quick=quick)
@@ -273,24 +290,32 @@ def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
         for line in _failures(rows):
             out.print(f"failed: {line}")
     if out_dir is not None:
-        out_dir.mkdir(exist_ok=True)
-        write_text_atomic(out_dir / "bench.json", json.dumps(records, indent=2) + "\n")
-        write_text_atomic(out_dir / "bench.csv", _csv(records))
-        failures = "".join(f"- {line}\n" for line in _failures(rows))
-        write_text_atomic(out_dir / "bench.md",
-                   "## Iteration time (ms) and speedup over `sequential` "
-                   "(paper's speedup over DeepSpeed in parentheses; [memory setting] when the "
-                   "kept plan uses ZeRO or recomputation)\n\n" + _markdown(*fig8)
-                   + "\n## Spindle: gap to the relaxed optimum, inter-wave transfer share "
-                   "(paper in parentheses), planning time\n\n" + _markdown(*detail)
-                   + "\n## The same plans with each rank on its own, as `spindle run` "
-                   "executes them (iteration ms, change from wave by wave; * fastest)\n\n"
-                   + _markdown(*executed)
-                   + ("\n## Configurations that could not be planned\n\n" + failures
-                      if failures else ""))
-        _charts(rows, out_dir)
-        _gantt(models, clusters, configs, out_dir)
+        with _staged(out_dir) as staging:
+            _write_matrix(rows, records, fig8, detail, executed, staging)
+            _gantt(models, clusters, configs, staging)
         err.print(f"wrote {out_dir}/bench.{{csv,json,md}} and charts")
+
+
+def _write_matrix(rows: list[lib.BenchRow], records: list[dict[str, Any]],
+                  fig8: tuple[list[str], list[list[str]]],
+                  detail: tuple[list[str], list[list[str]]],
+                  executed: tuple[list[str], list[list[str]]], out_dir: Path) -> None:
+    """bench.json, bench.csv, bench.md and the bar charts into `out_dir`."""
+    write_text_atomic(out_dir / "bench.json", json.dumps(records, indent=2) + "\n")
+    write_text_atomic(out_dir / "bench.csv", _csv(records))
+    failures = "".join(f"- {line}\n" for line in _failures(rows))
+    write_text_atomic(out_dir / "bench.md",
+                      "## Iteration time (ms) and speedup over `sequential` "
+                      "(paper's speedup over DeepSpeed in parentheses; [memory setting] when "
+                      "the kept plan uses ZeRO or recomputation)\n\n" + _markdown(*fig8)
+                      + "\n## Spindle: gap to the relaxed optimum, inter-wave transfer share "
+                      "(paper in parentheses), planning time\n\n" + _markdown(*detail)
+                      + "\n## The same plans with each rank on its own, as `spindle run` "
+                      "executes them (iteration ms, change from wave by wave; * fastest)\n\n"
+                      + _markdown(*executed)
+                      + ("\n## Configurations that could not be planned\n\n" + failures
+                         if failures else ""))
+    _charts(rows, out_dir)
 
 
 def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
@@ -320,10 +345,10 @@ def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
             if r.error:
                 out.print(f"failed: {r.planner} phase {r.phase}: {r.error}")
     if out_dir is not None:
-        out_dir.mkdir(exist_ok=True)
-        write_text_atomic(out_dir / "dynamic.json", json.dumps(records, indent=2) + "\n")
-        write_text_atomic(out_dir / "dynamic.csv", _csv(records))
-        write_text_atomic(out_dir / "dynamic.md", _markdown(header, body))
+        with _staged(out_dir) as staging:
+            write_text_atomic(staging / "dynamic.json", json.dumps(records, indent=2) + "\n")
+            write_text_atomic(staging / "dynamic.csv", _csv(records))
+            write_text_atomic(staging / "dynamic.md", _markdown(header, body))
         err.print(f"wrote {out_dir}/dynamic.{{csv,json,md}}")
 
 

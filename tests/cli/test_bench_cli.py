@@ -81,6 +81,30 @@ def test_out_dir_gets_csv_json_markdown_and_charts(tiny_matrix, tmp_path):
         assert (out / name).read_bytes().startswith(b"\x89PNG"), name
 
 
+def test_an_interrupted_run_leaves_the_previous_set_whole(tiny_matrix, tmp_path, monkeypatch):
+    from spindle_cli.cli import bench as command
+
+    out = tmp_path / "bench"
+    assert run(["bench", "--out", str(out), *repo_dirs()]).exit_code == 0
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    assert {"bench.json", "bench.md", "gantt.png"} <= set(before)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt  # after the tables and bar charts, before the Gantt chart
+
+    gantt = command._gantt
+    monkeypatch.setattr(command, "_gantt", interrupted)
+    res = run(["bench", "--out", str(out), *repo_dirs()])
+    assert res.exit_code != 0
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    monkeypatch.setattr(command, "_gantt", gantt)
+    assert run(["bench", "--out", str(out), *repo_dirs()]).exit_code == 0
+    after = {f.name: f.read_bytes() for f in out.iterdir()}
+    assert set(after) == set(before)
+    # the planning times differ from run to run: the new set is in place
+    assert after["bench.json"] != before["bench.json"]
+
+
 def test_dynamic_reports_each_planner(monkeypatch, tmp_path):
     monkeypatch.setattr(lib, "DYNAMIC_MODEL", "tiny-clip")
     monkeypatch.setattr(lib, "DYNAMIC_SCHEDULE", ("2", "2"))
