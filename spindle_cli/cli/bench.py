@@ -239,12 +239,12 @@ def _charts(rows: list[lib.BenchRow], out_dir: Path) -> None:
 def _gantt(models: dict[str, ModelSpec], clusters: dict[str, ClusterSpec],
            configs: list[lib.BenchConfig], out_dir: Path) -> None:
     from spindle_cli.cli.views.gantt import write_gantt, write_utilization
-    from spindle_cli.planner.graph import build_graph
 
     cfg = next((c for c in configs
                 if (c.model, c.num_tasks, c.num_devices) == GANTT_CASE), configs[0])
     cluster = clusters[cfg.cluster]
-    graph = build_graph(models[cfg.model], tasks=cfg.tasks(models[cfg.model]))
+    # the graph the bench row's plan was made from, so the chart draws that plan
+    graph = lib.config_graph(models[cfg.model], cfg)
     try:
         plan, sim, _ = lib.plan_and_simulate(graph, lib.profile_for(graph, cluster), cluster,
                                              "spindle", "island")

@@ -220,9 +220,14 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def config_graph(model: ModelSpec, config: BenchConfig) -> MetaOpGraph:
+    """The configuration's graph as `spindle graph` writes it (numbers rounded as in the file)."""
+    return as_written(build_graph(model, tasks=config.tasks(model)))
+
+
 def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> list[BenchRow]:
     """Every variant's row plus the optimum's, for one configuration."""
-    graph = as_written(build_graph(model, tasks=config.tasks(model)))
+    graph = config_graph(model, config)
     profile = profile_for(graph, cluster)
     try:
         bound: float | None = lower_bound_ms(graph, profile, cluster)
