@@ -549,18 +549,17 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
                 best is not None and sum(w.duration_ms for w in planned) >= best.iteration_ms):
             return False
         tried.add(key)
+        bounds_text = "/".join(map(str, caps)) if len(set(caps)) > 1 else str(caps[0])
+        candidate = ", ".join(x for x in ("fused" if fused else "level by level",
+                                          f"device bound {bounds_text}", label) if x)
         try:
             plan = _assemble(graph, curves, cluster, options, inputs, allocs, planned, home,
-                             reserve=reserve, consecutive=consecutive)
+                             reserve=reserve, consecutive=consecutive, candidate=candidate)
         except PlanInfeasible as e:
             error = error or e
             return False
         if reserve and best is not None and plan.waves == best.plan.waves:
             return False  # nothing was reserved: the kept plan again
-        bounds_text = "/".join(map(str, caps)) if len(set(caps)) > 1 else str(caps[0])
-        plan = replace(plan, candidate=", ".join(
-            x for x in ("fused" if fused else "level by level",
-                        f"device bound {bounds_text}", label) if x))
         # above SIMULATED_CHOICE_MAX_DEVICES one simulation would take longer than the
         # planning target: the first candidate is the plan
         cost = (simulated_cost(plan, graph, profile, cluster,
@@ -723,10 +722,11 @@ def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSp
               options: PlanOptions, inputs: tuple[InputRef, ...],
               allocs: list[LevelAllocation], planned: list[PlannedWave],
               home: dict[str, Ranks] | None = None, *, reserve: bool = False,
-              consecutive: bool = False) -> Plan:
+              consecutive: bool = False, candidate: str = "") -> Plan:
     """Place the planned waves (`home`: ranks each MetaOp prefers; `reserve`: ranks reserved
     for their rows; `consecutive`: on consecutive ranks whatever `options.placement` says;
-    `placement.place`) and build the Plan; `allocs` give the levels' lower bounds."""
+    `placement.place`) and build the Plan (`candidate`: what it is, Plan.candidate);
+    `allocs` give the levels' lower bounds."""
     n_dev = cluster.num_devices
     specs = _slice_specs(graph, curves, planned)
     flows = _flows(graph, specs)
@@ -750,6 +750,7 @@ def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSp
         cluster=cluster.name,
         planner=options.planner,
         options=options.as_dict(),
+        candidate=candidate,
         num_devices=n_dev,
         islands=tuple(tuple(i) for i in cluster.islands()),
         waves=waves,
@@ -778,9 +779,8 @@ def place_again(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Clust
         Slot(metaop=s.metaop, n=len(s.ranks), num_ops=s.last - s.first,
              op_time_ms=curves[s.metaop].time_at(len(s.ranks))) for s in w.slices))
         for w in plan.waves]
-    again = _assemble(graph, curves, cluster, options, plan.inputs,
-                      allocate(graph, curves, n_dev), planned)
-    return replace(again, candidate=plan.candidate)
+    return _assemble(graph, curves, cluster, options, plan.inputs,
+                     allocate(graph, curves, n_dev), planned, candidate=plan.candidate)
 
 
 def _sid(key: tuple[int, int]) -> str:
