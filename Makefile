@@ -4,7 +4,9 @@ PYTHON ?= python3
 SPINDLE := $(PYTHON) -m spindle_cli
 # one install stamp per interpreter, so switching PYTHON installs into the new one
 STAMP := .make/installed-$(subst /,_,$(PYTHON))
-OUT ?= out
+# the demo's files (`make demo OUT=dir`; not taken from the environment, where OUT may name
+# anything, since `make clean` removes it)
+OUT := out
 # --check on every generator target: `make plans CHECK=--check` never writes.
 CHECK ?=
 
@@ -46,54 +48,89 @@ demo: install
 	$(SPINDLE) bench --quick --out $(OUT)/demo/bench
 	$(SPINDLE) run plans/tiny-clip-local-cpu.yaml --nproc-per-node 4 --steps 5
 
-# --- committed artifacts: regenerate (make graphs profiles plans) or verify (make plans-check)
-GRAPH_MODELS := multitask-clip ofasys qwen-val qwen-val-30b qwen-val-70b
+# --- committed artifacts: regenerate (make plans: its graphs and profiles first) or verify
+# (make plans-check). One target per file, after the targets of the files it reads, so that
+# `make -j` never reads a file while it is rewritten, a model change reaches every plan made
+# from it, and plans-check (make -k) names every stale file, not only the first.
 
-graphs: install
-	for m in $(GRAPH_MODELS); do $(SPINDLE) graph models/$$m.yaml $(CHECK) -o graphs/$$m.yaml || exit 1; done
-	$(SPINDLE) graph models/multitask-clip.yaml --task-set 4 $(CHECK) -o graphs/multitask-clip-4.yaml
-	$(SPINDLE) graph models/multitask-clip.yaml --task-set 7 $(CHECK) -o graphs/multitask-clip-7.yaml
-	$(SPINDLE) graph models/ofasys.yaml --task-set 4 $(CHECK) -o graphs/ofasys-4.yaml
+# graph/NAME writes graphs/NAME.yaml from these `spindle graph` arguments
+GRAPHS := multitask-clip ofasys qwen-val qwen-val-30b qwen-val-70b multitask-clip-4 \
+	multitask-clip-7 ofasys-4 tiny-clip
+graph_multitask-clip := models/multitask-clip.yaml
+graph_ofasys := models/ofasys.yaml
+graph_qwen-val := models/qwen-val.yaml
+graph_qwen-val-30b := models/qwen-val-30b.yaml
+graph_qwen-val-70b := models/qwen-val-70b.yaml
+graph_multitask-clip-4 := models/multitask-clip.yaml --task-set 4
+graph_multitask-clip-7 := models/multitask-clip.yaml --task-set 7
+graph_ofasys-4 := models/ofasys.yaml --task-set 4
 # tiny-clip is what `spindle run` trains on CPU ranks, in fp32: its bytes are counted in fp32
-	$(SPINDLE) graph models/tiny-clip.yaml --dtype fp32 $(CHECK) -o graphs/tiny-clip.yaml
+graph_tiny-clip := models/tiny-clip.yaml --dtype fp32
 
-# The measured tiny-clip profile (profiles/tiny-clip-local-cpu.yaml) is made once on purpose,
-# never here: a measurement cannot be reproduced byte for byte. Remake it with `make measure`.
-profiles: install
-	for m in multitask-clip ofasys qwen-val; do \
-		$(SPINDLE) profile graphs/$$m.yaml $(A800_64) $(CHECK) -o profiles/$$m-a800-8x8.yaml || exit 1; done
-	for m in qwen-val-30b qwen-val-70b; do \
-		$(SPINDLE) profile graphs/$$m.yaml $(A800_256) $(CHECK) -o profiles/$$m-a800-32x8.yaml || exit 1; done
+# profile/NAME writes profiles/NAME.yaml: GRAPH, then `spindle profile` options
+PROFILES := multitask-clip-a800-8x8 ofasys-a800-8x8 qwen-val-a800-8x8 qwen-val-30b-a800-32x8 \
+	qwen-val-70b-a800-32x8
+profile_multitask-clip-a800-8x8 := multitask-clip $(A800_64)
+profile_ofasys-a800-8x8 := ofasys $(A800_64)
+profile_qwen-val-a800-8x8 := qwen-val $(A800_64)
+profile_qwen-val-30b-a800-32x8 := qwen-val-30b $(A800_256)
+profile_qwen-val-70b-a800-32x8 := qwen-val-70b $(A800_256)
 
-measure: install
-	$(SPINDLE) profile graphs/tiny-clip.yaml --hardware local --cluster clusters/local-cpu.yaml \
-		--validate --repeats 20 --no-cache -o profiles/tiny-clip-local-cpu.yaml
-
-# plan NAME GRAPH PROFILE CLUSTER [OPTIONS]
-define plan_one
-	$(SPINDLE) plan graphs/$(2).yaml profiles/$(3).yaml --cluster clusters/$(4).yaml $(5) $(CHECK) -o plans/$(1).yaml
-endef
+# plan/NAME writes plans/NAME.yaml: GRAPH PROFILE CLUSTER, then `spindle plan` options.
 # The tiny-clip plans are what `spindle run` trains on CPU ranks: the executor runs ZeRO-1/2
 # and recomputation but keeps every layer's full weights (no ZeRO-3), and `--memory auto` would
 # pick ZeRO-3 whenever it simulates faster, so these are planned without memory strategies.
 RUNNABLE := --memory none --recompute off
+PLANS := multitask-clip-4-a800-2x8 multitask-clip-7-a800-2x8 multitask-clip-a800-2x8 \
+	ofasys-4-a800-2x8 ofasys-a800-2x8 qwen-val-a800-4x8 qwen-val-a800-8x8 \
+	qwen-val-30b-a800-32x8 qwen-val-70b-a800-32x8 tiny-clip-local-cpu tiny-clip-local-cpu-2
+plan_multitask-clip-4-a800-2x8 := multitask-clip-4 multitask-clip-a800-8x8 a800-2x8
+plan_multitask-clip-7-a800-2x8 := multitask-clip-7 multitask-clip-a800-8x8 a800-2x8
+plan_multitask-clip-a800-2x8 := multitask-clip multitask-clip-a800-8x8 a800-2x8
+plan_ofasys-4-a800-2x8 := ofasys-4 ofasys-a800-8x8 a800-2x8
+plan_ofasys-a800-2x8 := ofasys ofasys-a800-8x8 a800-2x8
+plan_qwen-val-a800-4x8 := qwen-val qwen-val-a800-8x8 a800-4x8
+plan_qwen-val-a800-8x8 := qwen-val qwen-val-a800-8x8 a800-8x8
+plan_qwen-val-30b-a800-32x8 := qwen-val-30b qwen-val-30b-a800-32x8 a800-32x8
+plan_qwen-val-70b-a800-32x8 := qwen-val-70b qwen-val-70b-a800-32x8 a800-32x8
+plan_tiny-clip-local-cpu := tiny-clip tiny-clip-local-cpu local-cpu $(RUNNABLE)
+plan_tiny-clip-local-cpu-2 := tiny-clip tiny-clip-local-cpu local-cpu-2 $(RUNNABLE)
 
-plans: install
-	$(call plan_one,multitask-clip-4-a800-2x8,multitask-clip-4,multitask-clip-a800-8x8,a800-2x8)
-	$(call plan_one,multitask-clip-7-a800-2x8,multitask-clip-7,multitask-clip-a800-8x8,a800-2x8)
-	$(call plan_one,multitask-clip-a800-2x8,multitask-clip,multitask-clip-a800-8x8,a800-2x8)
-	$(call plan_one,ofasys-4-a800-2x8,ofasys-4,ofasys-a800-8x8,a800-2x8)
-	$(call plan_one,ofasys-a800-2x8,ofasys,ofasys-a800-8x8,a800-2x8)
-	$(call plan_one,qwen-val-a800-4x8,qwen-val,qwen-val-a800-8x8,a800-4x8)
-	$(call plan_one,qwen-val-a800-8x8,qwen-val,qwen-val-a800-8x8,a800-8x8)
-	$(call plan_one,qwen-val-30b-a800-32x8,qwen-val-30b,qwen-val-30b-a800-32x8,a800-32x8)
-	$(call plan_one,qwen-val-70b-a800-32x8,qwen-val-70b,qwen-val-70b-a800-32x8,a800-32x8)
-	$(call plan_one,tiny-clip-local-cpu,tiny-clip,tiny-clip-local-cpu,local-cpu,$(RUNNABLE))
-	$(call plan_one,tiny-clip-local-cpu-2,tiny-clip,tiny-clip-local-cpu,local-cpu-2,$(RUNNABLE))
+.SECONDEXPANSION:
+.PHONY: $(GRAPHS:%=graph/%) $(PROFILES:%=profile/%) profile/tiny-clip-local-cpu $(PLANS:%=plan/%)
 
-# Verify that every committed graph, analytic profile and plan is what the code makes now.
+graphs: $(GRAPHS:%=graph/%)
+profiles: $(PROFILES:%=profile/%) profile/tiny-clip-local-cpu
+plans: $(PLANS:%=plan/%)
+
+$(GRAPHS:%=graph/%): graph/%: install
+	$(SPINDLE) graph $(graph_$*) $(CHECK) -o graphs/$*.yaml
+
+$(PROFILES:%=profile/%): profile/%: install graph/$$(firstword $$(profile_$$*))
+	$(SPINDLE) profile graphs/$(firstword $(profile_$*)).yaml $(wordlist 2,99,$(profile_$*)) \
+		$(CHECK) -o profiles/$*.yaml
+
+# The measured tiny-clip profile is made once on purpose, never here: a measurement cannot be
+# reproduced byte for byte. Here it is only checked against its graph; remake it with
+# `make measure` when that changed.
+profile/tiny-clip-local-cpu: install graph/tiny-clip
+	@$(SPINDLE) validate profiles/tiny-clip-local-cpu.yaml || { echo "profiles/tiny-clip-local-cpu.yaml \
+	is measured, not regenerated: remake it with 'make measure'" >&2; exit 1; }
+
+measure: install graph/tiny-clip
+	$(SPINDLE) profile graphs/tiny-clip.yaml --hardware local --cluster clusters/local-cpu.yaml \
+		--validate --repeats 20 --no-cache -o profiles/tiny-clip-local-cpu.yaml
+
+$(PLANS:%=plan/%): plan/%: install graph/$$(word 1,$$(plan_$$*)) profile/$$(word 2,$$(plan_$$*))
+	$(SPINDLE) plan graphs/$(word 1,$(plan_$*)).yaml profiles/$(word 2,$(plan_$*)).yaml \
+		--cluster clusters/$(word 3,$(plan_$*)).yaml $(wordlist 4,99,$(plan_$*)) $(CHECK) \
+		-o plans/$*.yaml
+
+# Verify that every committed graph, profile and plan is what the code makes now (-k: all of
+# them, however many are stale).
 plans-check:
-	$(MAKE) --no-print-directory graphs profiles plans CHECK=--check
+	@$(MAKE) --no-print-directory -k plans CHECK=--check || { echo "hint: 'make plans' \
+	regenerates them ('make measure' remakes the measured tiny-clip profile)" >&2; exit 1; }
 
 bench: install
 	$(SPINDLE) bench --out docs/bench
