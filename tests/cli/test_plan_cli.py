@@ -71,6 +71,15 @@ def test_check_detects_drift_and_writes_nothing(case):
     assert r.exit_code == 1 and not Path("missing.yaml").exists()
 
 
+def test_absolute_input_paths_in_the_working_directory_make_the_same_plan(case):
+    # a script that spells its inputs as $PWD/... records them as `make` does, relative
+    invoke(*plan_args("-o", "plan.yaml"))
+    absolute = [str(case / f"{name}.yaml") for name in ("graph", "profile", "cluster")]
+    r = invoke("plan", absolute[0], absolute[1], "--cluster", absolute[2], "--check",
+               "-o", str(case / "plan.yaml"))
+    assert r.exit_code == 0, r.output
+
+
 def test_check_says_why_a_plan_is_stale(case):
     assert invoke(*plan_args("-o", "plan.yaml")).exit_code == 0
     kept = load("plan.yaml", Plan)
