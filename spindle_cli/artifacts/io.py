@@ -425,16 +425,7 @@ def sha256(obj: Artifact) -> str:
 
 
 def input_ref(obj: Artifact, path: str) -> InputRef:
-    """An `inputs` entry naming an artifact and its content hash. The path is recorded as
-    given, except that an absolute path inside the working directory is recorded relative to
-    it: a file made in a checkout then names its inputs the same whichever way they were
-    spelled, and still finds them once the checkout moves (`find_recorded_input`)."""
-    given = Path(path)
-    if given.is_absolute():
-        try:
-            path = given.relative_to(Path.cwd()).as_posix()
-        except ValueError:
-            pass  # outside the working directory: only the absolute path names it
+    """An `inputs` entry naming an artifact and its content hash."""
     return InputRef(kind=obj.kind, path=path, sha256=sha256(obj))
 
 

@@ -24,6 +24,22 @@ def load_input(path: str, cls: type[A]) -> A:
     return load(path, cls)
 
 
+def recorded(path: str, output: str) -> str:
+    """How an input given as `path` is recorded in a file written to `output`: as given,
+    except that an absolute path inside the working directory is recorded relative to it when
+    `output` lies there too. A file made in a checkout then names its inputs the same however
+    they were spelled (`--check` agrees), and finds them once the checkout moves
+    (`find_recorded_input` looks above the file); a file written elsewhere keeps the absolute
+    path, the one that names its inputs from there."""
+    given, here = Path(path), Path.cwd()
+    if given.is_absolute() and output != "-" and Path(output).resolve().is_relative_to(here):
+        try:
+            return given.relative_to(here).as_posix()
+        except ValueError:
+            pass  # outside the working directory
+    return path
+
+
 def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json"),
                  what: str = "file extension", *, check: bool = False,
                  inputs: tuple[str | None, ...] = ()) -> None:

@@ -6,7 +6,7 @@ import click
 
 from spindle_cli.artifacts import ModelSpec, input_ref
 from spindle_cli.cli._console import err
-from spindle_cli.cli.common import check_output, emit, exit_with, load_input
+from spindle_cli.cli.common import check_output, emit, exit_with, load_input, recorded
 from spindle_cli.errors import SpindleError
 
 
@@ -54,7 +54,7 @@ def graph(model_path: str, tasks: str | None, task_set: str | None, dtype: str, 
     model = load_input(model_path, ModelSpec)
     selected = _selected_tasks(model, model_path, tasks, task_set)
     result = build_graph(model, tasks=selected, dtype=dtype,
-                         inputs=[input_ref(model, model_path)])
+                         inputs=[input_ref(model, recorded(model_path, output))])
     code = emit(result, output, check=check)
     # after emit, so that a bad output path leaves a single error line
     tasks = f"{len(result.tasks)} task{'s' * (len(result.tasks) > 1)}"

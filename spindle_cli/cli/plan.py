@@ -7,7 +7,14 @@ import click
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, input_ref
 from spindle_cli.artifacts.profile import profiled_device
 from spindle_cli.cli._console import err
-from spindle_cli.cli.common import check_output, emit, exit_with, load_input, memory_text
+from spindle_cli.cli.common import (
+    check_output,
+    emit,
+    exit_with,
+    load_input,
+    memory_text,
+    recorded,
+)
 from spindle_cli.errors import ArtifactError, SpindleError
 
 
@@ -64,8 +71,9 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
     check_device(profile, profile_path, cluster, cluster_path, allow=allow_device_mismatch)
     options = PlanOptions(planner=planner, placement=placement, uneven_splits=uneven_splits,
                           tensor_parallel=tensor_parallel)
-    inputs = (input_ref(graph, graph_path), input_ref(profile, profile_path),
-              input_ref(cluster, cluster_path))
+    inputs = (input_ref(graph, recorded(graph_path, output)),
+              input_ref(profile, recorded(profile_path, output)),
+              input_ref(cluster, recorded(cluster_path, output)))
     result, iteration_ms = fitting_plan_with_cost(graph, profile, cluster, options=options,
                                                   ladder=ladder, inputs=inputs)
     gap = result.estimated_iteration_ms / result.lower_bound_ms if result.lower_bound_ms else 1.0

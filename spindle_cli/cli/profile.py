@@ -21,7 +21,7 @@ from spindle_cli.artifacts import (
 )
 from spindle_cli.artifacts.base import InputRef
 from spindle_cli.cli._console import err
-from spindle_cli.cli.common import check_output, emit, exit_with, load_input
+from spindle_cli.cli.common import check_output, emit, exit_with, load_input, recorded
 from spindle_cli.errors import SpindleError
 
 DEFAULT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
@@ -100,9 +100,9 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
             f"--counts: {fit_counts[-1]} exceeds the {cluster.num_devices} devices of "
             f"{cluster_path}"
         )
-    inputs = [input_ref(graph, graph_path)]
+    inputs = [input_ref(graph, recorded(graph_path, output))]
     if cluster is not None:
-        inputs.append(input_ref(cluster, cluster_path or ""))
+        inputs.append(input_ref(cluster, recorded(cluster_path or "", output)))
     if hardware == "local":
         result = _measured(graph, graph_path, cluster, fit_counts, validate, repeats,
                            no_cache, inputs)

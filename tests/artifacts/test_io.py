@@ -169,15 +169,6 @@ def test_expected_kind_is_enforced(small_model, tmp_path):
         load(str(path), MetaOpGraph)
 
 
-def test_absolute_input_paths_inside_the_working_directory_are_recorded_relative(
-        small_model, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert input_ref(small_model, str(tmp_path / "models" / "m.yaml")).path == "models/m.yaml"
-    assert input_ref(small_model, "models/m.yaml").path == "models/m.yaml"
-    outside = str(tmp_path.parent / "elsewhere" / "m.yaml")
-    assert input_ref(small_model, outside).path == outside
-
-
 def test_derived_artifacts_record_producer_and_input_hashes(small_model, tmp_path):
     model = small_model
     path = tmp_path / "m.yaml"

@@ -78,6 +78,13 @@ def test_absolute_input_paths_in_the_working_directory_make_the_same_plan(case):
     r = invoke("plan", absolute[0], absolute[1], "--cluster", absolute[2], "--check",
                "-o", str(case / "plan.yaml"))
     assert r.exit_code == 0, r.output
+    # a plan written outside the working directory keeps the paths that find its inputs
+    elsewhere = case.parent / f"{case.name}-elsewhere"
+    elsewhere.mkdir()
+    invoke("plan", absolute[0], absolute[1], "--cluster", absolute[2],
+           "-o", str(elsewhere / "plan.yaml"))
+    plan = load(str(elsewhere / "plan.yaml"), Plan)
+    assert [ref.path for ref in plan.inputs] == absolute
 
 
 def test_check_says_why_a_plan_is_stale(case):
