@@ -29,7 +29,10 @@ What is modelled (and what is not):
   rate of its slower port. The next wave waits for all of the boundary's messages.
 - Parameter synchronization. Gradients are all-reduced in buckets with a ring over their ranks
   (ascending): each rank sends 2(p-1)/p * bytes to its ring successor, with 2(p-1) message
-  latencies; a bucket finishes with its slowest link. The buckets are the executor's
+  latencies; a bucket finishes with its slowest link. Under 'tp<t>' a rank holds 1/t of the
+  layers (memory.py's count, `_held`) and the p ranks hold c = p/t copies of each shard: each
+  rank sends 2(c-1)/c of its 1/t, with 2(c-1) latencies (nothing for one copy); ZeRO's
+  all-gathers and the optimizer step count the held share likewise. The buckets are the executor's
   (`buckets.sync_buckets`, `simulate`'s `sync`), each with its share of its groups' bytes by
   layer count: by default those of the cluster's `backend`; 'chunked' (the executor's on NCCL)
   splits a rank set's layers by the backward wave that completes their gradients (the lowest
@@ -85,8 +88,8 @@ import numpy as np
 
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.artifacts.plan import ParamGroup, Plan, Slice, Wave, tp_groups
-from spindle_cli.artifacts.profile import Curve, Profile
+from spindle_cli.artifacts.plan import Plan, Slice, Wave, tp_groups
+from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.buckets import SyncBucket, SyncMode, backend_sync, sync_buckets
 from spindle_cli.planner.consistency import check_plan
@@ -642,21 +645,44 @@ class _RankTimes:
     waiting_ms: list[float]
 
 
-def _optimizer_ms(plan: Plan, graph: MetaOpGraph, profile: Profile) -> list[float]:
+def _held(plan: Plan, metaops: dict[str, MetaOp]) -> list[dict[int, float]]:
+    """Per parameter group, the share of its layers' weights each of its ranks holds, as
+    `memory.Ledger` counts it: 1 for a rank that runs them data-parallel, 1/t for one that
+    runs them in a tensor-parallel group of t (the most over the rank's slices)."""
+    held = [dict.fromkeys(g.ranks, 0.0) for g in plan.param_groups]
+    of_module: dict[str, list[int]] = {}
+    for gi, g in enumerate(plan.param_groups):
+        of_module.setdefault(g.module, []).append(gi)
+    for _, s in plan.slices():
+        m = metaops[s.metaop]
+        lo, hi = m.first_layer + s.first, m.first_layer + s.last
+        share = 1.0 / tp_degree(s.strategy)
+        for gi in of_module.get(m.module, ()):
+            g = plan.param_groups[gi]
+            if g.first_layer < hi and lo < g.last_layer:
+                for r in s.ranks:
+                    if r in held[gi]:
+                        held[gi][r] = max(held[gi][r], share)
+    return held
+
+
+def _optimizer_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
+                  held: list[dict[int, float]]) -> list[float]:
     """Each rank's optimizer step (Profile.optimizer; none without it): one tensor per distinct
     rank set among the rank's parameter groups (the executor's gradient buckets on gloo),
-    holding the groups' parameters, a 1/p share of a group of p ranks under ZeRO (sharded
-    optimizer state)."""
+    holding the rank's share of the groups' parameters (`_held`: 1/t under 'tp<t>'), a
+    1/replicas share of that under ZeRO (sharded optimizer state)."""
     cost = profile.optimizer
     if cost is None:
         return [0.0] * plan.num_devices
     sharded = _zero_stage(plan) >= 1
     params = [0.0] * plan.num_devices
     buckets: list[set[tuple[int, ...]]] = [set() for _ in range(plan.num_devices)]
-    for g in plan.param_groups:
-        share = g.bytes / graph.dtype_bytes / (len(g.ranks) if sharded else 1)
+    for gi, g in enumerate(plan.param_groups):
+        replicas = max(sum(held[gi].values()), 1.0)
         for r in g.ranks:
-            params[r] += share
+            params[r] += g.bytes / graph.dtype_bytes * held[gi][r] / (
+                replicas if sharded else 1)
             buckets[r].add(g.ranks)
     return [cost.time_ms(len(b), n) for b, n in zip(buckets, params, strict=True)]
 
@@ -711,11 +737,32 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     sharded = _zero_stage(plan) >= 1
     post_gather = 1 <= _zero_stage(plan) <= 2
 
-    def ring(g: ParamGroup, num_bytes: int, share: float) -> list[tuple[int, int, int]]:
-        """Each rank of the group sends `share` x `num_bytes` to its ring successor."""
-        p = len(g.ranks)
-        return [(g.ranks[k], g.ranks[(k + 1) % p], round(share * (p - 1) / p * num_bytes))
-                for k in range(p)] if p > 1 and num_bytes > 0 else []
+    held = _held(plan, metaops)
+
+    def replicas(groups: tuple[int, ...]) -> float:
+        """The copies of the layers of `groups` (one rank set) that a ring reduces: the
+        ranks' held shares summed (g ranks under 'dp', g / t under 'tp<t>')."""
+        g = plan.param_groups[groups[0]]
+        return sum(max(held[gi][r] for gi in groups) for r in g.ranks)
+
+    def ring(groups: tuple[int, ...], num_bytes: int, share: float
+             ) -> list[tuple[int, int, int]]:
+        """A ring over the ranks of `groups` (one rank set) of `num_bytes` of their layers:
+        each rank sends its successor `share` x (c - 1) / c of its held part of them, for c
+        `replicas` (under 'tp<t>' the t shards are reduced side by side, each over the c
+        ranks holding it; nothing when the layers have one copy)."""
+        g = plan.param_groups[groups[0]]
+        p, c = len(g.ranks), replicas(groups)
+        if c <= 1.0 + 1e-9 or num_bytes <= 0:
+            return []
+        return [(g.ranks[k], g.ranks[(k + 1) % p],
+                 round(share * (c - 1) / c * num_bytes
+                       * max(held[gi][g.ranks[k]] for gi in groups)))
+                for k in range(p)]
+
+    def ring_steps(groups: tuple[int, ...]) -> int:
+        """The steps of a ring of `replicas` copies (each pays a link latency)."""
+        return max(round(replicas(groups)) - 1, 0)
 
     def label_of(groups: tuple[int, ...]) -> str:
         return "+".join(f"{plan.param_groups[gi].module}[{plan.param_groups[gi].first_layer}:"
@@ -736,10 +783,9 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         """A ring all-reduce (reduce-scatter under ZeRO) of `num_bytes` of the gradients of
         `groups` (one rank set) from `start_ms`; `label`: its layers (the groups' by
         default)."""
-        g = plan.param_groups[groups[0]]
-        steps = (1 if sharded else 2) * (len(g.ranks) - 1)
+        steps = (1 if sharded else 2) * ring_steps(groups)
         label = label or label_of(groups)
-        ids = issue("sync", label, ring(g, num_bytes, 1.0 if sharded else 2.0),
+        ids = issue("sync", label, ring(groups, num_bytes, 1.0 if sharded else 2.0),
                     start_ms, steps * latency_s)
         for gi in groups:
             sync_start_ms[gi] = min(sync_start_ms.get(gi, start_ms), start_ms)
@@ -755,16 +801,16 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         ids: list[int] = []
         m = metaops[s.metaop]
         lo, hi = m.first_layer + s.first, m.first_layer + s.last
-        for g in plan.param_groups:
+        for gi, g in enumerate(plan.param_groups):
             layers = min(hi, g.last_layer) - max(lo, g.first_layer)
-            p = len(g.ranks)
-            size = layers * m.params_per_layer * weight_b
-            if g.module != m.module or layers <= 0 or p < 2 or size <= 0:
+            if g.module != m.module or layers <= 0:
                 continue
-            ring = [(g.ranks[k], g.ranks[(k + 1) % p], round((p - 1) / p * size))
-                    for k in range(p)]
-            ids += all_gather(g.ranks, "gather", f"{s.id}:{g.module}[{max(lo, g.first_layer)}:"
-                              f"{min(hi, g.last_layer)}]", ring, start_ms, (p - 1) * latency_s)
+            pieces = ring((gi,), layers * m.params_per_layer * weight_b, 1.0)
+            if pieces:
+                ids += all_gather(g.ranks, "gather",
+                                  f"{s.id}:{g.module}[{max(lo, g.first_layer)}:"
+                                  f"{min(hi, g.last_layer)}]", pieces, start_ms,
+                                  ring_steps((gi,)) * latency_s)
         return ids
 
     def issue_gathers(wave: int, start_ms: float) -> list[int]:
@@ -791,8 +837,8 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         gathered: dict[tuple[str, int], list[int]] = {}
         for groups, num_bytes, label, layers in units:
             g = plan.param_groups[groups[0]]
-            ids = all_gather(g.ranks, "sync", f"all-gather {label}", ring(g, num_bytes, 1.0),
-                             0.0, (len(g.ranks) - 1) * latency_s)
+            ids = all_gather(g.ranks, "sync", f"all-gather {label}",
+                             ring(groups, num_bytes, 1.0), 0.0, ring_steps(groups) * latency_s)
             for key in layers:
                 gathered.setdefault(key, []).extend(ids)
         for _, sl in plan.slices():
@@ -1088,7 +1134,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     for gi, g in enumerate(plan.param_groups):
         if gi not in sync_start_ms:
             issue_sync((gi,), g.bytes, max(end_ms[r] for r in g.ranks))
-    optimizer_ms = _optimizer_ms(plan, graph, profile)
+    optimizer_ms = _optimizer_ms(plan, graph, profile, held)
     groups_of: list[list[int]] = [[] for _ in range(plan.num_devices)]
     for gi, g in enumerate(plan.param_groups):
         for r in g.ranks:

@@ -386,3 +386,28 @@ def test_a_slice_starts_when_all_of_its_ranks_are_there():
     assert [(f.src_rank, f.dst_rank) for f in acts] == [(0, 1), (1, 2)]
     assert [(f.start_ms, f.end_ms) for f in acts] == pytest.approx([(4.0, 6.0), (4.0, 14.0)])
     assert (w1.forward_start_ms, w1.forward_end_ms) == pytest.approx((14.0, 15.0))
+
+
+def _tensor_parallel_enc(plan):
+    """`plan` with its enc slice in tp2 (groups of two consecutive ranks)."""
+    enc = dataclasses.replace(plan.waves[0].slices[0], strategy="tp2")
+    return dataclasses.replace(
+        plan, waves=(dataclasses.replace(plan.waves[0], slices=(enc,)), *plan.waves[1:]))
+
+
+def test_tensor_parallel_shards_are_reduced_over_their_replicas_only():
+    # enc in tp2 on all 4 ranks: two groups (0,1) and (2,3), each rank holding half of enc's
+    # 400 MB, two replicas of each half. Each rank sends 2(c-1)/c x 200 MB = 200 MB for c = 2
+    # replicas (a third of the data-parallel ring's 600 MB): 200 MB / 20 GB/s = 10 ms on the
+    # cross-node edges, against 30 ms in test_ring_all_reduce_runs_at_its_slowest_link.
+    everyone = (0, 1, 2, 3)
+    plan = _tensor_parallel_enc(fx.plan(enc_ranks=everyone, head_ranks=everyone,
+                                        enc_sync_bytes=400_000_000, head_sync_bytes=0))
+    r = run(plan)
+    ring = sorted((f.src_rank, f.dst_rank, f.bytes) for f in r.flows if f.kind == "sync")
+    assert ring == [(0, 1, 200_000_000), (1, 2, 200_000_000), (2, 3, 200_000_000),
+                    (3, 0, 200_000_000)]
+    assert r.sync_ms == pytest.approx(10.0)
+    # one tp2 group holds a single copy: nothing to reduce
+    alone = _tensor_parallel_enc(fx.plan(enc_ranks=(0, 1), head_sync_bytes=0))
+    assert [f for f in run(alone).flows if f.kind == "sync"] == []
