@@ -11,7 +11,7 @@ from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.plan import Plan, Slice
 from spindle_cli.errors import PlanError
-from spindle_cli.planner.memory import Ledger, MemoryStrategy
+from spindle_cli.planner.memory import MemoryStrategy, replayed_table
 
 
 def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[int, ...]]:
@@ -91,12 +91,7 @@ def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> No
     for i, lv in enumerate(plan.levels):
         _same(f"levels[{i}].estimated_ms", lv.estimated_ms,
               sum(w.duration_ms for w in plan.waves if w.level == lv.level))
-    ops = {m.id: m for m in graph.metaops}
-    ledger = Ledger(graph, plan.num_devices, memory)
-    for w in plan.waves:
-        for s in w.slices:
-            ledger.commit(ops[s.metaop], s.first, s.last, s.ranks, s.strategy)
-    for recorded, implied in zip(plan.memory, ledger.table(), strict=True):
+    for recorded, implied in zip(plan.memory, replayed_table(plan, graph, memory), strict=True):
         for name in ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"):
             if getattr(recorded, name) != getattr(implied, name):
                 raise PlanError(f"memory[{recorded.rank}].{name}: recorded "

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.artifacts.plan import RankMemory
+from spindle_cli.artifacts.plan import Plan, RankMemory
 from spindle_cli.artifacts.profile import tp_degree
 from spindle_cli.planner.roofline import REPLICATED_ACTIVATION_FRACTION
 
@@ -278,3 +278,15 @@ class Ledger:
             )
             for r in range(self.num_devices)
         )
+
+
+def replayed_table(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy
+                   ) -> tuple[RankMemory, ...]:
+    """The per-rank memory `plan`'s slices hold under `memory`: each slice committed to a
+    Ledger in wave order, as placement committed it (the plan's `memory` table, for a plan
+    whose table was not edited)."""
+    ops = {m.id: m for m in graph.metaops}
+    ledger = Ledger(graph, plan.num_devices, memory)
+    for _, s in plan.slices():
+        ledger.commit(ops[s.metaop], s.first, s.last, s.ranks, s.strategy)
+    return ledger.table()

@@ -46,8 +46,10 @@ What is modelled (and what is not):
   backward wave. Buckets run concurrently and share ports with each other and with transfers.
   Only the sync that outlasts the backward pass adds to the iteration.
 - Memory. Parameters, gradients and optimizer state per rank are the plan's estimate; the
-  activations stashed for backward are simulated: every slice keeps stash_bytes_per_sample *
-  rows * layers on each rank until its backward, so a rank peaks at the end of the forward pass.
+  activations stashed for backward are counted from the slices as memory.py counts them
+  (`memory.replayed_table`: stash_bytes_per_sample * rows * layers on each rank, a tp<t>
+  rank's share of it, only inputs under recomputation), all alive at the end of the forward
+  pass, where a rank peaks.
 
 - Memory strategies (Plan.options `zero`, `recompute`; planner/memory.py). Under ZeRO a
   bucket's ring is a reduce-scatter, (p-1)/p * bytes per rank with p-1 latencies. Below stage 3
@@ -93,7 +95,7 @@ from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.buckets import SyncBucket, SyncMode, backend_sync, sync_buckets
 from spindle_cli.planner.consistency import check_plan
-from spindle_cli.planner.memory import kept_bytes_per_sample, state_bytes_per_param
+from spindle_cli.planner.memory import MemoryStrategy, replayed_table, state_bytes_per_param
 
 FORWARD_SHARE = 1.0 / 3.0
 """Forward share of an operator's forward+backward time; backward is the rest."""
@@ -1192,22 +1194,12 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     forward_ms, backward_ms, transfer_ms, sync_ms, optimizer_ms = timeline.parts
 
     busy = [0.0] * plan.num_devices
-    stash = [0] * plan.num_devices
-    peak = [0] * plan.num_devices
-    recompute = _recompute(plan)
     device_ms: dict[str, float] = {}
     slices = []
     for _, s in plan.slices():
         c, m = costs[s.id], graph.metaop(s.metaop)
-        for g, (lo, hi) in zip(tp_groups(s.ranks, s.strategy),
-                               split_rows(m.batch_size, len(tp_groups(s.ranks, s.strategy))),
-                               strict=True):
-            for r in g:
-                busy[r] += c.forward_ms + c.backward_ms
-                stash[r] += (kept_bytes_per_sample(m, recompute) * (hi - lo) * s.num_layers
-                             // len(g))
-                if recompute:
-                    peak[r] = max(peak[r], m.stash_bytes_per_sample * (hi - lo) // len(g))
+        for r in s.ranks:
+            busy[r] += c.forward_ms + c.backward_ms
         device_ms[s.metaop] = device_ms.get(s.metaop, 0.0) + (
             c.forward_ms + c.backward_ms) * len(s.ranks)
         st = starts[s.id]
@@ -1216,7 +1208,9 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
             last=s.last, ranks=s.ranks, forward_start_ms=st[0], forward_end_ms=st[1],
             backward_start_ms=st[2], backward_end_ms=st[3]))
 
-    stash = [a + b for a, b in zip(stash, peak, strict=True)]
+    # what the slices keep for backward, as memory.py counts it (the plan's own table)
+    stash = [rm.activation_bytes for rm in replayed_table(
+        plan, graph, MemoryStrategy(zero=_zero_stage(plan), recompute=_recompute(plan)))]
     static = {rm.rank: rm.param_bytes + rm.grad_bytes + rm.optimizer_bytes for rm in plan.memory}
     ranks = tuple(
         RankStats(rank=r, busy_ms=busy[r],
