@@ -276,7 +276,8 @@ def row_flows(
 ) -> tuple[tuple[int, int, int], ...]:
     """(src rank, dst rank, bytes) pieces of a transfer, rows matched by overlap; same-rank
     pieces are dropped. Every rank of a consumer tensor-parallel group needs its group's rows;
-    they come from the producer rank on the same device when there is one. Cached: the
+    they come from the producer rank on the same device when there is one, else from the
+    producer group's ranks in turn (each holds the group's output). Cached: the
     candidate plans a planner simulates share most of their slices."""
     src_groups = tp_groups(src_ranks, src_strategy)
     dst_groups = tp_groups(dst_ranks, dst_strategy)
@@ -286,7 +287,7 @@ def row_flows(
     # Both row splits are ascending and contiguous: the producer groups overlapping a consumer
     # group are a run that starts at or after the previous consumer's first (a merge walk).
     first = 0
-    for dg, (dlo, dhi) in zip(dst_groups, dst_rows, strict=True):
+    for di, (dg, (dlo, dhi)) in enumerate(zip(dst_groups, dst_rows, strict=True)):
         while first < len(src_rows) and src_rows[first][1] <= dlo:
             first += 1
         k = first
@@ -298,7 +299,8 @@ def row_flows(
                 continue
             piece = num_bytes * overlap // num_rows
             for j, d in enumerate(dg):
-                s = d if d in sg else sg[j % len(sg)]
+                # every rank of a producer group holds its rows: consumers take turns
+                s = d if d in sg else sg[(di + j) % len(sg)]
                 if s != d and piece > 0:
                     out.append((s, d, piece))
     return tuple(out)

@@ -289,6 +289,11 @@ def test_row_flows_match_overlapping_rows():
     assert sorted(flows) == [(0, 4, 100), (1, 4, 100), (2, 5, 100), (3, 5, 100)]
     # Tensor parallel consumer: both ranks of the group need all of the group's rows.
     assert sorted(row_flows(400, (0,), "dp", (0, 1), "tp2", 8)) == [(0, 1, 400)]
+    # Tensor parallel producer: every rank of the group holds its output, so the consumers
+    # take turns instead of all reading from its first rank
+    assert sorted(row_flows(400, (0, 1), "tp2", (2, 3), "dp", 8)) == [(0, 2, 200), (1, 3, 200)]
+    assert sorted(row_flows(400, (0, 1, 2, 3), "tp4", (4, 5, 6, 7), "dp", 8)) == [
+        (0, 4, 100), (1, 5, 100), (2, 6, 100), (3, 7, 100)]
 
 
 def test_mismatched_cluster_is_a_user_error():
