@@ -37,7 +37,8 @@ def row_flows_by_every_pair(num_bytes, src_ranks, src_strategy, dst_ranks, dst_s
     src_groups = tp_groups(src_ranks, src_strategy)
     dst_groups = tp_groups(dst_ranks, dst_strategy)
     out = []
-    for dg, (dlo, dhi) in zip(dst_groups, split_rows(num_rows, len(dst_groups)), strict=True):
+    for di, (dg, (dlo, dhi)) in enumerate(zip(dst_groups, split_rows(num_rows, len(dst_groups)),
+                                              strict=True)):
         for sg, (slo, shi) in zip(src_groups, split_rows(num_rows, len(src_groups)),
                                   strict=True):
             overlap = min(dhi, shi) - max(dlo, slo)
@@ -45,7 +46,7 @@ def row_flows_by_every_pair(num_bytes, src_ranks, src_strategy, dst_ranks, dst_s
                 continue
             piece = num_bytes * overlap // num_rows
             for j, d in enumerate(dg):
-                s = d if d in sg else sg[j % len(sg)]
+                s = d if d in sg else sg[(di + j) % len(sg)]
                 if s != d and piece > 0:
                     out.append((s, d, piece))
     return out
