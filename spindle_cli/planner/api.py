@@ -676,38 +676,6 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
                 consider((n_dev,) * len(allocs), planned, fused=True, home=home,
                          label=f"task lanes of {lanes.size}")
 
-    def consider_whole_cluster_levels() -> None:
-        """The kept level-by-level plan with levels run as the sequential baseline runs them:
-        each MetaOp alone on its largest valid count, in turn (`baselines.one_per_wave`).
-        Tried for the levels where a MetaOp's curve is tensor-parallel at that count: its
-        ranks then hold 1/t of its layers, so its gradient ring reduces far fewer copies
-        than the data-parallel slices of a balanced level (the allocator and the wave
-        scheduler see compute only). Each such level alone, then every level (the levels'
-        MetaOps one after another, as `sequential` runs tasks' ones): qwen-val-30b on 256
-        GPUs 1731.1 ms with every level on the whole cluster under ZeRO-2, against 1976.3
-        for the best balanced plan (ZeRO-1, device bounds 32/32/32/64/32) and 1779.0 for
-        the sequential baseline."""
-        assert best is not None
-        if best.fused:
-            return
-        of_level: dict[int, list[MetaOp]] = {}
-        for m in graph.metaops:
-            of_level.setdefault(m.level, []).append(m)
-        wide = [lv for lv, ms in sorted(of_level.items()) if any(
-            tp_degree(scaling.strategy(curves[m.id].curve, curves[m.id].counts[-1])) > 1
-            for m in ms)]
-        kept = best
-
-        def with_whole(levels: set[int]) -> list[PlannedWave]:
-            return [w for lv in sorted(of_level) for w in (
-                baselines.one_per_wave(of_level[lv], curves, max_ops) if lv in levels
-                else [w for w in kept.planned if w.level == lv])]
-
-        for lv in wide:
-            consider(kept.caps, with_whole({lv}), label=f"level {lv} on the whole cluster")
-        if wide:
-            consider(kept.caps, with_whole(set(of_level)), label="every level on the whole cluster")
-
     for cap in bounds:
         try:
             capped, capped_allocs = capped_for(cap)
@@ -736,8 +704,6 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     if best is not None and simulated and len(graph.tasks) > 1:
         consider_task_stable()
         consider_lanes()
-    if best is not None and simulated:
-        consider_whole_cluster_levels()
     if best is not None and simulated:
         kept = best
         consider(kept.caps, kept.planned, fused=kept.fused, home=kept.home,

@@ -33,7 +33,7 @@ from spindle_cli.planner.tasks import (
 from spindle_cli.planner.waves import MaxOps, PlannedWave, Slot
 
 
-def one_per_wave(metaops: list[MetaOp], curves: dict[str, OpCurve],
+def _one_per_wave(metaops: list[MetaOp], curves: dict[str, OpCurve],
                   max_ops: MaxOps | None) -> list[PlannedWave]:
     """Each MetaOp alone on its largest valid count, split into waves only where one slice
     would not fit in memory."""
@@ -52,7 +52,7 @@ def one_per_wave(metaops: list[MetaOp], curves: dict[str, OpCurve],
 def sequential(graph: MetaOpGraph, curves: dict[str, OpCurve],
                max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Each task's MetaOps on the whole cluster in turn."""
-    return [w for ms in by_task(graph) for w in one_per_wave(ms, curves, max_ops)]
+    return [w for ms in by_task(graph) for w in _one_per_wave(ms, curves, max_ops)]
 
 
 def optimus(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,
@@ -138,9 +138,9 @@ def distmm(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,
         towers, joined = _towers(ms)
         sizes = _tower_sizes(towers, curves, num_devices) if len(towers) > 1 else None
         if sizes is None:
-            waves.extend(one_per_wave(ms, curves, max_ops))
+            waves.extend(_one_per_wave(ms, curves, max_ops))
             continue
         chains = [chain(t, curves, n) for t, n in zip(towers, sizes, strict=True)]
         waves.extend(concurrent(chains, curves, graph, max_ops))
-        waves.extend(one_per_wave(joined, curves, max_ops))
+        waves.extend(_one_per_wave(joined, curves, max_ops))
     return waves

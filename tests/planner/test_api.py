@@ -296,25 +296,3 @@ def test_slices_larger_than_half_the_device_memory_are_split():
     assert per_slice == 6
     assert [s.last - s.first for _, s in plan.slices()] == [6, 2]
     assert all(m.total_bytes <= 200_000 for m in plan.memory)
-
-
-def test_levels_whose_curves_turn_tensor_parallel_are_tried_on_the_whole_cluster():
-    # qwen-val-30b on 256 GPUs: the LLM's curves are tp2-tp8 at 256 devices. Balanced levels
-    # run it in data-parallel slices whose gradient rings reduce 128-192 copies of a 30B
-    # model; the whole cluster holds 32-128 copies of each shard. The kept plan is the
-    # fastest simulated and no slower than the sequential baseline, which runs that way.
-    from spindle_cli.artifacts import ModelSpec
-    from spindle_cli.planner import bench as lib
-
-    repo = Path(__file__).resolve().parents[2]
-    model = load(str(repo / "models" / "qwen-val-30b.yaml"), ModelSpec)
-    c = load(str(repo / "clusters" / "a800-32x8.yaml"), ClusterSpec)
-    config = next(x for x in lib.matrix() if x.model == "qwen-val-30b")
-    g = lib.config_graph(model, config)
-    p = lib.profile_for(g, c)
-    options = PlanOptions(zero=2)
-    kept = make_plan(g, p, c, options=options)
-    assert "on the whole cluster" in kept.candidate
-    seq = make_plan(g, p, c, options=replace(options, planner="sequential"))
-    assert simulate(kept, g, p, c).iteration_ms < simulate(seq, g, p, c).iteration_ms
-    assert any(s.strategy.startswith("tp") and len(s.ranks) == 256 for _, s in kept.slices())
