@@ -29,22 +29,24 @@ What is modelled (and what is not):
   rate of its slower port. The next wave waits for all of the boundary's messages.
 - Parameter synchronization. Gradients are all-reduced in buckets with a ring over their ranks
   (ascending): each rank sends 2(p-1)/p * bytes to its ring successor, with 2(p-1) message
-  latencies; a bucket finishes with its slowest link. Under 'tp<t>' a rank holds 1/t of the
-  layers (memory.py's count, `_held`) and the p ranks hold c = p/t copies of each shard: each
-  rank sends 2(c-1)/c of its 1/t, with 2(c-1) latencies (nothing for one copy); ZeRO's
-  all-gathers and the optimizer step count the held share likewise. The buckets are the executor's
+  latencies; a bucket finishes with its slowest link. Under 'tp<t>' a rank holds shard q of t of
+  the layers (memory.py's count, `_held`), and each shard has its own ring over the c ranks
+  holding it (rank q of every tensor-parallel group, and any data-parallel holder): 2(c-1)/c *
+  bytes/t per member, with 2(c-1) latencies, nothing for one copy. The shard rings of
+  consecutive tensor-parallel groups all cross the same node links. ZeRO's all-gathers run on
+  the same rings, and the optimizer step counts the held share. The buckets are the executor's
   (`buckets.sync_buckets`, `simulate`'s `sync`), each with its share of its groups' bytes by
   layer count: by default those of the cluster's `backend`; 'chunked' (the executor's on NCCL)
   splits a rank set's layers by the backward wave that completes their gradients (the lowest
   wave of a slice running the layer), then into chunks of whole layers, top layers first; a
-  chunk starts once every slice of that wave running its layers has passed its lowest layer
-  (the backward of one operator taking an equal share of the slice's) and the chunks before it
-  have started, overlapping the rest of the backward pass, like DDP's gradient buckets;
-  'per-wave' each wave's layers of a set in one bucket, once that wave's slices of them have
-  finished their backward; 'per-set' (its gloo default) one bucket for all groups of one rank
-  set, once all their layers are done; 'after-backward' each group whole after the last
-  backward wave. Buckets run concurrently and share ports with each other and with transfers.
-  Only the sync that outlasts the backward pass adds to the iteration.
+  chunk starts once every slice of that wave running its layers has passed its lowest layer (the
+  backward of one operator taking an equal share of the slice's) and the chunks before it have
+  started, overlapping the rest of the backward pass, like DDP's gradient buckets; 'per-wave'
+  each wave's layers of a set in one bucket, once that wave's slices of them have finished their
+  backward; 'per-set' (its gloo default) one bucket for all groups of one rank set, once all
+  their layers are done; 'after-backward' each group whole after the last backward wave. Buckets
+  run concurrently and share ports with each other and with transfers. Only the sync that
+  outlasts the backward pass adds to the iteration.
 - Memory. Parameters, gradients and optimizer state per rank are the plan's estimate; the
   activations stashed for backward are counted from the slices as memory.py counts them
   (`memory.replayed_table`: stash_bytes_per_sample * rows * layers on each rank, a tp<t>
@@ -649,24 +651,28 @@ class _RankTimes:
     waiting_ms: list[float]
 
 
-def _held(plan: Plan, metaops: dict[str, MetaOp]) -> list[dict[int, float]]:
-    """Per parameter group, the share of its layers' weights each of its ranks holds, as
-    `memory.Ledger` counts it: 1 for a rank that runs them data-parallel, 1/t for one that
-    runs them in a tensor-parallel group of t (the most over the rank's slices)."""
-    held = [dict.fromkeys(g.ranks, 0.0) for g in plan.param_groups]
+def _held(plan: Plan, metaops: dict[str, MetaOp]) -> list[dict[int, tuple[int, int]]]:
+    """Per parameter group, what each of its ranks holds of its layers' weights, as
+    `memory.Ledger` counts it: (t, q) for shard q of t (1/t of each layer), (1, 0) for a rank
+    that runs them data-parallel; the largest share over the rank's slices."""
+    held: list[dict[int, tuple[int, int]]] = [{} for _ in plan.param_groups]
     of_module: dict[str, list[int]] = {}
     for gi, g in enumerate(plan.param_groups):
         of_module.setdefault(g.module, []).append(gi)
     for _, s in plan.slices():
         m = metaops[s.metaop]
         lo, hi = m.first_layer + s.first, m.first_layer + s.last
-        share = 1.0 / tp_degree(s.strategy)
+        t = tp_degree(s.strategy)
         for gi in of_module.get(m.module, ()):
             g = plan.param_groups[gi]
             if g.first_layer < hi and lo < g.last_layer:
-                for r in s.ranks:
-                    if r in held[gi]:
-                        held[gi][r] = max(held[gi][r], share)
+                for group in tp_groups(s.ranks, s.strategy):
+                    for q, r in enumerate(group):
+                        if r in g.ranks and t < held[gi].get(r, (math.inf, 0))[0]:
+                            held[gi][r] = (t, q)
+    for gi, g in enumerate(plan.param_groups):
+        for r in g.ranks:
+            held[gi].setdefault(r, (1, 0))
     return held
 
 
@@ -683,9 +689,9 @@ def _optimizer_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
     params = [0.0] * plan.num_devices
     buckets: list[set[tuple[int, ...]]] = [set() for _ in range(plan.num_devices)]
     for gi, g in enumerate(plan.param_groups):
-        replicas = max(sum(held[gi].values()), 1.0)
+        replicas = max(sum(1 / t for t, _ in held[gi].values()), 1.0)
         for r in g.ranks:
-            params[r] += g.bytes / graph.dtype_bytes * held[gi][r] / (
+            params[r] += g.bytes / graph.dtype_bytes / held[gi][r][0] / (
                 replicas if sharded else 1)
             buckets[r].add(g.ranks)
     return [cost.time_ms(len(b), n) for b, n in zip(buckets, params, strict=True)]
@@ -743,30 +749,33 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     held = _held(plan, metaops)
 
-    def replicas(groups: tuple[int, ...]) -> float:
-        """The copies of the layers of `groups` (one rank set) that a ring reduces: the
-        ranks' held shares summed (g ranks under 'dp', g / t under 'tp<t>')."""
+    def shard_rings(groups: tuple[int, ...]) -> tuple[int, list[list[int]]]:
+        """The rings that reduce the layers of `groups` (one rank set): with T the finest
+        sharding among its ranks (`_held`; the largest share of a rank over the groups),
+        shard j of T is reduced over the ranks holding it (a data-parallel rank holds every
+        shard, a rank of a tp<t> group shard q of t the shards j = q mod t), ascending."""
         g = plan.param_groups[groups[0]]
-        return sum(max(held[gi][r] for gi in groups) for r in g.ranks)
+        own = {r: min(held[gi][r] for gi in groups) for r in g.ranks}
+        shards = max(t for t, _ in own.values())
+        return shards, [[r for r in g.ranks if j % own[r][0] == own[r][1]]
+                        for j in range(shards)]
 
     def ring(groups: tuple[int, ...], num_bytes: int, share: float
              ) -> list[tuple[int, int, int]]:
-        """A ring over the ranks of `groups` (one rank set) of `num_bytes` of their layers:
-        each rank sends its successor `share` x (c - 1) / c of its held part of them, for c
-        `replicas` (under 'tp<t>' the t shards are reduced side by side, each over the c
-        ranks holding it; nothing when the layers have one copy)."""
-        g = plan.param_groups[groups[0]]
-        p, c = len(g.ranks), replicas(groups)
-        if c <= 1.0 + 1e-9 or num_bytes <= 0:
+        """Ring collectives over `num_bytes` of the layers of `groups` (one rank set), one
+        per shard (`shard_rings`; one ring over every rank without tensor parallelism): each
+        member sends its successor `share` x (c - 1) / c of the shard's bytes, for c
+        members; nothing for a shard with one copy."""
+        shards, rings = shard_rings(groups)
+        if num_bytes <= 0:
             return []
-        return [(g.ranks[k], g.ranks[(k + 1) % p],
-                 round(share * (c - 1) / c * num_bytes
-                       * max(held[gi][g.ranks[k]] for gi in groups)))
-                for k in range(p)]
+        return [(members[k], members[(k + 1) % len(members)],
+                 round(share * (len(members) - 1) / len(members) * num_bytes / shards))
+                for members in rings if len(members) > 1 for k in range(len(members))]
 
     def ring_steps(groups: tuple[int, ...]) -> int:
-        """The steps of a ring of `replicas` copies (each pays a link latency)."""
-        return max(round(replicas(groups)) - 1, 0)
+        """The steps of the longest shard ring (each pays a link latency)."""
+        return max(len(members) for members in shard_rings(groups)[1]) - 1
 
     def label_of(groups: tuple[int, ...]) -> str:
         return "+".join(f"{plan.param_groups[gi].module}[{plan.param_groups[gi].first_layer}:"

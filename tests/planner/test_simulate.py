@@ -401,18 +401,19 @@ def _tensor_parallel_enc(plan):
 
 
 def test_tensor_parallel_shards_are_reduced_over_their_replicas_only():
-    # enc in tp2 on all 4 ranks: two groups (0,1) and (2,3), each rank holding half of enc's
-    # 400 MB, two replicas of each half. Each rank sends 2(c-1)/c x 200 MB = 200 MB for c = 2
-    # replicas (a third of the data-parallel ring's 600 MB): 200 MB / 20 GB/s = 10 ms on the
-    # cross-node edges, against 30 ms in test_ring_all_reduce_runs_at_its_slowest_link.
+    # enc in tp2 on all 4 ranks: groups (0,1) and (2,3), each rank holding one half (shard)
+    # of enc's 400 MB. Shard 0 is reduced over ranks 0 and 2, shard 1 over 1 and 3: each
+    # member sends 2(c-1)/c x 200 MB = 200 MB for c = 2 copies. Both shard rings cross the
+    # nodes: node 0's 20 GB/s NIC carries 0->2 and 1->3, 400 MB: 20 ms (the data-parallel
+    # ring of test_ring_all_reduce_runs_at_its_slowest_link takes 30 ms).
     everyone = (0, 1, 2, 3)
     plan = _tensor_parallel_enc(fx.plan(enc_ranks=everyone, head_ranks=everyone,
                                         enc_sync_bytes=400_000_000, head_sync_bytes=0))
     r = run(plan)
     ring = sorted((f.src_rank, f.dst_rank, f.bytes) for f in r.flows if f.kind == "sync")
-    assert ring == [(0, 1, 200_000_000), (1, 2, 200_000_000), (2, 3, 200_000_000),
-                    (3, 0, 200_000_000)]
-    assert r.sync_ms == pytest.approx(10.0)
+    assert ring == [(0, 2, 200_000_000), (1, 3, 200_000_000), (2, 0, 200_000_000),
+                    (3, 1, 200_000_000)]
+    assert r.sync_ms == pytest.approx(20.0)
     # one tp2 group holds a single copy: nothing to reduce
     alone = _tensor_parallel_enc(fx.plan(enc_ranks=(0, 1), head_sync_bytes=0))
     assert [f for f in run(alone).flows if f.kind == "sync"] == []
