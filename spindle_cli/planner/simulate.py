@@ -749,16 +749,25 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     held = _held(plan, metaops)
 
-    def shard_rings(groups: tuple[int, ...]) -> tuple[int, list[list[int]]]:
-        """The rings that reduce the layers of `groups` (one rank set): with T the finest
-        sharding among its ranks (`_held`; the largest share of a rank over the groups),
-        shard j of T is reduced over the ranks holding it (a data-parallel rank holds every
-        shard, a rank of a tp<t> group shard q of t the shards j = q mod t), ascending."""
-        g = plan.param_groups[groups[0]]
-        own = {r: min(held[gi][r] for gi in groups) for r in g.ranks}
-        shards = max(t for t, _ in own.values())
-        return shards, [[r for r in g.ranks if j % own[r][0] == own[r][1]]
-                        for j in range(shards)]
+    def shard_rings(groups: tuple[int, ...]) -> list[tuple[float, int, list[list[int]]]]:
+        """The rings that reduce the layers of `groups` (one rank set), per way its ranks
+        hold them (`_held`): (share of the groups' bytes, T, rings), where shard j of T is
+        reduced over the ranks holding it, ascending (a data-parallel rank holds every
+        shard, a rank of a tp<t> group shard q of t the shards j = q mod t). A bucket of
+        tensor- and data-parallel groups reduces each part on its own rings."""
+        ranks = plan.param_groups[groups[0]].ranks
+        parts: dict[tuple[tuple[int, int], ...], int] = {}
+        for gi in groups:
+            way = tuple(held[gi][r] for r in ranks)
+            parts[way] = parts.get(way, 0) + plan.param_groups[gi].bytes
+        total = sum(parts.values())
+        out = []
+        for way, num_bytes in parts.items():
+            shards = max(t for t, _ in way)
+            out.append((num_bytes / total if total else 1.0, shards,
+                        [[r for r, (t, q) in zip(ranks, way, strict=True) if j % t == q]
+                         for j in range(shards)]))
+        return out
 
     def ring(groups: tuple[int, ...], num_bytes: int, share: float
              ) -> list[tuple[int, int, int]]:
@@ -766,16 +775,18 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         per shard (`shard_rings`; one ring over every rank without tensor parallelism): each
         member sends its successor `share` x (c - 1) / c of the shard's bytes, for c
         members; nothing for a shard with one copy."""
-        shards, rings = shard_rings(groups)
         if num_bytes <= 0:
             return []
         return [(members[k], members[(k + 1) % len(members)],
-                 round(share * (len(members) - 1) / len(members) * num_bytes / shards))
+                 round(share * (len(members) - 1) / len(members) * (num_bytes * part)
+                       / shards))
+                for part, shards, rings in shard_rings(groups)
                 for members in rings if len(members) > 1 for k in range(len(members))]
 
     def ring_steps(groups: tuple[int, ...]) -> int:
         """The steps of the longest shard ring (each pays a link latency)."""
-        return max(len(members) for members in shard_rings(groups)[1]) - 1
+        return max(len(members) for _, _, rings in shard_rings(groups)
+                   for members in rings) - 1
 
     def label_of(groups: tuple[int, ...]) -> str:
         return "+".join(f"{plan.param_groups[gi].module}[{plan.param_groups[gi].first_layer}:"

@@ -417,3 +417,22 @@ def test_tensor_parallel_shards_are_reduced_over_their_replicas_only():
     # one tp2 group holds a single copy: nothing to reduce
     alone = _tensor_parallel_enc(fx.plan(enc_ranks=(0, 1), head_sync_bytes=0))
     assert [f for f in run(alone).flows if f.kind == "sync"] == []
+
+
+def test_a_bucket_of_tensor_and_data_parallel_layers_reduces_each_on_its_rings():
+    # per-set: one bucket for enc (tp2, 400 MB) and head (dp, 400 MB) on ranks 0-3. enc's
+    # shards go round 0<->2 and 1<->3 (200 MB per member), head round 0->1->2->3->0
+    # (2 x 3/4 x 400 MB = 600 MB per member); before, the bucket was one ring charging enc
+    # as a full copy on every rank (1.2 GB per member).
+    everyone = (0, 1, 2, 3)
+    plan = _tensor_parallel_enc(fx.plan(enc_ranks=everyone, head_ranks=everyone,
+                                        enc_sync_bytes=400_000_000,
+                                        head_sync_bytes=400_000_000))
+    r = run(plan, sync="per-set")
+    sent: dict[tuple[int, int], int] = {}
+    for f in r.flows:
+        if f.kind == "sync":
+            sent[(f.src_rank, f.dst_rank)] = sent.get((f.src_rank, f.dst_rank), 0) + f.bytes
+    assert sent == {(0, 2): 200_000_000, (2, 0): 200_000_000, (1, 3): 200_000_000,
+                    (3, 1): 200_000_000, (0, 1): 600_000_000, (1, 2): 600_000_000,
+                    (2, 3): 600_000_000, (3, 0): 600_000_000}
