@@ -30,13 +30,21 @@ def recorded(path: str, output: str) -> str:
     `output` lies there too. A file made in a checkout then names its inputs the same however
     they were spelled (`--check` agrees), and finds them once the checkout moves
     (`find_recorded_input` looks above the file); a file written elsewhere keeps the absolute
-    path, the one that names its inputs from there."""
-    given, here = Path(path), Path.cwd()
-    if given.is_absolute() and output != "-" and Path(output).resolve().is_relative_to(here):
-        try:
+    path, the one that names its inputs from there. The working directory is the physical
+    one or, where the shell reached it through a symlink, $PWD's spelling of it."""
+    given = Path(path)
+    if not given.is_absolute() or output == "-":
+        return path
+    heres = [Path.cwd()]
+    logical = os.environ.get("PWD", "")
+    if os.path.isabs(logical) and os.path.isdir(logical) and os.path.samefile(logical, heres[0]):
+        heres.append(Path(logical))
+    out = Path(output)
+    for here in heres:
+        inside = not out.is_absolute() or any(
+            p.is_relative_to(here) for p in (out, out.resolve()))
+        if inside and given.is_relative_to(here):
             return given.relative_to(here).as_posix()
-        except ValueError:
-            pass  # outside the working directory
     return path
 
 

@@ -508,3 +508,22 @@ def test_memory_table_groups_ranks_that_read_alike(name):
     # a run is as long as it can be: a new row wherever the next rank reads differently
     shown = [by_rank[r] for r in sorted(by_rank)]
     assert len(rows) == 1 + sum(a != b for a, b in zip(shown, shown[1:], strict=False))
+
+
+def test_input_paths_through_a_symlinked_working_directory_are_recorded_relative(
+        tmp_path, monkeypatch):
+    # a shell in a symlinked directory spells $PWD through the link; getcwd() resolves it
+    from spindle_cli.cli.common import recorded
+
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.chdir(link)
+    monkeypatch.setenv("PWD", str(link))
+    assert recorded(str(link / "graphs" / "g.yaml"), "plans/p.yaml") == "graphs/g.yaml"
+    assert recorded(str(real / "graphs" / "g.yaml"), str(link / "p.yaml")) == "graphs/g.yaml"
+    # elsewhere, or to stdout, as given
+    assert recorded(str(tmp_path / "g.yaml"), "p.yaml") == str(tmp_path / "g.yaml")
+    assert recorded(str(link / "g.yaml"), "-") == str(link / "g.yaml")
+    assert recorded(str(link / "g.yaml"), str(tmp_path / "p.yaml")) == str(link / "g.yaml")
