@@ -97,6 +97,9 @@ plan_tiny-clip-local-cpu := tiny-clip tiny-clip-local-cpu local-cpu $(RUNNABLE)
 plan_tiny-clip-local-cpu-2 := tiny-clip tiny-clip-local-cpu local-cpu-2 $(RUNNABLE)
 
 .SECONDEXPANSION:
+# A target's prerequisites: the targets of the files it reads, except under CHECK, which
+# writes nothing: there every check runs on its own, so `make -k` names every stale file.
+after = $(if $(CHECK),,$(1))
 .PHONY: $(GRAPHS:%=graph/%) $(PROFILES:%=profile/%) profile/tiny-clip-local-cpu $(PLANS:%=plan/%)
 
 graphs: $(GRAPHS:%=graph/%)
@@ -106,14 +109,14 @@ plans: $(PLANS:%=plan/%)
 $(GRAPHS:%=graph/%): graph/%: install
 	$(SPINDLE) graph $(graph_$*) $(CHECK) -o graphs/$*.yaml
 
-$(PROFILES:%=profile/%): profile/%: install graph/$$(firstword $$(profile_$$*))
+$(PROFILES:%=profile/%): profile/%: install $$(call after,graph/$$(firstword $$(profile_$$*)))
 	$(SPINDLE) profile graphs/$(firstword $(profile_$*)).yaml $(wordlist 2,99,$(profile_$*)) \
 		$(CHECK) -o profiles/$*.yaml
 
 # The measured tiny-clip profile is made once on purpose, never here: a measurement cannot be
 # reproduced byte for byte. Here it is only checked against its graph; remake it with
 # `make measure` when that changed.
-profile/tiny-clip-local-cpu: install graph/tiny-clip
+profile/tiny-clip-local-cpu: install $(call after,graph/tiny-clip)
 	@$(SPINDLE) validate profiles/tiny-clip-local-cpu.yaml || { echo "profiles/tiny-clip-local-cpu.yaml \
 	is measured, not regenerated: remake it with 'make measure'" >&2; exit 1; }
 
@@ -121,7 +124,8 @@ measure: install graph/tiny-clip
 	$(SPINDLE) profile graphs/tiny-clip.yaml --hardware local --cluster clusters/local-cpu.yaml \
 		--validate --repeats 20 --no-cache -o profiles/tiny-clip-local-cpu.yaml
 
-$(PLANS:%=plan/%): plan/%: install graph/$$(word 1,$$(plan_$$*)) profile/$$(word 2,$$(plan_$$*))
+$(PLANS:%=plan/%): plan/%: install \
+		$$(call after,graph/$$(word 1,$$(plan_$$*)) profile/$$(word 2,$$(plan_$$*)))
 	$(SPINDLE) plan graphs/$(word 1,$(plan_$*)).yaml profiles/$(word 2,$(plan_$*)).yaml \
 		--cluster clusters/$(word 3,$(plan_$*)).yaml $(wordlist 4,99,$(plan_$*)) $(CHECK) \
 		-o plans/$*.yaml
@@ -129,7 +133,7 @@ $(PLANS:%=plan/%): plan/%: install graph/$$(word 1,$$(plan_$$*)) profile/$$(word
 # Verify that every committed graph, profile and plan is what the code makes now (-k: all of
 # them, however many are stale).
 plans-check:
-	@$(MAKE) --no-print-directory -k plans CHECK=--check || { echo "hint: 'make plans' \
+	@$(MAKE) --no-print-directory -k graphs profiles plans CHECK=--check || { echo "hint: 'make plans' \
 	regenerates them ('make measure' remakes the measured tiny-clip profile)" >&2; exit 1; }
 
 bench: install
