@@ -255,16 +255,27 @@ def _gantt(models: dict[str, ModelSpec], clusters: dict[str, ClusterSpec],
     write_utilization(plan, str(out_dir / "utilization.png"), sim=sim)
 
 
+MATRIX_FILES = ("bench.json", "bench.csv", "bench.md", "fig8_speedup.png", "fig10_transfer.png",
+                "fig11_gap.png", "fig12_plan_time.png", "gantt.png", "utilization.png")
+"""What a matrix run writes into --out (the Gantt and utilization charts when the plan they
+draw could be made)."""
+
+
 @contextlib.contextmanager
-def _staged(out_dir: Path) -> Iterator[Path]:
+def _staged(out_dir: Path, owned: tuple[str, ...]) -> Iterator[Path]:
     """A hidden directory inside `out_dir` to write a run's files into; once the block ends
     without an error they replace their namesakes in `out_dir` (renames in one directory),
-    and otherwise they are removed."""
+    and the files in `owned` that this run did not write are removed from `out_dir` (a chart
+    of an earlier run beside this run's tables); after an error they are removed and
+    `out_dir` keeps the previous run's files."""
     out_dir.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".staging-") as tmp:
         yield Path(tmp)
-        for f in sorted(Path(tmp).iterdir()):
+        written = sorted(Path(tmp).iterdir())
+        for f in written:
             os.replace(f, out_dir / f.name)
+        for name in sorted(set(owned) - {f.name for f in written}):
+            (out_dir / name).unlink(missing_ok=True)
 
 
 def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
@@ -290,7 +301,7 @@ def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
         for line in _failures(rows):
             out.print(f"failed: {line}")
     if out_dir is not None:
-        with _staged(out_dir) as staging:
+        with _staged(out_dir, MATRIX_FILES) as staging:
             _write_matrix(rows, records, fig8, detail, executed, staging)
             _gantt(models, clusters, configs, staging)
         err.print(f"wrote {out_dir}/bench.{{csv,json,md}} and charts")
@@ -345,7 +356,7 @@ def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
             if r.error:
                 out.print(f"failed: {r.planner} phase {r.phase}: {r.error}")
     if out_dir is not None:
-        with _staged(out_dir) as staging:
+        with _staged(out_dir, ()) as staging:
             write_text_atomic(staging / "dynamic.json", json.dumps(records, indent=2) + "\n")
             write_text_atomic(staging / "dynamic.csv", _csv(records))
             write_text_atomic(staging / "dynamic.md", _markdown(header, body))

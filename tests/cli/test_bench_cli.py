@@ -100,9 +100,14 @@ def test_an_interrupted_run_leaves_the_previous_set_whole(tiny_matrix, tmp_path,
     monkeypatch.setattr(command, "_gantt", gantt)
     assert run(["bench", "--out", str(out), *repo_dirs()]).exit_code == 0
     after = {f.name: f.read_bytes() for f in out.iterdir()}
-    assert set(after) == set(before)
+    assert set(after) == set(before) == set(command.MATRIX_FILES)
     # the planning times differ from run to run: the new set is in place
     assert after["bench.json"] != before["bench.json"]
+    # a run that cannot draw the Gantt chart leaves no earlier run's chart beside its tables
+    monkeypatch.setattr(command, "_gantt", lambda *args: None)
+    assert run(["bench", "--out", str(out), *repo_dirs()]).exit_code == 0
+    assert set(command.MATRIX_FILES) - {f.name for f in out.iterdir()} == {
+        "gantt.png", "utilization.png"}
 
 
 def test_dynamic_reports_each_planner(monkeypatch, tmp_path):
