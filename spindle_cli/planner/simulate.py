@@ -654,7 +654,8 @@ class _RankTimes:
 def _held(plan: Plan, metaops: dict[str, MetaOp]) -> list[dict[int, tuple[int, int]]]:
     """Per parameter group, what each of its ranks holds of its layers' weights, as
     `memory.Ledger` counts it: (t, q) for shard q of t (1/t of each layer), (1, 0) for a rank
-    that runs them data-parallel; the largest share over the rank's slices."""
+    that runs them data-parallel; the largest share over the rank's slices. A rank no slice
+    runs them on (a group that check_plan lets through without slices) holds them whole."""
     held: list[dict[int, tuple[int, int]]] = [{} for _ in plan.param_groups]
     of_module: dict[str, list[int]] = {}
     for gi, g in enumerate(plan.param_groups):
@@ -677,7 +678,7 @@ def _held(plan: Plan, metaops: dict[str, MetaOp]) -> list[dict[int, tuple[int, i
 
 
 def _optimizer_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
-                  held: list[dict[int, float]]) -> list[float]:
+                  held: list[dict[int, tuple[int, int]]]) -> list[float]:
     """Each rank's optimizer step (Profile.optimizer; none without it): one tensor per distinct
     rank set among the rank's parameter groups (the executor's gradient buckets on gloo),
     holding the rank's share of the groups' parameters (`_held`: 1/t under 'tp<t>'), a
@@ -749,12 +750,17 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     held = _held(plan, metaops)
 
+    rings_of: dict[tuple[int, ...], list[tuple[float, int, list[list[int]]]]] = {}
+
     def shard_rings(groups: tuple[int, ...]) -> list[tuple[float, int, list[list[int]]]]:
         """The rings that reduce the layers of `groups` (one rank set), per way its ranks
         hold them (`_held`): (share of the groups' bytes, T, rings), where shard j of T is
         reduced over the ranks holding it, ascending (a data-parallel rank holds every
         shard, a rank of a tp<t> group shard q of t the shards j = q mod t). A bucket of
-        tensor- and data-parallel groups reduces each part on its own rings."""
+        tensor- and data-parallel groups reduces each part on its own rings. Computed once
+        per bucket (`ring` and `ring_steps` both ask)."""
+        if groups in rings_of:
+            return rings_of[groups]
         ranks = plan.param_groups[groups[0]].ranks
         parts: dict[tuple[tuple[int, int], ...], int] = {}
         for gi in groups:
@@ -767,6 +773,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             out.append((num_bytes / total if total else 1.0, shards,
                         [[r for r, (t, q) in zip(ranks, way, strict=True) if j % t == q]
                          for j in range(shards)]))
+        rings_of[groups] = out
         return out
 
     def ring(groups: tuple[int, ...], num_bytes: int, share: float

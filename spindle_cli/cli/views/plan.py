@@ -52,11 +52,12 @@ def memory_table(plan: Plan) -> Table:
     table = Table(title="memory per rank")
     for col in ("rank", "params", "grads", "optimizer", "activations", "total"):
         table.add_column(col, justify="right")
+    # plan.memory holds one entry per rank in rank order (Plan validates it)
     runs: list[tuple[list[int], tuple[str, ...]]] = []
-    for m in sorted(plan.memory, key=lambda m: m.rank):
+    for m in plan.memory:
         row = tuple(fmt_bytes(b) for b in (m.param_bytes, m.grad_bytes, m.optimizer_bytes,
                                            m.activation_bytes, m.total_bytes))
-        if runs and runs[-1][1] == row and runs[-1][0][-1] == m.rank - 1:
+        if runs and runs[-1][1] == row:
             runs[-1][0].append(m.rank)
         else:
             runs.append(([m.rank], row))
