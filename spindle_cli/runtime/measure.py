@@ -197,15 +197,31 @@ def measure(
     settings: Settings,
 ) -> Measurement:
     """Forward+backward of one layer at `batch` samples per group under `strategy`."""
-    t = tp_degree(strategy)
+    return _over_limit(op, batch, strategy, target=target, settings=settings) or _measured(
+        spec, op, batch, strategy, target=target, settings=settings)
+
+
+def _over_limit(op: MetaOp, batch: int, strategy: str, *, target: Target,
+                settings: Settings) -> Measurement | None:
+    """The infeasible point of a CPU layer whose estimated memory exceeds
+    `settings.memory_limit_bytes` (the cluster's device memory), else None."""
+    if target.device.type == "cuda" or settings.memory_limit_bytes is None:
+        return None
+    need = _estimate_bytes(op, batch, tp_degree(strategy), target.dtype_name)
+    if need <= settings.memory_limit_bytes:
+        return None
+    return Measurement(
+        feasible=False, time_ms=0.0, peak_memory_bytes=need,
+        note=f"out of memory: needs about {need} of {settings.memory_limit_bytes} bytes",
+    )
+
+
+def _measured(
+    spec: ModuleSpec, op: MetaOp, batch: int, strategy: str, *, target: Target,
+    settings: Settings,
+) -> Measurement:
+    """`measure` past the memory limit: run the layer (infeasible on out-of-memory)."""
     cuda = target.device.type == "cuda"
-    if not cuda and settings.memory_limit_bytes is not None:
-        need = _estimate_bytes(op, batch, t, target.dtype_name)
-        if need > settings.memory_limit_bytes:
-            return Measurement(
-                feasible=False, time_ms=0.0, peak_memory_bytes=need,
-                note=f"out of memory: needs about {need} of {settings.memory_limit_bytes} bytes",
-            )
     try:
         return _run(spec, op, batch, strategy, target=target, settings=settings)
     except (RuntimeError, MemoryError) as e:
@@ -338,16 +354,27 @@ def cached_measure(
     spec: ModuleSpec, op: MetaOp, n: int, batch: int, strategy: str, *, target: Target,
     settings: Settings, cache_dir: Path | None,
 ) -> tuple[Measurement, bool]:
-    """`measure`, through the cache when `cache_dir` is given; returns (result, from cache)."""
+    """`measure`, through the cache when `cache_dir` is given; returns (result, from cache).
+    The cache holds only what a run measured: the memory limit is the cluster's, so it is
+    applied before the cache is read, and an infeasible run (out of memory, timed out)
+    depends on the moment (other processes' memory, the machine's load), so it is not
+    stored."""
     if cache_dir is None:
         return measure(spec, op, batch, strategy, target=target, settings=settings), False
+    over = _over_limit(op, batch, strategy, target=target, settings=settings)
+    if over is not None:
+        return over, False
     path = cache_dir / cache_key(op, n, batch, strategy, target=target, settings=settings)
     try:
-        return Measurement(**json.loads(path.read_text(encoding="utf-8"))), True
+        cached = Measurement(**json.loads(path.read_text(encoding="utf-8")))
+        if cached.feasible:
+            return cached, True
     except (OSError, ValueError, TypeError):
         # A missing, truncated or stale entry is simply measured again (it is a cache).
         pass
-    result = measure(spec, op, batch, strategy, target=target, settings=settings)
+    result = _measured(spec, op, batch, strategy, target=target, settings=settings)
+    if not result.feasible:
+        return result, False
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(result), sort_keys=True), encoding="utf-8")

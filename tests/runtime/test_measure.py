@@ -127,13 +127,13 @@ def test_the_cache_answers_the_second_time(tiny, tmp_path: Path, monkeypatch):
     spec = model.modules[op.module]
     target = measure.local_target()
     calls = []
-    real = measure.measure
+    real = measure._measured
 
     def counted(*args, **kwargs):
         calls.append(args[2:4])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(measure, "measure", counted)
+    monkeypatch.setattr(measure, "_measured", counted)
     first, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
                                         cache_dir=tmp_path)
     assert not hit and calls == [(4, "dp")]
@@ -231,3 +231,46 @@ def test_timed_steps_run_as_the_executor_does(tiny, monkeypatch):
     assert len(hooks) == 1
     assert len(seen) == 5 and len(set(seen)) == 1
     assert all(p.grad is not None for p in layers[0].parameters())
+
+
+def test_the_cache_keeps_neither_a_memory_verdict_nor_a_failed_run(tiny, tmp_path: Path,
+                                                                  monkeypatch):
+    """The memory limit is the cluster's, not the point's: a point measured for a large device
+    answers from the cache for a small one only after the small one's limit is applied, and a
+    point over a small device's limit is measured for a large one. A run that failed (out of
+    memory, timed out) is not kept: it depends on the moment."""
+    model, graph = tiny
+    op = graph.metaop("text_vision/vision_enc")
+    spec = model.modules[op.module]
+    target = measure.local_target()
+    small = measure.Settings(repeats=2, warmup=1, memory_limit_bytes=1000)
+    large = measure.Settings(repeats=2, warmup=1, memory_limit_bytes=1 << 32)
+    calls = []
+    real = measure._measured
+
+    def counted(*args, **kwargs):
+        calls.append(args[2:4])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "_measured", counted)
+
+    def point(settings: measure.Settings) -> tuple[measure.Measurement, bool]:
+        return measure.cached_measure(spec, op, 1, 4, "dp", target=target, settings=settings,
+                                      cache_dir=tmp_path)
+
+    refused, hit = point(small)
+    assert not refused.feasible and "out of memory" in refused.note and not hit and not calls
+    fits, hit = point(large)
+    assert fits.feasible and not hit and len(calls) == 1
+    refused, hit = point(small)
+    assert not refused.feasible and not hit
+    again, hit = point(large)
+    assert hit and again == fits and len(calls) == 1
+
+    failed = measure.Measurement(feasible=False, time_ms=0.0, peak_memory_bytes=0,
+                                 note="timed out: one iteration took over 10 s")
+    monkeypatch.setattr(measure, "_measured", lambda *args, **kwargs: failed)
+    for f in tmp_path.glob("*.json"):
+        f.unlink()
+    assert point(large) == (failed, False)
+    assert not list(tmp_path.glob("*.json"))
