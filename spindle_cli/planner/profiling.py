@@ -27,6 +27,7 @@ from spindle_cli.artifacts.base import InputRef
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.artifacts.io import derived_header
+from spindle_cli.artifacts.limits import MAX_DEVICES, MAX_DEVICES_WHY
 from spindle_cli.artifacts.model import ModuleSpec
 from spindle_cli.artifacts.profile import (
     Curve,
@@ -83,12 +84,15 @@ def signature_ops(graph: MetaOpGraph) -> list[MetaOp]:
 
 
 def check_counts(counts: Sequence[int]) -> tuple[int, ...]:
-    """Counts sorted and de-duplicated; SpindleError unless all are positive integers."""
+    """Counts sorted and de-duplicated; SpindleError unless all are positive integers a
+    profile may hold (at most MAX_DEVICES)."""
     if not counts:
         raise SpindleError("no device counts to profile")
     for c in counts:
         if isinstance(c, bool) or not isinstance(c, int) or c < 1:
             raise SpindleError(f"device counts must be positive integers, got {c!r}")
+        if c > MAX_DEVICES:
+            raise SpindleError(f"device count {c} is above {MAX_DEVICES} ({MAX_DEVICES_WHY})")
     return tuple(sorted(set(counts)))
 
 

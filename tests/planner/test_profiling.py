@@ -188,7 +188,7 @@ def test_heldout_counts():
     assert heldout_counts((1, 3, 10)) == (2, 6)
 
 
-@pytest.mark.parametrize("bad", [[], [0], [-2], [1.5], [True]])
+@pytest.mark.parametrize("bad", [[], [0], [-2], [1.5], [True], [1, 2**20 + 1]])
 def test_bad_counts(bad):
     with pytest.raises(SpindleError):
         check_counts(bad)
