@@ -25,27 +25,29 @@ def load_input(path: str, cls: type[A]) -> A:
 
 
 def recorded(path: str, output: str) -> str:
-    """How an input given as `path` is recorded in a file written to `output`: as given,
-    except that an absolute path inside the working directory is recorded relative to it when
-    `output` lies there too. A file made in a checkout then names its inputs the same however
-    they were spelled (`--check` agrees), and finds them once the checkout moves
-    (`find_recorded_input` looks above the file); a file written elsewhere keeps the absolute
-    path, the one that names its inputs from there. The working directory is the physical
-    one or, where the shell reached it through a symlink, $PWD's spelling of it."""
-    given = Path(path)
-    if not given.is_absolute() or output == "-":
+    """How an input given as `path` is recorded in a file written to `output` (inputs are
+    looked for as recorded, then above the file: `find_recorded_input`). When `output` lies in
+    the working directory, relative to it: an absolute path inside it is made relative, so a
+    file made in a checkout names its inputs the same however they were spelled (`--check`
+    agrees) and finds them once the checkout moves. When `output` lies elsewhere, absolute:
+    a relative path names the input from here only, and the file is read from elsewhere. To
+    stdout, as given. The working directory is the physical one or, where the shell reached
+    it through a symlink, $PWD's spelling of it."""
+    if output == "-":
         return path
     heres = [Path.cwd()]
     logical = os.environ.get("PWD", "")
     if os.path.isabs(logical) and os.path.isdir(logical) and os.path.samefile(logical, heres[0]):
         heres.append(Path(logical))
-    out = Path(output)
+    given = Path(path)
     for here in heres:
-        inside = not out.is_absolute() or any(
-            p.is_relative_to(here) for p in (out, out.resolve()))
-        if inside and given.is_relative_to(here):
-            return given.relative_to(here).as_posix()
-    return path
+        out = Path(os.path.normpath(here / output))
+        if any(p.is_relative_to(here) for p in (out, out.resolve())):
+            if not given.is_absolute():
+                return path
+            if given.is_relative_to(here):
+                return given.relative_to(here).as_posix()
+    return path if given.is_absolute() else os.path.normpath(heres[-1] / given)
 
 
 def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json"),

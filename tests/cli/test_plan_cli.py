@@ -527,3 +527,20 @@ def test_input_paths_through_a_symlinked_working_directory_are_recorded_relative
     assert recorded(str(tmp_path / "g.yaml"), "p.yaml") == str(tmp_path / "g.yaml")
     assert recorded(str(link / "g.yaml"), "-") == str(link / "g.yaml")
     assert recorded(str(link / "g.yaml"), str(tmp_path / "p.yaml")) == str(link / "g.yaml")
+    # a relative input: as given for a file written here, from here for one written elsewhere
+    assert recorded("graphs/g.yaml", "plans/p.yaml") == "graphs/g.yaml"
+    assert recorded("graphs/g.yaml", str(tmp_path / "p.yaml")) == str(link / "graphs/g.yaml")
+    assert recorded("graphs/g.yaml", "../p.yaml") == str(link / "graphs/g.yaml")
+
+
+def test_a_plan_written_elsewhere_finds_its_relative_inputs(tmp_path, monkeypatch):
+    """`spindle plan graphs/...` from a checkout with -o outside it: the plan is then read
+    from other directories, where the relative paths would name nothing."""
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "elsewhere" / "plan.yaml"
+    out.parent.mkdir()
+    invoke("plan", "graphs/tiny-clip.yaml", "profiles/tiny-clip-local-cpu.yaml",
+           "--cluster", "clusters/local-cpu.yaml", "-o", str(out))
+    monkeypatch.chdir(tmp_path)
+    assert "not checked" not in invoke("validate", str(out)).output
+    assert "iteration" in invoke("simulate", str(out)).output
