@@ -9,6 +9,7 @@ the recorded sha256.
 
 from __future__ import annotations
 
+import math
 from typing import TypeVar
 
 import click
@@ -74,8 +75,15 @@ def explain(plan_path: str, metaop_id: str) -> None:
                   "devices)")
     [level] = [a for a in allocate(graph, curves, plan.num_devices) if a.level == m.level]
     a = next(x for x in level.ops if x.metaop == m.id)
-    out.print(f"level {m.level}: C* = {level.c_star_ms:.3f} ms; n* = {a.n_star:.3f} "
-              f"(between valid counts {a.n_lo} and {a.n_hi})")
+    c_star = level.lower_bound_ms
+    if math.isclose(level.c_star_ms, c_star, rel_tol=1e-9):
+        out.print(f"level {m.level}: C* = {c_star:.3f} ms; n* = {a.n_star:.3f} "
+                  f"(between valid counts {a.n_lo} and {a.n_hi})")
+    else:
+        out.print(f"level {m.level}: C* = {c_star:.3f} ms (on the concave envelope of the "
+                  "speedup curves, as plan, show and simulate count it); n* = "
+                  f"{a.n_star:.3f} where every MetaOp ends at {level.c_star_ms:.3f} ms on the "
+                  f"curves themselves (between valid counts {a.n_lo} and {a.n_hi})")
     lo = "dummy (n = 0)" if a.n_lo == 0 else f"({a.n_lo}, {a.ops_lo:.2f})"
     out.print(f"tuples before rounding (n, ops): ({a.n_hi}, {a.ops_hi:.2f}), {lo}")
     out.print("tuples after rounding: "
@@ -102,10 +110,10 @@ def explain(plan_path: str, metaop_id: str) -> None:
                 "levels at once (each counted under its lowest), so no planned time of this "
                 "level compares with its C*")
     else:
-        line = f"level {m.level} planned {planned:.3f} ms = {planned / level.c_star_ms:.3f}x C*"
+        line = f"level {m.level} planned {planned:.3f} ms = {planned / c_star:.3f}x C*"
     if best is not None:
         line += (f"; exact packing of the {len(tuples)} tuples above {best:.3f} ms "
-                 f"({best / level.c_star_ms:.3f}x C*")
+                 f"({best / c_star:.3f}x C*")
         line += (")" if mixed else
                  f"; the waves take {planned / best:.3f}x of it, below 1 where giving idle "
                  "devices to running MetaOps beats every packing of these fixed tuples)")

@@ -544,3 +544,25 @@ def test_a_plan_written_elsewhere_finds_its_relative_inputs(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     assert "not checked" not in invoke("validate", str(out)).output
     assert "iteration" in invoke("simulate", str(out)).output
+
+
+def test_explain_counts_c_star_as_show_does_when_a_speedup_is_not_concave(case):
+    # t1/img 7x faster on 4 devices than on 2: its speedup is not concave, so the level's
+    # bound (on the concave envelope, as plan, show and simulate count it) is below the
+    # point where every MetaOp ends together on the curves themselves
+    text = Path("profile.yaml").read_text()
+    at = text.index("- signature: t1/img")
+    old = "  - n_lo: 1\n    n_hi: 1048576\n    alpha_ms: 0.2\n    beta_ms: 1.0\n    strategy: dp\n"
+    new = ("  - n_lo: 1\n    n_hi: 4\n    alpha_ms: 0.2\n    beta_ms: 1.0\n    strategy: dp\n"
+           "  - n_lo: 4\n    n_hi: 1048576\n    alpha_ms: 0.0\n    beta_ms: 0.4\n"
+           "    strategy: dp\n")
+    assert text[at:].startswith("- signature: t1/img") and old in text[at:]
+    Path("profile.yaml").write_text(text[:at] + text[at:].replace(old, new, 1))
+    assert invoke(*plan_args("-o", "plan.yaml")).exit_code == 0
+    plan = load("plan.yaml", Plan)
+    level = load("graph.yaml", MetaOpGraph).metaop("t1/img").level
+    bound = next(lv.lower_bound_ms for lv in plan.levels if lv.level == level)
+    explained = " ".join(invoke("explain", "plan.yaml", "t1/img").output.split())
+    assert f"level {level}: C* = {bound:.3f} ms (on the concave envelope" in explained
+    shown = invoke("show", "plan.yaml").output
+    assert f"{bound:.3f}" in shown
