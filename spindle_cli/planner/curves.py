@@ -41,6 +41,7 @@ How the fit works:
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -228,11 +229,18 @@ def fit_curve(
     points: tuple[ProfilePoint, ...],
     memory: MemoryModel,
     noise_rel: float = 0.0,
+    flat: bool = False,
 ) -> Curve:
     """The fitted Curve of one signature: pieces from `samples` (best feasible time per fitted
-    count) and the fit error at the samples the pieces cover (the helpful run). Held-out
-    validation is added by `profiling` (it needs the raw points of the curve's strategy)."""
-    pieces = fit_pieces(samples, batch_size, noise_rel=noise_rel)
+    count) and the fit error at the samples the pieces cover (the helpful run). With `flat`
+    (every sample ran the same work, so their times differ by noise only) the pieces give
+    every count the samples' median time. Held-out validation is added by `profiling` (it
+    needs the raw points of the curve's strategy)."""
+    fit_from = list(samples)
+    if flat:
+        typical_ms = statistics.median(s.time_ms for s in samples)
+        fit_from = [replace(s, time_ms=typical_ms) for s in samples]
+    pieces = fit_pieces(fit_from, batch_size, noise_rel=noise_rel)
     draft = Curve(
         signature=signature,
         batch_size=batch_size,
@@ -242,7 +250,8 @@ def fit_curve(
         max_rel_error=0.0,
     )
     # compared where the planner asks for a fitted count: at n itself
-    fitted = [replace(s, work_devices=0.0) for s in helpful_run(samples, noise_rel)]
+    covered = {s.num_devices for s in helpful_run(fit_from, noise_rel)}
+    fitted = [replace(s, work_devices=0.0) for s in samples if s.num_devices in covered]
     return Curve(
         signature=signature,
         batch_size=batch_size,

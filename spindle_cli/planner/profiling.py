@@ -197,11 +197,21 @@ def build_curve(
         points=tuple(sorted(points, key=lambda p: (p.num_devices, p.strategy))),
         memory=memory,
         noise_rel=noise_rel,
+        flat=not _work_splits(op, samples),
     )
     if not validate:
         return curve
     errors = [e.rel_error for e in heldout_errors(curve, counts)]
     return replace(curve, heldout_rel_error=max(errors) if errors else None)
+
+
+def _work_splits(op: MetaOp, samples: Sequence[Sample]) -> bool:
+    """Whether the samples' counts split the work of `op` between more devices. The
+    contrastive loss's does not: each rank computes it on the whole batch
+    (`roofline.per_device_batch`), so its curve is flat (`curves.fit_curve`) instead of a
+    speedup fitted to the noise of a measurement."""
+    return any(x.strategy != "dp" for x in samples) or len(
+        {roofline.per_device_batch(op, x.num_devices, x.strategy) for x in samples}) > 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

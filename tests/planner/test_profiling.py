@@ -206,7 +206,10 @@ def test_counts_larger_than_the_cluster(three_tasks):
 
 def test_assembling_measured_points_keeps_raw_points(three_tasks):
     """Measured points (here made up) go through the same fit: a slower larger count is kept
-    raw and ends the curve before it (so does an OOM count in the middle)."""
+    raw and ends the curve before it (so does an OOM count in the middle). The contrastive
+    loss ran the same work at every count (each rank computes it on the whole batch), so its
+    times differ by noise only: its curve is flat at their median, with the error against
+    them recorded."""
     fingerprint = Fingerprint(hardware="local", device_name="cpu", torch_version="x",
                               dtype="fp32")
     points: dict[str, list[ProfilePoint]] = {}
@@ -219,8 +222,16 @@ def test_assembling_measured_points_keeps_raw_points(three_tasks):
         ]
     profile = assemble_profile(three_tasks, points, source="measured", fingerprint=fingerprint,
                                counts=COUNTS, validate=False)
+    losses = {op.signature for op in signature_ops(three_tasks)
+              if op.layer_kind == "contrastive_loss"}
+    assert len(losses) == 2  # batches 8 and 64
     for curve in profile.curves:
         assert [p.time_ms for p in curve.points if p.feasible] == [8.0, 4.5, 5.0, 1.0]
+        if curve.signature in losses:
+            assert [scaling.time_ms(curve, n) for n in (1, 2, 4)] == [5.0] * 3
+            assert curve.max_rel_error == pytest.approx(3.0 / 8.0)
+            assert [n for n in COUNTS if scaling.is_valid(curve, n)] == [1, 2, 4]
+            continue
         assert curve.pieces[-1].n_hi == 2
         assert scaling.time_ms(curve, 2) == pytest.approx(4.5)
         assert curve.max_rel_error == pytest.approx(0.0, abs=1e-12)
