@@ -45,6 +45,14 @@ class RuntimeFailure(SpindleError):
     exit_code = 1
 
 
+class Interrupted(SpindleError):
+    """A run stopped by a signal (Ctrl-C, a scheduler's SIGTERM): exits 128 + its number."""
+
+    def __init__(self, message: str, signal_number: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signal_number
+
+
 class FieldError(ValueError):
     """Raised inside artifact validation; the loader prefixes the file and the parent path.
 

@@ -23,7 +23,7 @@ from spindle_cli.artifacts import ClusterSpec, Plan, load
 from spindle_cli.artifacts.io import find_recorded_input
 from spindle_cli.cli._console import err
 from spindle_cli.cli.common import memory_text
-from spindle_cli.errors import PlanError, RuntimeFailure, SpindleError
+from spindle_cli.errors import Interrupted, PlanError, RuntimeFailure, SpindleError
 from spindle_cli.planner.consistency import check_cluster_size
 
 if TYPE_CHECKING:
@@ -231,6 +231,7 @@ def _print_ranks(program: Program, num_ranks: int) -> None:
 
 def _launch(argv: list[str]) -> None:
     """torchrun with `argv`; a failed worker becomes a RuntimeFailure naming its rank."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args
     from torch.distributed.run import run as torchrun
@@ -248,6 +249,10 @@ def _launch(argv: list[str]) -> None:
         torchrun(parse_args(argv))
     except ChildFailedError as e:
         raise RuntimeFailure(f"run failed: {_root_cause(e)}") from None
+    except SignalException as e:
+        # the launcher stopped every rank; checkpoints already written stay whole
+        raise Interrupted(f"interrupted by {e.sigval.name}: every rank was stopped",
+                          int(e.sigval)) from None
 
 
 def _root_cause(e: object) -> str:

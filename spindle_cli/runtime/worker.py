@@ -341,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # noqa: BLE001 - every failure becomes one line and an exit code
         if isinstance(e, SystemExit):
             raise
+        if isinstance(e, KeyboardInterrupt):
+            return 130  # Ctrl-C reaches every rank; the launcher says it once
         return _report_failure(rank, e)
     return 0
 

@@ -551,3 +551,24 @@ def test_more_cpu_ranks_than_cores_are_noted_at_launch(tmp_path: Path, monkeypat
     assert len(launched) == 1
     note = "2 CPU ranks share 1 core here"
     assert (note in result.stderr) == noted
+
+
+@pytest.mark.parametrize(("signum", "code"), [(2, 130), (15, 143)])
+def test_an_interrupted_run_exits_with_the_signal_not_as_a_bug(tmp_path: Path, monkeypatch,
+                                                              signum: int, code: int) -> None:
+    """Ctrl-C, or a scheduler's SIGTERM, reaches the launcher as torchrun's SignalException:
+    one line and 128 + the signal, not an internal error."""
+    import signal
+
+    import torch.distributed.run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def interrupted(args: object) -> None:
+        raise SignalException("Process 1 got signal", sigval=signal.Signals(signum))
+
+    plan_path = write_plan_files(tmp_path)
+    monkeypatch.setattr(torch.distributed.run, "run", interrupted)
+    result = invoke("run", str(plan_path), "--steps", "1")
+    assert result.exit_code == code, getattr(result, "stderr", "")
+    name = signal.Signals(signum).name
+    assert _one_line_error(result) == f"error: interrupted by {name}: every rank was stopped"
