@@ -65,7 +65,8 @@ def _vocab(model: ModelSpec, task: TaskSpec, name: str) -> int:
 def rows_problem(x: Any, model: ModelSpec, task: TaskSpec, name: str, lo: int,
                  hi: int) -> str | None:
     """What is wrong with rows [lo, hi) of data item `name` as a data source gave them, or
-    None: a tensor of the item's shape, int64 for token ids."""
+    None: a tensor of the item's shape, int64 token ids inside the vocabulary that reads
+    them."""
     shape, is_ids = item_shape(model, task, name)
     want = [hi - lo, *shape]
     kind = "int64 token ids" if is_ids else "float features"
@@ -73,6 +74,12 @@ def rows_problem(x: Any, model: ModelSpec, task: TaskSpec, name: str, lo: int,
         return f"got {type(x).__name__}, expected {kind} {want}"
     if list(x.shape) != want or (x.dtype == torch.int64) != is_ids:
         return f"got {x.dtype} {list(x.shape)}, expected {kind} {want}"
+    if is_ids and x.numel():
+        vocab = _vocab(model, task, name)
+        lowest, highest = int(x.min()), int(x.max())
+        if lowest < 0 or highest >= vocab:
+            bad = lowest if lowest < 0 else highest
+            return f"holds token id {bad}, outside the vocabulary of {vocab} (ids 0-{vocab - 1})"
     return None
 
 
@@ -113,7 +120,8 @@ class SyntheticData:
         if is_ids:
             return torch.randint(0, _vocab(self.model, task, name), (task.batch_size, *shape),
                                  generator=gen)
-        return torch.randn((task.batch_size, *shape), generator=gen, dtype=self.dtype)
+        # drawn in fp32 whatever the run's dtype, so every dtype trains on the same samples
+        return torch.randn((task.batch_size, *shape), generator=gen).to(self.dtype)
 
 
 def dataset_factory(spec: str) -> Callable[[ModelSpec, int], DataSource]:
@@ -139,7 +147,12 @@ def load_data_source(spec: str | None, model: ModelSpec, seed: int,
     """The synthetic data (spec None) or a user dataset `module:function`."""
     if spec is None:
         return SyntheticData(model, seed, dtype)
-    source = dataset_factory(spec)(model, seed)
+    factory = dataset_factory(spec)
+    try:
+        source = factory(model, seed)
+    except Exception as e:  # the user's code: whatever it raises is the answer
+        raise SpindleError(f"--dataset {spec!r}: {spec.partition(':')[2]}(model, seed) "
+                           f"raised {e!r}") from None
     if not callable(getattr(source, "rows", None)):
         raise SpindleError(f"--dataset {spec!r}: the function returned {type(source).__name__}, "
                            "which has no rows(task, name, step, lo, hi) method")

@@ -75,3 +75,22 @@ class Unreadable(SyntheticData):
 
 def unreadable(model: ModelSpec, seed: int) -> Unreadable:
     return Unreadable(model, seed)
+
+
+def missing_file(model: ModelSpec, seed: int) -> SyntheticData:
+    """A factory whose own set-up fails (its data file is gone)."""
+    with open("no-such-data.json", encoding="utf-8") as f:
+        f.read()
+    return SyntheticData(model, seed)
+
+
+class OutOfVocabulary(SyntheticData):
+    """Token ids past the vocabulary (a tokenizer for another model)."""
+
+    def rows(self, task: str, name: str, step: int, lo: int, hi: int) -> torch.Tensor:
+        x = super().rows(task, name, step, lo, hi)
+        return x + 100_000 if x.dtype == torch.int64 else x
+
+
+def out_of_vocabulary(model: ModelSpec, seed: int) -> OutOfVocabulary:
+    return OutOfVocabulary(model, seed)

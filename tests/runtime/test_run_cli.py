@@ -270,6 +270,11 @@ def test_hanging_rank_fails_the_run_within_the_timeout(tmp_path: Path) -> None:
      "rows('text_vision', 'text', 0, 0, 1) got torch.float32 [1], expected int64 token ids [1, "),
     (["--dataset", "faulty_data:unreadable"],
      "rows('text_vision', 'text', 0, 0, 1) raised OSError('no such shard')"),
+    (["--dataset", "faulty_data:missing_file"],
+     "--dataset 'faulty_data:missing_file': missing_file(model, seed) raised "
+     "FileNotFoundError(2, 'No such file or directory')"),
+    (["--dataset", "faulty_data:out_of_vocabulary"],
+     "outside the vocabulary of 128 (ids 0-127)"),
     (["--resume"], "--resume needs --checkpoint-dir"),
     (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
     (["--checkpoint-dir", "{tmp}/file"], "file: is not a directory"),

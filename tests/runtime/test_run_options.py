@@ -130,3 +130,22 @@ def test_a_failing_rank_writes_its_line_and_newline_at_once(tmp_path: Path,
     line = "error: rank 1: NotADirectoryError: [Errno 20] Not a directory: 'ck/.tmp'\n"
     assert stderr.calls == [line]
     assert json.loads(error_file.read_text())["message"] == line[len("error: "):-1]
+
+
+def test_synthetic_data_is_the_same_samples_in_every_dtype() -> None:
+    """A function of (seed, task, item, step) only: a run in fp64 or bf16 trains on the fp32
+    run's samples, at its own precision."""
+    import torch
+
+    from spindle_cli.artifacts import ModelSpec, load
+    from spindle_cli.runtime.data import SyntheticData
+
+    model = load(str(Path(__file__).resolve().parents[2] / "models" / "tiny-clip.yaml"),
+                 ModelSpec)
+    task = model.tasks[0]
+    item = next(name for name, spec in task.inputs.items() if spec.dim)
+    drawn = {dtype: SyntheticData(model, 3, dtype).rows(task.name, item, 2, 0, 4)
+             for dtype in (torch.float32, torch.float64, torch.bfloat16)}
+    assert drawn[torch.float64].dtype == torch.float64
+    assert torch.equal(drawn[torch.float64], drawn[torch.float32].double())
+    assert torch.equal(drawn[torch.bfloat16], drawn[torch.float32].bfloat16())
