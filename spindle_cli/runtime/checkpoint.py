@@ -56,9 +56,16 @@ def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[s
     if rank == 0:
         manifest = {"step": step, "data_position": step, "world_size": world_size, **meta}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        # a checkpoint of the same step is replaced by renames only: a crash leaves it whole,
+        # or hidden, never half deleted
+        old = final.with_name(f".{final.name}.old")
+        if old.exists():
+            shutil.rmtree(old)
         if final.exists():
-            shutil.rmtree(final)
+            os.replace(final, old)
         os.replace(tmp, final)
+        if old.exists():
+            shutil.rmtree(old)
     if world_size > 1:
         dist.barrier()
 
@@ -80,13 +87,29 @@ def check_dir(directory: str) -> None:
         raise SpindleError(f"--checkpoint-dir {directory}: {existing} is not writable")
 
 
-def latest(directory: str) -> Path | None:
-    """The newest complete checkpoint under `directory`, or None."""
+def _step_dirs(directory: str) -> list[Path]:
+    """The `step-N` directories under `directory`, most steps first (N compared as a number:
+    step-1000000 is after step-999999)."""
     root = Path(directory)
     if not root.is_dir():
-        return None
-    done = sorted(p for p in root.glob("step-*") if (p / MANIFEST).is_file())
-    return done[-1] if done else None
+        return []
+    found = [p for p in root.glob("step-*") if p.name[5:].isdigit()]
+    return sorted(found, key=lambda p: (int(p.name[5:]), p.name), reverse=True)
+
+
+def _complete(path: Path) -> bool:
+    """Whether `path` holds a readable manifest and the file of every rank it names."""
+    try:
+        world_size = int(json.loads((path / MANIFEST).read_text())["world_size"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+    return all((path / rank_file(r)).is_file() for r in range(world_size))
+
+
+def latest(directory: str) -> Path | None:
+    """The complete checkpoint of the most steps under `directory` (`_complete`), or None. A
+    damaged one (a lost rank file) is passed over for the one before it."""
+    return next((p for p in _step_dirs(directory) if _complete(p)), None)
 
 
 def read_manifest(path: Path, *, world_size: int, meta: dict[str, Any]) -> int:
@@ -117,10 +140,15 @@ def read_manifest(path: Path, *, world_size: int, meta: dict[str, Any]) -> int:
 def resume_point(directory: str, *, world_size: int,
                  meta: dict[str, Any]) -> tuple[Path, int] | None:
     """(newest complete checkpoint, its completed steps) under `directory`, checked against
-    this run (`read_manifest`); None when there is none yet."""
+    this run (`read_manifest`); None when there is none yet. SpindleError, naming what is
+    wrong with the newest, when there are checkpoints but none is complete: starting over
+    would replace them."""
     found = latest(directory)
     if found is None:
-        return None
+        damaged = _step_dirs(directory)
+        if not damaged:
+            return None
+        found = damaged[0]
     return found, read_manifest(found, world_size=world_size, meta=meta)
 
 

@@ -95,9 +95,14 @@ class TrainResult:
 
 
 def _meta(plan: Plan, opts: TrainOptions) -> dict[str, Any]:
-    """What a checkpoint must agree on with the run resuming from it."""
+    """What a checkpoint must agree on with the run resuming from it: with the plan and data,
+    the gradient buckets (`opts.overlap_sync`, resolved), whose flat tensors hold the
+    optimizer state."""
+    assert opts.overlap_sync is not None, "the sync mode is resolved before checkpoints"
     return {"plan_sha256": sha256(plan), "seed": opts.seed, "dtype": opts.dtype,
-            "dataset": opts.dataset or "synthetic"}
+            "dataset": opts.dataset or "synthetic",
+            "sync": f"chunked, {opts.sync_chunk_bytes} bytes" if opts.overlap_sync
+            else "per-set"}
 
 
 def check_options(opts: TrainOptions, *, timeout_s: float) -> None:
@@ -118,6 +123,13 @@ def check_options(opts: TrainOptions, *, timeout_s: float) -> None:
                 raise SpindleError(f"{flag} needs --checkpoint-dir")
     else:
         checkpoint.check_dir(opts.checkpoint_dir)
+        found = None if opts.resume else checkpoint.latest(opts.checkpoint_dir)
+        if found is not None:
+            # a new run would replace some of them and leave the rest to a later --resume
+            raise SpindleError(
+                f"--checkpoint-dir {opts.checkpoint_dir}: holds another run's checkpoints "
+                f"(the newest {found.name})",
+                hint="--resume continues from it; or give this run another --checkpoint-dir")
     if opts.trace_path is not None:
         _check_trace_path(opts.trace_path)
 
@@ -183,7 +195,7 @@ def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
     ex = Executor(plan, program, model, world, groups, data, seed=opts.seed, lr=opts.lr,
                   dtype=dtype, tracer=tracer, overlap_sync=opts.overlap_sync,
                   sync_chunk_bytes=opts.sync_chunk_bytes)
-    meta = _meta(plan, opts)
+    meta = _meta(plan, replace(opts, overlap_sync=ex.overlap_sync))
     start = 0
     if opts.resume:
         assert opts.checkpoint_dir is not None

@@ -476,6 +476,8 @@ def test_checkpoint_dir_alone_saves_after_the_last_step(
     (["--seed", "1"], "error: {ckpt}/step-000001: checkpoint was taken with seed=0, this run "
                       "has 1"),
     (["--dtype", "fp64"], "checkpoint was taken with dtype='fp32', this run has 'fp64'"),
+    # the optimizer state lives in the gradient buckets' flat tensors
+    (["--sync", "chunked"], "checkpoint was taken with sync='per-set', this run has 'chunked, "),
 ])
 def test_resume_is_checked_against_the_checkpoint_before_launch(
         one_step_checkpoint: tuple[Path, Path], monkeypatch, args: list[str], said: str,

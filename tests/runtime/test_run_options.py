@@ -149,3 +149,35 @@ def test_synthetic_data_is_the_same_samples_in_every_dtype() -> None:
     assert drawn[torch.float64].dtype == torch.float64
     assert torch.equal(drawn[torch.float64], drawn[torch.float32].double())
     assert torch.equal(drawn[torch.bfloat16], drawn[torch.float32].bfloat16())
+
+
+def test_resume_takes_the_complete_checkpoint_of_the_most_steps(tmp_path: Path) -> None:
+    ck = str(tmp_path)
+    for step in (999_999, 1_000_000, 1_000_001):
+        checkpoint.save(ck, step, rank=0, world_size=1, state={"step": step}, meta=META)
+    # steps compare as numbers, and a checkpoint that lost a rank's file is passed over
+    (tmp_path / "step-1000001" / "rank-00000.pt").unlink()
+    assert checkpoint.latest(ck) == tmp_path / "step-1000000"
+    assert checkpoint.resume_point(ck, world_size=1, meta=META) == \
+        (tmp_path / "step-1000000", 1_000_000)
+
+
+def test_saving_a_step_again_replaces_it_whole(tmp_path: Path) -> None:
+    ck = str(tmp_path)
+    checkpoint.save(ck, 2, rank=0, world_size=1, state={"v": 1}, meta=META)
+    checkpoint.save(ck, 2, rank=0, world_size=1, state={"v": 2}, meta=META)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000002"]
+    assert checkpoint.load(tmp_path / "step-000002", rank=0, world_size=1,
+                           meta=META)[1] == {"v": 2}
+
+
+def test_a_new_run_refuses_a_directory_holding_checkpoints(tmp_path: Path) -> None:
+    """A fresh run would replace some of another run's checkpoints and leave the rest, which
+    a later --resume would then mix up."""
+    checkpoint.save(str(tmp_path), 6, rank=0, world_size=1, state={}, meta=META)
+    with pytest.raises(SpindleError, match="holds another run's checkpoints "
+                                           r"\(the newest step-000006\)") as e:
+        check_options(TrainOptions(steps=4, checkpoint_dir=str(tmp_path)), timeout_s=1.0)
+    assert e.value.hint is not None and "--resume" in e.value.hint
+    check_options(TrainOptions(steps=8, checkpoint_dir=str(tmp_path), resume=True),
+                  timeout_s=1.0)
