@@ -63,11 +63,13 @@ class Tracer:
 
 def breakdown_ms(events: list[dict[str, Any]], num_steps: int) -> dict[str, float]:
     """Milliseconds per step spent in each kind of span (compute, comm, sync, optimizer) by one
-    rank, leaving out step 0 (warm-up) when there are more steps."""
+    rank, leaving out its first traced step (warm-up; a resumed run's first is not step 0)
+    when there are more steps."""
     skip_first = num_steps > 1
+    first = min((e["args"].get("step", 0) for e in events), default=0)
     totals: dict[str, float] = {}
     for e in events:
-        if skip_first and e["args"].get("step", 0) == 0:
+        if skip_first and e["args"].get("step", 0) == first:
             continue
         key = "optimizer" if e["name"] == "optimizer" else e["cat"]
         totals[key] = totals.get(key, 0.0) + e["dur"] / 1e3

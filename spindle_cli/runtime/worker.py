@@ -223,7 +223,10 @@ def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
             checkpoint.save(opts.checkpoint_dir, done, rank=world.rank,
                             world_size=world.world_size, state=ex.state(done), meta=meta)
     if opts.trace_path is not None:
-        _write_trace(tracer, result, plan, world, opts)
+        if result.step_ms:
+            _write_trace(tracer, result, plan, world, opts)
+        elif world.rank == 0:
+            _say(f"trace: no step ran, so nothing was traced ({opts.trace_path} not written)")
     result.params = ex.parameters()
     return result
 

@@ -579,3 +579,18 @@ def test_an_interrupted_run_exits_with_the_signal_not_as_a_bug(tmp_path: Path, m
     assert result.exit_code == code, getattr(result, "stderr", "")
     name = signal.Signals(signum).name
     assert _one_line_error(result) == f"error: interrupted by {name}: every rank was stopped"
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_resume_with_nothing_left_writes_no_trace(one_step_checkpoint: tuple[Path, Path],
+                                                    tmp_path: Path) -> None:
+    """No step ran, so there is nothing to compare with the plan (it reported -100% drift)."""
+    plan, ckpt = one_step_checkpoint
+    trace = tmp_path / "trace.json"
+    r = spindle("run", str(plan), "--nproc-per-node", "2", "--steps", "1", "--timeout-s", "60",
+                "--checkpoint-dir", str(ckpt), "--resume", "--trace", str(trace))
+    assert r.returncode == 0, r.stderr
+    assert f"trace: no step ran, so nothing was traced ({trace} not written)" in r.stderr
+    assert not trace.exists()

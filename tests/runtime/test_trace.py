@@ -76,3 +76,14 @@ def test_drift_names_the_slices_furthest_off() -> None:
     # compute as planned: nothing to name
     exact = slice_compute(plan, _events(plan, lambda s, r, step: s.time_ms))
     assert len(drift_lines(exact, plan.estimated_iteration_ms)) == 1
+
+
+def test_breakdown_leaves_out_the_first_traced_step_after_a_resume() -> None:
+    from spindle_cli.runtime.trace import breakdown_ms
+
+    plan = load(str(PLAN), Plan)
+    # steps 3, 4, 5 as after a resume; step 3 (warm-up) takes 100 ms per slice
+    events = _events(plan, lambda s, r, step: 1.0)[0]
+    per_step = sum(1.0 for w in plan.waves for s in w.slices if 0 in s.ranks)
+    assert breakdown_ms(events, 3) == pytest.approx(
+        {"compute": per_step, "optimizer": 5000.0 / 2, "sync": 5000.0 / 2})
