@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -260,7 +261,9 @@ def _launch(argv: list[str]) -> None:
 
 def _root_cause(e: object) -> str:
     """One line for a failed run: the earliest rank error that is not just a lost peer; else
-    the earliest lost-peer line (it names the suspects), plus the ranks the launcher stopped."""
+    the earliest rank that died without a line and not by the launcher's SIGTERM (killed from
+    outside, say by the OOM killer, or exited on its own); else the earliest lost-peer line
+    (it names the suspects), plus the ranks the launcher stopped."""
     failures = getattr(e, "failures", {})
     if not failures:
         return "a worker failed"
@@ -273,15 +276,28 @@ def _root_cause(e: object) -> str:
         data = failures[rank].error_file_data
         return bool(isinstance(data, dict) and data.get("spindle", {}).get("secondary"))
 
-    reported = sorted((r for r in failures if line(r)),
-                      key=lambda r: (secondary(r), failures[r].timestamp, r))
-    stopped = sorted(r for r in failures if not line(r))
+    def stopped_by_launcher(rank: int) -> bool:
+        return failures[rank].exitcode == -signal.SIGTERM
+
+    def died(rank: int) -> str:
+        f = failures[rank]
+        if f.exitcode < 0:
+            return f"rank {rank} was killed by signal {-f.exitcode} ({f.signal_name()})"
+        return f"rank {rank} exited with code {f.exitcode}"
+
+    def when(rank: int) -> tuple[int, int]:
+        return failures[rank].timestamp, rank
+
+    reported = sorted((r for r in failures if line(r)), key=lambda r: (secondary(r), *when(r)))
+    if reported and not secondary(reported[0]):
+        return line(reported[0])
+    silent = [r for r in failures if not line(r)]
+    own = sorted((r for r in silent if not stopped_by_launcher(r)), key=when)
+    if own:
+        return died(own[0])
     if reported:
         text = line(reported[0])
-        if secondary(reported[0]) and stopped:
-            text += f"; the launcher then stopped rank(s) {', '.join(map(str, stopped))}"
+        if silent:
+            text += f"; the launcher then stopped rank(s) {', '.join(map(str, sorted(silent)))}"
         return text
-    f = failures[stopped[0]]
-    if f.exitcode < 0:
-        return f"rank {stopped[0]} was killed by signal {-f.exitcode} ({f.signal_name()})"
-    return f"rank {stopped[0]} exited with code {f.exitcode}"
+    return died(min(silent, key=when))

@@ -594,3 +594,38 @@ def test_a_resume_with_nothing_left_writes_no_trace(one_step_checkpoint: tuple[P
     assert r.returncode == 0, r.stderr
     assert f"trace: no step ran, so nothing was traced ({trace} not written)" in r.stderr
     assert not trace.exists()
+
+
+def _failure(exitcode: int, timestamp: int, message: str = "",
+             secondary: bool = False) -> object:
+    """A torchrun ProcessFailure as `_root_cause` reads it."""
+    import signal
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        message=message, exitcode=exitcode, timestamp=timestamp,
+        error_file_data={"spindle": {"secondary": secondary}} if message else {},
+        signal_name=lambda: signal.Signals(-exitcode).name if exitcode < 0 else "")
+
+
+@pytest.mark.parametrize(("failures", "said"), [
+    # rank 1 killed from outside; the launcher then stopped rank 0
+    ({0: _failure(-15, 2), 1: _failure(-9, 3)}, "rank 1 was killed by signal 9 (SIGKILL)"),
+    # rank 0 saw its peer go first; rank 1 was killed from outside, not by the launcher
+    ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1", secondary=True),
+      1: _failure(-9, 2)}, "rank 1 was killed by signal 9 (SIGKILL)"),
+    ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1", secondary=True),
+      1: _failure(-15, 2)},
+     "rank 0: lost contact with rank(s) 1; the launcher then stopped rank(s) 1"),
+    ({0: _failure(-15, 2), 1: _failure(1, 5, "rank 1: OSError: disk read failed")},
+     "rank 1: OSError: disk read failed"),
+    ({0: _failure(-15, 4), 1: _failure(-15, 2)}, "rank 1 was killed by signal 15 (SIGTERM)"),
+    ({1: _failure(3, 2)}, "rank 1 exited with code 3"),
+])
+def test_a_failed_run_names_the_rank_that_failed_first(failures: dict[int, object],
+                                                       said: str) -> None:
+    from types import SimpleNamespace
+
+    from spindle_cli.cli.run import _root_cause
+
+    assert _root_cause(SimpleNamespace(failures=failures)) == said
