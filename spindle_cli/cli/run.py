@@ -164,8 +164,11 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     if nnodes == 1 and rdzv_endpoint is None:
         launch = ["--standalone"]
     else:
+        # the static rendezvous: node ranks are the ones given (c10d's follow arrival order),
+        # and a node whose peers do not come fails after the timeout (c10d waits 600 s)
         launch = ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-backend",
-                  "c10d", "--rdzv-endpoint", str(rdzv_endpoint)]
+                  "static", "--rdzv-endpoint", str(rdzv_endpoint), "--rdzv-conf",
+                  f"timeout={math.ceil(timeout_s)}"]
     argv = [*launch, "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0",
             "-m", "spindle_cli.runtime.worker", *worker_args]
     err.print(f"spindle run: {inputs.plan.planner} plan, {len(inputs.plan.waves)} waves, "
@@ -183,7 +186,8 @@ def _ranks_per_node(num_ranks: int, nnodes: int) -> int:
     be)."""
     if num_ranks % nnodes:
         raise SpindleError(f"the plan's {num_ranks} ranks do not split evenly over {nnodes} "
-                           "nodes", hint="give --nproc-per-node for this node")
+                           "nodes", hint="every node runs as many ranks: plan for a multiple "
+                                         f"of {nnodes} ranks, or run on fewer nodes")
     return num_ranks // nnodes
 
 
@@ -234,9 +238,12 @@ def _print_ranks(program: Program, num_ranks: int) -> None:
 
 
 def _launch(argv: list[str]) -> None:
-    """torchrun with `argv`; a failed worker becomes a RuntimeFailure naming its rank."""
+    """torchrun with `argv`; a failed worker becomes a RuntimeFailure naming its rank, nodes
+    that do not meet one saying where they waited."""
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args
     from torch.distributed.run import run as torchrun
 
@@ -253,6 +260,15 @@ def _launch(argv: list[str]) -> None:
         torchrun(parse_args(argv))
     except ChildFailedError as e:
         raise RuntimeFailure(f"run failed: {_root_cause(e)}") from None
+    except (DistError, RendezvousError) as e:
+        # the message's first line; torch appends a C++ backtrace
+        endpoint = argv[argv.index("--rdzv-endpoint") + 1] if "--rdzv-endpoint" in argv else ""
+        raise RuntimeFailure(
+            f"the nodes did not meet at {endpoint or 'the rendezvous'}: "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}",
+            hint="start every node with the same --nnodes and --rdzv-endpoint (node 0's "
+                 "address) and a different --node-rank, within --timeout-s of each other"
+        ) from None
     except SignalException as e:
         # the launcher stopped every rank; checkpoints already written stay whole
         raise Interrupted(f"interrupted by {e.sigval.name}: every rank was stopped",

@@ -402,6 +402,9 @@ def test_sound_run_options_are_passed_on_and_create_nothing(tmp_path: Path,
     assert result.exit_code == 0, getattr(result, "stderr", "")
     argv = launched[0]
     assert argv[argv.index("--rdzv-endpoint") + 1] == "[::1]:29500"
+    # the static rendezvous keeps node ranks as given and waits at most --timeout-s
+    assert argv[argv.index("--rdzv-backend") + 1] == "static"
+    assert argv[argv.index("--rdzv-conf") + 1] == "timeout=300"
     assert argv[argv.index("--checkpoint-dir") + 1] == str(ckpt)
     assert "--resume" in argv and "--checkpoint-every" not in argv
     # the workers make the checkpoint directory when they first save
@@ -629,3 +632,47 @@ def test_a_failed_run_names_the_rank_that_failed_first(failures: dict[int, objec
     from spindle_cli.cli.run import _root_cause
 
     assert _root_cause(SimpleNamespace(failures=failures)) == said
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_nodes_take_the_node_rank_they_are_given(tmp_path: Path, monkeypatch) -> None:
+    """Two single-rank 'nodes' on this machine: the one started second with --node-rank 0
+    holds rank 0 (it prints the losses); torchrun's c10d rendezvous ranked them by arrival."""
+    plan = write_plan_files(tmp_path)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    endpoint = f"127.0.0.1:{_free_port()}"
+    node = ["run", str(plan), "--steps", "1", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-endpoint", endpoint, "--timeout-s", "60"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])}
+    second = subprocess.Popen([sys.executable, "-m", "spindle_cli", *node, "--node-rank", "1"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env)
+    first = spindle(*node, "--node-rank", "0", timeout_s=200)
+    out, err = second.communicate(timeout=200)
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, err)
+    assert first.stdout.startswith("step 1/1  loss ")
+    assert out == ""
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+def test_a_node_whose_peers_never_come_fails_within_the_timeout(tmp_path: Path,
+                                                                monkeypatch) -> None:
+    plan = write_plan_files(tmp_path)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    endpoint = f"127.0.0.1:{_free_port()}"
+    r = spindle("run", str(plan), "--steps", "1", "--nnodes", "2", "--nproc-per-node", "1",
+                "--node-rank", "0", "--rdzv-endpoint", endpoint, "--timeout-s", "3",
+                timeout_s=60)
+    assert r.returncode == 1, r.stderr
+    assert _one_line_error(r).startswith(f"error: the nodes did not meet at {endpoint}: ")
