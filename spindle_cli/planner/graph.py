@@ -152,10 +152,13 @@ def contract(g: nx.DiGraph) -> list[list[tuple[str, str, int]]]:
 
 
 def signature(module: ModuleSpec, op: Operator, dtype: str) -> str:
-    """Everything one operator's time depends on, and neither its module nor its task name, so
-    MetaOps of different tasks with identical workloads share one scaling curve."""
+    """Everything one operator's time and memory depend on, and neither its module nor its
+    task name, so MetaOps of different tasks with identical workloads share one scaling curve
+    (and one measurement): the module's sizes (`max_seq_len`: its position table; `pool`: how
+    a projection pools) and the operator's input."""
     return (f"{module.kind}|hidden={module.hidden}|heads={module.heads}|ffn={module.ffn}"
             f"|in_width={op.in_width}|vocab={module.vocab_size}|target_len={module.target_len}"
+            f"|max_seq_len={module.max_seq_len}|pool={module.pool}"
             f"|batch={op.batch_size}|seq={op.seq_len}|dtype={dtype}")
 
 
