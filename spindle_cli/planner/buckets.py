@@ -75,8 +75,10 @@ class SyncBucket:
 def sync_buckets(plan: Plan, metaops: Mapping[str, MetaOp], mode: SyncMode,
                  chunk_bytes: int = SYNC_CHUNK_BYTES) -> list[SyncBucket]:
     """The plan's gradient buckets under `mode` (none for 'after-backward'), in issue order:
-    by due wave downwards (the backward's order), then by their first ParamGroup, the chunks
-    of one bucket in the order the backward completes them."""
+    by due wave downwards (the backward's order), then by when the wave's slices are expected
+    to have completed them (the operators of each slice they wait for, at the slice's planned
+    time per operator), then by their first ParamGroup, the chunks of one bucket in the order
+    the backward completes them."""
     if mode == "after-backward":
         return []
     group_of: dict[LayerKey, int] = {}
@@ -114,7 +116,11 @@ def sync_buckets(plan: Plan, metaops: Mapping[str, MetaOp], mode: SyncMode,
         for chunk in chunks:
             buckets.append(_bucket(plan, group_of, runs, ranks, wave, chunk,
                                    whole=mode != "chunked"))
-    buckets.sort(key=lambda b: -b.wave)
+    # within a wave, in the order the plan expects them complete: each rank issues its
+    # buckets in this one order, so a bucket never waits for one that completes later
+    times = {s.id: s.time_ms / s.num_layers for _, s in plan.slices()}
+    buckets.sort(key=lambda b: (-b.wave, max((k * times[sid] for sid, k in b.passes),
+                                             default=0.0)))
     return buckets
 
 

@@ -40,8 +40,9 @@ What is modelled (and what is not):
   splits a rank set's layers by the backward wave that completes their gradients (the lowest
   wave of a slice running the layer), then into chunks of whole layers, top layers first; a
   chunk starts once every slice of that wave running its layers has passed its lowest layer (the
-  backward of one operator taking an equal share of the slice's) and the chunks before it have
-  started, overlapping the rest of the backward pass, like DDP's gradient buckets; 'per-wave'
+  backward of one operator taking an equal share of the slice's) and each of its ranks has
+  started the buckets before it (a rank issues its buckets of several ranks in their one global
+  order), overlapping the rest of the backward pass, like DDP's gradient buckets; 'per-wave'
   each wave's layers of a set in one bucket, once that wave's slices of them have finished their
   backward; 'per-set' (its gloo default) one bucket for all groups of one rank set, once all
   their layers are done; 'after-backward' each group whole after the last backward wave. Buckets
@@ -966,13 +967,14 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 starts[s.id][3] = start_ms + costs[s.id].backward_ms
                 end_ms = max(end_ms, starts[s.id][3])
             boundary = issue_boundary(w.index, True, reached(w, start_ms, 3))
-            # every rank starts the wave's backward at start_ms; a rank set issues its buckets
-            # in order
-            issued_at: dict[tuple[int, ...], float] = {}
+            # every rank starts the wave's backward at start_ms; a rank issues its buckets of
+            # several ranks in their one global order (the executor's queue)
+            issued_at: dict[int, float] = {}
             for b in due_in_wave.get(w.index, []):
-                at = max([issued_at.get(b.ranks, start_ms),
+                at = max([start_ms, *(issued_at.get(r, start_ms) for r in b.ranks),
                           *(starts[sid][2] + costs[sid].passed_ms(k) for sid, k in b.passes)])
-                issued_at[b.ranks] = at
+                if len(b.ranks) > 1:
+                    issued_at.update((r, at) for r in b.ranks)
                 issue_sync(b.groups, b.bytes, at, bucket_label(b))
             bwd_timing[w.index] = (start_ms, end_ms, start_ms - now_ms)
             now_ms = end_ms
@@ -1016,7 +1018,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         passed: dict[int, dict[int, float]] = {id(b): {} for bs in due_in_wave.values()
                                                 for b in bs}
         passes = {id(b): dict(b.passes) for bs in due_in_wave.values() for b in bs}
-        issued_at: dict[tuple[int, tuple[int, ...]], float] = {}
+        issued_at: dict[int, float] = {}
         # groups in no bucket sync whole once all of their ranks are through the backward
         bucketed = {gi for bs in due_in_wave.values() for b in bs for gi in b.groups}
         whole = [gi for gi in range(len(plan.param_groups)) if gi not in bucketed]
@@ -1052,8 +1054,9 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                     continue
                 k = passes[id(b)].get(s.id) if s is not None else None
                 ready = start_ms if k is None else start_ms + costs[s.id].passed_ms(k)
-                at = max(ready, issued_at.get((r, b.ranks), ready))
-                issued_at[(r, b.ranks)] = at
+                at = max(ready, issued_at.get(r, ready))
+                if len(b.ranks) > 1:
+                    issued_at[r] = at
                 passed[id(b)][r] = at
                 if len(passed[id(b)]) == len(b.ranks):
                     issue_sync(b.groups, b.bytes, max(passed[id(b)].values()),

@@ -16,9 +16,10 @@ each chunk's lowest layer, so its backward runs segment by segment and a chunk i
 as soon as the segments above have run, overlapping the rest of the backward. Without it (the
 default on gloo, where the collective's threads take their CPU time from the rank's compute: 44
 vs 52 ms per step for tiny-clip on 2 CPU ranks here) a set has one bucket, due at the lowest
-wave of any of its layers. A rank issues a set's buckets (SUM, asynchronously) in their layout
-order, each once it is complete on the rank and the ones before it are issued, so every rank of
-the set issues them alike; after the last backward wave the all-reduces are awaited, and AdamW
+wave of any of its layers. A rank issues its buckets (SUM, asynchronously) in the layout's one
+global order, each once it is complete on the rank and the ones before it are issued, so any
+two ranks issue the collectives they share alike, whatever process groups they belong to (as
+NCCL needs); after the last backward wave the all-reduces are awaited, and AdamW
 steps the buckets' flat parameters. Under ZeRO-1 and -2 (Plan.options `zero` 1, 2) a bucket of
 several ranks is padded to equal shards: it is reduce-scattered instead, each rank's AdamW
 steps (and keeps state for) its own shard, a view of the flat parameter, and after the step the
@@ -164,8 +165,8 @@ class StepState:
     """The backward wave running now."""
     passed: dict[str, int] = field(default_factory=dict)
     """Slice id -> operators whose backward has run."""
-    issued: dict[tuple[int, ...], int] = field(default_factory=dict)
-    """Rank set -> how many of its buckets (in `Executor.queues` order) are issued."""
+    issued: int = 0
+    """How many buckets of `Executor.queue` are issued."""
 
 
 def _shape(t: torch.Tensor) -> list[int]:
@@ -218,11 +219,10 @@ class Executor:
         self.zero = int(plan.options.get("zero", "0"))
         self.recompute = plan.options.get("recompute") == "true"
         self.buckets = self._make_buckets(sync_chunk_bytes)
-        # each rank set's buckets in issue order, the same on every rank of the set
-        self.queues: dict[tuple[int, ...], list[Bucket]] = {}
-        for b in self.buckets:
-            if b.group is not None:
-                self.queues.setdefault(b.ranks, []).append(b)
+        # the buckets of several ranks in the layout's one global order (`sync_buckets`): a
+        # rank issues its own in that order, so any two ranks issue the collectives they share
+        # in the same order, which NCCL needs across process groups (runtime-design.md 2.1)
+        self.queue = [b for b in self.buckets if len(b.ranks) > 1]
         self.cuts: dict[str, set[int]] = {}
         for b in self.buckets:
             if b.after is not None:
@@ -392,28 +392,25 @@ class Executor:
 
     def _issue_ready(self, st: StepState) -> list[Any]:
         """Start the all-reduce (reduce-scatter under ZeRO-1/2) of every bucket that is
-        complete on this rank now, each rank set's in queue order, so a bucket waits for the
-        ones before it and every rank of the set issues them alike. Each group has its own
+        complete on this rank now, in queue order, so a bucket waits for the ones before it
+        and any two ranks issue the ones they share alike. Each group has its own
         connections, so the transfers overlap the rest of the backward pass. First, under
         ZeRO-2, the gradient storage of the buckets whose reduce-scatter is done goes."""
         self._release_reduced(everything=False)
         works = []
-        for ranks, queue in self.queues.items():
-            i = st.issued.get(ranks, 0)
-            while i < len(queue) and self._complete(queue[i], st):
-                b = queue[i]
-                with _with_peers("the gradient sync", [r for r in b.ranks if r != self.rank]):
-                    if b.shard is None:
-                        works.append(dist.all_reduce(b.flat, op=dist.ReduceOp.SUM,
-                                                     group=b.group, async_op=True))
-                    else:
-                        works.append(dist.reduce_scatter_single(
-                            b.shard_grad, b.flat, op=dist.ReduceOp.SUM, group=b.group,
-                            async_op=True))
-                        if b.grads_from >= 0:
-                            self.releasing.append((works[-1], b))
-                i += 1
-            st.issued[ranks] = i
+        while st.issued < len(self.queue) and self._complete(self.queue[st.issued], st):
+            b = self.queue[st.issued]
+            with _with_peers("the gradient sync", [r for r in b.ranks if r != self.rank]):
+                if b.shard is None:
+                    works.append(dist.all_reduce(b.flat, op=dist.ReduceOp.SUM,
+                                                 group=b.group, async_op=True))
+                else:
+                    works.append(dist.reduce_scatter_single(
+                        b.shard_grad, b.flat, op=dist.ReduceOp.SUM, group=b.group,
+                        async_op=True))
+                    if b.grads_from >= 0:
+                        self.releasing.append((works[-1], b))
+            st.issued += 1
         return works
 
     def _release_reduced(self, *, everything: bool) -> None:
