@@ -566,3 +566,18 @@ def test_explain_counts_c_star_as_show_does_when_a_speedup_is_not_concave(case):
     assert f"level {level}: C* = {bound:.3f} ms (on the concave envelope" in explained
     shown = invoke("show", "plan.yaml").output
     assert f"{bound:.3f}" in shown
+
+
+def test_diff_says_when_transfers_only_moved(case):
+    """DistMM-MT's waves placed on islands or on consecutive ranks: the same transfers and
+    parameter groups between other ranks, not 'transfers: 4 -> 4'."""
+    invoke(*plan_args("--planner", "distmm", "-o", "a.yaml"))
+    invoke(*plan_args("--planner", "distmm", "--placement", "sequential", "-o", "b.yaml"))
+    a = load("a.yaml", Plan)
+    moved = sum(t.bytes for t in a.transfers if t.src_ranks != t.dst_ranks)
+    lines = invoke("diff", "a.yaml", "b.yaml").output.splitlines()
+    from spindle_cli.units import fmt_bytes
+
+    assert (f"transfers: the same {len(a.transfers)}, {fmt_bytes(moved)} between different "
+            "ranks, on other ranks or slices") in lines
+    assert f"parameter groups: the same {len(a.param_groups)}, on other ranks or layers" in lines

@@ -84,10 +84,18 @@ def differences(a: Plan, b: Plan) -> list[str]:
     if da["transfers"] != db["transfers"]:
         moved_a = sum(t.bytes for t in a.transfers if t.src_ranks != t.dst_ranks)
         moved_b = sum(t.bytes for t in b.transfers if t.src_ranks != t.dst_ranks)
-        lines.append(f"transfers: {len(a.transfers)} -> {len(b.transfers)}; bytes between "
-                     f"different ranks {fmt_bytes(moved_a)} -> {fmt_bytes(moved_b)}")
+        if (len(a.transfers), moved_a) != (len(b.transfers), moved_b):
+            lines.append(f"transfers: {len(a.transfers)} -> {len(b.transfers)}; bytes between "
+                         f"different ranks {fmt_bytes(moved_a)} -> {fmt_bytes(moved_b)}")
+        else:
+            lines.append(f"transfers: the same {len(a.transfers)}, {fmt_bytes(moved_a)} "
+                         "between different ranks, on other ranks or slices")
     if da["param_groups"] != db["param_groups"]:
-        lines.append(f"parameter groups: {len(a.param_groups)} -> {len(b.param_groups)}")
+        if len(a.param_groups) != len(b.param_groups):
+            lines.append(f"parameter groups: {len(a.param_groups)} -> {len(b.param_groups)}")
+        else:
+            lines.append(f"parameter groups: the same {len(a.param_groups)}, on other ranks "
+                         "or layers")
     if not lines:
         lines.append("other fields differ")
     return lines
