@@ -277,3 +277,30 @@ def test_every_stdout_console_ends_quietly_on_a_closed_pipe(write, tmp_path, mon
             else:
                 print_table(table)
     assert e.value.code == 0
+
+
+def test_show_profile_compares_a_count_under_the_strategy_its_fit_uses():
+    """qwen-val-70b's LLM at 96 devices (held out): the fit runs it data-parallel, the fastest
+    profiled point is tp2. The row shows the dp point beside the fit, and names the faster."""
+    from spindle_cli.artifacts import Profile
+    from spindle_cli.planner import scaling
+
+    path = REPO / "profiles" / "qwen-val-70b-a800-32x8.yaml"
+    profile = load(str(path), Profile)
+    rows = [line.split("│") for line in _invoke("show", str(path)).stdout.splitlines()
+            if line.count("│") == 8]
+    mixed = [r for r in rows if "fastest profiled" in r[7]]
+    assert mixed
+    for curve in profile.curves:
+        for n in {p.num_devices for p in curve.points}:
+            if not scaling.is_valid(curve, n, uneven=True):
+                continue
+            claimed = scaling.strategy(curve, n)
+            point = next((p for p in curve.points if p.num_devices == n and p.feasible
+                          and p.strategy == claimed), None)
+            fastest = min((p for p in curve.points if p.num_devices == n and p.feasible),
+                          key=lambda p: p.time_ms)
+            if point is not None and fastest.strategy != claimed:
+                assert any(r[1].strip() == str(n) and r[2].strip() == claimed
+                           and r[3].strip() == f"{point.time_ms:.4g}"
+                           and f"fastest profiled: {fastest.strategy}" in r[7] for r in mixed)

@@ -71,6 +71,13 @@ def _curve_table(curve: Curve, fitted: set[int]) -> Table:
         # counts past the curve's end are slower than a smaller count: kept, never planned
         slower = n > scaling.count_range(curve)[1]
         beyond = "; slower than fewer devices, not used" if slower else ""
+        # a row compares like with like: the strategy the fit uses here, when it was profiled
+        # (a held-out count between two strategies may be fastest under neither)
+        claimed = scaling.strategy(curve, n) if valid else point.strategy
+        same = next((p for p in tried if p.feasible and p.strategy == claimed), None)
+        if same is not None and same is not point:
+            beyond += f"; fastest profiled: {point.strategy} {point.time_ms:.4g} ms"
+            point = same
         table.add_row(
             str(n),
             point.strategy,
