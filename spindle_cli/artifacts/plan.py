@@ -67,6 +67,10 @@ class Slice:
         if self.last <= self.first:
             raise FieldError("last", f"{self.last} <= first {self.first}")
         _check_rank_list("ranks", self.ranks, "a slice needs at least one rank")
+        t = tp_degree(self.strategy)
+        if len(self.ranks) % t:
+            raise FieldError("strategy", f"{self.strategy} needs a rank count divisible by {t}, "
+                                         f"the slice has {len(self.ranks)}")
 
     @property
     def num_layers(self) -> int:

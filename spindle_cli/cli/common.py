@@ -14,7 +14,7 @@ from spindle_cli.artifacts.base import Artifact, DerivedArtifact
 from spindle_cli.artifacts.io import parse_artifact, parse_text
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views.plan_diff import differences
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import ArtifactError, SpindleError
 
 A = TypeVar("A", bound=Artifact)
 
@@ -42,7 +42,8 @@ def recorded(path: str, output: str) -> str:
     given = Path(path)
     for here in heres:
         out = Path(os.path.normpath(here / output))
-        if any(p.is_relative_to(here) for p in (out, out.resolve())):
+        # realpath, unlike resolve(), does not raise on a symlink loop (check_output refuses it)
+        if any(p.is_relative_to(here) for p in (out, Path(os.path.realpath(out)))):
             if not given.is_absolute():
                 return path
             if given.is_relative_to(here):
@@ -73,6 +74,9 @@ def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json
     if not parent.is_dir():
         raise SpindleError(f"{path}: {str(parent)!r} is not a directory")
     if check:
+        # a pipe would block the comparison, a device never end it
+        if target.exists() and not target.is_file():
+            raise SpindleError(f"{path}: not a regular file")
         return
     if not os.access(parent, os.W_OK):
         raise SpindleError(f"{path}: cannot write in {str(parent)!r}")
@@ -102,6 +106,8 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
             err.print(f"{output}: out of date (regenerate it)", soft_wrap=True)
             err.print("  the file is not UTF-8 text", soft_wrap=True)
             return 1
+        except OSError as e:  # a symlink loop, no permission
+            raise ArtifactError(output, "", f"cannot read: {e.strerror or e}") from None
         if old != new:
             err.print(f"{output}: out of date (regenerate it)", soft_wrap=True)
             for line in stale_lines(output, old, new, obj):

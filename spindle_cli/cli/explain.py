@@ -110,11 +110,16 @@ def explain(plan_path: str, metaop_id: str) -> None:
                 "levels at once (each counted under its lowest), so no planned time of this "
                 "level compares with its C*")
     else:
-        line = f"level {m.level} planned {planned:.3f} ms = {planned / c_star:.3f}x C*"
+        line = f"level {m.level} planned {planned:.3f} ms = {_times(planned, c_star)} C*"
     if best is not None:
         line += (f"; exact packing of the {len(tuples)} tuples above {best:.3f} ms "
-                 f"({best / c_star:.3f}x C*")
+                 f"({_times(best, c_star)} C*")
         line += (")" if mixed else
-                 f"; the waves take {planned / best:.3f}x of it, below 1 where giving idle "
+                 f"; the waves take {_times(planned, best)} of it, below 1 where giving idle "
                  "devices to running MetaOps beats every packing of these fixed tuples)")
     out.print(line)
+
+
+def _times(value: float, base: float) -> str:
+    """'1.234x', or '-x' where the base rounds to no time at all."""
+    return f"{value / base:.3f}x" if base > 0 else "-x"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.artifacts.plan import Plan, RankMemory
+from spindle_cli.artifacts.plan import Plan, RankMemory, tp_group_size
 from spindle_cli.artifacts.profile import tp_degree
 from spindle_cli.planner.roofline import REPLICATED_ACTIVATION_FRACTION
 
@@ -104,7 +104,7 @@ def split_rows(batch: int, groups: int) -> list[int]:
 def rows_per_rank(batch: int, num_ranks: int, strategy: str) -> list[int]:
     """Rows each rank of a slice processes (ranks ascending; a tensor-parallel group of t
     consecutive ranks shares its group's rows)."""
-    t = tp_degree(strategy)
+    t = tp_group_size(num_ranks, strategy)
     return [r for r in split_rows(batch, num_ranks // t) for _ in range(t)]
 
 

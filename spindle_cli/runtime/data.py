@@ -137,6 +137,8 @@ def dataset_factory(spec: str) -> Callable[[ModelSpec, int], DataSource]:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
         raise SpindleError(f"--dataset {spec!r}: {e}") from None
+    except Exception as e:  # the user's module: a SyntaxError, or what its import runs raised
+        raise SpindleError(f"--dataset {spec!r}: importing {module_name} raised {e!r}") from None
     if not callable(factory):
         raise SpindleError(f"--dataset {spec!r}: {attr} is not callable")
     return factory  # type: ignore[no-any-return]

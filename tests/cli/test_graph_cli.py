@@ -162,3 +162,22 @@ def test_committed_graphs_are_up_to_date(path, monkeypatch):
     assert rendered_for(fresh, str(path)) == path.read_text(), (
         f"{path.relative_to(REPO)} is stale: regenerate it with spindle graph {model_path} "
         f"--tasks {','.join(graph.tasks)} -o {path.relative_to(REPO)}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("make", "said"), [
+    (lambda p: __import__("os").mkfifo(p), "not a regular file"),
+    (lambda p: p.symlink_to(p.name), "cannot read: Too many levels of symbolic links"),
+], ids=["fifo", "symlink-loop"])
+def test_check_refuses_an_output_it_cannot_compare_with(tmp_path, make, said):
+    """A pipe would block the comparison forever; a symlink loop cannot be read."""
+    import subprocess
+    import sys
+
+    target = tmp_path / "g.yaml"
+    make(target)
+    r = subprocess.run([sys.executable, "-m", "spindle_cli", "graph",
+                        str(REPO / "models" / "tiny-clip.yaml"), "-o", str(target), "--check"],
+                       capture_output=True, text=True, timeout=50, check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"error: {target}: {said}"), r.stderr

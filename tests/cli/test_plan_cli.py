@@ -581,3 +581,18 @@ def test_diff_says_when_transfers_only_moved(case):
     assert (f"transfers: the same {len(a.transfers)}, {fmt_bytes(moved)} between different "
             "ranks, on other ranks or slices") in lines
     assert f"parameter groups: the same {len(a.param_groups)}, on other ranks or layers" in lines
+
+
+def test_explain_survives_operators_too_short_to_pack(case):
+    """Every operator 1e-12 ms: the exact packing rounds to no time, and explain prints '-x'
+    instead of dividing by it."""
+    import re
+
+    text = Path("profile.yaml").read_text()
+    text = re.sub(r"alpha_ms: .*", "alpha_ms: 1.0e-12", re.sub(r"beta_ms: .*", "beta_ms: 0.0",
+                                                              text))
+    Path("profile.yaml").write_text(text)
+    assert invoke(*plan_args("--planner", "sequential", "-o", "plan.yaml")).exit_code == 0
+    r = invoke("explain", "plan.yaml", "t1/img")
+    assert r.exit_code == 0, r.output
+    assert "the waves take -x of it" in " ".join(r.output.split())

@@ -273,6 +273,7 @@ def test_hanging_rank_fails_the_run_within_the_timeout(tmp_path: Path) -> None:
     (["--dataset", "faulty_data:missing_file"],
      "--dataset 'faulty_data:missing_file': missing_file(model, seed) raised "
      "FileNotFoundError(2, 'No such file or directory')"),
+    (["--dataset", "json:loads"], "loads(model, seed) raised TypeError("),
     (["--dataset", "faulty_data:out_of_vocabulary"],
      "outside the vocabulary of 128 (ids 0-127)"),
     (["--resume"], "--resume needs --checkpoint-dir"),
@@ -389,6 +390,17 @@ def test_a_dataset_module_in_the_working_directory_is_found(tmp_path: Path,
                                   "    return SyntheticData(model, seed)\n")
     result = invoke("run", str(plan_path), "--dataset", "my_rows:make", "--dry-run")
     assert result.exit_code == 0, getattr(result, "stderr", "")
+
+
+def test_a_dataset_module_that_does_not_import_is_refused(tmp_path: Path, monkeypatch) -> None:
+    plan_path = write_plan_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    Path("broken_rows.py").write_text("def make(model, seed:\n    return None\n")
+    result = invoke("run", str(plan_path), "--dataset", "broken_rows:make", "--dry-run")
+    assert result.exit_code == 2, getattr(result, "stderr", "")
+    assert "--dataset 'broken_rows:make': importing broken_rows raised SyntaxError(" in \
+        _one_line_error(result)
 
 
 def test_sound_run_options_are_passed_on_and_create_nothing(tmp_path: Path,
