@@ -24,7 +24,7 @@ from spindle_cli.artifacts.plan import (
     Wave,
 )
 from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
-from spindle_cli.errors import PlanInfeasible, SpindleError
+from spindle_cli.errors import FieldError, PlanInfeasible, SpindleError
 from spindle_cli.planner import baselines, scaling
 from spindle_cli.planner.allocation import (
     LevelAllocation,
@@ -250,7 +250,13 @@ def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven:
                 hint="profile the same graph (spindle profile GRAPH ...)",
             ) from None
         if recompute:
-            curve = _with_recompute(curve)
+            try:
+                curve = _with_recompute(curve)
+            except FieldError as e:
+                raise SpindleError(
+                    f"{profile_name}: curve {m.signature!r} (MetaOp {m.id}) with "
+                    f"recomputation's extra forward: {e}",
+                    hint="--recompute off, or check the profile's times") from None
         if m.signature not in counts_cache:
             counts_cache[m.signature] = [
                 n for n in valid_counts(curve, num_devices, uneven=uneven)

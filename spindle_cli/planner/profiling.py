@@ -38,7 +38,7 @@ from spindle_cli.artifacts.profile import (
     ProfilePoint,
     tp_degree,
 )
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import FieldError, SpindleError
 from spindle_cli.planner import roofline, scaling
 from spindle_cli.planner.curves import MEASURED_NOISE_REL, Sample, fit_curve
 
@@ -190,15 +190,21 @@ def build_curve(
             "profiled count" + (f" ({'; '.join(notes)})" if notes else ""),
             hint=("one layer does not fit a device: check device.memory_bytes of the --cluster "
                   "file (bytes: 85899345920 is 80 GiB)" if memory else None))
-    curve = fit_curve(
-        signature=op.signature,
-        batch_size=op.batch_size,
-        samples=samples,
-        points=tuple(sorted(points, key=lambda p: (p.num_devices, p.strategy))),
-        memory=memory,
-        noise_rel=noise_rel,
-        flat=not _work_splits(op, samples),
-    )
+    try:
+        curve = fit_curve(
+            signature=op.signature,
+            batch_size=op.batch_size,
+            samples=samples,
+            points=tuple(sorted(points, key=lambda p: (p.num_devices, p.strategy))),
+            memory=memory,
+            noise_rel=noise_rel,
+            flat=not _work_splits(op, samples),
+        )
+    except FieldError as e:
+        raise SpindleError(f"signature {op.signature!r} (MetaOp {op.id}): its fitted curve is "
+                           f"not a valid one: {e}",
+                           hint="check the graph's sizes (flops_per_layer, bytes) of this "
+                                "MetaOp") from None
     if not validate:
         return curve
     errors = [e.rel_error for e in heldout_errors(curve, counts)]

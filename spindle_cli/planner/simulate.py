@@ -396,7 +396,9 @@ class _Network:
             latency_s: float, after: Sequence[int] = ()) -> list[int]:
         """Register flows (src rank, dst rank, bytes) that may start at `start_s`, and once
         the flows `after` have ended; returns their ids."""
-        assert start_s >= self.now_s - 1e-12, "a flow cannot start in the simulated past"
+        # (within the float rounding of the clock, however far it has run)
+        assert start_s >= self.now_s - 1e-12 * max(1.0, self.now_s), \
+            "a flow cannot start in the simulated past"
         i, k = self.num_flows, len(pieces)
         while i + k > len(self.ready_s):
             grow = len(self.ready_s)

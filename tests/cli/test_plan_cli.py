@@ -596,3 +596,25 @@ def test_explain_survives_operators_too_short_to_pack(case):
     r = invoke("explain", "plan.yaml", "t1/img")
     assert r.exit_code == 0, r.output
     assert "the waves take -x of it" in " ".join(r.output.split())
+
+
+@pytest.mark.parametrize("planner", ["sequential", "distmm", "optimus", "spindle"])
+def test_times_near_the_bounds_plan_or_fail_cleanly(case, planner):
+    """A profile of operators taking ~1e8 ms (valid) plans, although the simulated clock runs
+    to 1e8 s where float spacing is far above a picosecond; one within the 1e12 ms bound that
+    recomputation's extra forward pushes past it is a one-line error, not exit 123."""
+    import re
+
+    text = Path("profile.yaml").read_text()
+    Path("big.yaml").write_text(re.sub(
+        r"(alpha_ms|beta_ms): (.*)", lambda m: f"{m[1]}: {float(m[2]) * 1e8 + 1e8}", text))
+    r = invoke("plan", "graph.yaml", "big.yaml", "--cluster", "cluster.yaml", "--planner",
+               planner, "-o", "plan.yaml")
+    assert r.exit_code == 0, r.output
+    Path("huge.yaml").write_text(text.replace("alpha_ms: 0.2", "alpha_ms: 900000000000.0", 1))
+    r = subprocess.run(["spindle", "plan", "graph.yaml", "huge.yaml", "--cluster", "cluster.yaml",
+                        "--planner", planner, "--recompute", "on", "-o", "x.yaml"],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: huge.yaml: curve ") and "recomputation" in r.stderr
+    assert not Path("x.yaml").exists()

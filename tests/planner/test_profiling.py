@@ -320,3 +320,14 @@ def test_shipped_model_curves_hold_at_every_count_the_planner_may_use(request):
             assert fit_ms == pytest.approx(true_ms, rel=tolerance), (op.signature, n)
             checked += 1
     assert checked > 1000
+
+
+def test_a_graph_whose_sizes_give_no_valid_curve_is_a_clean_error(three_tasks):
+    from dataclasses import replace as with_
+
+    op = three_tasks.metaops[0]
+    huge = with_(three_tasks, metaops=(with_(op, flops_per_layer=1e300),
+                                       *three_tasks.metaops[1:]))
+    with pytest.raises(SpindleError, match=f"MetaOp {op.id}\\): its fitted curve is not a "
+                                           "valid one: pieces\\[0\\]: T\\(n\\)"):
+        analytic_profile(huge, None, hardware="a800", counts=COUNTS)
