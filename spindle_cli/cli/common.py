@@ -11,10 +11,10 @@ from typing import TypeVar
 
 from spindle_cli.artifacts import Plan, load, rendered_for, write_artifact
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact
-from spindle_cli.artifacts.io import parse_artifact, parse_text
+from spindle_cli.artifacts.io import from_data, parse_artifact, parse_text, to_data
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views.plan_diff import differences
-from spindle_cli.errors import ArtifactError, SpindleError
+from spindle_cli.errors import ArtifactError, FieldError, SpindleError
 
 A = TypeVar("A", bound=Artifact)
 
@@ -94,7 +94,15 @@ def _one_of(suffixes: tuple[str, ...]) -> str:
 
 def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
     """Write `obj` to `output` (or stdout for '-'); with `check`, compare instead and write
-    nothing. Returns the exit code: 1 when `check` finds a difference."""
+    nothing. Returns the exit code: 1 when `check` finds a difference. First `obj` is read
+    back as its file would be: values that loading refuses (a 74-bit byte count from a huge
+    model) are an error here, before anything is written, not at the next stage."""
+    try:
+        from_data(type(obj), to_data(obj))
+    except FieldError as e:
+        raise ArtifactError(output, e.field, f"{e.problem}; the file would not load",
+                            hint="the inputs hold sizes beyond any real model or cluster"
+                            ) from None
     if check:
         new = rendered_for(obj, output)
         try:

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from spindle_cli.artifacts import MetaOpGraph, ModelSpec, input_ref, load, rendered_for
 from spindle_cli.cli import cli
+from spindle_cli.errors import SpindleError
 from spindle_cli.planner.graph import build_graph
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,3 +182,25 @@ def test_check_refuses_an_output_it_cannot_compare_with(tmp_path, make, said):
                        capture_output=True, text=True, timeout=50, check=False)
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith(f"error: {target}: {said}"), r.stderr
+
+
+def test_a_graph_that_would_not_load_is_not_written(tmp_path):
+    """Sizes a model may hold can multiply into byte counts beyond 64 bits: the graph is
+    refused before it is written, not by the next stage."""
+    data = yaml.safe_load((REPO / "models" / "tiny-clip.yaml").read_text())
+    for module in data["modules"].values():
+        if module["kind"] == "embedding":
+            module["max_seq_len"] = 2**40
+    for task in data["tasks"]:
+        task["batch_size"] = 2**30
+        for item in task["inputs"].values():
+            if "dim" not in item:
+                item["seq_len"] = 2**40
+    model = tmp_path / "m.yaml"
+    model.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = tmp_path / "g.yaml"
+    r = CliRunner().invoke(cli, ["graph", str(model), "-o", str(out)])
+    assert r.exit_code != 0 and not out.exists()
+    assert isinstance(r.exception, SpindleError)
+    assert str(r.exception).startswith(f"{out}: metaops[")
+    assert "expected a 64-bit integer" in str(r.exception)
