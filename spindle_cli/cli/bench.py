@@ -29,7 +29,7 @@ from spindle_cli.artifacts.io import write_text_atomic
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input
 from spindle_cli.cli.views import print_table
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import ArtifactError, SpindleError
 from spindle_cli.planner import bench as lib
 from spindle_cli.planner import paper_numbers
 
@@ -165,9 +165,22 @@ def _load_world(models_dir: str, clusters_dir: str, configs: list[lib.BenchConfi
                 ) -> tuple[dict[str, ModelSpec], dict[str, ClusterSpec]]:
     models = {m: load_input(str(Path(models_dir) / f"{m}.yaml"), ModelSpec)
               for m in dict.fromkeys(c.model for c in configs)}
+    for c in configs:
+        if c.task_set is not None:
+            _check_task_sets(models[c.model], str(Path(models_dir) / f"{c.model}.yaml"),
+                             [c.task_set])
     clusters = {c: load_input(str(Path(clusters_dir) / f"{c}.yaml"), ClusterSpec)
                 for c in dict.fromkeys(c.cluster for c in configs)}
     return models, clusters
+
+
+def _check_task_sets(model: ModelSpec, path: str, names: list[str]) -> None:
+    """ArtifactError naming the first of `names` the model has no task set of."""
+    missing = next((n for n in names if n not in model.task_sets), None)
+    if missing is not None:
+        have = ", ".join(map(repr, model.task_sets)) or "none"
+        raise ArtifactError(path, "task_sets", f"no task set {missing!r}, which spindle bench "
+                                               f"runs (the model has {have})")
 
 
 def _bar_chart(path: Path, title: str, ylabel: str, groups: list[str],
@@ -332,7 +345,9 @@ def _write_matrix(rows: list[lib.BenchRow], records: list[dict[str, Any]],
 def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
                  out_dir: Path | None) -> None:
     cluster_name = lib.CLUSTERS[lib.DYNAMIC_DEVICES]
-    model = load_input(str(Path(models_dir) / f"{lib.DYNAMIC_MODEL}.yaml"), ModelSpec)
+    model_path = str(Path(models_dir) / f"{lib.DYNAMIC_MODEL}.yaml")
+    model = load_input(model_path, ModelSpec)
+    _check_task_sets(model, model_path, list(lib.DYNAMIC_SCHEDULE))
     cluster = load_input(str(Path(clusters_dir) / f"{cluster_name}.yaml"), ClusterSpec)
     err.print(f"bench --dynamic: {lib.DYNAMIC_MODEL} task sets "
               f"{' -> '.join(lib.DYNAMIC_SCHEDULE)} on {cluster_name}")

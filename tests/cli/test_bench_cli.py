@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import click
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from spindle_cli.cli import main
@@ -144,3 +146,15 @@ def test_out_that_is_a_file_is_a_user_error(tmp_path):
 def test_quick_with_dynamic_is_refused():
     res = run(["bench", "--dynamic", "--quick"])
     assert res.exit_code == 2 and "--quick" in res.stderr
+
+
+def test_a_model_without_the_task_set_bench_runs_is_a_one_line_error(tiny_matrix, tmp_path):
+    models = tmp_path / "models"
+    shutil.copytree(REPO / "models", models)
+    data = yaml.safe_load((models / "tiny-clip.yaml").read_text())
+    data["task_sets"].pop(TINY.task_set)
+    (models / "tiny-clip.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    res = run(["bench", "--models-dir", str(models), "--clusters-dir", str(REPO / "clusters")])
+    assert res.exit_code == 2
+    assert res.stderr.startswith(f"error: {models / 'tiny-clip.yaml'}: task_sets: no task set "
+                                 f"{TINY.task_set!r}, which spindle bench runs")
