@@ -17,7 +17,7 @@ from spindle_cli.cli.views import VIEW_MODULES
 from spindle_cli.cli.views.gantt import check_image_path
 from spindle_cli.errors import ArtifactError, SpindleError
 from spindle_cli.planner.api import PlanOptions
-from spindle_cli.planner.consistency import check_cluster_size, check_plan, check_recorded
+from spindle_cli.planner.consistency import check_cluster, check_plan, check_recorded
 
 
 @click.command()
@@ -59,7 +59,7 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
                 check_plan(obj, graph)
                 check_recorded(obj, graph, memory)
             if isinstance(cluster, ClusterSpec):
-                check_cluster_size(obj, cluster)
+                check_cluster(obj, cluster)
         except SpindleError as e:
             raise type(e)(f"{path}: {e}", hint=e.hint) from None
     return missing

@@ -25,7 +25,7 @@ from spindle_cli.artifacts.io import find_recorded_input
 from spindle_cli.cli._console import err
 from spindle_cli.cli.common import memory_text
 from spindle_cli.errors import Interrupted, PlanError, RuntimeFailure, SpindleError
-from spindle_cli.planner.consistency import check_cluster_size
+from spindle_cli.planner.consistency import check_cluster
 
 if TYPE_CHECKING:
     from spindle_cli.runtime.program import Program
@@ -214,7 +214,7 @@ def _check_cluster(plan: Plan, plan_path: str) -> None:
     if found is None:
         return
     try:
-        check_cluster_size(plan, load(str(found), ClusterSpec))
+        check_cluster(plan, load(str(found), ClusterSpec))
     except PlanError as e:
         raise PlanError(f"{plan_path}: {e}") from None
 

@@ -22,7 +22,7 @@ from spindle_cli.errors import SpindleError
 from spindle_cli.planner import simulate as simulation
 from spindle_cli.planner.api import PLACEMENTS, PlanOptions, place_again
 from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
-from spindle_cli.planner.consistency import check_plan
+from spindle_cli.planner.consistency import check_cluster, check_plan
 from spindle_cli.planner.simulate import SimResult
 from spindle_cli.units import fmt_bytes
 
@@ -54,6 +54,7 @@ def simulate_file(plan_path: str, *, sync: SyncMode | None = None,
     try:
         PlanOptions.of(plan)
         check_plan(plan, graph)
+        check_cluster(plan, cluster)
     except SpindleError as e:
         raise type(e)(f"{plan_path}: {e}", hint=e.hint) from None
     if placement is not None:

@@ -11,7 +11,7 @@ from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.plan import Plan, Slice
 from spindle_cli.errors import PlanError
-from spindle_cli.planner.memory import MemoryStrategy, replayed_table
+from spindle_cli.planner.memory import MemoryStrategy, replayed_table, state_bytes_per_param
 
 
 def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[int, ...]]:
@@ -78,7 +78,8 @@ def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> No
     estimates are the sums of the waves' durations (per level and in all), the lower bound
     the sum of the levels', and the memory per rank what the slices hold under `memory`, the
     plan's strategy (`memory.Ledger`, as placement computed it; the executor refuses a rank
-    by it). For plans read from files
+    by it), each transfer's bytes its producer's output and each parameter group's its
+    layers' gradients (what the simulator moves). For plans read from files
     (validate, run), after `check_plan`; plans built in memory may leave them out."""
     start = 0.0
     for w in plan.waves:
@@ -91,6 +92,21 @@ def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> No
     for i, lv in enumerate(plan.levels):
         _same(f"levels[{i}].estimated_ms", lv.estimated_ms,
               sum(w.duration_ms for w in plan.waves if w.level == lv.level))
+    metaop_of = {s.id: s.metaop for _, s in plan.slices()}
+    for i, t in enumerate(plan.transfers):
+        sent = graph.metaop(metaop_of[t.src]).activation_out_bytes
+        if t.bytes != sent:
+            raise PlanError(f"transfers[{i}].bytes: recorded {t.bytes}, but {t.src} sends "
+                            f"{sent} (edited since spindle plan wrote it?)")
+    per_layer: dict[str, int] = {}
+    for m in graph.metaops:
+        per_layer[m.module] = max(per_layer.get(m.module, 0), m.params_per_layer)
+    grad_b = state_bytes_per_param(graph.dtype)[1]
+    for i, g in enumerate(plan.param_groups):
+        held = (g.last_layer - g.first_layer) * per_layer.get(g.module, 0) * grad_b
+        if g.bytes != held:
+            raise PlanError(f"param_groups[{i}].bytes: recorded {g.bytes}, but its layers' "
+                            f"gradients take {held} (edited since spindle plan wrote it?)")
     for recorded, implied in zip(plan.memory, replayed_table(plan, graph, memory), strict=True):
         for name in ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"):
             if getattr(recorded, name) != getattr(implied, name):
@@ -116,11 +132,16 @@ def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ..
                             f"but its param group lists {list(seen.get(key, ()))}")
 
 
-def check_cluster_size(plan: Plan, cluster: ClusterSpec) -> None:
-    """PlanError unless the plan is for as many devices as its cluster has."""
+def check_cluster(plan: Plan, cluster: ClusterSpec) -> None:
+    """PlanError unless the plan is for as many devices as its cluster has, in its NVLink
+    islands (the plan keeps every tensor-parallel group inside one of its own islands)."""
     if cluster.num_devices != plan.num_devices:
         raise PlanError(f"the plan is for {plan.num_devices} devices but its cluster has "
                         f"{cluster.num_devices}")
+    if [list(i) for i in plan.islands] != cluster.islands():
+        raise PlanError(f"islands: the plan's NVLink islands are not its cluster's (islands of "
+                        f"{cluster.island_size} consecutive ranks; edited since spindle plan "
+                        "wrote it?)")
 
 
 def _same(field: str, recorded: float, implied: float) -> None:

@@ -169,7 +169,9 @@ def _bump(path: str) -> Callable[[dict], str]:
     (_bump("waves.1.start_ms"), "waves[1].start_ms: recorded "),
     (_bump("estimated_iteration_ms"), "estimated_iteration_ms: recorded "),
     (_bump("levels.0.estimated_ms"), "levels[0].estimated_ms: recorded "),
-], ids=["memory", "duration", "start", "iteration", "level"])
+    (_bump("transfers.0.bytes"), "transfers[0].bytes: recorded "),
+    (_bump("param_groups.0.bytes"), "param_groups[0].bytes: recorded "),
+], ids=["memory", "duration", "start", "iteration", "level", "transfer", "group"])
 def test_validate_refuses_numbers_the_slices_do_not_imply(tiny_plan, spindle, edit, expected):
     # the executor refuses a rank by its recorded memory; show prints the rest
     data = yaml.safe_load(tiny_plan.read_text())
@@ -182,6 +184,20 @@ def test_validate_refuses_numbers_the_slices_do_not_imply(tiny_plan, spindle, ed
     # and spindle run before it launches anything
     dry = spindle("run", str(tiny_plan), "--dry-run")
     assert dry.exit_code == 2 and dry.stderr.startswith(f"error: {tiny_plan}: {expected}")
+
+
+def test_islands_that_are_not_the_clusters_are_refused(tiny_plan, spindle):
+    """A plan keeps each tensor-parallel group inside one of its islands: islands that are not
+    the cluster's would let one span two real ones."""
+    data = yaml.safe_load(tiny_plan.read_text())
+    assert data["islands"] == [[0, 1, 2, 3]]
+    data["islands"] = [[0, 1], [2, 3]]
+    tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    for command in ("validate", "simulate"):
+        result = spindle(command, str(tiny_plan))
+        assert result.exit_code == 2, result.stderr
+        assert result.stderr.startswith(f"error: {tiny_plan}: islands: the plan's NVLink "
+                                        "islands are not its cluster's")
 
 
 def test_a_wave_without_slices_and_an_unknown_input_kind_are_clean_errors(tiny_plan, spindle):
