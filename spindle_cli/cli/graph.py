@@ -31,6 +31,9 @@ def _selected_tasks(model: ModelSpec, path: str, tasks: str | None,
             f"{path}: tasks: unknown task {', '.join(repr(t) for t in unknown)} in --tasks "
             f"(known: {', '.join(known)})"
         )
+    twice = next((t for i, t in enumerate(names) if t in names[:i]), None)
+    if twice is not None:
+        raise SpindleError(f"--tasks: task {twice!r} is given twice in {tasks!r}")
     return names
 
 

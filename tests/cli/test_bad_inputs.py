@@ -197,7 +197,7 @@ OPTION_CASES: dict[str, tuple[list[str], str]] = {
     "tasks-and-task-set": (["--tasks", "pairs", "--task-set", "one", "-o", "g.yaml"],
                            "error: --tasks and --task-set are mutually exclusive"),
     "repeated-task": (["--tasks", "pairs,pairs", "-o", "g.yaml"],
-                      "error: task 'pairs' is selected twice"),
+                      "error: --tasks: task 'pairs' is given twice in 'pairs,pairs'"),
     "output-dir-missing": (["-o", "out/g.yaml"],
                            "error: out/g.yaml: output directory 'out' does not exist"),
     "output-bad-extension": (["-o", "g.txt"], "error: g.txt: unknown file extension"),
