@@ -121,19 +121,26 @@ def test_the_tensor_parallel_shard_holds_a_t_th_of_the_matrices(make_model):
     assert m.feasible and m.time_ms > 0
 
 
-def test_the_cache_answers_the_second_time(tiny, tmp_path: Path, monkeypatch):
+@pytest.fixture
+def calls(monkeypatch) -> list[tuple[int, str]]:
+    """(batch, strategy) of every layer actually run (`measure._measured`), not answered by
+    the cache or refused by the memory limit."""
+    seen: list[tuple[int, str]] = []
+    real = measure._measured
+
+    def counted(*args, **kwargs):
+        seen.append(args[2:4])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "_measured", counted)
+    return seen
+
+
+def test_the_cache_answers_the_second_time(tiny, tmp_path: Path, calls):
     model, graph = tiny
     op = graph.metaop("text_vision/text_enc")
     spec = model.modules[op.module]
     target = measure.local_target()
-    calls = []
-    real = measure._measured
-
-    def counted(*args, **kwargs):
-        calls.append(args[2:4])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(measure, "_measured", counted)
     first, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
                                         cache_dir=tmp_path)
     assert not hit and calls == [(4, "dp")]
@@ -234,7 +241,7 @@ def test_timed_steps_run_as_the_executor_does(tiny, monkeypatch):
 
 
 def test_the_cache_keeps_neither_a_memory_verdict_nor_a_failed_run(tiny, tmp_path: Path,
-                                                                  monkeypatch):
+                                                                  calls, monkeypatch):
     """The memory limit is the cluster's, not the point's: a point measured for a large device
     answers from the cache for a small one only after the small one's limit is applied, and a
     point over a small device's limit is measured for a large one. A run that failed (out of
@@ -245,14 +252,6 @@ def test_the_cache_keeps_neither_a_memory_verdict_nor_a_failed_run(tiny, tmp_pat
     target = measure.local_target()
     small = measure.Settings(repeats=2, warmup=1, memory_limit_bytes=1000)
     large = measure.Settings(repeats=2, warmup=1, memory_limit_bytes=1 << 32)
-    calls = []
-    real = measure._measured
-
-    def counted(*args, **kwargs):
-        calls.append(args[2:4])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(measure, "_measured", counted)
 
     def point(settings: measure.Settings) -> tuple[measure.Measurement, bool]:
         return measure.cached_measure(spec, op, 1, 4, "dp", target=target, settings=settings,
