@@ -158,10 +158,12 @@ def _one_line_error(result: object) -> str:
 
 
 def test_tensor_parallel_plan_is_refused_before_launch(tmp_path: Path) -> None:
-    plan_path = write_plan_files(tmp_path)
+    # the sequential baseline runs every slice on both ranks, so tp2 makes one group of them
+    plan_path = write_plan_files(tmp_path, options=PlanOptions(planner="sequential"))
 
     plan = load(str(plan_path), Plan)
     w0 = plan.waves[0]
+    assert len(w0.slices[0].ranks) == 2
     tp_slice = dataclasses.replace(w0.slices[0], strategy="tp2")
     waves = (dataclasses.replace(w0, slices=(tp_slice, *w0.slices[1:])), *plan.waves[1:])
     write_artifact(dataclasses.replace(plan, waves=waves), str(tmp_path / "tp.yaml"))
