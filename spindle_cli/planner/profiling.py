@@ -184,12 +184,17 @@ def build_curve(
     samples = fitted_run(counts, best)
     if not samples:
         notes = sorted({p.note for p in points if p.note})
-        memory = any(n.startswith("out of memory") for n in notes)
+        # 'out of memory: needs N of M bytes' is the cluster's limit; a bare 'out of memory'
+        # the device a measurement ran on
+        limit = any(n.startswith("out of memory: needs") for n in notes)
+        device = "out of memory" in notes
         raise SpindleError(
             f"signature {op.signature!r} (MetaOp {op.id}): no feasible strategy at any "
             "profiled count" + (f" ({'; '.join(notes)})" if notes else ""),
             hint=("one layer does not fit a device: check device.memory_bytes of the --cluster "
-                  "file (bytes: 85899345920 is 80 GiB)" if memory else None))
+                  "file (bytes: 85899345920 is 80 GiB)" if limit else
+                  "one layer does not fit the device it was measured on: profile a smaller "
+                  "model or batch, or on a larger device" if device else None))
     try:
         curve = fit_curve(
             signature=op.signature,

@@ -331,3 +331,19 @@ def test_a_graph_whose_sizes_give_no_valid_curve_is_a_clean_error(three_tasks):
     with pytest.raises(SpindleError, match=f"MetaOp {op.id}\\): its fitted curve is not a "
                                            "valid one: pieces\\[0\\]: T\\(n\\)"):
         analytic_profile(huge, None, hardware="a800", counts=COUNTS)
+
+
+def test_a_layer_too_big_for_the_measuring_device_is_not_blamed_on_a_cluster(three_tasks):
+    """A measured point that ran out of the device's own memory (no --cluster limit): the hint
+    is about that device, not a cluster file the command was not given."""
+    fingerprint = Fingerprint(hardware="local", device_name="cpu", torch_version="x",
+                              dtype="fp32")
+    points = {op.signature: [ProfilePoint(num_devices=n, strategy="dp", feasible=False,
+                                          time_ms=0.0, peak_memory_bytes=0,
+                                          note="out of memory") for n in COUNTS]
+              for op in signature_ops(three_tasks)}
+    with pytest.raises(SpindleError, match="no feasible strategy") as e:
+        assemble_profile(three_tasks, points, source="measured", fingerprint=fingerprint,
+                         counts=COUNTS, validate=False)
+    assert e.value.hint is not None and "the device it was measured on" in e.value.hint
+    assert "--cluster" not in e.value.hint
