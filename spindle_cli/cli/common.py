@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from spindle_cli.artifacts import Plan, load, rendered_for, write_artifact
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact
-from spindle_cli.artifacts.io import from_data, parse_artifact, parse_text, to_data
+from spindle_cli.artifacts.io import as_written, parse_artifact, parse_text
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views.plan_diff import differences
 from spindle_cli.errors import ArtifactError, FieldError, SpindleError
@@ -98,7 +98,7 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
     back as its file would be: values that loading refuses (a 74-bit byte count from a huge
     model) are an error here, before anything is written, not at the next stage."""
     try:
-        from_data(type(obj), to_data(obj))
+        as_written(obj)
     except FieldError as e:
         raise ArtifactError(output, e.field, f"{e.problem}; the file would not load",
                             hint="the inputs hold sizes beyond any real model or cluster"

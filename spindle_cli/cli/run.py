@@ -114,7 +114,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     """Train PLAN (made by `spindle plan`) on NPROC_PER_NODE x NNODES ranks and print the loss
     of every step."""
     from spindle_cli.runtime.dist import resolve_backend
-    from spindle_cli.runtime.executor import overlaps_sync
+    from spindle_cli.runtime.executor import overlap_for
     from spindle_cli.runtime.inputs import check_world, load_run_inputs
     from spindle_cli.runtime.worker import TrainOptions, check_options, resume_point
 
@@ -141,8 +141,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     opts = TrainOptions(steps=steps, seed=seed, lr=lr, dtype=dtype, dataset=dataset,
                         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
                         resume=resume, trace_path=trace_path,
-                        overlap_sync=overlaps_sync(resolved) if sync == "auto"
-                        else sync == "chunked")
+                        overlap_sync=overlap_for(sync, resolved))
     check_options(opts, timeout_s=timeout_s)
     # a checkpoint of another configuration would fail every rank after launch: refuse it here
     found = resume_point(inputs.plan, opts, nproc_per_node * nnodes) if resume else None

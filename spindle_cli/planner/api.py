@@ -38,6 +38,7 @@ from spindle_cli.planner.memory import (
     NO_SAVING,
     ZERO_STAGES,
     MemoryStrategy,
+    layer_params,
     max_ops_per_slice,
     state_bytes_per_param,
 )
@@ -868,12 +869,10 @@ def _param_groups(graph: MetaOpGraph, specs: list[list[SliceSpec]],
                   ranks: list[list[Ranks]]) -> tuple[ParamGroup, ...]:
     """Maximal layer ranges of each module with the same replica-holding ranks."""
     holders: dict[str, dict[int, set[int]]] = {}
-    params: dict[str, int] = {}
+    params = layer_params(graph)
     for row, rrow in zip(specs, ranks, strict=True):
         for s, rs in zip(row, rrow, strict=True):
             mod = holders.setdefault(s.metaop.module, {})
-            params[s.metaop.module] = max(params.get(s.metaop.module, 0),
-                                          s.metaop.params_per_layer)
             for layer in range(s.metaop.first_layer + s.first, s.metaop.first_layer + s.last):
                 mod.setdefault(layer, set()).update(rs)
     grad_b = state_bytes_per_param(graph.dtype)[1]

@@ -11,7 +11,12 @@ from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.plan import Plan, Slice
 from spindle_cli.errors import PlanError
-from spindle_cli.planner.memory import MemoryStrategy, replayed_table, state_bytes_per_param
+from spindle_cli.planner.memory import (
+    MemoryStrategy,
+    layer_params,
+    replayed_table,
+    state_bytes_per_param,
+)
 
 
 def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[int, ...]]:
@@ -98,9 +103,7 @@ def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> No
         if t.bytes != sent:
             raise PlanError(f"transfers[{i}].bytes: recorded {t.bytes}, but {t.src} sends "
                             f"{sent} (edited since spindle plan wrote it?)")
-    per_layer: dict[str, int] = {}
-    for m in graph.metaops:
-        per_layer[m.module] = max(per_layer.get(m.module, 0), m.params_per_layer)
+    per_layer = layer_params(graph)
     grad_b = state_bytes_per_param(graph.dtype)[1]
     for i, g in enumerate(plan.param_groups):
         held = (g.last_layer - g.first_layer) * per_layer.get(g.module, 0) * grad_b

@@ -95,6 +95,15 @@ def kept_bytes_per_rank_sample(metaop: MetaOp, strategy: str, recompute: bool) -
     return metaop.stash_bytes_per_sample * stash_share(strategy)
 
 
+def layer_params(graph: MetaOpGraph) -> dict[str, int]:
+    """Parameters of one layer of each module: the most any of its MetaOps counts (a
+    ParamGroup's gradient bytes are its layers times this times the gradient's bytes)."""
+    per_layer: dict[str, int] = {}
+    for m in graph.metaops:
+        per_layer[m.module] = max(per_layer.get(m.module, 0), m.params_per_layer)
+    return per_layer
+
+
 def split_rows(batch: int, groups: int) -> list[int]:
     """Rows of each data-parallel group: contiguous, the first batch % groups get one more."""
     base, extra = divmod(batch, groups)
@@ -162,11 +171,9 @@ class Ledger:
         self.weight_b, self.grad_b, self.opt_b = state_bytes_per_param(graph.dtype)
         self.replicated_b, self.sharded_b = split_state_bytes(graph.dtype, memory.zero)
         sizes: dict[str, int] = {}
-        self.params_per_layer: dict[str, int] = {}
+        self.params_per_layer = layer_params(graph)
         for m in graph.metaops:
             sizes[m.module] = max(sizes.get(m.module, 0), m.first_layer + m.num_layers)
-            self.params_per_layer[m.module] = max(self.params_per_layer.get(m.module, 0),
-                                                  m.params_per_layer)
         self.held = {mod: np.zeros((n, num_devices)) for mod, n in sizes.items()}
         """Fraction of each (layer, rank) replica held: 1 for data parallel, 1/t for tp<t>."""
         self.activation = np.zeros(num_devices)

@@ -180,6 +180,12 @@ def overlaps_sync(backend: str) -> bool:
     return backend_sync(backend) == "chunked"
 
 
+def overlap_for(sync: str, backend: str) -> bool:
+    """`overlap_sync` under `spindle run --sync` SYNC ('auto': the backend's default,
+    'chunked' or 'per-set') on `backend`."""
+    return overlaps_sync(backend) if sync == "auto" else sync == "chunked"
+
+
 class Executor:
     """The rank's layers, buckets and optimizer, and the step loop over the plan."""
 

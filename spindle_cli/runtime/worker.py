@@ -42,7 +42,7 @@ from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES
 from spindle_cli.runtime import checkpoint
 from spindle_cli.runtime import dist as rdist
 from spindle_cli.runtime.data import load_data_source
-from spindle_cli.runtime.executor import Executor, PeerLost, overlaps_sync
+from spindle_cli.runtime.executor import Executor, PeerLost, overlap_for
 from spindle_cli.runtime.groups import make_groups
 from spindle_cli.runtime.inputs import check_world, load_run_inputs
 from spindle_cli.runtime.program import Program
@@ -341,8 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             check_world(inputs.plan, world.world_size, rank=world.rank,
                         memory_bytes=_device_memory_bytes(world))
-            overlap = (overlaps_sync(world.backend) if args.sync == "auto"
-                       else args.sync == "chunked")
+            overlap = overlap_for(args.sync, world.backend)
             predicted = (predicted_iteration_ms(args.plan, inputs.plan, inputs.graph,
                                                 overlap_sync=overlap)
                          if args.trace and world.rank == 0 else None)
