@@ -64,11 +64,17 @@ class OpCurve:
     metaop: MetaOp
     curve: Curve
     counts: tuple[int, ...]
-    """Valid device counts, ascending, starting with the dummy 0."""
+    """Valid device counts, ascending, each faster than every smaller one (`op_curve`),
+    starting with the dummy 0."""
     speedups: tuple[float, ...]
-    """T(1) / T(n) at each count (0 at the dummy); non-decreasing for a fitted curve."""
+    """T(1) / T(n) at each count (0 at the dummy), increasing."""
     times_ms: tuple[float, ...]
     """Per-operator time at each count (infinite at the dummy)."""
+    envelope: bool = False
+    """Whether the allocator works on the counts of the speedups' concave envelope only
+    (`on_envelope`): with uneven splits, whose other counts are a staircase below it (B = 32
+    on 11 devices runs 3 rows each, a speedup of 10.7 where time-sharing 8 and 16 devices
+    gives 11)."""
     _time_by_count: dict[int, float] = field(init=False, repr=False, compare=False)
     """`times_ms` by count (the wave scheduler asks for times at counts very often)."""
 
@@ -90,6 +96,15 @@ class OpCurve:
         """Per-operator time at a valid count n."""
         return self._time_by_count[n]
 
+    def on_envelope(self) -> OpCurve:
+        """This curve restricted to the counts on the concave envelope of its speedups (those
+        on a chord kept): mixing two of them reaches any point of the envelope, so the
+        relaxed optimum over them is the level's lower bound."""
+        idx = _upper_hull(self.counts, self.speedups)
+        return replace(self, counts=tuple(self.counts[i] for i in idx),
+                       speedups=tuple(self.speedups[i] for i in idx),
+                       times_ms=tuple(self.times_ms[i] for i in idx))
+
     def next_count(self, n: int) -> int | None:
         """The smallest valid count above n, or None."""
         i = bisect_right(self.counts, n)
@@ -98,27 +113,37 @@ class OpCurve:
 
 def op_curve(metaop: MetaOp, curve: Curve, max_n: int, counts: list[int],
              *, uneven: bool = False) -> OpCurve:
-    """Build the restricted curve from the MetaOp's valid counts <= max_n."""
+    """Build the restricted curve from the MetaOp's valid counts <= max_n that run faster
+    than every smaller one. A count no faster than a smaller one only holds more devices
+    (with uneven splits, B = 32 runs 2 rows per device on 16 to 31 devices; a noisy measured
+    point; a flat curve): the allocator's interpolated speedup would stall across it, so the
+    bisection overstates C*, and the bi-point split and the extension would hand out devices
+    that buy no time."""
     t1 = scaling.time_ms(curve, 1)
-    valid = [n for n in counts if n <= max_n]
-    times = [op_time_ms(curve, n, uneven=uneven) for n in valid]
-    # a fitted curve is non-increasing; clamp so a noisy fit cannot make speedup decrease
-    speedups: list[float] = [0.0]
-    for t in times:
-        speedups.append(max(speedups[-1], t1 / t if t > 0 else math.inf))
-    return OpCurve(metaop=metaop, curve=curve, counts=(0, *valid), speedups=tuple(speedups),
-                   times_ms=(math.inf, *times))
+    kept: list[int] = []
+    times: list[float] = []
+    for n in counts:
+        if n > max_n:
+            break
+        t = op_time_ms(curve, n, uneven=uneven)
+        if not times or t < times[-1]:
+            kept.append(n)
+            times.append(t)
+    return OpCurve(metaop=metaop, curve=curve, counts=(0, *kept),
+                   speedups=(0.0, *(t1 / t if t > 0 else math.inf for t in times)),
+                   times_ms=(math.inf, *times), envelope=uneven)
 
 
 @lru_cache(maxsize=4096)
 def _upper_hull(counts: tuple[int, ...], speedups: tuple[float, ...]) -> tuple[int, ...]:
-    """Indices of the counts on the upper concave envelope of (n, speedup), from (0, 0)."""
+    """Indices of the counts on the upper concave envelope of (n, speedup), from (0, 0), with
+    the counts that lie on a chord of it."""
     hull: list[int] = []
     for i, (n, s) in enumerate(zip(counts, speedups, strict=True)):
         while len(hull) >= 2:
             (n1, s1), (n2, s2) = ((counts[j], speedups[j]) for j in hull[-2:])
-            # drop the middle point when it lies on or below the chord to (n, s)
-            if (s2 - s1) * (n - n1) <= (s - s1) * (n2 - n1):
+            # drop the middle point when it lies below the chord to (n, s)
+            if (s2 - s1) * (n - n1) < (s - s1) * (n2 - n1):
                 hull.pop()
             else:
                 break
@@ -294,7 +319,9 @@ def split(oc: OpCurve, n_star: float, c_ms: float) -> OpAllocation:
 
 
 def allocate_level(level: int, curves: list[OpCurve], num_devices: int) -> LevelAllocation:
-    """C* of the level and the bi-point tuples of each of its MetaOps (in input order)."""
+    """C* of the level and the bi-point tuples of each of its MetaOps (in input order), on
+    each curve's envelope counts where it asks for them (`OpCurve.envelope`)."""
+    curves = [oc.on_envelope() if oc.envelope else oc for oc in curves]
     c_star = relaxed_optimum_ms(curves, num_devices)
     ops = []
     for oc in curves:

@@ -162,6 +162,30 @@ def test_uneven_splits_allow_any_count_and_charge_the_largest_share():
     assert op_time_ms(c, 5, uneven=True) == pytest.approx(2.0)
 
 
+def test_counts_no_faster_than_a_smaller_one_are_not_offered():
+    # B = 32 with uneven splits: 16 to 31 devices all run 2 rows each, as slow as 16
+    c = alpha_beta_curve("a/x", 32, 0.0, 1.0)
+    m = metaop("a/x", layers=8, batch=32)
+    oc = op_curve(m, c, 32, scaling.valid_counts(c, 32, uneven=True), uneven=True)
+    assert oc.counts == (0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 16, 32)
+    assert all(a > b for a, b in zip(oc.times_ms[1:], oc.times_ms[2:]))
+
+
+def test_uneven_splits_do_not_stall_the_allocation_on_flat_counts():
+    # Two such MetaOps on 24 devices: every device is given out (sum n* = N), and C* is no
+    # longer than with the even counts, a subset of the uneven ones: the staircase counts
+    # (11: 3 rows each) lie below the envelope, where 8 and 16 devices time-shared are faster
+    g = graph([metaop("a/x", layers=8, batch=32), metaop("b/y", layers=8, batch=32)])
+    p = profile([alpha_beta_curve("a/x", 32, 0.0, 1.0), alpha_beta_curve("b/y", 32, 0.0, 1.0)])
+    [even] = allocate(g, op_curves(g, p, 24), 24)
+    [uneven] = allocate(g, op_curves(g, p, 24, uneven=True), 24)
+    assert sum(a.n_star for a in uneven.ops) == pytest.approx(24.0, rel=1e-6)
+    assert uneven.c_star_ms == pytest.approx(uneven.lower_bound_ms, rel=1e-9)
+    assert uneven.c_star_ms <= even.c_star_ms * (1 + 1e-9)
+    for a in uneven.ops:
+        assert {t.n for t in a.tuples} == {8, 16}
+
+
 def test_tensor_parallel_counts_must_be_multiples_of_the_degree():
     c = curve("a/x", 8, [(1, 2, 0.0, 1.0, "dp"), (2, 64, 0.5, 0.9, "tp2")])
     m = metaop("a/x", layers=2, batch=8)

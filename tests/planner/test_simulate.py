@@ -249,17 +249,17 @@ def test_uneven_rows_cost_the_largest_share():
 
 
 def test_an_uneven_slice_is_timed_on_the_planners_piece():
-    # Batch 8 on 6 ranks runs 2 rows per rank, the work of 4 devices, where two pieces meet
-    # and disagree (piece 1 at 4: 1.0 + 1.0 * 8 / 4 = 3.0 ms; piece 2: 1.3 + 0.8 * 2 = 2.9).
-    # The planner reads the piece holding the work count; so must the simulator.
+    # Batch 8 on 3 ranks runs 3 rows per rank, the work of 8/3 devices: on the first piece
+    # (1.0 + 1.0 * 3 = 4.0 ms), though the count 3 itself lies on the second (1.3 + 0.8 * 3 =
+    # 3.7). The planner reads the piece holding the work count; so must the simulator.
     g = pb.graph([pb.metaop("t0/enc", layers=1, batch=8, params=0, act_bytes=0, stash=0)])
-    p = pb.profile([pb.curve("t0/enc", 8, [(1, 4, 1.0, 1.0, "dp"),
-                                           (4, 1 << 20, 1.3, 0.8, "dp")])])
-    c = pb.cluster(num_nodes=1, per_node=6)
+    p = pb.profile([pb.curve("t0/enc", 8, [(1, 3, 1.0, 1.0, "dp"),
+                                           (3, 1 << 20, 1.3, 0.8, "dp")])])
+    c = pb.cluster(num_nodes=1, per_node=3)
     plan = make_plan(g, p, c, options=PlanOptions(planner="sequential", uneven_splits=True))
-    assert [len(s.ranks) for _, s in plan.slices()] == [6]
-    assert plan.estimated_iteration_ms == pytest.approx(3.0)
-    assert simulate(plan, g, p, c, progress="wave").compute_ms == pytest.approx(3.0)
+    assert [len(s.ranks) for _, s in plan.slices()] == [3]
+    assert plan.estimated_iteration_ms == pytest.approx(4.0)
+    assert simulate(plan, g, p, c, progress="wave").compute_ms == pytest.approx(4.0)
 
 
 def test_memory_is_static_plus_stashed_activations():
