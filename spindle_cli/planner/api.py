@@ -175,8 +175,9 @@ def fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Cluste
     that fits may fit only a slow plan (qwen-val-70b on 256 devices fits under ZeRO-1 only
     with every LLM slice on one node, 14 s, while ZeRO-2 fits a 5 s plan), and ZeRO-3's
     weight gathers can cost more than recomputation's extra forward. A setting is skipped
-    without planning when its relaxed optimum (compute only, a lower bound of any plan's
-    simulated iteration) is no shorter than the best plan's simulated iteration. Above
+    without planning when `compute_bound_ms` under it (a lower bound of any plan's simulated
+    iteration, its levels fused or not) is no shorter than the best plan's simulated
+    iteration. Above
     SIMULATED_CHOICE_MAX_DEVICES the first setting that fits is kept, unsimulated (one
     simulation there outlasts the planning target). PlanInfeasible from the last setting
     when none fits."""
@@ -189,9 +190,8 @@ def fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Cluste
         trial = replace(options, zero=zero, recompute=recompute)
         if best is not None:
             if recompute not in bound_ms:
-                curves = options_curves(graph, profile, cluster, trial)
-                bound_ms[recompute] = sum(a.lower_bound_ms for a in
-                                          allocate(graph, curves, cluster.num_devices))
+                bound_ms[recompute] = compute_bound_ms(
+                    graph, options_curves(graph, profile, cluster, trial), cluster.num_devices)
             if bound_ms[recompute] >= best[0]:
                 continue
         try:
@@ -216,6 +216,23 @@ def fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Cluste
                 "--memory auto --recompute auto tries every ZeRO stage, without and with "
                 "recomputation; or plan for more devices")) from None
     return best[1], best[0]
+
+
+def compute_bound_ms(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int) -> float:
+    """A lower bound of the compute of any schedule of `graph` on `num_devices`, whether its
+    levels run between barriers or overlap (a fused plan, the optimus and distmm baselines,
+    which the sum of the levels' C* does not bound): the larger of the work bound (every
+    operator at its MetaOp's least device-time n T(n), spread over every device) and the
+    longest dependency chain (every operator at its MetaOp's fastest time)."""
+    work_ms = sum(m.num_layers * min(n * t for n, t in zip(curves[m.id].counts[1:],
+                                                           curves[m.id].times_ms[1:],
+                                                           strict=True))
+                  for m in graph.metaops)
+    chain_ms: dict[str, float] = {}
+    for m in sorted(graph.metaops, key=lambda m: m.level):
+        chain_ms[m.id] = (m.num_layers * min(curves[m.id].times_ms)
+                          + max((chain_ms[p] for p in m.predecessors), default=0.0))
+    return max(work_ms / num_devices, max(chain_ms.values(), default=0.0))
 
 
 def memory_setting(zero: int, recompute: bool) -> str:

@@ -3,6 +3,7 @@ the automatic choice of the least aggressive setting that fits, and the qwen-val
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,13 +11,17 @@ import pytest
 from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load
+from spindle_cli.artifacts.profile import OptimizerCost
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.api import (
     PLANNERS,
     PlanOptions,
+    compute_bound_ms,
+    fitting_plan_with_cost,
     make_fitting_plan,
     make_plan,
     memory_ladder,
+    options_curves,
 )
 from spindle_cli.planner.memory import (
     Ledger,
@@ -25,7 +30,7 @@ from spindle_cli.planner.memory import (
     layer_bytes_per_rank,
     split_state_bytes,
 )
-from spindle_cli.planner.simulate import simulate
+from spindle_cli.planner.simulate import simulate, simulated_cost
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -196,6 +201,33 @@ def test_qwen_val_fits_with_memory_strategies_in_every_planner(model, prof, clus
     plan = make_fitting_plan(g, p, c, options=PlanOptions(planner=planner))
     assert int(plan.options["zero"]) >= 1
     assert all(m.total_bytes <= c.device.memory_bytes for m in plan.memory)
+
+
+def test_the_memory_search_skips_no_setting_a_fused_plan_would_win():
+    # Batch 4 caps every MetaOp at 4 of 8 devices: level by level each level idles half the
+    # cluster, the fused plan runs a/head beside b/enc, in less compute than the levels' sum
+    # of C*. A setting must not be skipped for that sum being above the best iteration.
+    ms = [metaop("a/enc", layers=1, batch=4, params=10**6),
+          metaop("b/enc", layers=8, batch=4, params=10**6, module="benc"),
+          metaop("a/head", level=1, layers=8, batch=4, preds=("a/enc",), params=10**6)]
+    p = replace(profile([alpha_beta_curve("a/enc", 4, 0.0, 0.01),
+                         alpha_beta_curve("b/enc", 4, 0.0, 1.0),
+                         alpha_beta_curve("a/head", 4, 0.0, 1.0)]),
+                optimizer=OptimizerCost(ms_per_tensor=0.0, ms_per_million_params=0.5))
+    g, c = graph(ms), cluster(num_nodes=1, per_node=8)
+    ladder = memory_ladder("auto", "off")
+    each = {}
+    for zero, recompute in ladder:
+        options = PlanOptions(zero=zero, recompute=recompute)
+        plan = make_plan(g, p, c, options=options)
+        assert plan.estimated_iteration_ms < plan.lower_bound_ms
+        assert compute_bound_ms(g, options_curves(g, p, c, options), 8) <= (
+            plan.estimated_iteration_ms)
+        each[zero] = simulated_cost(plan, g, p, c).iteration_ms
+    plan, iteration_ms = fitting_plan_with_cost(g, p, c, ladder=ladder)
+    assert iteration_ms == pytest.approx(min(each.values()))
+    assert each[int(plan.options["zero"])] == pytest.approx(min(each.values()))
+    assert min(each.values()) < each[0]
 
 
 @pytest.mark.parametrize("name", ["qwen-val-a800-4x8", "qwen-val-a800-8x8",
