@@ -316,6 +316,11 @@ def test_end_to_end_exit_code_and_no_traceback(small_model_data, workdir):
                                                          "'nodir' does not exist"),
     (("simulate", "p.yaml", "--gantt", "g.jpg"), "error: g.jpg: unknown image type"),
     (("show", "f.yaml", "--plot", "c.pdf"), "error: c.pdf: unknown image type"),
+    # an image is no text for stdout
+    (("show", "p.yaml", "--gantt", "-"), "error: -: an image cannot go to stdout"),
+    (("show", "p.yaml", "--utilization", "-"), "error: -: an image cannot go to stdout"),
+    (("simulate", "p.yaml", "--gantt", "-"), "error: -: an image cannot go to stdout"),
+    (("show", "f.yaml", "--plot", "-"), "error: -: an image cannot go to stdout"),
 ])
 def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spindle):
     root = Path(__file__).resolve().parents[2]

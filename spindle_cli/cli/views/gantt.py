@@ -140,8 +140,11 @@ def save_figure(fig: Any, path: str) -> None:
 
 
 def check_image_path(path: str) -> None:
-    """SpindleError unless `save_figure` can write `path`: an .svg or .png name in a directory
-    that exists. Commands call it before their work, so a bad name prints nothing else."""
+    """SpindleError unless `save_figure` can write `path`: an .svg or .png name (not '-': an
+    image is no text for stdout) in a directory that exists. Commands call it before their
+    work, so a bad name prints nothing else."""
+    if path == "-":
+        raise SpindleError("-: an image cannot go to stdout (give an .svg or .png file)")
     check_output(path, (".svg", ".png"), "image type")
 
 
