@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import TypeVar
 
@@ -78,14 +79,26 @@ def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json
         if target.exists() and not target.is_file():
             raise SpindleError(f"{path}: not a regular file")
         return
-    if not os.access(parent, os.W_OK):
-        raise SpindleError(f"{path}: cannot write in {str(parent)!r}")
+    check_can_create(path, parent)
     for given in inputs:
         if given is not None and target.exists() and Path(given).exists() and \
                 os.path.samefile(given, target):
             raise SpindleError(f"{path}: is also an input of this command ({given}); writing "
                                "it would replace that input",
                                hint="give the output another name")
+
+
+def check_can_create(name: str, directory: Path) -> None:
+    """SpindleError ('<name>: cannot write in <directory>: <why>') unless a file can be created
+    in `directory`: one is made there and removed at once. os.access cannot tell: it says yes
+    to root where the file system refuses every new file (/proc)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".spindle-probe-")
+    except OSError as e:
+        raise SpindleError(f"{name}: cannot write in {str(directory)!r}: {e.strerror or e}"
+                           ) from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _one_of(suffixes: tuple[str, ...]) -> str:

@@ -321,6 +321,10 @@ def test_end_to_end_exit_code_and_no_traceback(small_model_data, workdir):
     (("show", "p.yaml", "--utilization", "-"), "error: -: an image cannot go to stdout"),
     (("simulate", "p.yaml", "--gantt", "-"), "error: -: an image cannot go to stdout"),
     (("show", "f.yaml", "--plot", "-"), "error: -: an image cannot go to stdout"),
+    # a directory that refuses new files even where os.access says yes (to root)
+    (("show", "p.yaml", "--gantt", "/proc/g.png"), "error: /proc/g.png: cannot write in '/proc'"),
+    (("simulate", "p.yaml", "--gantt", "/proc/g.png"),
+     "error: /proc/g.png: cannot write in '/proc'"),
 ])
 def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spindle):
     root = Path(__file__).resolve().parents[2]
@@ -344,6 +348,8 @@ def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spind
      "error: d.yaml: is a directory"),
     (("simulate", "p.yaml", "--gantt", "d.svg"), "error: d.svg: is a directory"),
     (("show", "f.yaml", "--plot", "file/c.png"), "error: file/c.png: 'file' is not a directory"),
+    (("plan", "g.yaml", "f.yaml", "--cluster", "c.yaml", "-o", "/proc/p.yaml"),
+     "error: /proc/p.yaml: cannot write in '/proc'"),
     # an analytic model of other devices than the cluster's
     (("profile", "g.yaml", "--hardware", "h100", "--cluster", "c.yaml", "-o", "p.yaml"),
      "error: --hardware h100 models H100-SXM5-80GB devices, but c.yaml has cpu-core"),
