@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
 
+from spindle_cli.cli.views import gantt
 from spindle_cli.cli.views.gantt import (
     busy_series,
     text_gantt,
@@ -92,4 +95,21 @@ def test_bad_image_paths_are_user_errors(tmp_path):
         write_gantt(fx.plan(), str(tmp_path / "g.jpg"))
     with pytest.raises(SpindleError, match="does not exist"):
         write_utilization(fx.plan(), str(tmp_path / "missing" / "u.png"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def _disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("step", ["savefig", "replace"])
+def test_a_full_disk_is_a_user_error_and_leaves_no_temp_file(tmp_path, monkeypatch, step):
+    import matplotlib.figure
+
+    if step == "savefig":
+        monkeypatch.setattr(matplotlib.figure.Figure, "savefig", _disk_full)
+    else:
+        monkeypatch.setattr(gantt.os, "replace", _disk_full)
+    with pytest.raises(SpindleError, match="u.png: cannot write: No space left on device"):
+        write_utilization(fx.plan(), str(tmp_path / "u.png"))
     assert list(tmp_path.iterdir()) == []

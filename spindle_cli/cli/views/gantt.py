@@ -134,6 +134,9 @@ def save_figure(fig: Any, path: str) -> None:
             fig.savefig(tmp, format=suffix[1:], dpi=110, bbox_inches="tight", metadata=meta)
         os.chmod(tmp, 0o644)  # mkstemp makes the file private; a picture is for sharing
         os.replace(tmp, path)
+    except OSError as e:  # a full disk, a directory gone meanwhile
+        Path(tmp).unlink(missing_ok=True)
+        raise SpindleError(f"{path}: cannot write: {e.strerror or e}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
