@@ -27,7 +27,7 @@ from rich.table import Table
 from spindle_cli.artifacts import ClusterSpec, ModelSpec
 from spindle_cli.artifacts.io import write_text_atomic
 from spindle_cli.cli._console import err, out
-from spindle_cli.cli.common import load_input
+from spindle_cli.cli.common import check_can_create, load_input
 from spindle_cli.cli.views import print_table
 from spindle_cli.errors import ArtifactError, SpindleError
 from spindle_cli.planner import bench as lib
@@ -378,6 +378,25 @@ def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
         err.print(f"wrote {out_dir}/dynamic.{{csv,json,md}}")
 
 
+def _checked_out_dir(out_dir: str) -> Path:
+    """The --out directory, checked before the run so that one the files cannot go to fails at
+    once rather than after it: a directory, or a name one can be created under, that takes
+    new files (a dangling symlink, which mkdir cannot follow, is refused)."""
+    target = Path(out_dir)
+    if target.is_symlink() and not target.exists():
+        raise SpindleError(f"--out {out_dir}: a symlink to {os.readlink(target)!r}, which "
+                           "does not exist")
+    if target.exists() and not target.is_dir():
+        raise SpindleError(f"--out {out_dir}: exists and is not a directory")
+    parent = target.parent
+    if not parent.exists():
+        raise SpindleError(f"--out {out_dir}: parent directory does not exist")
+    if not parent.is_dir():
+        raise SpindleError(f"--out {out_dir}: {str(parent)!r} is not a directory")
+    check_can_create(f"--out {out_dir}", target if target.exists() else parent)
+    return target
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON list.")
 @click.option("--out", "out_dir", default=None, metavar="DIR",
@@ -390,15 +409,7 @@ def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
 def bench(as_json: bool, out_dir: str | None, quick: bool, dynamic: bool, models_dir: str,
           clusters_dir: str) -> None:
     """Reproduce the paper's evaluation on simulated a800 clusters."""
-    target = None
-    if out_dir is not None:
-        target = Path(out_dir)
-        if target.exists() and not target.is_dir():
-            raise SpindleError(f"--out {out_dir}: exists and is not a directory")
-        if not target.parent.is_dir():
-            raise SpindleError(f"--out {out_dir}: parent directory does not exist")
-        if not os.access(target if target.exists() else target.parent, os.W_OK):
-            raise SpindleError(f"--out {out_dir}: cannot write there")
+    target = None if out_dir is None else _checked_out_dir(out_dir)
     if dynamic:
         if quick:
             raise SpindleError("--quick applies to the matrix, not to --dynamic")

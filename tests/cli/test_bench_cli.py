@@ -140,7 +140,40 @@ def test_out_that_is_a_file_is_a_user_error(tmp_path):
     target.write_text("x")
     res = run(["bench", "--out", str(target)])
     assert res.exit_code == 2 and "not a directory" in res.stderr
+    res = run(["bench", "--out", str(target / "sub")])
+    assert res.exit_code == 2
+    assert res.stderr == f"error: --out {target / 'sub'}: {str(target)!r} is not a directory\n"
     assert target.read_text() == "x"
+
+
+@pytest.fixture
+def no_run(monkeypatch):
+    """A bench run fails the test: what is refused must be refused before the run."""
+
+    def ran(*args, **kwargs):
+        raise AssertionError("bench ran before refusing its --out")
+
+    monkeypatch.setattr(lib, "run_config", ran)
+    monkeypatch.setattr(lib, "run_dynamic", ran)
+
+
+@pytest.mark.parametrize("mode", ["--quick", "--dynamic"])
+def test_out_that_is_a_dangling_symlink_is_refused_before_the_run(no_run, tmp_path, mode):
+    link = tmp_path / "dangling"
+    link.symlink_to(tmp_path / "nowhere" / "dir")
+    res = run(["bench", mode, "--out", str(link)])
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr == (f"error: --out {link}: a symlink to {str(tmp_path / 'nowhere' / 'dir')!r}"
+                          ", which does not exist\n")
+    assert link.is_symlink() and not link.exists()
+
+
+def test_out_where_no_file_can_be_created_is_refused_before_the_run(no_run):
+    # os.access says yes to root in /proc; creating a file there fails
+    res = run(["bench", "--quick", "--out", "/proc/nope"])
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.startswith("error: --out /proc/nope: cannot write in '/proc'")
+    assert len(res.stderr.splitlines()) == 1
 
 
 def test_quick_with_dynamic_is_refused():
