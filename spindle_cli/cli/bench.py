@@ -280,15 +280,25 @@ def _staged(out_dir: Path, owned: tuple[str, ...]) -> Iterator[Path]:
     without an error they replace their namesakes in `out_dir` (renames in one directory),
     and the files in `owned` that this run did not write are removed from `out_dir` (a chart
     of an earlier run beside this run's tables); after an error they are removed and
-    `out_dir` keeps the previous run's files."""
-    out_dir.mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".staging-") as tmp:
+    `out_dir` keeps the previous run's files. The file system refusing (`out_dir` gone or full
+    meanwhile, a directory where a file goes) is a one-line SpindleError."""
+    try:
+        out_dir.mkdir(exist_ok=True)
+        staging = tempfile.TemporaryDirectory(dir=out_dir, prefix=".staging-")
+    except OSError as e:
+        raise SpindleError(f"--out {out_dir}: cannot write: {e.strerror or e}") from None
+    with staging as tmp:
         yield Path(tmp)
         written = sorted(Path(tmp).iterdir())
-        for f in written:
-            os.replace(f, out_dir / f.name)
-        for name in sorted(set(owned) - {f.name for f in written}):
-            (out_dir / name).unlink(missing_ok=True)
+        try:
+            for f in written:
+                os.replace(f, out_dir / f.name)
+            for name in sorted(set(owned) - {f.name for f in written}):
+                (out_dir / name).unlink(missing_ok=True)
+        except OSError as e:  # the target's name: os.replace's second file, unlink's only one
+            name = Path(e.filename2 or e.filename).name
+            raise SpindleError(f"--out {out_dir}: cannot write {name}: {e.strerror or e}"
+                               ) from None
 
 
 def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,

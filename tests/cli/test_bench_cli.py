@@ -14,6 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 from spindle_cli.cli import main
+from spindle_cli.errors import SpindleError
 from spindle_cli.planner import bench as lib
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,6 +175,24 @@ def test_out_where_no_file_can_be_created_is_refused_before_the_run(no_run):
     assert res.exit_code == 2, res.stderr
     assert res.stderr.startswith("error: --out /proc/nope: cannot write in '/proc'")
     assert len(res.stderr.splitlines()) == 1
+
+
+def test_out_refusing_the_files_meanwhile_is_a_one_line_error(tmp_path):
+    from spindle_cli.cli import bench as command
+
+    # the parent of --out removed during the run
+    with pytest.raises(SpindleError, match="gone/out: cannot write: No such file or directory"):
+        with command._staged(tmp_path / "gone" / "out", ()):
+            pass
+    # a directory where the run's file goes: the staged files are removed, nothing is lost
+    out = tmp_path / "out"
+    (out / "bench.json").mkdir(parents=True)
+    (out / "bench.csv").write_text("old")
+    with pytest.raises(SpindleError, match=r"out: cannot write bench.json: Is a directory"):
+        with command._staged(out, command.MATRIX_FILES) as staging:
+            (staging / "bench.json").write_text("new")
+    assert sorted(f.name for f in out.iterdir()) == ["bench.csv", "bench.json"]
+    assert (out / "bench.csv").read_text() == "old"
 
 
 def test_quick_with_dynamic_is_refused():
