@@ -391,7 +391,11 @@ def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
 def _checked_out_dir(out_dir: str) -> Path:
     """The --out directory, checked before the run so that one the files cannot go to fails at
     once rather than after it: a directory, or a name one can be created under, that takes
-    new files (a dangling symlink, which mkdir cannot follow, is refused)."""
+    new files (a dangling symlink, which mkdir cannot follow, is refused). Not '-', which is
+    stdout to every other command: a directory of files cannot be."""
+    if out_dir == "-":
+        raise SpindleError("--out -: bench writes a directory of files, which cannot go to "
+                           "stdout (give a directory)")
     target = Path(out_dir)
     if target.is_symlink() and not target.exists():
         raise SpindleError(f"--out {out_dir}: a symlink to {os.readlink(target)!r}, which "

@@ -169,6 +169,15 @@ def test_out_that_is_a_dangling_symlink_is_refused_before_the_run(no_run, tmp_pa
     assert link.is_symlink() and not link.exists()
 
 
+def test_out_to_stdout_is_refused_before_the_run(no_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = run(["bench", "--quick", "--out", "-"])
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr == ("error: --out -: bench writes a directory of files, which cannot go "
+                          "to stdout (give a directory)\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_out_where_no_file_can_be_created_is_refused_before_the_run(no_run):
     # os.access says yes to root in /proc; creating a file there fails
     res = run(["bench", "--quick", "--out", "/proc/nope"])
