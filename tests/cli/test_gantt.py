@@ -1,4 +1,5 @@
-"""Plan pictures: text Gantt, Gantt chart and utilization plot on the hand-built plan."""
+"""Plan pictures: text Gantt, Gantt chart and utilization plot on the hand-built plan (and the
+utilization of the shipped plans)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from spindle_cli.artifacts import Plan, load
 from spindle_cli.cli.views import gantt
 from spindle_cli.cli.views.gantt import (
     busy_series,
@@ -19,6 +21,8 @@ from spindle_cli.cli.views.gantt import (
 )
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.simulate import simulate
+
+PLANS = Path(__file__).resolve().parents[2] / "plans"
 
 _spec = importlib.util.spec_from_file_location(
     "_sim_fixtures", Path(__file__).resolve().parents[1] / "planner" / "_sim_fixtures.py")
@@ -57,6 +61,14 @@ def test_busy_series_counts_ranks_per_module():
     assert times == [0.0, 4.0, 24.0, 25.0, 27.0, 47.0, 55.0]
     assert series["enc"] == [2, 0, 0, 0, 0, 2, 0]
     assert series["head"] == [0, 0, 2, 2, 0, 0, 0]
+
+
+@pytest.mark.parametrize("path", sorted(PLANS.glob("*.yaml")), ids=lambda p: p.name)
+def test_planned_utilization_never_exceeds_the_ranks(path):
+    # the recorded wave starts are rounded: a slice's end must not pass the next wave's start
+    plan = load(str(path), Plan)
+    times, series = busy_series(timeline(plan))
+    assert max(sum(busy) for busy in zip(*series.values(), strict=True)) <= plan.num_devices
 
 
 def test_planned_timeline_has_transfers_and_sync_marker():

@@ -12,6 +12,8 @@ matplotlib is imported inside the drawing functions only (importing it costs ~0.
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -65,8 +67,12 @@ def timeline(plan: Plan, sim: SimResult | None = None) -> Timeline:
     bars, flows = [], []
     ends: dict[str, float] = {}
     starts: dict[str, float] = {}
+    # A slice ends by the next wave's start: the plan records starts rounded, so its start plus
+    # its time can pass that by ~1e-8 ms, and busy_series would count the rank twice there.
+    next_start = {w.index: later.start_ms for w, later in itertools.pairwise(plan.waves)}
     for w, s in plan.slices():
-        starts[s.id], ends[s.id] = w.start_ms, w.start_ms + s.time_ms
+        starts[s.id] = w.start_ms
+        ends[s.id] = min(w.start_ms + s.time_ms, next_start.get(w.index, math.inf))
         key = s.metaop.split("/", 1)[-1]
         bars += [Bar(rank=r, start_ms=w.start_ms, end_ms=ends[s.id], key=key,
                      label=_label(s.metaop, s.first, s.last), phase="step", slice_id=s.id)
