@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
+from plan_builders import alpha_beta_curve, cluster, curve, graph, metaop, profile
 
 from spindle_cli.planner.api import PlanOptions, make_plan
 
@@ -51,17 +51,47 @@ def test_optimus_list_schedules_more_tasks_than_devices():
     assert plan.estimated_iteration_ms == pytest.approx(16.0)
 
 
+def test_optimus_list_schedules_tasks_that_need_several_devices_on_groups():
+    # three tensor-parallel-only tasks (tp2: counts 2, 4) on 4 devices: two groups of 2,
+    # the longest task alone on one, the two others in turn on the other
+    ms = [metaop("a/x", layers=4, batch=8), metaop("b/y", layers=2, batch=8),
+          metaop("c/z", layers=1, batch=8)]
+    p = profile([curve(m.id, 8, [(2, 64, 0.0, 1.0, "tp2")]) for m in ms])
+    plan = make_plan(graph(ms), p, cluster(per_node=4), options=PlanOptions(planner="optimus"))
+    assert {s.metaop: len(s.ranks) for _, s in plan.slices()} == {"a/x": 2, "b/y": 2, "c/z": 2}
+    ranks = {s.metaop: set(s.ranks) for _, s in plan.slices()}
+    assert ranks["b/y"] == ranks["c/z"] and not ranks["a/x"] & ranks["b/y"]
+    # a: 4 x 8 / 2 = 16 ms; b then c: 8 + 4 = 12 ms
+    assert plan.estimated_iteration_ms == pytest.approx(16.0)
+
+
 def test_distmm_balances_towers_then_runs_the_join_on_all_devices():
+    # T(n) = 3 + 4 / n: T(2) = 5, T(4) = 4 ms, so towers side by side beat them in turn
     g = graph([metaop("t/a", layers=3, batch=4), metaop("t/b", layers=1, batch=4),
                metaop("t/c", level=1, layers=1, batch=4, preds=("t/a", "t/b"))])
-    p = profile([alpha_beta_curve(s, 4, 0.0, 1.0) for s in ("t/a", "t/b", "t/c")])
+    p = profile([alpha_beta_curve(s, 4, 3.0, 1.0) for s in ("t/a", "t/b", "t/c")])
     plan = make_plan(g, p, cluster(per_node=4), options=PlanOptions(planner="distmm"))
     sizes = {s.metaop: len(s.ranks) for _, s in plan.slices()}
-    # (2, 2) and (2, 1) both give a slowest tower of 3 x 4 / 2 = 6 ms; (2, 2) has less total
+    # (2, 2) and (2, 1) both give a slowest tower of 3 x 5 = 15 ms (in turn on 4 devices:
+    # 3 x 4 + 4 = 16); (2, 2) has less total
     assert sizes == {"t/a": 2, "t/b": 2, "t/c": 4}
     towers = [w for w in plan.waves if any(s.metaop == "t/a" for s in w.slices)]
     assert {s.metaop for s in towers[0].slices} == {"t/a", "t/b"}
     assert plan.waves[-1].slices[0].metaop == "t/c"
+    assert plan.estimated_iteration_ms == pytest.approx(15.0 + 4.0)
+
+
+def test_distmm_runs_towers_in_turn_when_side_by_side_computes_slower():
+    # A heavy tower beside a one-operator embedding on 4 devices (B = 4: counts 1, 2, 4):
+    # side by side the heavy one gets 2 devices, 8 x 2 = 16 ms; in turn 8 x 1 + 1 = 9 ms
+    g = graph([metaop("t/vit", layers=8, batch=4), metaop("t/embed", layers=1, batch=4),
+               metaop("t/head", level=1, layers=1, batch=4, preds=("t/vit", "t/embed"))])
+    p = profile([alpha_beta_curve(s, 4, 0.0, 1.0) for s in ("t/vit", "t/embed", "t/head")])
+    distmm = make_plan(g, p, cluster(per_node=4), options=PlanOptions(planner="distmm"))
+    sequential = make_plan(g, p, cluster(per_node=4), options=PlanOptions(planner="sequential"))
+    assert all(len(s.ranks) == 4 for _, s in distmm.slices())
+    assert distmm.estimated_iteration_ms == pytest.approx(8.0 + 1.0 + 1.0)
+    assert distmm.estimated_iteration_ms == pytest.approx(sequential.estimated_iteration_ms)
 
 
 @pytest.mark.parametrize("planner", ["spindle", "sequential", "optimus", "distmm"])
