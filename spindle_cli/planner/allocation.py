@@ -11,8 +11,8 @@ n_lo <= n* <= n_hi (n_lo = 0 is a dummy), split in time as
 and the operator counts are rounded to integers that still sum to L_m.
 
 `allocate_level_analytic` is the paper's own form (n* from the fitted curve's inverse, tuples
-from eqs. 10a-b), kept as a second candidate: which of the two packs better depends on the
-level.
+from eqs. 10a-b); the planner does not use it, benchmarks/bench_planner.py compares the two
+forms (which packs better depends on the level).
 
 What does not live here: ordering tuples into waves (`waves.py`) and ranks (`placement.py`).
 """

@@ -443,8 +443,8 @@ SIMULATED_CHOICE_MAX_DEVICES = 1024
 
 
 def device_caps(cluster: ClusterSpec) -> tuple[int, ...]:
-    """The per-MetaOp device bounds Spindle plans under: the whole cluster, then halving down
-    to one island. A bound at island size keeps every slice inside one node, so its
+    """The per-MetaOp device bounds Spindle plans under: the whole cluster, then halving while
+    at least an island is left, and one island (24 devices in islands of 8: 24, 12, 8). A bound at island size keeps every slice inside one node, so its
     activations and parameter groups never cross the one NIC per node; a larger slice
     computes faster but pays for both, and under memory pressure a smaller bound spreads a
     large model's layers over more ranks (qwen-val-70b on 256 devices fits with ZeRO-2 only
@@ -456,6 +456,8 @@ def device_caps(cluster: ClusterSpec) -> tuple[int, ...]:
         return tuple(caps)
     while caps[-1] // 2 >= cluster.island_size and caps[-1] % 2 == 0:
         caps.append(caps[-1] // 2)
+    if caps[-1] > cluster.island_size:
+        caps.append(cluster.island_size)
     return tuple(caps)
 
 

@@ -28,6 +28,8 @@ def one_encoder(params_per_layer: int):
 def test_device_caps():
     assert api.device_caps(cluster(num_nodes=2, per_node=4)) == (8, 4)
     assert api.device_caps(cluster(num_nodes=1, per_node=8)) == (8,)
+    # halving 24 skips the island size: it is a bound of its own
+    assert api.device_caps(cluster(num_nodes=3, per_node=8)) == (24, 12, 8)
     big = cluster(num_nodes=api.SIMULATED_CHOICE_MAX_DEVICES // 4 + 1, per_node=4)
     assert api.device_caps(big) == (big.num_devices,)
 
