@@ -36,13 +36,11 @@ _REL_TOL = 1e-12
 def op_time_ms(curve: Curve, n: int, *, uneven: bool = False) -> float:
     """Per-operator time on n devices. With uneven splits the slowest device has
     ceil(B / groups) rows, so the time is the curve's at that per-device batch."""
-    t = tp_degree(scaling.strategy(curve, n))
-    groups = n // t
-    b = curve.batch_size
-    if not uneven or b % groups == 0:
+    if not uneven or _even(curve, n):
         return scaling.time_ms(curve, n)
-    rows = -(-b // groups)
-    return scaling.time_ms(curve, b * n / (rows * groups))
+    groups = n // tp_degree(scaling.strategy(curve, n))
+    rows = -(-curve.batch_size // groups)
+    return scaling.time_ms(curve, curve.batch_size * n / (rows * groups))
 
 
 def valid_counts(curve: Curve, max_n: int, *, uneven: bool = False) -> list[int]:
@@ -64,10 +62,9 @@ class OpCurve:
     metaop: MetaOp
     curve: Curve
     counts: tuple[int, ...]
-    """Valid device counts, ascending, each faster than every smaller one (`op_curve`),
-    starting with the dummy 0."""
+    """Valid device counts, ascending (`op_curve`), starting with the dummy 0."""
     speedups: tuple[float, ...]
-    """T(1) / T(n) at each count (0 at the dummy), increasing."""
+    """T(1) / T(n) at each count (0 at the dummy); non-decreasing for a fitted curve."""
     times_ms: tuple[float, ...]
     """Per-operator time at each count (infinite at the dummy)."""
     envelope: bool = False
@@ -113,12 +110,12 @@ class OpCurve:
 
 def op_curve(metaop: MetaOp, curve: Curve, max_n: int, counts: list[int],
              *, uneven: bool = False) -> OpCurve:
-    """Build the restricted curve from the MetaOp's valid counts <= max_n that run faster
-    than every smaller one. A count no faster than a smaller one only holds more devices
-    (with uneven splits, B = 32 runs 2 rows per device on 16 to 31 devices; a noisy measured
-    point; a flat curve): the allocator's interpolated speedup would stall across it, so the
-    bisection overstates C*, and the bi-point split and the extension would hand out devices
-    that buy no time."""
+    """Build the restricted curve from the MetaOp's valid counts <= max_n. A count that only
+    uneven splits make valid is kept when it runs faster than every smaller count: the others
+    are a staircase of equal times (B = 32 runs 2 rows per device on 16 to 31 devices) that
+    only hold more devices, where the allocator's interpolated speedup would stall, so the
+    bisection overstated C* and the bi-point split and the extension handed out devices that
+    buy no time."""
     t1 = scaling.time_ms(curve, 1)
     kept: list[int] = []
     times: list[float] = []
@@ -126,12 +123,20 @@ def op_curve(metaop: MetaOp, curve: Curve, max_n: int, counts: list[int],
         if n > max_n:
             break
         t = op_time_ms(curve, n, uneven=uneven)
-        if not times or t < times[-1]:
+        if not times or t < min(times) or _even(curve, n):
             kept.append(n)
             times.append(t)
-    return OpCurve(metaop=metaop, curve=curve, counts=(0, *kept),
-                   speedups=(0.0, *(t1 / t if t > 0 else math.inf for t in times)),
+    # a fitted curve is non-increasing; clamp so a noisy fit cannot make speedup decrease
+    speedups: list[float] = [0.0]
+    for t in times:
+        speedups.append(max(speedups[-1], t1 / t if t > 0 else math.inf))
+    return OpCurve(metaop=metaop, curve=curve, counts=(0, *kept), speedups=tuple(speedups),
                    times_ms=(math.inf, *times), envelope=uneven)
+
+
+def _even(curve: Curve, n: int) -> bool:
+    """Whether n devices split the batch evenly over their data-parallel groups."""
+    return curve.batch_size % (n // tp_degree(scaling.strategy(curve, n))) == 0
 
 
 @lru_cache(maxsize=4096)

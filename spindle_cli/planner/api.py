@@ -444,13 +444,14 @@ SIMULATED_CHOICE_MAX_DEVICES = 1024
 
 def device_caps(cluster: ClusterSpec) -> tuple[int, ...]:
     """The per-MetaOp device bounds Spindle plans under: the whole cluster, then halving while
-    at least an island is left, and one island (24 devices in islands of 8: 24, 12, 8). A bound at island size keeps every slice inside one node, so its
-    activations and parameter groups never cross the one NIC per node; a larger slice
-    computes faster but pays for both, and under memory pressure a smaller bound spreads a
-    large model's layers over more ranks (qwen-val-70b on 256 devices fits with ZeRO-2 only
-    under 32). Which bound wins depends on the model, so each is planned and the simulator
-    decides (`make_plan`). Above SIMULATED_CHOICE_MAX_DEVICES only the whole cluster is
-    used: one simulation there takes longer than the planning target."""
+    at least an island is left, and one island (24 devices in islands of 8: 24, 12, 8). A
+    bound at island size keeps every slice inside one node, so its activations and parameter
+    groups never cross the one NIC per node; a larger slice computes faster but pays for both,
+    and under memory pressure a smaller bound spreads a large model's layers over more ranks
+    (qwen-val-70b on 256 devices fits with ZeRO-2 only under 32). Which bound wins depends on
+    the model, so each is planned and the simulator decides (`make_plan`). Above
+    SIMULATED_CHOICE_MAX_DEVICES only the whole cluster is used: one simulation there takes
+    longer than the planning target."""
     caps = [cluster.num_devices]
     if cluster.num_devices > SIMULATED_CHOICE_MAX_DEVICES:
         return tuple(caps)

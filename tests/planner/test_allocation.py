@@ -171,6 +171,19 @@ def test_counts_no_faster_than_a_smaller_one_are_not_offered():
     assert all(a > b for a, b in zip(oc.times_ms[1:], oc.times_ms[2:], strict=False))
 
 
+def test_a_flat_curve_keeps_its_evenly_split_counts():
+    # a loss that takes as long on any count still runs on the whole cluster in a sequential
+    # plan and in a task's group: only counts that uneven splits add are pruned
+    c = alpha_beta_curve("a/loss", 8, 1.0, 0.0)
+    m = metaop("a/loss", layers=1, batch=8)
+    for uneven in (False, True):
+        oc = op_curve(m, c, 8, scaling.valid_counts(c, 8, uneven=uneven), uneven=uneven)
+        assert oc.counts == (0, 1, 2, 4, 8)
+    plan = make_plan(graph([m]), profile([c]), cluster(per_node=8),
+                     options=PlanOptions(planner="sequential", uneven_splits=True))
+    assert [len(s.ranks) for _, s in plan.slices()] == [8]
+
+
 def test_uneven_splits_do_not_stall_the_allocation_on_flat_counts():
     # Two such MetaOps on 24 devices: every device is given out (sum n* = N), and C* is no
     # longer than with the even counts, a subset of the uneven ones: the staircase counts
