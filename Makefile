@@ -8,7 +8,7 @@ STAMP := .make/installed-$(subst /,_,$(PYTHON))
 # anything, since `make clean` removes it)
 OUT := out
 # --check on every generator target: `make plans CHECK=--check` never writes.
-CHECK ?=
+CHECK :=
 
 # Analytic profiles per model: the cluster whose links the profile uses and its counts.
 A800_64 := --hardware a800 --cluster clusters/a800-8x8.yaml --validate
@@ -123,6 +123,7 @@ profile/tiny-clip-local-cpu: install $(call after,graph/tiny-clip)
 measure: install graph/tiny-clip
 	$(SPINDLE) profile graphs/tiny-clip.yaml --hardware local --cluster clusters/local-cpu.yaml \
 		--validate --repeats 20 --no-cache -o profiles/tiny-clip-local-cpu.yaml
+	$(MAKE) --no-print-directory plan/tiny-clip-local-cpu plan/tiny-clip-local-cpu-2
 
 $(PLANS:%=plan/%): plan/%: install \
 		$$(call after,graph/$$(word 1,$$(plan_$$*)) profile/$$(word 2,$$(plan_$$*)))
@@ -148,4 +149,5 @@ schemas: install
 	$(PYTHON) -m spindle_cli.artifacts.schema schemas/
 
 clean:
-	rm -rf $(OUT) .make .spindle-cache
+	rm -rf $(OUT)/demo .make .spindle-cache
+	@rmdir $(OUT) 2>/dev/null || true
