@@ -21,8 +21,7 @@ from spindle_cli.planner import paper_numbers
 from spindle_cli.planner.api import (
     PlanOptions,
     allocate,
-    make_plan,
-    memory_ladder,
+    fitting_plan_with_cost,
     op_curves,
     place_again,
 )
@@ -141,7 +140,8 @@ class BenchRow:
     candidate: str
     """Which of the spindle planner's candidates was kept (Plan.candidate; '' otherwise)."""
     plan_seconds: float | None
-    """Planning time of the plan kept (one memory setting)."""
+    """Seconds `spindle plan` spends planning this configuration: the whole search over
+    memory settings (`plan_and_simulate`), reading and writing files not counted."""
     paper_speedup: float | None
     """The paper's speedup over DeepSpeed for this planner and cell (Fig. 8), if any."""
     paper_transfer_share: float | None
@@ -168,31 +168,17 @@ def lower_bound_ms(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -
 
 def plan_and_simulate(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                       planner: str, placement: str) -> tuple[Plan, SimResult, float]:
-    """Plan with one planner under every memory setting `spindle plan` may choose (ZeRO stage
-    0-3, with and without recomputation) and keep the one that simulates fastest; returns its
-    plan, simulation and planning time in seconds. The same search for every planner stands
-    for the paper's hand-tuned ZeRO stage and checkpointing of the baselines."""
-    best: tuple[Plan, SimResult, float] | None = None
-    failure: PlanInfeasible | None = None
-    for zero, recompute in memory_ladder():
-        options = PlanOptions(planner=planner, placement=placement, zero=zero,
-                              recompute=recompute)
-        start = time.perf_counter()
-        try:
-            plan = make_plan(graph, profile, cluster, options=options)
-        except PlanInfeasible as e:
-            failure = e
-            continue
-        seconds = time.perf_counter() - start
-        plan = as_written(plan)
-        sim = simulate(plan, graph, profile, cluster)
-        # the first on ties, as `spindle plan --memory auto` keeps (`api.make_fitting_plan`)
-        if best is None or sim.iteration_ms < best[1].iteration_ms - 1e-9:
-            best = (plan, sim, seconds)
-    if best is None:
-        assert failure is not None
-        raise failure
-    return best
+    """Plan with one planner as `spindle plan --memory auto --recompute auto` does
+    (`api.fitting_plan_with_cost`: every ZeRO stage 0-3, with and without recomputation, the
+    plan that simulates fastest kept) and simulate the plan as written; returns the plan, its
+    simulation and the seconds that whole search took. The same search for every planner
+    stands for the paper's hand-tuned ZeRO stage and checkpointing of the baselines."""
+    options = PlanOptions(planner=planner, placement=placement)
+    start = time.perf_counter()
+    plan, _ = fitting_plan_with_cost(graph, profile, cluster, options=options)
+    seconds = time.perf_counter() - start
+    plan = as_written(plan)
+    return plan, simulate(plan, graph, profile, cluster), seconds
 
 
 def naive_placement(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
@@ -305,9 +291,8 @@ class DynamicRow:
     phase_ms: float | None
     """iterations x iteration_ms."""
     replan_seconds: float | None
-    """Time to make the new plan when the task set changed: make_plan of the memory setting
-    kept (graphs and curves are prepared offline; the bench's search over memory settings is
-    not counted)."""
+    """Time to make the new plan when the task set changed: `spindle plan`'s whole search over
+    memory settings (`plan_and_simulate`; graphs and curves are prepared offline)."""
     error: str = ""
 
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
 
 from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner import api, paper_numbers
 from spindle_cli.planner import bench as lib
-from spindle_cli.planner import paper_numbers
-from spindle_cli.planner.api import place_again
+from spindle_cli.planner.api import PlanOptions, place_again
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.simulate import simulate
 
@@ -92,6 +93,36 @@ def test_rows_agree_with_a_direct_simulation(clip4_rows):
     assert seconds > 0
 
 
+def timed_make_plan(monkeypatch) -> list[float]:
+    """The seconds of every `api.make_plan` call from now on, appended as each returns."""
+    seconds: list[float] = []
+    real = api.make_plan
+
+    def make_plan(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - start)
+
+    monkeypatch.setattr(api, "make_plan", make_plan)
+    return seconds
+
+
+def test_plan_seconds_cover_spindle_plans_whole_memory_search(monkeypatch):
+    m, c = model("tiny-clip"), cluster("a800-1x8")
+    graph = build_graph(m, tasks=list(m.task_sets["2"]))
+    profile = lib.profile_for(graph, c)
+    planned = timed_make_plan(monkeypatch)
+    api.fitting_plan_with_cost(graph, profile, c, options=PlanOptions())
+    searched = len(planned)
+    assert searched > 1  # `spindle plan` plans more than one memory setting here
+    planned.clear()
+    _, _, seconds = lib.plan_and_simulate(graph, profile, c, "spindle", "island")
+    assert len(planned) == searched
+    assert seconds >= sum(planned)
+
+
 def test_optimum_row_is_the_relaxed_lower_bound(clip4_rows):
     opt = clip4_rows[-1]
     assert opt.iteration_ms == opt.lower_bound_ms and opt.lower_bound_ms > 0
@@ -128,7 +159,7 @@ def tiny_rows() -> list[lib.BenchRow]:
 
 
 def test_planning_failures_become_rows_with_the_reason(monkeypatch):
-    monkeypatch.setattr(lib, "make_plan", refusing("out of memory (test)"))
+    monkeypatch.setattr(lib, "fitting_plan_with_cost", refusing("out of memory (test)"))
     rows = tiny_rows()
     failed = rows[:-1]
     assert all(r.iteration_ms is None and r.error == "out of memory (test)" for r in failed)
