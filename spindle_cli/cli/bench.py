@@ -120,7 +120,7 @@ def detail_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]]:
         elif sp.naive_error:
             naive = "does not fit"
         else:
-            naive = share(sp.naive_transfer_fraction, seq.paper_transfer_share if seq else None)
+            naive = share(sp.naive_transfer_fraction, sp.paper_naive_transfer_share)
         seconds = [r.plan_seconds for r in rows
                    if (r.model, r.num_tasks, r.num_devices) == key and r.plan_seconds is not None]
         body.append([key[0], str(key[1]), str(key[2]),
@@ -239,8 +239,8 @@ def _charts(rows: list[lib.BenchRow], out_dir: Path) -> None:
                         "sequential placement, replanned": col("spindle", "transfer_fraction",
                                                                "sequential"),
                         "paper: island": col("spindle", "paper_transfer_share"),
-                        "paper: sequential": col("spindle", "paper_transfer_share",
-                                                 "sequential")},
+                        "paper: sequential, same waves": col("spindle",
+                                                             "paper_naive_transfer_share")},
                percent=True)
     _bar_chart(out_dir / "fig11_gap.png",
                "Spindle over the relaxed optimum C* (cf. paper Fig. 11: <= 1.07)", "x C*", groups,

@@ -145,10 +145,12 @@ class BenchRow:
     paper_speedup: float | None
     """The paper's speedup over DeepSpeed for this planner and cell (Fig. 8), if any."""
     paper_transfer_share: float | None
-    """The paper's inter-wave share for spindle with this placement (Fig. 10), if any; on
-    the spindle row with sequential placement it is the paper's Spindle without its
-    placement, which holds the schedule fixed, so it compares with the island row's
-    `naive_transfer_fraction`."""
+    """The paper's inter-wave share for Spindle with its own placement (Fig. 10), if any; it
+    compares with `transfer_fraction`. Only on the spindle row with island placement."""
+    paper_naive_transfer_share: float | None
+    """The paper's inter-wave share for Spindle without its placement (Fig. 10), if any: the
+    schedule held fixed, so it compares with `naive_transfer_fraction`, on the same row. The
+    paper has no figure for a plan made for sequential placement."""
     error: str = ""
 
 
@@ -232,12 +234,12 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
     key = (config.model, config.num_tasks, config.num_devices)
     rows = []
     for planner, placement, plan, sim, seconds, error in results:
+        spindle_island = (planner, placement) == ("spindle", "island")
         it = sim.iteration_ms if sim else None
         executed = (simulate(plan, graph, profile, cluster, progress="rank").iteration_ms
                     if plan else None)
         naive, naive_error = (naive_placement(plan, graph, profile, cluster)
-                              if plan and (planner, placement) == ("spindle", "island")
-                              else (None, ""))
+                              if plan and spindle_island else (None, ""))
         rows.append(BenchRow(
             model=config.model, num_tasks=config.num_tasks, num_devices=config.num_devices,
             cluster=cluster.name, planner=planner, placement=placement, iteration_ms=it,
@@ -258,8 +260,10 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
             memory=memory_setting(plan) if plan else "-",
             candidate=plan.candidate if plan else "", plan_seconds=seconds,
             paper_speedup=paper_numbers.speedup(*key, planner) if placement == "island" else None,
-            paper_transfer_share=paper_numbers.transfer_share(*key, placement)
-            if planner == "spindle" else None,
+            paper_transfer_share=paper_numbers.transfer_share(*key, "island")
+            if spindle_island else None,
+            paper_naive_transfer_share=paper_numbers.transfer_share(*key, "sequential")
+            if spindle_island else None,
             error=error,
         ))
     rows.append(BenchRow(
@@ -271,8 +275,7 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
         naive_transfer_fraction=None, naive_iteration_ms=None, naive_error="",
         idle_fraction=None, inter_island_bytes=None, peak_memory_bytes=None,
         planned_iteration_ms=None, memory="-", candidate="", plan_seconds=None,
-        paper_speedup=None,
-        paper_transfer_share=None,
+        paper_speedup=None, paper_transfer_share=None, paper_naive_transfer_share=None,
         error="" if bound is not None else "no relaxed optimum (no valid allocation)",
     ))
     return rows

@@ -84,6 +84,31 @@ def test_out_dir_gets_csv_json_markdown_and_charts(tiny_matrix, tmp_path):
         assert (out / name).read_bytes().startswith(b"\x89PNG"), name
 
 
+def test_papers_naive_share_is_beside_the_same_waves_in_json_csv_and_markdown(
+        tiny_matrix, tmp_path, monkeypatch):
+    from spindle_cli.planner import paper_numbers
+
+    monkeypatch.setitem(paper_numbers.FIG10_TRANSFER_SHARE, ("tiny-clip", 2, 8), (0.01, 0.05))
+    out = tmp_path / "bench"
+    res = run(["bench", "--out", str(out), "--json", *repo_dirs()])
+    assert res.exit_code == 0, res.stderr
+    rows = json.loads(res.stdout)
+    island = next(r for r in rows if (r["planner"], r["placement"]) == ("spindle", "island"))
+    paper = island["paper_naive_transfer_share"]
+    assert paper == paper_numbers.transfer_share("tiny-clip", 2, 8, "sequential")
+    assert all(r["paper_transfer_share"] is None for r in rows if r is not island)
+    with (out / "bench.csv").open() as f:
+        table = list(csv.DictReader(f))
+    (csv_island,) = [r for r in table if (r["planner"], r["placement"]) == ("spindle", "island")]
+    assert float(csv_island["paper_naive_transfer_share"]) == paper
+    detail = (out / "bench.md").read_text().split("inter-wave transfer share")[1]
+    header = next(line for line in detail.splitlines() if line.startswith("| model"))
+    cells = next(line for line in detail.splitlines() if line.startswith("| tiny-clip"))
+    shares = dict(zip(header.split(" | "), cells.split(" | "), strict=True))
+    assert shares["seq-place, same waves"] == (
+        f"{100 * island['naive_transfer_fraction']:.1f}% ({100 * paper:.1f}%)")
+
+
 def test_an_interrupted_run_leaves_the_previous_set_whole(tiny_matrix, tmp_path, monkeypatch):
     from spindle_cli.cli import bench as command
 

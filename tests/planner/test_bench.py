@@ -158,6 +158,20 @@ def tiny_rows() -> list[lib.BenchRow]:
                                           num_devices=8))
 
 
+def test_papers_shares_sit_on_the_row_of_the_share_they_compare_with(monkeypatch):
+    key = ("tiny-clip", 2, 8)
+    monkeypatch.setitem(paper_numbers.FIG10_TRANSFER_SHARE, key, (0.01, 0.05))
+    by = {(r.planner, r.placement): r for r in tiny_rows()}
+    island = by["spindle", "island"]
+    # with placement beside transfer_fraction; without it (the waves held fixed) beside
+    # naive_transfer_fraction, both on the island row
+    assert island.paper_transfer_share == paper_numbers.transfer_share(*key, "island")
+    assert island.paper_naive_transfer_share == paper_numbers.transfer_share(*key, "sequential")
+    # a plan made for sequential placement has no figure in the paper
+    assert all(r.paper_transfer_share is None and r.paper_naive_transfer_share is None
+               for k, r in by.items() if k != ("spindle", "island"))
+
+
 def test_planning_failures_become_rows_with_the_reason(monkeypatch):
     monkeypatch.setattr(lib, "fitting_plan_with_cost", refusing("out of memory (test)"))
     rows = tiny_rows()
