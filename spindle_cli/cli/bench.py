@@ -368,6 +368,8 @@ def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
     rows = lib.run_dynamic(model, cluster, schedule=lib.DYNAMIC_SCHEDULE)
     totals = lib.dynamic_totals(rows)
     records = [dataclasses.asdict(r) for r in rows]
+    # the phases as rows, and each planner's sums so a script need not add them up
+    report = {"phases": records, "totals": [dataclasses.asdict(t) for t in totals]}
     header = ["planner", *(f"phase {i}: {s} tasks" for i, s in enumerate(lib.DYNAMIC_SCHEDULE)),
               "training s", "replanning s", "total s"]
     body = []
@@ -377,7 +379,7 @@ def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
                                   else "failed" for r in phases),
                      _num(t.train_s, ".2f"), _num(t.replan_s, ".3f"), _num(t.total_s, ".2f")])
     if as_json:
-        click.echo(json.dumps(records, indent=2))
+        click.echo(json.dumps(report, indent=2))
     else:
         print_table(_rich(f"dynamic task sets, {rows[0].iterations} iterations per phase",
                           header, body))
@@ -386,7 +388,7 @@ def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
                 out.print(f"failed: {r.planner} phase {r.phase}: {r.error}")
     if out_dir is not None:
         with _staged(out_dir, ()) as staging:
-            write_text_atomic(staging / "dynamic.json", json.dumps(records, indent=2) + "\n")
+            write_text_atomic(staging / "dynamic.json", json.dumps(report, indent=2) + "\n")
             write_text_atomic(staging / "dynamic.csv", _csv(records))
             write_text_atomic(staging / "dynamic.md", _markdown(header, body))
         err.print(f"wrote {out_dir}/dynamic.{{csv,json,md}}")
@@ -416,7 +418,9 @@ def _checked_out_dir(out_dir: str) -> Path:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON list.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the rows as one JSON list (with --dynamic, an object: the phases' "
+                   "rows and each planner's totals).")
 @click.option("--out", "out_dir", default=None, metavar="DIR",
               help="Write CSV, JSON, markdown and PNG charts into DIR (created if missing).")
 @click.option("--quick", is_flag=True, help="Three configurations instead of the whole matrix.")

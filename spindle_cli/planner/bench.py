@@ -336,7 +336,9 @@ class DynamicTotal:
     train_s: float | None
     """Simulated training time of every phase; None when a phase could not be planned."""
     replan_s: float
+    """Replanning time of the phases that could be planned (their `replan_seconds`)."""
     total_s: float | None
+    """train_s + replan_s; None with train_s."""
 
 
 def dynamic_totals(rows: list[DynamicRow]) -> list[DynamicTotal]:

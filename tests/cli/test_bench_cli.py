@@ -144,10 +144,22 @@ def test_dynamic_reports_each_planner(monkeypatch, tmp_path):
     monkeypatch.setattr(lib, "DYNAMIC_DEVICES", 8)
     res = run(["bench", "--dynamic", "--json", "--out", str(tmp_path / "d"), *repo_dirs()])
     assert res.exit_code == 0, res.stderr
-    rows = json.loads(res.stdout)
+    report = json.loads(res.stdout)
+    assert json.loads((tmp_path / "d" / "dynamic.json").read_text()) == report
+    rows = report["phases"]
     assert {r["planner"] for r in rows} == {"spindle", "sequential", "optimus", "distmm"}
     assert all(r["phase_ms"] == pytest.approx(r["iterations"] * r["iteration_ms"])
                for r in rows if not r["error"])
+    # each planner's totals, as the table shows them, without adding up the phases
+    totals = {t["planner"]: t for t in report["totals"]}
+    assert set(totals) == {r["planner"] for r in rows}
+    assert totals["spindle"]["total_s"] is not None
+    for planner, t in totals.items():
+        mine = [r for r in rows if r["planner"] == planner]
+        assert t["replan_s"] == pytest.approx(sum(r["replan_seconds"] or 0.0 for r in mine))
+        if all(r["phase_ms"] is not None for r in mine):
+            assert t["train_s"] == pytest.approx(sum(r["phase_ms"] for r in mine) / 1e3)
+            assert t["total_s"] == pytest.approx(t["train_s"] + t["replan_s"])
     assert "replanning s" in (tmp_path / "d" / "dynamic.md").read_text()
 
 
