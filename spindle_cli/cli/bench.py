@@ -27,7 +27,7 @@ from rich.table import Table
 from spindle_cli.artifacts import ClusterSpec, ModelSpec
 from spindle_cli.artifacts.io import write_text_atomic
 from spindle_cli.cli._console import err, out
-from spindle_cli.cli.common import check_can_create, load_input
+from spindle_cli.cli.common import check_can_create, check_parent, load_input
 from spindle_cli.cli.views import print_table
 from spindle_cli.errors import ArtifactError, SpindleError
 from spindle_cli.planner import bench as lib
@@ -408,12 +408,8 @@ def _checked_out_dir(out_dir: str) -> Path:
                            "does not exist")
     if target.exists() and not target.is_dir():
         raise SpindleError(f"--out {out_dir}: exists and is not a directory")
-    parent = target.parent
-    if not parent.exists():
-        raise SpindleError(f"--out {out_dir}: parent directory does not exist")
-    if not parent.is_dir():
-        raise SpindleError(f"--out {out_dir}: {str(parent)!r} is not a directory")
-    check_can_create(f"--out {out_dir}", target if target.exists() else parent)
+    check_parent(f"--out {out_dir}", target.parent)
+    check_can_create(f"--out {out_dir}", target if target.exists() else target.parent)
     return target
 
 

@@ -70,10 +70,7 @@ def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json
     if target.is_dir():
         raise SpindleError(f"{path}: is a directory")
     parent = target.parent
-    if not parent.exists():
-        raise SpindleError(f"{path}: output directory {str(parent)!r} does not exist")
-    if not parent.is_dir():
-        raise SpindleError(f"{path}: {str(parent)!r} is not a directory")
+    check_parent(path, parent)
     if check:
         # a pipe would block the comparison, a device never end it
         if target.exists() and not target.is_file():
@@ -86,6 +83,14 @@ def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json
             raise SpindleError(f"{path}: is also an input of this command ({given}); writing "
                                "it would replace that input",
                                hint="give the output another name")
+
+
+def check_parent(name: str, parent: Path) -> None:
+    """SpindleError unless `parent`, the directory `name` goes to, exists and is one."""
+    if not parent.exists():
+        raise SpindleError(f"{name}: output directory {str(parent)!r} does not exist")
+    if not parent.is_dir():
+        raise SpindleError(f"{name}: {str(parent)!r} is not a directory")
 
 
 def check_can_create(name: str, directory: Path) -> None:
