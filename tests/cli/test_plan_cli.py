@@ -21,6 +21,7 @@ from spindle_cli.artifacts import (
     write_artifact,
 )
 from spindle_cli.cli import cli
+from spindle_cli.units import fmt_bytes
 
 CASE = Path(__file__).resolve().parents[1] / "data" / "plan-two-node-multitask"
 
@@ -569,16 +570,29 @@ def test_explain_counts_c_star_as_show_does_when_a_speedup_is_not_concave(case):
 
 
 def test_diff_says_when_transfers_only_moved(case):
-    """DistMM-MT's waves placed on islands or on consecutive ranks: the same transfers and
-    parameter groups between other ranks, not 'transfers: 4 -> 4'."""
-    invoke(*plan_args("--planner", "distmm", "-o", "a.yaml"))
-    invoke(*plan_args("--planner", "distmm", "--placement", "sequential", "-o", "b.yaml"))
+    """Optimus's plan and the same plan with two ranks swapped: the same
+    transfers and parameter groups between other ranks, not 'transfers: 5 -> 5'."""
+    invoke(*plan_args("--planner", "optimus", "-o", "a.yaml"))
     a = load("a.yaml", Plan)
-    moved = sum(t.bytes for t in a.transfers if t.src_ranks != t.dst_ranks)
-    lines = invoke("diff", "a.yaml", "b.yaml").output.splitlines()
-    from spindle_cli.units import fmt_bytes
+    swap = {3: 4, 4: 3}
 
-    assert (f"transfers: the same {len(a.transfers)}, {fmt_bytes(moved)} between different "
+    def moved(ranks):
+        return tuple(sorted(swap.get(r, r) for r in ranks))
+
+    b = replace(
+        a,
+        waves=tuple(replace(w, slices=tuple(replace(s, ranks=moved(s.ranks)) for s in w.slices))
+                    for w in a.waves),
+        transfers=tuple(replace(t, src_ranks=moved(t.src_ranks), dst_ranks=moved(t.dst_ranks))
+                        for t in a.transfers),
+        param_groups=tuple(replace(g, ranks=moved(g.ranks)) for g in a.param_groups),
+        memory=tuple(sorted((replace(m, rank=swap.get(m.rank, m.rank)) for m in a.memory),
+                            key=lambda m: m.rank)))
+    assert b.transfers != a.transfers
+    write_artifact(b, "b.yaml")
+    lines = invoke("diff", "a.yaml", "b.yaml").output.splitlines()
+    between = sum(t.bytes for t in a.transfers if t.src_ranks != t.dst_ranks)
+    assert (f"transfers: the same {len(a.transfers)}, {fmt_bytes(between)} between different "
             "ranks, on other ranks or slices") in lines
     assert f"parameter groups: the same {len(a.param_groups)}, on other ranks or layers" in lines
 
