@@ -119,13 +119,15 @@ def op_curve(metaop: MetaOp, curve: Curve, max_n: int, counts: list[int],
     t1 = scaling.time_ms(curve, 1)
     kept: list[int] = []
     times: list[float] = []
+    fastest = math.inf
     for n in counts:
         if n > max_n:
             break
         t = op_time_ms(curve, n, uneven=uneven)
-        if not times or t < min(times) or _even(curve, n):
+        if t < fastest or _even(curve, n):
             kept.append(n)
             times.append(t)
+            fastest = min(fastest, t)
     # a fitted curve is non-increasing; clamp so a noisy fit cannot make speedup decrease
     speedups: list[float] = [0.0]
     for t in times:
