@@ -19,7 +19,9 @@ figures and ratios; asserts nothing (run: python benchmarks/bench_planner.py [--
    a rank / cross islands and the simulated share of the iteration spent waiting for
    transfers.
 3. Planning time: multitask-clip 10 tasks on 64 devices (target < 0.3 s) and a synthetic
-   4096-device, 100-task model (target < 10 s).
+   4096-device, 100-task model (target < 10 s); and `spindle plan`'s search over memory
+   settings (`fitting_plan_with_cost`) beside the same search with every setting planned
+   alone, for multitask-clip 4/7/10 tasks on 32 devices (the dynamic bench's replanning).
 
 Profiles are analytic (a800 roofline, counts 1..64 on a800-8x8), built in-process, so the
 figures do not depend on the committed files.
@@ -27,6 +29,7 @@ figures do not depend on the committed files.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import sys
@@ -54,15 +57,19 @@ from spindle_cli.planner.allocation import allocate_level_analytic
 from spindle_cli.planner.api import (
     PlanOptions,
     allocate,
+    compute_bound_ms,
+    fitting_plan_with_cost,
     make_plan,
+    memory_ladder,
     op_curves,
+    options_curves,
     place_again,
     slice_limits,
 )
 from spindle_cli.planner.exact import MAX_TUPLES, exact_packing_ms
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
-from spindle_cli.planner.simulate import simulate
+from spindle_cli.planner.simulate import simulate, simulated_cost
 from spindle_cli.planner.waves import (
     LARGE_LEVEL,
     LARGE_LEVEL_VARIANTS,
@@ -330,6 +337,39 @@ def _time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+def setting_by_setting(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> float:
+    """`fitting_plan_with_cost`'s search with nothing shared between the memory settings:
+    each planned alone (`make_plan`) and its plan simulated again; the best iteration."""
+    best = math.inf
+    for zero, recompute in memory_ladder():
+        options = PlanOptions(zero=zero, recompute=recompute)
+        curves = options_curves(graph, profile, cluster, options)
+        if compute_bound_ms(graph, curves, cluster.num_devices) >= best:
+            continue
+        try:
+            plan = make_plan(graph, profile, cluster, options=options)
+        except PlanInfeasible:
+            continue
+        best = min(best, simulated_cost(plan, graph, profile, cluster,
+                                        give_up_ms=best).iteration_ms)
+    return best
+
+
+def memory_search() -> None:
+    cluster = cluster_file("a800-4x8")
+    for task_set in ("4", "7", "10"):
+        graph, profile = clip(task_set)
+        t0 = time.perf_counter()
+        _, shared_ms = fitting_plan_with_cost(graph, profile, cluster)
+        t1 = time.perf_counter()
+        alone_ms = setting_by_setting(graph, profile, cluster)
+        t2 = time.perf_counter()
+        same = "same best iteration" if shared_ms == alone_ms else (
+            f"best iterations differ: {shared_ms:.3f} against {alone_ms:.3f} ms")
+        print(f"memory search, clip-{task_set} @ 32: {t1 - t0:.2f} s, every setting planned "
+              f"alone {t2 - t1:.2f} s ({(t1 - t0) / (t2 - t1):.2f}x); {same}")
+
+
 def speed() -> None:
     print("== 3. planning time ==")
     graph, profile = clip("10")
@@ -347,6 +387,7 @@ def speed() -> None:
     t = time.perf_counter() - t0
     print(f"synthetic 100 tasks ({len(graph.metaops)} MetaOps) @ {cluster.num_devices}: "
           f"{t:.2f} s (target < 10 s); {len(plan.waves)} waves, makespan/C* {_ratio(plan):.3f}")
+    memory_search()
 
 
 def main() -> None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from spindle_cli.artifacts.base import InputRef
 from spindle_cli.artifacts.cluster import ClusterSpec
@@ -177,32 +178,36 @@ def fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Cluste
     weight gathers can cost more than recomputation's extra forward. A setting is skipped
     without planning when `compute_bound_ms` under it (a lower bound of any plan's simulated
     iteration, its levels fused or not) is no shorter than the best plan's simulated
-    iteration. Above
-    SIMULATED_CHOICE_MAX_DEVICES the first setting that fits is kept, unsimulated (one
-    simulation there outlasts the planning target). PlanInfeasible from the last setting
-    when none fits."""
+    iteration. The settings with the same recomputation flag share their curves, allocations
+    and wave schedules (`Schedules`), and Spindle's own simulation of its kept candidate is
+    the setting's cost. Above SIMULATED_CHOICE_MAX_DEVICES the first setting that fits is
+    kept, unsimulated (one simulation there outlasts the planning target). PlanInfeasible
+    from the last setting when none fits."""
     if not ladder:
         raise ValueError("empty memory ladder")
     error: PlanInfeasible | None = None
     best: tuple[float, Plan] | None = None
-    bound_ms: dict[bool, float] = {}
+    shared: dict[bool, Schedules] = {}
+    profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
     for zero, recompute in ladder:
         trial = replace(options, zero=zero, recompute=recompute)
-        if best is not None:
-            if recompute not in bound_ms:
-                bound_ms[recompute] = compute_bound_ms(
-                    graph, options_curves(graph, profile, cluster, trial), cluster.num_devices)
-            if bound_ms[recompute] >= best[0]:
-                continue
         try:
-            plan = make_plan(graph, profile, cluster, options=trial, inputs=inputs)
+            if recompute not in shared:
+                shared[recompute] = Schedules(graph, profile, cluster, trial,
+                                              profile_name=profile_name)
+            if best is not None and compute_bound_ms(
+                    graph, shared[recompute].curves, cluster.num_devices) >= best[0]:
+                continue
+            plan, iteration_ms = make_plan_with_cost(graph, profile, cluster, options=trial,
+                                                     inputs=inputs, schedules=shared[recompute])
         except PlanInfeasible as e:
             error = e
             continue
         if cluster.num_devices > SIMULATED_CHOICE_MAX_DEVICES:
             return plan, None
-        iteration_ms = simulated_cost(plan, graph, profile, cluster,
-                                      give_up_ms=best[0] if best else math.inf).iteration_ms
+        if iteration_ms is None:
+            iteration_ms = simulated_cost(plan, graph, profile, cluster,
+                                          give_up_ms=best[0] if best else math.inf).iteration_ms
         if best is None or iteration_ms < best[0] - 1e-9:
             best = (iteration_ms, plan)
     if best is None:
@@ -333,16 +338,18 @@ def allocate(graph: MetaOpGraph, curves: dict[str, OpCurve],
 
 def slice_limits(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpec,
                  memory: MemoryStrategy = NO_SAVING) -> MaxOps:
-    """The most operators one slice of a MetaOp on n devices may run (memory.py)."""
+    """The most operators one slice of a MetaOp on n devices may run (memory.py), at most its
+    operators: a limit no slice reaches reads the same under every memory setting, which lets
+    `Schedules` reuse a schedule across them."""
     by_id = {m.id: m for m in graph.metaops}
     cache: dict[tuple[str, int], int] = {}
 
     def max_ops(metaop: str, n: int) -> int:
         if (metaop, n) not in cache:
             m = by_id[metaop]
-            cache[(metaop, n)] = max_ops_per_slice(
+            cache[(metaop, n)] = min(m.num_layers, max_ops_per_slice(
                 m, n, scaling.strategy(curves[metaop].curve, n), graph.dtype,
-                cluster.device.memory_bytes, memory)
+                cluster.device.memory_bytes, memory))
         return cache[(metaop, n)]
 
     return max_ops
@@ -474,6 +481,72 @@ def capped_curves(curves: dict[str, OpCurve], cap: int) -> dict[str, OpCurve]:
     return result
 
 
+_T = TypeVar("_T")
+
+
+class Schedules:
+    """The curves, allocations and wave schedules `make_plan` makes for one graph, profile,
+    cluster and set of curve options (uneven splits, recomputation, tensor parallelism), kept
+    for the next `make_plan` with the same ones: `fitting_plan_with_cost`'s memory settings
+    with the same recomputation flag differ only in the slice limits (`slice_limits`) and in
+    what follows the schedules (placement, simulation). A schedule is made again only when a
+    slice limit it asked for differs under the new setting, so each plan is the one
+    `make_plan` makes alone."""
+
+    def __init__(self, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
+                 options: PlanOptions, *, profile_name: str = "the profile") -> None:
+        self.graph, self.profile, self.cluster = graph, profile, cluster
+        self.flags = _curve_flags(options)
+        self.curves = options_curves(graph, profile, cluster, options, profile_name=profile_name)
+        self.allocs = allocate(graph, self.curves, cluster.num_devices)
+        self._capped: dict[int, tuple[dict[str, OpCurve], list[LevelAllocation]]] = {
+            cluster.num_devices: (self.curves, self.allocs)}
+        self._made: dict[tuple[Any, ...], list[tuple[dict[tuple[str, int], int], Any]]] = {}
+
+    def serves(self, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
+               options: PlanOptions) -> bool:
+        """Whether these are the schedules of `make_plan(graph, profile, cluster, options)`."""
+        return (graph is self.graph and profile is self.profile and cluster is self.cluster
+                and _curve_flags(options) == self.flags)
+
+    def capped(self, cap: int) -> tuple[dict[str, OpCurve], list[LevelAllocation]]:
+        """The curves and allocation under a device bound (PlanInfeasible when some MetaOp
+        has no valid count under it)."""
+        if cap not in self._capped:
+            capped = capped_curves(self.curves, cap)
+            self._capped[cap] = (capped, allocate(self.graph, capped, self.cluster.num_devices))
+        return self._capped[cap]
+
+    def made(self, key: tuple[Any, ...], max_ops: MaxOps | None, make: Callable[..., _T],
+             *args: Any, **kwargs: Any) -> _T:
+        """`make(*args, **kwargs)` with `max_ops` passed on as `max_ops` (without, when None: a
+        `make` that takes no slice limits), or what it returned before under `key` when every
+        slice limit it asked for then reads the same in `max_ops`. `key` names `make` and
+        every argument besides the graph, cluster and these curves and allocations."""
+        for asked, result in self._made.get(key, ()):
+            if all(max_ops is not None and max_ops(m, n) == k for (m, n), k in asked.items()):
+                return result
+        asked: dict[tuple[str, int], int] = {}
+        if max_ops is None:
+            result = make(*args, **kwargs)
+        else:
+            limits = max_ops
+
+            def recorded(metaop: str, n: int) -> int:
+                if (metaop, n) not in asked:
+                    asked[(metaop, n)] = limits(metaop, n)
+                return asked[(metaop, n)]
+
+            result = make(*args, max_ops=recorded, **kwargs)
+        self._made.setdefault(key, []).append((asked, result))
+        return result
+
+
+def _curve_flags(options: PlanOptions) -> tuple[bool, bool, bool]:
+    """The options `options_curves` reads."""
+    return options.uneven_splits, options.recompute, options.tensor_parallel
+
+
 class _Kept(NamedTuple):
     """The best candidate so far in `make_plan`."""
 
@@ -501,7 +574,18 @@ class _Kept(NamedTuple):
 
 def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
               options: PlanOptions = PlanOptions(), inputs: tuple[InputRef, ...] = ()) -> Plan:
-    """Plan one training iteration of `graph` on `cluster`.
+    """`make_plan_with_cost`'s plan."""
+    return make_plan_with_cost(graph, profile, cluster, options=options, inputs=inputs)[0]
+
+
+def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
+                        options: PlanOptions = PlanOptions(),
+                        inputs: tuple[InputRef, ...] = (),
+                        schedules: Schedules | None = None) -> tuple[Plan, float | None]:
+    """Plan one training iteration of `graph` on `cluster`; with the plan, its simulated
+    iteration (ms) where the planner chose it by simulation (None for the baselines and above
+    SIMULATED_CHOICE_MAX_DEVICES). `schedules`: those of earlier calls with the same graph,
+    profile, cluster and curve options (`Schedules`), to reuse.
 
     Spindle schedules every level once per device bound of `device_caps` and keeps the plan
     whose simulated iteration (compute, inter-wave transfers, gradient sync:
@@ -530,9 +614,12 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     C*, so `lower_bound_ms` is the relaxed optimum whichever plan is kept. Baselines are
     planned once, as their rules say."""
     n_dev = cluster.num_devices
-    profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
-    curves = options_curves(graph, profile, cluster, options, profile_name=profile_name)
-    allocs = allocate(graph, curves, n_dev)
+    if schedules is None:
+        profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
+        schedules = Schedules(graph, profile, cluster, options, profile_name=profile_name)
+    elif not schedules.serves(graph, profile, cluster, options):
+        raise ValueError("schedules of another graph, profile, cluster or curve options")
+    curves, allocs = schedules.curves, schedules.allocs
     max_ops = slice_limits(graph, curves, cluster, options.memory)
     if options.planner != "spindle":
         if options.planner == "sequential":
@@ -541,7 +628,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
             planned = baselines.optimus(graph, curves, n_dev, max_ops)
         else:
             planned = baselines.distmm(graph, curves, n_dev, max_ops)
-        return _assemble(graph, curves, cluster, options, inputs, allocs, planned)
+        return _assemble(graph, curves, cluster, options, inputs, allocs, planned), None
     by_cap: dict[int, list[list[PlannedWave]]] = {}
     best: _Kept | None = None
     error: PlanInfeasible | None = None
@@ -549,8 +636,6 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     simulated = n_dev <= SIMULATED_CHOICE_MAX_DEVICES
 
     tried: set[tuple[tuple[PlannedWave, ...], bool, bool]] = set()
-    capped_by_cap: dict[int, tuple[dict[str, OpCurve], list[LevelAllocation]]] = {
-        n_dev: (curves, allocs)}
 
     last_ms = math.inf
     """The simulated iteration of the last candidate `consider` simulated (inf when it was
@@ -599,14 +684,6 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
             return True
         return False
 
-    def capped_for(cap: int) -> tuple[dict[str, OpCurve], list[LevelAllocation]]:
-        """The curves and allocation under a device bound (PlanInfeasible when some MetaOp
-        has no valid count under it)."""
-        if cap not in capped_by_cap:
-            capped = capped_curves(curves, cap)
-            capped_by_cap[cap] = (capped, allocate(graph, capped, n_dev))
-        return capped_by_cap[cap]
-
     def consider_fused(cap: int) -> None:
         """All levels at once under the smallest bound (one island on clusters that halve down
         to it): there a level cannot be balanced by giving its long MetaOps more devices, so
@@ -616,10 +693,11 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         bar_ms = (sum(w.duration_ms for level in by_cap[cap] for w in level) if cap in by_cap
                   else best.iteration_ms if best is not None else math.inf)
         try:
-            capped, capped_allocs = capped_for(cap)
+            capped, capped_allocs = schedules.capped(cap)
         except PlanInfeasible:
             return
-        fused = fused_waves(graph, capped, capped_allocs, n_dev, max_ops)
+        fused = schedules.made(("fused", cap, True, False), max_ops, fused_waves,
+                               graph, capped, capped_allocs, n_dev)
         if sum(w.duration_ms for w in fused) < bar_ms - 1e-9:
             consider((cap,) * len(allocs), fused, fused=True)
 
@@ -633,15 +711,19 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
             label = "one count per MetaOp" if one_count else "no extension"
             levels: dict[int, list[list[PlannedWave]]] = {}
             for cap in sorted(set(caps)):
-                capped, capped_allocs = capped_for(cap)
+                capped, capped_allocs = schedules.capped(cap)
                 if one_count:
                     capped_allocs = [single_count(a) for a in capped_allocs]
                 if fused:
-                    consider(caps, fused_waves(graph, capped, capped_allocs, n_dev, max_ops,
-                                               extend=extend), fused=True, label=label)
+                    consider(caps, schedules.made(
+                        ("fused", cap, extend, one_count), max_ops, fused_waves,
+                        graph, capped, capped_allocs, n_dev, extend=extend),
+                        fused=True, label=label)
                 else:
-                    levels[cap] = level_waves(graph, capped, capped_allocs, n_dev, max_ops,
-                                              few_variants=cap != n_dev, extend=extend)
+                    levels[cap] = schedules.made(
+                        ("levels", cap, extend, one_count), max_ops, level_waves,
+                        graph, capped, capped_allocs, n_dev, few_variants=cap != n_dev,
+                        extend=extend)
             if not fused:
                 consider(caps, [w for level, cap in enumerate(caps) for w in levels[cap][level]],
                          label=label)
@@ -668,13 +750,16 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         on 16 devices under the chunked buckets: the balanced counts 128.3 ms, the kept plan
         127.4, a neighbour 125.5)."""
         assert best is not None
-        for k, sizes in enumerate(task_sizes(graph, curves, n_dev)):
-            stable = task_stable(allocs, graph, curves, cluster, sizes)
+        all_sizes = schedules.made(("task sizes",), None, task_sizes, graph, curves, n_dev)
+        for k, sizes in enumerate(all_sizes):
+            stable = schedules.made(("task-stable", tuple(sizes)), None, task_stable,
+                                    allocs, graph, curves, cluster, sizes)
             bar_ms = best.compute_and_wait_ms
             kept = near = False
             for extend in (True, False):
-                planned = fused_waves(graph, curves, stable.allocs, n_dev, max_ops,
-                                      extend=extend)
+                planned = schedules.made(("task-stable", tuple(sizes), extend), max_ops,
+                                         fused_waves, graph, curves, stable.allocs, n_dev,
+                                         extend=extend)
                 label = "task-stable" if extend else "task-stable, no extension"
                 if sum(w.duration_ms for w in planned) >= bar_ms:
                     continue
@@ -694,26 +779,29 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
         task-stable schedules, simulated only when the lanes' compute is below the kept
         plan's compute and transfer wait."""
         assert best is not None
-        for lanes in task_lanes(graph, curves, cluster):
+        all_lanes = schedules.made(("task lanes",), None, task_lanes, graph, curves, cluster)
+        for i, lanes in enumerate(all_lanes):
             bar_ms = best.compute_and_wait_ms
             if lanes.load_ms >= bar_ms:
                 continue
-            planned, home = lane_waves(graph, curves, lanes, max_ops)
+            planned, home = schedules.made(("task lanes", i), max_ops, lane_waves,
+                                           graph, curves, lanes)
             if sum(w.duration_ms for w in planned) < bar_ms:
                 consider((n_dev,) * len(allocs), planned, fused=True, home=home,
                          label=f"task lanes of {lanes.size}")
 
     for cap in bounds:
         try:
-            capped, capped_allocs = capped_for(cap)
+            capped, capped_allocs = schedules.capped(cap)
         except PlanInfeasible as e:
             error = error or e
             continue
         if best is not None and sum(a.lower_bound_ms for a in capped_allocs) >= best.iteration_ms:
             # its compute alone (>= its C*) would outlast the best plan's whole iteration
             continue
-        by_cap[cap] = level_waves(graph, capped, capped_allocs, n_dev, max_ops,
-                                  few_variants=cap != n_dev)
+        by_cap[cap] = schedules.made(("levels", cap, True, False), max_ops, level_waves,
+                                     graph, capped, capped_allocs, n_dev,
+                                     few_variants=cap != n_dev)
         consider((cap,) * len(allocs))
     if best is not None and len(by_cap) > 1:
         # the longest level under the kept bound may do better under another bound while the
@@ -742,7 +830,7 @@ def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
     if best is None:
         assert error is not None
         raise error
-    return best.plan
+    return best.plan, best.iteration_ms if simulated else None
 
 
 def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpec,

@@ -1,0 +1,106 @@
+"""`api.Schedules`: the memory search shares curves, allocations and wave schedules between
+the settings that see the same curves, and every setting still gets the plan `make_plan`
+makes alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, load
+from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner.api import (
+    PlanOptions,
+    Schedules,
+    fitting_plan_with_cost,
+    make_plan,
+    make_plan_with_cost,
+    memory_ladder,
+    options_curves,
+    slice_limits,
+)
+from spindle_cli.planner.memory import MemoryStrategy
+from spindle_cli.planner.simulate import simulated_cost
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _qwen_on_32() -> tuple[MetaOpGraph, Profile, ClusterSpec]:
+    # ZeRO-0 does not fit, and the slice limits differ between the ZeRO stages
+    return (load(str(REPO / "graphs" / "qwen-val.yaml"), MetaOpGraph),
+            load(str(REPO / "profiles" / "qwen-val-a800-8x8.yaml"), Profile),
+            load(str(REPO / "clusters" / "a800-4x8.yaml"), ClusterSpec))
+
+
+def _tiny() -> tuple[MetaOpGraph, Profile, ClusterSpec]:
+    return (load(str(REPO / "graphs" / "tiny-clip.yaml"), MetaOpGraph),
+            load(str(REPO / "profiles" / "tiny-clip-local-cpu.yaml"), Profile),
+            load(str(REPO / "clusters" / "local-cpu.yaml"), ClusterSpec))
+
+
+def test_made_again_only_when_a_limit_it_asked_for_reads_differently():
+    schedules = Schedules(*_tiny(), PlanOptions())
+    calls = []
+
+    def make(tag, *, max_ops):
+        calls.append(tag)
+        return [tag, max_ops("a", 2)]
+
+    first = schedules.made(("k",), lambda m, n: 3 if m == "a" else 1, make, "x")
+    assert first == ["x", 3]
+    # a limit it never asked for changed: the same result
+    assert schedules.made(("k",), lambda m, n: 3 if m == "a" else 9, make, "y") is first
+    assert schedules.made(("k",), lambda m, n: 4, make, "z") == ["z", 4]
+    assert schedules.made(("k",), lambda m, n: 3, make, "w") is first
+    assert schedules.made(("other",), lambda m, n: 3, make, "v") == ["v", 3]
+    assert calls == ["x", "z", "v"]
+    free = schedules.made(("free",), None, lambda tag: [tag], "f")
+    assert schedules.made(("free",), None, lambda tag: [tag], "g") is free
+
+
+def test_every_memory_setting_gets_the_plan_it_gets_alone():
+    g, p, c = _qwen_on_32()
+    curves = options_curves(g, p, c, PlanOptions())
+    limits = [slice_limits(g, curves, c, MemoryStrategy(zero=z)) for z in (0, 3)]
+    assert any(limits[0](m.id, n) != limits[1](m.id, n)
+               for m in g.metaops for n in curves[m.id].counts[1:])
+    shared: dict[bool, Schedules] = {}
+    fitted = 0
+    for zero, recompute in memory_ladder():
+        options = PlanOptions(zero=zero, recompute=recompute)
+        schedules = shared.setdefault(recompute, Schedules(g, p, c, options))
+        try:
+            alone = make_plan(g, p, c, options=options)
+        except PlanInfeasible:
+            with pytest.raises(PlanInfeasible):
+                make_plan_with_cost(g, p, c, options=options, schedules=schedules)
+            continue
+        plan, iteration_ms = make_plan_with_cost(g, p, c, options=options,
+                                                 schedules=schedules)
+        assert plan == alone
+        assert iteration_ms == simulated_cost(plan, g, p, c).iteration_ms
+        fitted += 1
+    assert 1 < fitted < len(memory_ladder())
+
+
+def test_the_search_keeps_the_fastest_settings_plan():
+    g, p, c = _qwen_on_32()
+    plan, iteration_ms = fitting_plan_with_cost(g, p, c)
+    assert iteration_ms == simulated_cost(plan, g, p, c).iteration_ms
+    assert plan == make_plan(g, p, c, options=PlanOptions.of(plan))
+
+
+def test_baselines_leave_their_simulation_to_the_caller():
+    g, p, c = _tiny()
+    plan, iteration_ms = make_plan_with_cost(g, p, c, options=PlanOptions(planner="optimus"))
+    assert iteration_ms is None and plan.planner == "optimus"
+
+
+def test_schedules_of_other_curves_are_refused():
+    g, p, c = _tiny()
+    schedules = Schedules(g, p, c, PlanOptions())
+    with pytest.raises(ValueError, match="another"):
+        make_plan_with_cost(g, p, c, options=PlanOptions(recompute=True), schedules=schedules)
+    # another memory setting with the same curves is what they are for
+    make_plan_with_cost(g, p, c, options=PlanOptions(zero=1), schedules=schedules)
