@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -371,13 +372,15 @@ def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
     # the phases as rows, and each planner's sums so a script need not add them up
     report = {"phases": records, "totals": [dataclasses.asdict(t) for t in totals]}
     header = ["planner", *(f"phase {i}: {s} tasks" for i, s in enumerate(lib.DYNAMIC_SCHEDULE)),
-              "training s", "replanning s", "total s"]
+              "training s", "replanning s", "total s", "Spindle ahead from"]
     body = []
     for t in totals:
         phases = [r for r in rows if r.planner == t.planner]
         body.append([t.planner, *(_num(r.iteration_ms, ".1f") + " ms" if r.iteration_ms
                                   else "failed" for r in phases),
-                     _num(t.train_s, ".2f"), _num(t.replan_s, ".3f"), _num(t.total_s, ".2f")])
+                     _num(t.train_s, ".2f"), _num(t.replan_s, ".3f"), _num(t.total_s, ".2f"),
+                     "" if t.spindle_ahead_beyond is None
+                     else f"{math.floor(t.spindle_ahead_beyond) + 1} iterations per phase"])
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

@@ -8,7 +8,7 @@ printed or written (the `spindle bench` command does that).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOpGraph
@@ -339,6 +339,11 @@ class DynamicTotal:
     """Replanning time of the phases that could be planned (their `replan_seconds`)."""
     total_s: float | None
     """train_s + replan_s; None with train_s."""
+    spindle_ahead_beyond: float | None = None
+    """Iterations per phase beyond which Spindle's total is below this planner's: Spindle's
+    iterations are shorter and its replanning longer, so longer phases pay for the
+    replanning (0 when its replanning is no longer; None for Spindle itself, without a
+    Spindle total, or when Spindle trains no faster)."""
 
 
 def dynamic_totals(rows: list[DynamicRow]) -> list[DynamicTotal]:
@@ -353,4 +358,18 @@ def dynamic_totals(rows: list[DynamicRow]) -> list[DynamicTotal]:
         train = sum(r.phase_ms or 0.0 for r in mine) / 1e3
         out.append(DynamicTotal(planner=planner, train_s=train, replan_s=replan,
                                 total_s=train + replan))
-    return out
+    spindle = next((t for t in out if t.planner == "spindle" and t.train_s is not None), None)
+    if spindle is None:
+        return out
+    iterations = next(r.iterations for r in rows if r.planner == "spindle")
+    return [replace(t, spindle_ahead_beyond=_ahead_beyond(spindle, t, iterations)) for t in out]
+
+
+def _ahead_beyond(spindle: DynamicTotal, other: DynamicTotal, iterations: int) -> float | None:
+    """`DynamicTotal.spindle_ahead_beyond` of `other`, both run `iterations` per phase."""
+    if other is spindle or other.train_s is None or spindle.train_s is None:
+        return None
+    saved_s = (other.train_s - spindle.train_s) / iterations  # per iteration of every phase
+    if saved_s <= 0:
+        return None
+    return max(spindle.replan_s - other.replan_s, 0.0) / saved_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -160,7 +161,12 @@ def test_dynamic_reports_each_planner(monkeypatch, tmp_path):
         if all(r["phase_ms"] is not None for r in mine):
             assert t["train_s"] == pytest.approx(sum(r["phase_ms"] for r in mine) / 1e3)
             assert t["total_s"] == pytest.approx(t["train_s"] + t["replan_s"])
-    assert "replanning s" in (tmp_path / "d" / "dynamic.md").read_text()
+    table = (tmp_path / "d" / "dynamic.md").read_text()
+    assert "replanning s" in table and "Spindle ahead from" in table
+    assert totals["spindle"]["spindle_ahead_beyond"] is None
+    for t in totals.values():
+        if t["spindle_ahead_beyond"] is not None:
+            assert f"| {math.floor(t['spindle_ahead_beyond']) + 1} iterations per phase |" in table
 
 
 def test_missing_models_dir_is_a_one_line_error(tiny_matrix, tmp_path):

@@ -215,6 +215,37 @@ def test_dynamic_total_is_unknown_when_a_phase_failed():
     assert total.train_s is None and total.total_s is None and total.replan_s == 0.5
 
 
+def _phases(planner, iteration_ms, replan_s, iterations=10):
+    return [lib.DynamicRow(planner=planner, phase=i, task_set="4", num_tasks=4,
+                           iterations=iterations, iteration_ms=iteration_ms,
+                           phase_ms=iteration_ms * iterations, replan_seconds=replan_s)
+            for i in range(2)]
+
+
+def test_dynamic_totals_say_from_how_many_iterations_spindle_is_ahead():
+    rows = (_phases("spindle", 5.0, 1.0) + _phases("slow", 10.0, 0.25)
+            + _phases("faster", 4.0, 0.25) + _phases("lighter", 10.0, 2.0))
+    totals = {t.planner: t for t in lib.dynamic_totals(rows)}
+    beyond = totals["slow"].spindle_ahead_beyond
+    # 1.5 s more replanning, 2 x 5 ms saved per iteration of each phase
+    assert beyond == pytest.approx(150)
+
+    def total_s(planner, iteration_ms, iterations):
+        mine = [r for r in rows if r.planner == planner]
+        return (sum(r.replan_seconds for r in mine)
+                + len(mine) * iteration_ms * iterations / 1e3)
+
+    assert total_s("spindle", 5.0, 149) > total_s("slow", 10.0, 149)
+    assert total_s("spindle", 5.0, 151) < total_s("slow", 10.0, 151)
+    assert totals["faster"].spindle_ahead_beyond is None
+    assert totals["lighter"].spindle_ahead_beyond == 0.0
+    assert totals["spindle"].spindle_ahead_beyond is None
+    failed = lib.dynamic_totals(_phases("spindle", 5.0, 1.0)[:1] + [dataclasses.replace(
+        _phases("spindle", 5.0, 1.0)[1], iteration_ms=None, phase_ms=None, error="x")]
+        + _phases("slow", 10.0, 0.25))
+    assert all(t.spindle_ahead_beyond is None for t in failed)
+
+
 def test_memory_setting_reads_the_plan_options(clip4_rows):
     m, c = model("multitask-clip"), cluster("a800-2x8")
     graph = build_graph(m, tasks=list(m.task_sets["4"]))
