@@ -311,6 +311,11 @@ def _parse(path: str, fmt: str, text: str) -> Any:
         pass
     try:
         return yaml.load(text, Loader=_SlowLoader)
+    except yaml.reader.ReaderError as e:
+        # its own text spans two lines and counts characters from the start of the file
+        line = text.count("\n", 0, e.position) + 1
+        raise ArtifactError(path, "", f"invalid YAML at line {line}: unacceptable character "
+                                      f"#x{e.character:04x}: {e.reason}") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -249,3 +249,11 @@ def test_a_key_with_control_characters_is_shown_quoted(tmp_path):
     message = _error(path)
     assert message == f"{path}: 'bad\\nkey\\x1b[31m': unknown field"
     assert message.isprintable()
+
+
+@pytest.mark.parametrize(("character", "code"), [("\x00", "0000"), ("\x7f", "007f")])
+def test_an_unprintable_character_is_one_line_naming_its_line(tmp_path, character, code):
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER_YAML.replace("name: c\n", f"name: c{character}\n"))
+    assert _error(path) == (f"{path}: invalid YAML at line 3: unacceptable character #x{code}: "
+                            "special characters are not allowed")
