@@ -52,7 +52,10 @@ def canonical_float(x: float) -> float:
     return 0.0 if y == 0 else y
 
 
-def _join(path: str, name: str) -> str:
+def field_path(path: str, name: str) -> str:
+    """`path.name`: the path of a field or a mapping key. A key with line breaks or escape
+    codes is shown quoted, since an error is one plain line."""
+    name = name if name.isprintable() else repr(name)
     return f"{path}.{name}" if path else name
 
 
@@ -154,7 +157,7 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise FieldError(path, f"keys must be strings, got {k!r}")
-            out[k] = _convert(item, v, _join(path, k))
+            out[k] = _convert(item, v, field_path(path, k))
         return out
     if dataclasses.is_dataclass(tp):
         return from_data(tp, value, path)
@@ -216,26 +219,25 @@ def from_data(cls: type[T], data: Any, path: str = "") -> T:
     if unknown:
         key = str(unknown[0])
         near = difflib.get_close_matches(key, [n for n in fields if n not in data], n=1)
-        # a key with line breaks or escape codes is shown quoted: an error is one plain line
-        raise FieldError(_join(path, key if key.isprintable() else repr(key)),
+        raise FieldError(field_path(path, key),
                          f"unknown field (did you mean {near[0]!r}?)" if near else "unknown field")
     kwargs = {}
     for name, f in fields.items():
         if name not in data:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise FieldError(_join(path, name), "missing required field")
+                raise FieldError(field_path(path, name), "missing required field")
             continue
         raw = data[name]
         if bounded[name] and _wide(raw):
             # the field's own bound explains more than "expected a 64-bit integer" does
-            _check_bounds(f, tuple(raw) if isinstance(raw, list) else raw, _join(path, name))
-        value = _convert(hints[name], raw, _join(path, name))
-        _check_bounds(f, value, _join(path, name))
+            _check_bounds(f, tuple(raw) if isinstance(raw, list) else raw, field_path(path, name))
+        value = _convert(hints[name], raw, field_path(path, name))
+        _check_bounds(f, value, field_path(path, name))
         kwargs[name] = value
     try:
         return cls(**kwargs)
     except FieldError as e:
-        raise FieldError(_join(path, e.field), e.problem) from None
+        raise FieldError(field_path(path, e.field), e.problem) from None
 
 
 def to_data(obj: Any) -> Any:

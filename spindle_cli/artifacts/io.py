@@ -23,7 +23,7 @@ import yaml
 
 from spindle_cli import __version__
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact, InputRef
-from spindle_cli.artifacts.codec import describe_value, from_data, to_data
+from spindle_cli.artifacts.codec import describe_value, field_path, from_data, to_data
 from spindle_cli.artifacts.limits import MAX_EXPANDED_NODES, MAX_FILE_BYTES, MAX_NESTING
 from spindle_cli.errors import ArtifactError, FieldError
 
@@ -109,17 +109,17 @@ def _node_path(root: yaml.Node | None, target: yaml.Node, key: object) -> str:
     while stack:
         node, path = stack.pop()
         if node is target:
-            return f"{path}.{key}" if path else str(key)
+            return field_path(path, str(key))
         if id(node) in seen:
             continue
         seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 name = k.value if isinstance(k, yaml.ScalarNode) else "?"
-                stack.append((v, f"{path}.{name}" if path else str(name)))
+                stack.append((v, field_path(path, str(name))))
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node.value))
-    return str(key)
+    return field_path("", str(key))
 
 
 _LIBYAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from spindle_cli.artifacts.codec import field_path
 from spindle_cli.errors import FieldError
 
 if TYPE_CHECKING:
@@ -175,13 +176,14 @@ def check_model(model: ModelSpec) -> None:
             used.update(step.inputs)
         for name in task.inputs:
             if name not in used:
-                raise FieldError(f"{where}.inputs.{name}", "input is not used by any step")
+                raise FieldError(field_path(f"{where}.inputs", name),
+                                 "input is not used by any step")
         infer_shapes(model, task, where)
         for name, spec in task.inputs.items():
             vocabs = sorted({model.modules[s.module].vocab_size for s in task.steps
                              if name in s.inputs})
             if not spec.dim and len(vocabs) > 1:
-                raise FieldError(f"{where}.inputs.{name}",
+                raise FieldError(field_path(f"{where}.inputs", name),
                                  f"these token ids feed embeddings of vocab_size "
                                  f"{', '.join(map(str, vocabs))}: ids of one input index one "
                                  "vocabulary")
@@ -192,10 +194,11 @@ def check_model(model: ModelSpec) -> None:
                 raise FieldError(f"{where}.steps[{si}]",
                                  f"output of {step.name!r} is not used (end each branch in a loss)")
     for set_name, members in model.task_sets.items():
+        where = field_path("task_sets", set_name)
         if not members:
-            raise FieldError(f"task_sets.{set_name}", "a task set needs at least one task")
+            raise FieldError(where, "a task set needs at least one task")
         for i, t in enumerate(members):
             if t not in seen_tasks:
-                raise FieldError(f"task_sets.{set_name}[{i}]", f"unknown task {t!r}")
+                raise FieldError(f"{where}[{i}]", f"unknown task {t!r}")
         if len(set(members)) != len(members):
-            raise FieldError(f"task_sets.{set_name}", "a task is listed twice")
+            raise FieldError(where, "a task is listed twice")

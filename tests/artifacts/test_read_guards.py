@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -257,3 +258,34 @@ def test_an_unprintable_character_is_one_line_naming_its_line(tmp_path, characte
     path.write_text(CLUSTER_YAML.replace("name: c\n", f"name: c{character}\n"))
     assert _error(path) == (f"{path}: invalid YAML at line 3: unacceptable character #x{code}: "
                             "special characters are not allowed")
+
+
+def _bad_module(d: dict[str, Any]) -> None:
+    d["modules"]["bad\nname"] = {"kind": "bogus", "hidden": 1}
+
+
+def _unused_input(d: dict[str, Any]) -> None:
+    d["tasks"][0]["inputs"]["bad\nname"] = {"seq_len": 1}
+
+
+def _bad_task_set(d: dict[str, Any]) -> None:
+    d["task_sets"] = {"bad\nname": ["nope"]}
+
+
+@pytest.mark.parametrize(("edit", "field"), [
+    (_bad_module, "modules.'bad\\nname'.kind"),
+    (_unused_input, "tasks[0].inputs.'bad\\nname'"),
+    (_bad_task_set, "task_sets.'bad\\nname'[0]"),
+])
+def test_a_mapping_key_with_a_line_break_is_quoted_in_the_field_path(
+        tmp_path, small_model_data, edit, field):
+    edit(small_model_data)
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(small_model_data))
+    assert _error(path).startswith(f"{path}: {field}: ")
+
+
+def test_a_repeated_key_with_a_line_break_is_quoted(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CLUSTER_YAML + '"a\\nb": 1\n"a\\nb": 2\n')
+    assert _error(path) == f"{path}: 'a\\nb': duplicate key 'a\\nb' (lines 14 and 15)"
