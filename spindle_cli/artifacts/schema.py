@@ -12,15 +12,14 @@ remains the authority and `spindle validate` checks both.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from spindle_cli.artifacts.base import Artifact
 from spindle_cli.artifacts.codec import json_schema
-from spindle_cli.artifacts.io import kinds
+from spindle_cli.artifacts.io import kinds, write_text_atomic
+from spindle_cli.errors import ArtifactError
 
 
 def artifact_schema(cls: type[Artifact]) -> dict[str, Any]:
@@ -43,23 +42,12 @@ def schema_files() -> dict[str, str]:
     return {f"{kind}.json": render_schema(cls) for kind, cls in kinds().items()}
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_schemas(directory: Path) -> list[Path]:
     """Write every schema into `directory` (atomically, deterministically); the paths written."""
     written = []
     for name, text in schema_files().items():
         path = directory / name
-        _write_atomic(path, text)
+        write_text_atomic(path, text)
         written.append(path)
     return written
 
@@ -90,7 +78,12 @@ def main(argv: list[str]) -> int:
         for name in stale:
             print(f"{directory / name}: out of date (regenerate it)", file=sys.stderr)
         return 1 if stale else 0
-    for path in write_schemas(directory):
+    try:
+        written = write_schemas(directory)
+    except ArtifactError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for path in written:
         print(f"wrote {path}", file=sys.stderr)
     return 0
 

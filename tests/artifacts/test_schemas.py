@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import stat
 from pathlib import Path
 
 import jsonschema
@@ -100,3 +102,23 @@ def test_schema_rejects_what_the_loader_rejects(small_model_data):
     bad_cases.append(wrong_kind)
     for data in bad_cases:
         assert not v.is_valid(data), data
+
+
+def test_schema_files_are_written_as_open_would_make_them(tmp_path):
+    # mkstemp makes its file 0600; a published schema is as readable as any other file
+    umask = os.umask(0o022)
+    try:
+        write_schemas(tmp_path)
+    finally:
+        os.umask(umask)
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in tmp_path.iterdir()} == {oct(0o644)}
+
+
+def test_a_directory_that_refuses_files_is_one_error_line(tmp_path, monkeypatch, capsys):
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("tempfile.mkstemp", refuse)
+    assert main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'cluster.json'}: cannot write: "
+                                       "Permission denied\n")
