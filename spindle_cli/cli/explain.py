@@ -37,7 +37,7 @@ def explain(plan_path: str, metaop_id: str) -> None:
 
     plan = load_input(plan_path, Plan)
     _, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
-    _, profile = load_recorded_input(plan, plan_path, Profile)
+    profile_path, profile = load_recorded_input(plan, plan_path, Profile)
     _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
     ids = [m.id for m in graph.metaops]
     if metaop_id not in ids:
@@ -45,8 +45,11 @@ def explain(plan_path: str, metaop_id: str) -> None:
         hint = f"did you mean {', '.join(near)}?" if near else f"{len(ids)} MetaOps in the graph"
         raise SpindleError(f"{plan_path}: no MetaOp {metaop_id!r}", hint=hint)
     m = graph.metaop(metaop_id)
-    options = PlanOptions.of(plan)
-    curves = options_curves(graph, profile, cluster, options)
+    try:
+        options = PlanOptions.of(plan)
+    except SpindleError as e:
+        raise SpindleError(f"{plan_path}: {e}", hint=e.hint) from None
+    curves = options_curves(graph, profile, cluster, options, profile_name=profile_path)
     oc = curves[m.id]
     out.print(f"{m.id}: {m.num_layers} x {m.layer_kind} of module {m.module} (layers "
               f"{m.first_layer}-{m.first_layer + m.num_layers}), batch {m.batch_size}, "

@@ -362,6 +362,27 @@ def test_explain_refuses_changed_inputs(case):
     assert r.returncode == 2 and "changed since the plan was made" in r.stderr
 
 
+def test_explain_names_the_plan_whose_options_are_bad(case, spindle):
+    invoke(*plan_args("-o", "plan.yaml"))
+    plan = load("plan.yaml", Plan)
+    write_artifact(replace(plan, options={**plan.options, "planner": "x"}), "plan.yaml")
+    r = spindle("explain", "plan.yaml", "t1/img")
+    assert r.exit_code == 2
+    said = "error: plan.yaml: the plan's options: planner: 'x' is not one of"
+    assert r.stderr.startswith(said), r.stderr
+
+
+def test_explain_names_the_profile_without_a_curve(case, spindle):
+    invoke(*plan_args("-o", "plan.yaml"))
+    plan, profile = load("plan.yaml", Plan), load("profile.yaml", Profile)
+    write_artifact(replace(profile, curves=profile.curves[1:]), "fewer.yaml")
+    fewer = input_ref(load("fewer.yaml", Profile), "fewer.yaml")
+    write_artifact(replace(plan, inputs=(plan.inputs[0], fewer, plan.inputs[2])), "plan.yaml")
+    r = spindle("explain", "plan.yaml", "t1/img")
+    assert r.exit_code == 2
+    assert r.stderr.startswith("error: fewer.yaml has no curve for signature"), r.stderr
+
+
 def test_show_plan(case):
     invoke(*plan_args("-o", "plan.yaml"))
     r = invoke("show", "plan.yaml")
