@@ -32,7 +32,8 @@ def parse_counts(text: str) -> tuple[int, ...]:
     counts = []
     for part in text.split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) < 1:
+        # isdigit() alone admits digits int() refuses (superscripts) or that are not ASCII
+        if not (part.isascii() and part.isdigit()) or int(part) < 1:
             raise SpindleError(f"--counts: {part!r} is not a positive integer (in {text!r})")
         counts.append(int(part))
     return tuple(sorted(set(counts)))

@@ -144,6 +144,9 @@ def test_measured_profile_refuses_a_changed_model(workdir, capsys):
         (["--counts", "1,two"], "error: --counts: 'two' is not a positive integer"),
         (["--counts", "1,,2"], "error: --counts: '' is not a positive integer"),
         (["--counts", "-4"], "error: --counts: '-4' is not a positive integer"),
+        # digits that int() refuses (a superscript) or reads (Arabic-Indic)
+        (["--counts", "1,\u00b2"], "error: --counts: '\u00b2' is not a positive integer"),
+        (["--counts", "\u0663"], "error: --counts: '\u0663' is not a positive integer"),
         (["--hardware", "tpu"], "error: --hardware: unknown hardware 'tpu'"),
         (["--counts", "1,128", "--cluster", "CLUSTER"], "error: --counts: 128 exceeds the 64"),
     ],
