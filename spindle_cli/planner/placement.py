@@ -108,9 +108,10 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
         incoming.setdefault(f.dst, []).append(f)
     home = home or {}
     memory_first: set[int] = set()
-    # the first shortage of memory, which the backtracking tries to get round: when it does
-    # not, that is the cause to name, not what a memory-first attempt ran into instead (a
-    # slice scattered for memory can leave no island room for a tensor-parallel group)
+    # the shortage of memory in the latest wave any attempt reached (the first one found there):
+    # when the backtracking does not get round it, that is the cause to name, not what a
+    # memory-first attempt ran into instead (a slice scattered for memory can leave no island
+    # room for a tensor-parallel group), nor a shortage in an earlier wave that it got round
     short: _Failure | None = None
     # waves whose slices are placed largest tensor-parallel group first: the usual order can
     # fill every island with data-parallel slices, leaving no island room for a group
@@ -120,7 +121,7 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
                           groups_first)
         if not isinstance(result, _Failure):
             return result
-        short = short or (result if result.memory else None)
+        short = _named_shortage(short, result)
         k = result.wave
         if result.grouping and k not in groups_first:
             groups_first.add(k)
@@ -136,8 +137,16 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
     result = _attempt(waves, incoming, graph, cluster, set(range(len(waves))), memory, home,
                       reserve, groups_first)
     if isinstance(result, _Failure):
-        raise PlanInfeasible((short or result).message)
+        raise PlanInfeasible((_named_shortage(short, result) or result).message)
     return result
+
+
+def _named_shortage(short: _Failure | None, result: _Failure) -> _Failure | None:
+    """The memory shortage to name if placement gives up: `result` when it is one in a later
+    wave than `short` (the backtracking got round that one), else `short`."""
+    if result.memory and (short is None or result.wave > short.wave):
+        return result
+    return short
 
 
 def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[Flow]],

@@ -228,6 +228,26 @@ def test_a_memory_shortage_is_named_when_backtracking_ends_elsewhere():
               options=PlanOptions(zero=3))
 
 
+def test_the_shortage_named_is_the_one_backtracking_could_not_get_round():
+    # 2 ranks of 1000 B. Locality puts a's second slice on its first one's rank (800 B), so c
+    # (300 B on each rank) fits only once wave 1 is placed again memory-first, on the other
+    # rank. d (800 B on one rank) then fits nowhere: the error names d in wave 3, not c.
+    a = metaop("t/a", layers=2, batch=4, params=0, stash=100, act_bytes=1 << 20)
+    c = metaop("u/c", layers=1, batch=4, params=0, stash=150)
+    d = metaop("v/d", layers=1, batch=4, params=0, stash=200)
+    g = graph([a, c, d])
+    small = cluster(num_nodes=1, per_node=2, memory_bytes=1000)
+    waves = [[spec(a, 0, 1, 1)], [spec(a, 1, 2, 1)], [spec(c, 0, 1, 2)]]
+    flows = [Flow(src=(0, 0), dst=(1, 0), bytes=1 << 20)]
+    ranks, ledger = place(waves, flows, g, small)
+    assert ranks[0] != ranks[1]
+    assert [m.total_bytes for m in ledger.table()] == [700, 700]
+    with pytest.raises(PlanInfeasible, match=(
+            r"^out of memory placing v/d operators \[0, 1\) on 1 ranks in wave 3: rank \d needs "
+            r"800 B \(800 bytes\) more but only 300 B \(300 bytes\) are available")):
+        place([*waves, [spec(d, 0, 1, 1)]], flows, g, small)
+
+
 def test_a_tensor_parallel_group_finds_room_when_the_islands_fill_up():
     # 3 islands of 8: three 5-rank data-parallel slices, placed first (larger), would take one
     # island each and leave 3 ranks per island, too few for the 4-rank tp4 group; the wave is
