@@ -204,9 +204,8 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
             group = tp_group_size(s.n, s.strategy)
             chosen = _choose(np.where(ok, score, -np.inf), s.n, cluster.island_size, group)
             if chosen is None:
-                return _Failure(wave=wi, grouping=True, message=(
-                    f"wave {wi}: no {s.n} free ranks for {_describe(s)} with each "
-                    f"tensor-parallel group of {group} inside one island"))
+                return _grouping_failure(wi, s, free, used, need, cap, cluster.island_size,
+                                         group)
             free[list(chosen)] = False
             ledger.commit(s.metaop, s.first, s.last, chosen, s.strategy)
             ranks[i] = chosen
@@ -284,6 +283,23 @@ def _failure(wi: int, s: SliceSpec, free: np.ndarray, used: np.ndarray, need: np
     return _Failure(
         wave=wi, memory=True,
         message=(f"out of memory placing {_describe(s)} in wave {wi}: rank {r} "
+                 f"{_shortage(need[r], cap - used[r], cap)}"),
+    )
+
+
+def _grouping_failure(wi: int, s: SliceSpec, free: np.ndarray, used: np.ndarray,
+                      need: np.ndarray, cap: float, island_size: int, group: int) -> _Failure:
+    """No island has room for a tensor-parallel group of the slice. When the free ranks alone
+    would hold its groups, memory is what stops it: name the free rank short of memory that
+    comes closest to fitting."""
+    where = f"with each tensor-parallel group of {group} inside one island"
+    if _choose(np.where(free, 0.0, -np.inf), s.n, island_size, group) is None:
+        return _Failure(wave=wi, grouping=True,
+                        message=f"wave {wi}: no {s.n} free ranks for {_describe(s)} {where}")
+    r = int(np.argmax(np.where(free & (used + need > cap), cap - used - need, -np.inf)))
+    return _Failure(
+        wave=wi, grouping=True, memory=True,
+        message=(f"out of memory placing {_describe(s)} in wave {wi} {where}: rank {r} "
                  f"{_shortage(need[r], cap - used[r], cap)}"),
     )
 

@@ -264,6 +264,22 @@ def test_a_tensor_parallel_group_finds_room_when_the_islands_fill_up():
     assert all(len(rs) == s.n for rs, s in zip(placed, wave, strict=True))
 
 
+def test_a_tensor_parallel_group_stopped_by_memory_names_the_rank_and_the_bytes():
+    # 2 islands of 4 ranks of 700 B. x and y hold 200 B on three ranks of each island; the tp2
+    # slice t needs 647 B on each of its ranks, which only ranks 3 and 7 have: every rank is
+    # free, but no island has two with room. Rank 0 is short the least of those that are.
+    x = metaop("t/x", layers=1, batch=3, params=0, stash=200)
+    y = metaop("u/y", layers=1, batch=3, params=0, stash=200)
+    t = metaop("w/t", layers=1, batch=2, params=0, stash=500)
+    g = graph([x, y, t])
+    waves = [[spec(x, 0, 1, 3), spec(y, 0, 1, 3)], [spec(t, 0, 1, 2, "tp2")]]
+    with pytest.raises(PlanInfeasible, match=(
+            r"^out of memory placing w/t operators \[0, 1\) on 2 ranks in wave 1 with each "
+            r"tensor-parallel group of 2 inside one island: rank 0 needs 647.059 B \(647 bytes\) "
+            r"more but only 500 B \(500 bytes\) are available \(of 700 B\)$")):
+        place(waves, [], g, cluster(num_nodes=2, per_node=4, memory_bytes=700))
+
+
 def _rows_kept(src, dst, batch):
     """Rows each consumer rank already holds from the producer: both split `batch` in rank
     order (`split_rows`), so position j of a slice owns the j-th contiguous range."""
