@@ -18,8 +18,10 @@ Island-aware placement, greedy wave by wave:
     almost as well (OFASys 4 tasks on 8 GPUs: 1022 instead of 1312 MiB leave their ranks);
   - a rank that would exceed its memory is never chosen. When a wave cannot be placed, the
     failed wave and then up to `_BACKTRACK_DEPTH` earlier waves are re-placed memory-first
-    (worse locality, better balance) before giving up with PlanInfeasible naming the rank, the
-    bytes needed and the bytes available;
+    (worse locality, better balance); when every wave placed memory-first still fails, once
+    more with each wave's slices in order of their whole need (state as well as
+    activations: the activation order can leave a slice that is mostly parameters no rank);
+    then PlanInfeasible names the rank, the bytes needed and the bytes available;
   - a wave whose tensor-parallel group finds no island with room (data-parallel slices
     placed before it filled every island in part) is placed again with its largest groups
     first.
@@ -132,13 +134,19 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
                 break
         else:
             if len(memory_first) == len(waves):
-                raise PlanInfeasible((short or result).message)
+                break
             memory_first = set(range(len(waves)))
-    result = _attempt(waves, incoming, graph, cluster, set(range(len(waves))), memory, home,
-                      reserve, groups_first)
-    if isinstance(result, _Failure):
-        raise PlanInfeasible((_named_shortage(short, result) or result).message)
-    return result
+    else:
+        result = _attempt(waves, incoming, graph, cluster, set(range(len(waves))), memory,
+                          home, reserve, groups_first)
+        if not isinstance(result, _Failure):
+            return result
+        short = _named_shortage(short, result)
+    again = _attempt(waves, incoming, graph, cluster, set(range(len(waves))), memory, home,
+                     reserve, groups_first, by_need=True)
+    if isinstance(again, _Failure):
+        raise PlanInfeasible((_named_shortage(short, again) or again).message)
+    return again
 
 
 def _named_shortage(short: _Failure | None, result: _Failure) -> _Failure | None:
@@ -152,8 +160,10 @@ def _named_shortage(short: _Failure | None, result: _Failure) -> _Failure | None
 def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[Flow]],
              graph: MetaOpGraph, cluster: ClusterSpec,
              memory_first: set[int], memory: MemoryStrategy,
-             home: dict[str, Ranks], reserve: bool,
-             groups_first: set[int]) -> tuple[list[list[Ranks]], Ledger] | _Failure:
+             home: dict[str, Ranks], reserve: bool, groups_first: set[int], *,
+             by_need: bool = False) -> tuple[list[list[Ranks]], Ledger] | _Failure:
+    """One pass over the waves (`place`); `by_need`: memory-first waves take their slices in
+    order of their largest per-rank need instead of their activations."""
     n_dev = cluster.num_devices
     cap = float(cluster.device.memory_bytes)
     island_of = np.arange(n_dev) // cluster.island_size
@@ -170,7 +180,11 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
             s = wave[i]
             return ledger.kept_per_sample(s.metaop) * s.metaop.batch_size * s.num_ops / s.n
 
-        if wi in memory_first:
+        if wi in memory_first and by_need:
+            needs = [float(ledger.need(s.metaop, s.first, s.last, s.n, s.strategy).max())
+                     for s in wave]
+            order = sorted(range(len(wave)), key=lambda i: (-needs[i], i))
+        elif wi in memory_first:
             # largest per-rank load first (LPT) balances memory best
             order = sorted(range(len(wave)), key=lambda i: (-per_rank_stash(i), i))
         else:

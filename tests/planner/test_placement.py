@@ -309,3 +309,19 @@ def test_local_ranks_of_a_smaller_consumer_are_every_kth_producer_rank():
     # k not whole, or a consumer as large as the producer: every producer rank may be reused
     assert _local_ranks((0, 1, 2, 3), 3) == (0, 1, 2, 3)
     assert _local_ranks((0, 1), 4) == (0, 1)
+
+
+def test_a_slice_that_is_mostly_parameters_is_not_left_without_a_rank():
+    # ranks of 850 B. Wave 0 puts 200 B of activations on a rank; in wave 1 the activation
+    # order places the 100 B slice first, on the emptier rank, and the 704 B of state of
+    # v/p then fit nowhere. Ordered by their whole need, v/p goes first onto the empty rank.
+    z = metaop("t/z", layers=1, batch=4, params=0, stash=50)
+    s = metaop("u/s", layers=1, batch=4, params=0, stash=25)
+    p = metaop("v/p", layers=1, batch=4, params=44, stash=0)
+    g = graph([z, s, p])
+    waves = [[spec(z, 0, 1, 1)], [spec(s, 0, 1, 1), spec(p, 0, 1, 1)]]
+    ranks, ledger = place(waves, [], g, cluster(num_nodes=1, per_node=2, memory_bytes=850))
+    assert ranks[1][1] != ranks[0][0] and ranks[1][0] == ranks[0][0]
+    assert sorted(m.total_bytes for m in ledger.table()) == [300, 704]
+    with pytest.raises(PlanInfeasible, match="needs"):
+        place(waves, [], g, cluster(num_nodes=1, per_node=2, memory_bytes=700))
