@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spindle_cli.artifacts.base import DerivedArtifact
-from spindle_cli.artifacts.codec import meta
+from spindle_cli.artifacts.codec import field_path, meta
 from spindle_cli.artifacts.io import register
 from spindle_cli.artifacts.limits import (
     MAX_DEVICES,
@@ -21,6 +21,19 @@ from spindle_cli.artifacts.limits import (
 )
 from spindle_cli.artifacts.profile import check_strategy, tp_degree
 from spindle_cli.errors import FieldError
+
+PLANNERS = ("spindle", "sequential", "optimus", "distmm")
+PLACEMENTS = ("island", "sequential")
+ZERO_STAGES = (0, 1, 2, 3)
+OPTION_VALUES: dict[str, tuple[str, ...]] = {
+    "planner": PLANNERS,
+    "placement": PLACEMENTS,
+    "uneven_splits": ("true", "false"),
+    "zero": tuple(map(str, ZERO_STAGES)),
+    "recompute": ("true", "false"),
+    "tensor_parallel": ("true", "false"),
+}
+"""The options a plan may record (`planner.api.PlanOptions.as_dict`) and their values."""
 
 
 def tp_group_size(num_ranks: int, strategy: str) -> int:
@@ -174,7 +187,8 @@ class Plan(DerivedArtifact):
     model: str = field(metadata=meta("model name"))
     cluster: str = field(metadata=meta("cluster name"))
     planner: str = field(metadata=meta("planner that made the plan"))
-    options: dict[str, str] = field(default_factory=dict, metadata=meta("planner options"))
+    options: dict[str, str] = field(default_factory=dict, metadata=meta(
+        "planner options: planner, placement, uneven_splits, zero, recompute, tensor_parallel"))
     candidate: str = field(default="", metadata=meta(
         "which of the spindle planner's candidate schedules this is (empty for baselines)"))
     num_devices: int = field(
@@ -194,6 +208,7 @@ class Plan(DerivedArtifact):
 
     def __post_init__(self) -> None:
         DerivedArtifact.__post_init__(self)
+        self._check_options()
         ids: set[str] = set()
         island_of = {r: i for i, island in enumerate(self.islands) for r in island}
         for wi, w in enumerate(self.waves):
@@ -228,6 +243,24 @@ class Plan(DerivedArtifact):
         for r, m in enumerate(self.memory):
             if m.rank != r:
                 raise FieldError(f"memory[{r}].rank", f"expected {r}, got {m.rank}")
+
+    def _check_options(self) -> None:
+        """FieldError when the planner or an option is one no planner writes: a reader would
+        take an unknown value for the default (`recompute: yes` would run without it)."""
+        if self.planner not in PLANNERS:
+            raise FieldError("planner", f"{self.planner!r} is not one of "
+                                        f"{', '.join(map(repr, PLANNERS))}")
+        for key, value in sorted(self.options.items()):
+            where = field_path("options", key)
+            if key not in OPTION_VALUES:
+                raise FieldError(where, f"unknown option (expected one of "
+                                        f"{', '.join(OPTION_VALUES)})")
+            if value not in OPTION_VALUES[key]:
+                raise FieldError(where, f"{value!r} is not one of "
+                                        f"{', '.join(map(repr, OPTION_VALUES[key]))}")
+        if self.options.get("planner", self.planner) != self.planner:
+            raise FieldError("options.planner", f"{self.options['planner']!r} differs from "
+                                                f"the plan's planner {self.planner!r}")
 
     def _check_ranks(self, where: str, ranks: tuple[int, ...]) -> None:
         """FieldError at `where` when a rank is not below num_devices."""

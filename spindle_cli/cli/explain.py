@@ -45,10 +45,7 @@ def explain(plan_path: str, metaop_id: str) -> None:
         hint = f"did you mean {', '.join(near)}?" if near else f"{len(ids)} MetaOps in the graph"
         raise SpindleError(f"{plan_path}: no MetaOp {metaop_id!r}", hint=hint)
     m = graph.metaop(metaop_id)
-    try:
-        options = PlanOptions.of(plan)
-    except SpindleError as e:
-        raise SpindleError(f"{plan_path}: {e}", hint=e.hint) from None
+    options = PlanOptions.of(plan)
     curves = options_curves(graph, profile, cluster, options, profile_name=profile_path)
     oc = curves[m.id]
     out.print(f"{m.id}: {m.num_layers} x {m.layer_kind} of module {m.module} (layers "

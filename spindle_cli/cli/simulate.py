@@ -20,7 +20,7 @@ from spindle_cli.cli.views import print_table
 from spindle_cli.cli.views.gantt import check_image_path
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner import simulate as simulation
-from spindle_cli.planner.api import PLACEMENTS, PlanOptions, place_again
+from spindle_cli.planner.api import PLACEMENTS, place_again
 from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
 from spindle_cli.planner.consistency import check_cluster, check_plan
 from spindle_cli.planner.simulate import SimResult
@@ -52,7 +52,6 @@ def simulate_file(plan_path: str, *, sync: SyncMode | None = None,
     plan = load_input(plan_path, Plan)
     graph, profile, cluster = load_plan_inputs(plan, plan_path)
     try:
-        PlanOptions.of(plan)
         check_plan(plan, graph)
         check_cluster(plan, cluster)
     except SpindleError as e:

@@ -17,6 +17,9 @@ from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.plan import (
+    PLACEMENTS,
+    PLANNERS,
+    ZERO_STAGES,
     LevelBound,
     ParamGroup,
     Plan,
@@ -37,7 +40,6 @@ from spindle_cli.planner.allocation import (
 )
 from spindle_cli.planner.memory import (
     NO_SAVING,
-    ZERO_STAGES,
     MemoryStrategy,
     layer_params,
     max_ops_per_slice,
@@ -60,9 +62,6 @@ from spindle_cli.planner.waves import (
     traced_wavefront_level,
     without_extension,
 )
-
-PLANNERS = ("spindle", "sequential", "optimus", "distmm")
-PLACEMENTS = ("island", "sequential")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,25 +93,13 @@ class PlanOptions:
 
     @classmethod
     def of(cls, plan: Plan) -> PlanOptions:
-        """The options `plan` was made with (`as_dict` read back; SpindleError naming the
-        option when the plan records one the planner does not know)."""
+        """The options `plan` was made with (`as_dict` read back; a Plan records only known
+        options, `Plan._check_options`)."""
         o = plan.options
-        flags = ("uneven_splits", "recompute", "tensor_parallel")
-        values = {"planner": PLANNERS, "placement": PLACEMENTS,
-                  "zero": tuple(map(str, ZERO_STAGES)), **{k: ("true", "false") for k in flags}}
-        for key, value in sorted(o.items()):
-            if key not in values:
-                raise SpindleError(f"the plan's options: unknown option {key!r}")
-            if value not in values[key]:
-                raise SpindleError(f"the plan's options: {key}: {value!r} is not one of "
-                                   f"{', '.join(map(repr, values[key]))}")
-        try:
-            return cls(planner=plan.planner, placement=o.get("placement", "island"),
-                       uneven_splits=o.get("uneven_splits") == "true",
-                       zero=int(o.get("zero", "0")), recompute=o.get("recompute") == "true",
-                       tensor_parallel=o.get("tensor_parallel") != "false")
-        except ValueError as e:
-            raise SpindleError(f"the plan's options: {e}") from None
+        return cls(planner=plan.planner, placement=o.get("placement", "island"),
+                   uneven_splits=o.get("uneven_splits") == "true",
+                   zero=int(o.get("zero", "0")), recompute=o.get("recompute") == "true",
+                   tensor_parallel=o.get("tensor_parallel") != "false")
 
     @property
     def memory(self) -> MemoryStrategy:

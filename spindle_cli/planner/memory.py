@@ -30,11 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.artifacts.plan import Plan, RankMemory, tp_group_size
+from spindle_cli.artifacts.plan import ZERO_STAGES, Plan, RankMemory, tp_group_size
 from spindle_cli.artifacts.profile import tp_degree
 from spindle_cli.planner.roofline import REPLICATED_ACTIVATION_FRACTION
-
-ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

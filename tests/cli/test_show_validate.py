@@ -135,20 +135,33 @@ def test_validate_checks_a_plan_against_its_inputs(tiny_plan, spindle):
 
 
 @pytest.mark.parametrize(("key", "value", "expected"), [
-    ("zero", "7", "zero: '7' is not one of '0', '1', '2', '3'"),
-    ("recompute", "yes", "recompute: 'yes' is not one of 'true', 'false'"),
-    ("colour", "red", "unknown option 'colour'"),
+    ("zero", "7", "options.zero: '7' is not one of '0', '1', '2', '3'"),
+    ("recompute", "yes", "options.recompute: 'yes' is not one of 'true', 'false'"),
+    ("colour", "red", "options.colour: unknown option (expected one of planner, placement,"),
+    ("planner", "optimus", "options.planner: 'optimus' differs from the plan's planner "
+                           "'spindle'"),
 ])
-def test_validate_refuses_options_the_planner_does_not_write(tiny_plan, spindle, key, value,
-                                                             expected):
+def test_every_command_refuses_options_the_planner_does_not_write(tiny_plan, spindle, key,
+                                                                  value, expected):
     data = yaml.safe_load(tiny_plan.read_text())
     data["options"][key] = value
     tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
-    for command in ("validate", "simulate"):
-        result = spindle(command, str(tiny_plan))
+    for args in (["validate"], ["simulate"], ["show"], ["diff", str(tiny_plan)]):
+        result = spindle(*args, str(tiny_plan))
         assert result.exit_code == 2, result.stderr
-        assert result.stderr.startswith(f"error: {tiny_plan}: the plan's options: ")
-        assert expected in result.stderr
+        assert result.stderr.startswith(f"error: {tiny_plan}: {expected}")
+        assert len(result.stderr.splitlines()) == 1
+
+
+def test_every_command_refuses_a_planner_none_writes(tiny_plan, spindle):
+    data = yaml.safe_load(tiny_plan.read_text())
+    data["planner"] = "x"
+    tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    for args in (["validate"], ["show"]):
+        result = spindle(*args, str(tiny_plan))
+        assert result.exit_code == 2
+        assert result.stderr.startswith(f"error: {tiny_plan}: planner: 'x' is not one of "
+                                        "'spindle', 'sequential', 'optimus', 'distmm'")
 
 
 def _bump(path: str) -> Callable[[dict], str]:

@@ -16,7 +16,7 @@ from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load, rendered_for
 from spindle_cli.artifacts.io import input_ref, render, write_artifact
-from spindle_cli.errors import PlanInfeasible, SpindleError
+from spindle_cli.errors import FieldError, PlanInfeasible, SpindleError
 from spindle_cli.planner import placement
 from spindle_cli.planner.api import PlanOptions, make_plan, place_again
 from spindle_cli.planner.simulate import simulate
@@ -212,13 +212,13 @@ def test_the_kept_waves_go_on_consecutive_ranks_when_that_is_faster():
     assert kept.sync_ms < other.sync_ms
 
 
-def test_a_plan_with_unknown_options_cannot_be_placed_again():
+def test_a_plan_records_only_options_the_planner_knows():
     g, p, c = multitask()
     plan = make_plan(g, p, c)
-    odd = replace(plan, options={**plan.options, "placement": "random"})
-    with pytest.raises(SpindleError, match="the plan's options: placement: 'random' is not one "
-                                           "of 'island', 'sequential'"):
-        place_again(odd, g, p, c, placement="sequential")
+    with pytest.raises(FieldError, match="options.placement: 'random' is not one of 'island', "
+                                         "'sequential'"):
+        replace(plan, options={**plan.options, "placement": "random"})
+    assert PlanOptions.of(replace(plan, options={**plan.options, "zero": "2"})).zero == 2
 
 
 def test_waves_that_do_not_fit_placed_naively_are_infeasible():

@@ -85,7 +85,7 @@ def hand_plan(graph: MetaOpGraph, placement: Placement, num_devices: int,
                                      ranks=r, bytes=0))
     return Plan(
         **derived_header(Plan, [input_ref(graph, graph_path)]),
-        model=graph.model, cluster="hand", planner="hand", num_devices=num_devices,
+        model=graph.model, cluster="hand", planner="spindle", num_devices=num_devices,
         islands=(tuple(range(num_devices)),), waves=tuple(wave_objs),
         transfers=tuple(transfers), param_groups=tuple(groups),
         memory=tuple(RankMemory(rank=r, param_bytes=0, grad_bytes=0, optimizer_bytes=0,

@@ -203,7 +203,7 @@ def test_options_the_planner_does_not_write_are_refused_before_launch(tmp_path: 
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
     result = invoke("run", str(plan), "--dry-run")
     assert result.exit_code == 2
-    assert _one_line_error(result).startswith(f"error: {plan}: the plan's options: ")
+    assert _one_line_error(result).startswith(f"error: {plan}: options.{key}: ")
 
 
 def test_world_size_mismatch_is_refused(tmp_path: Path) -> None:
