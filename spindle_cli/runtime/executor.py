@@ -202,6 +202,7 @@ class Executor:
         self.groups = groups
         self.data = data
         self.dtype = dtype
+        self.lr = lr
         self.tracer = tracer or Tracer(enabled=False, rank=world.rank)
         me = self.rank
         self.my_slices = [[sp for sp in program.slices if sp.wave == w and me in sp.slice.ranks]
@@ -686,7 +687,8 @@ class Executor:
                 "optimizer": self.optimizer.state_dict() if self.optimizer else {}}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Restore `state()` output (the same plan on the same rank)."""
+        """Restore `state()` output (the same plan on the same rank), keeping this run's
+        learning rate."""
         self._await_gathers(list(self.gathering))
         params = dict(self.named)
         if set(state["params"]) != set(params):
@@ -697,6 +699,10 @@ class Executor:
                 p.copy_(state["params"][name])
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
+            # load_state_dict restores the saved hyperparameters too: train on at this run's
+            # learning rate (--lr), not the one the checkpoint was taken with
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """This rank's parameters by `module.layer.param` name (detached copies)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ def train_rank(rank: int, world: int, plan: Plan, graph: MetaOpGraph, model: Mod
     w = World(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
               backend="gloo", device=t.device("cpu"))
     result = train(plan, graph, model, build_program(plan, graph, model), w,
-                   TrainOptions(seed=3, lr=1e-2, **opts_kwargs))
+                   TrainOptions(**{"seed": 3, "lr": 1e-2, **opts_kwargs}))
     return result.start_step, result.losses, result.params
 
 
@@ -87,6 +88,31 @@ def test_resumed_run_ends_with_the_same_parameters(setup: Any, tmp_path: Path, z
         assert params.keys() == straight[rank][2].keys()
         for name, value in params.items():
             assert torch.equal(value, straight[rank][2][name]), name
+
+
+@pytest.mark.timeout(120)
+def test_a_resumed_run_trains_at_its_own_learning_rate(setup: Any, tmp_path: Path) -> None:
+    """--lr is not part of a checkpoint's configuration: a run resumed with another learning
+    rate steps at that one. AdamW's update from a given state is linear in the learning rate
+    (weight decay included), so step 3 at lr 1e-3 moves every parameter a tenth as far as
+    step 3 at the checkpoint's 1e-2."""
+    plan, graph, model = setup
+    ckpt = tmp_path / "ckpt"
+    first = run_distributed(train_rank, 2, plan, graph, model,
+                            {"steps": 2, "checkpoint_dir": str(ckpt), "dtype": "fp64"})
+    # each resumed run saves its step 3 into a copy of the checkpoints
+    resumed = []
+    for lr, copy in ((1e-2, tmp_path / "same"), (1e-3, tmp_path / "lower")):
+        shutil.copytree(ckpt, copy)
+        resumed.append(run_distributed(train_rank, 2, plan, graph, model,
+                                       {"steps": 3, "checkpoint_dir": str(copy),
+                                        "resume": True, "dtype": "fp64", "lr": lr}))
+    same, lower = resumed
+    for rank in range(2):
+        before, at_same, at_lower = first[rank][2], same[rank][2], lower[rank][2]
+        for name, value in before.items():
+            torch.testing.assert_close(at_lower[name] - value, (at_same[name] - value) / 10,
+                                       rtol=1e-6, atol=1e-12, msg=name)
 
 
 @pytest.mark.timeout(120)
