@@ -199,13 +199,17 @@ def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
     start = 0
     if opts.resume:
         assert opts.checkpoint_dir is not None
-        found = checkpoint.latest(opts.checkpoint_dir)
+        # the check `spindle run` makes before launch, made again here for a plain torchrun:
+        # a directory whose checkpoints are all incomplete (a rank's file missing, say on a
+        # directory that is not shared by every node) is refused, not trained over from step 0
+        found = checkpoint.resume_point(opts.checkpoint_dir, world_size=world.world_size,
+                                        meta=meta)
         if found is not None:
-            start, state = checkpoint.load(found, rank=world.rank, world_size=world.world_size,
-                                           meta=meta)
+            start, state = checkpoint.load(found[0], rank=world.rank,
+                                           world_size=world.world_size, meta=meta)
             ex.load_state(state)
         if world.rank == 0:
-            _say(resume_note(None if found is None else (found, start), opts))
+            _say(resume_note(found, opts))
     result = TrainResult(start_step=start)
     for step in range(start, opts.steps):
         t0 = time.perf_counter()

@@ -128,6 +128,25 @@ def test_resume_refuses_a_checkpoint_of_another_run(setup: Any, tmp_path: Path) 
     assert all("dtype='fp32'" in m for m in info.value.errors.values())
 
 
+@pytest.mark.timeout(120)
+def test_resume_refuses_a_directory_whose_checkpoints_are_all_incomplete(
+        setup: Any, tmp_path: Path) -> None:
+    """A worker started by a plain torchrun makes the check `spindle run` makes before launch:
+    when a rank's file is missing from every checkpoint (a directory not shared by all nodes),
+    the run fails naming it instead of training from step 0 over the checkpoints."""
+    plan, graph, model = setup
+    ckpt = tmp_path / "ckpt"
+    run_distributed(train_rank, 2, plan, graph, model,
+                    {"steps": 1, "checkpoint_dir": str(ckpt)})
+    (ckpt / "step-000001" / "rank-00001.pt").unlink()
+    with pytest.raises(RanksFailed) as info:
+        run_distributed(train_rank, 2, plan, graph, model,
+                        {"steps": 2, "checkpoint_dir": str(ckpt), "resume": True})
+    assert set(info.value.errors) == {0, 1}
+    assert all("checkpoint lacks rank-00001.pt" in m for m in info.value.errors.values())
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-000001"]
+
+
 def narrow_data_rank(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
                      model: ModelSpec) -> None:
     import os
