@@ -89,11 +89,11 @@ def check_dir(directory: str) -> None:
 
 def _step_dirs(directory: str) -> list[Path]:
     """The `step-N` directories under `directory`, most steps first (N compared as a number:
-    step-1000000 is after step-999999)."""
+    step-1000000 is after step-999999; ASCII digits only, as `save` names them)."""
     root = Path(directory)
     if not root.is_dir():
         return []
-    found = [p for p in root.glob("step-*") if p.name[5:].isdigit()]
+    found = [p for p in root.glob("step-*") if p.name[5:].isascii() and p.name[5:].isdigit()]
     return sorted(found, key=lambda p: (int(p.name[5:]), p.name), reverse=True)
 
 

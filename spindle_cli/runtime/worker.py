@@ -115,7 +115,8 @@ def check_options(opts: TrainOptions, *, timeout_s: float) -> None:
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise SpindleError(f"--timeout-s {timeout_s}: expected a finite number of seconds > 0")
     if opts.checkpoint_every < 0:
-        raise SpindleError(f"--checkpoint-every {opts.checkpoint_every}: expected at least 1")
+        raise SpindleError(f"--checkpoint-every {opts.checkpoint_every}: expected at least 1 "
+                           "(or 0: only after the last step)")
     if opts.checkpoint_dir is None:
         for flag, given in (("--checkpoint-every", opts.checkpoint_every),
                             ("--resume", opts.resume)):

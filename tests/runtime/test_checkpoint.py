@@ -31,6 +31,8 @@ def test_latest_ignores_uncommitted_directories(tmp_path: Path) -> None:
     (tmp_path / ".step-000002.tmp" / "rank-00000.pt").write_bytes(b"partial")
     # and a directory without a manifest is not a checkpoint either
     (tmp_path / "step-000003").mkdir()
+    # nor a name whose step is not ASCII digits (str.isdigit admits '²', int() refuses it)
+    (tmp_path / "step-²").mkdir()
     assert checkpoint.latest(str(tmp_path)) == tmp_path / "step-000001"
     assert checkpoint.latest(str(tmp_path / "missing")) is None
 

@@ -48,6 +48,8 @@ def test_check_dir_refuses_a_file_on_the_path(tmp_path: Path, target: str, said:
     ({}, float("inf"), "--timeout-s inf: expected a finite number of seconds > 0"),
     ({}, 0.0, "--timeout-s 0.0: expected a finite number of seconds > 0"),
     ({"steps": 0}, 300.0, "--steps 0: expected at least 1"),
+    ({"checkpoint_every": -1}, 300.0,
+     "--checkpoint-every -1: expected at least 1 (or 0: only after the last step)"),
     ({"checkpoint_every": 2}, 300.0, "--checkpoint-every needs --checkpoint-dir"),
     ({"resume": True}, 300.0, "--resume needs --checkpoint-dir"),
     ({"checkpoint_dir": "{tmp}/file"}, 300.0, "is not a directory"),
