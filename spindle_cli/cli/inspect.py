@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, load_artifact
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_artifact
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact
 from spindle_cli.artifacts.io import find_recorded_input, kinds, load_recorded_input
 from spindle_cli.cli._console import err
@@ -17,7 +17,12 @@ from spindle_cli.cli.views import VIEW_MODULES
 from spindle_cli.cli.views.gantt import check_image_path
 from spindle_cli.errors import ArtifactError, SpindleError
 from spindle_cli.planner.api import PlanOptions
-from spindle_cli.planner.consistency import check_cluster, check_plan, check_recorded
+from spindle_cli.planner.consistency import (
+    check_cluster,
+    check_plan,
+    check_profile,
+    check_recorded,
+)
 
 
 @click.command()
@@ -43,6 +48,7 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
         return []
     registry = kinds()
     found: dict[str, Artifact] = {}
+    found_at: dict[str, str] = {}
     missing = []
     for i, ref in enumerate(obj.inputs):
         if ref.kind not in registry:
@@ -50,9 +56,16 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
         if find_recorded_input(ref, path) is None:
             missing.append(ref.path)
         elif ref.kind not in found:
-            found[ref.kind] = load_recorded_input(obj, path, registry[ref.kind])[1]
+            found_at[ref.kind], found[ref.kind] = load_recorded_input(obj, path,
+                                                                      registry[ref.kind])
     if isinstance(obj, Plan):
         graph, cluster = found.get("metaop_graph"), found.get("cluster")
+        profile = found.get("profile")
+        if isinstance(graph, MetaOpGraph) and isinstance(profile, Profile):
+            try:
+                check_profile(graph, profile)
+            except SpindleError as e:
+                raise type(e)(f"{found_at['profile']}: {e}", hint=e.hint) from None
         try:
             memory = PlanOptions.of(obj).memory
             if isinstance(graph, MetaOpGraph):

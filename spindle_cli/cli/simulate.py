@@ -22,7 +22,7 @@ from spindle_cli.errors import SpindleError
 from spindle_cli.planner import simulate as simulation
 from spindle_cli.planner.api import PLACEMENTS, place_again
 from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
-from spindle_cli.planner.consistency import check_cluster, check_plan
+from spindle_cli.planner.consistency import check_cluster, check_plan, check_profile
 from spindle_cli.planner.simulate import SimResult
 from spindle_cli.units import fmt_bytes
 
@@ -36,10 +36,15 @@ SUMMARY_FIELDS = (
 
 
 def load_plan_inputs(plan: Plan, plan_path: str) -> tuple[MetaOpGraph, Profile, ClusterSpec]:
-    """The graph, profile and cluster a plan was made from, checked against its sha256s."""
+    """The graph, profile and cluster a plan was made from, checked against its sha256s, and
+    the profile against the graph."""
     _, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
-    _, profile = load_recorded_input(plan, plan_path, Profile)
+    profile_path, profile = load_recorded_input(plan, plan_path, Profile)
     _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
+    try:
+        check_profile(graph, profile)
+    except SpindleError as e:
+        raise type(e)(f"{profile_path}: {e}", hint=e.hint) from None
     return graph, profile, cluster
 
 

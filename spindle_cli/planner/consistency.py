@@ -10,6 +10,7 @@ import math
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.plan import Plan, Slice
+from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import PlanError
 from spindle_cli.planner.memory import (
     MemoryStrategy,
@@ -75,6 +76,18 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
     frozen = {k: tuple(sorted(v)) for k, v in sorted(holders.items())}
     _check_param_groups(plan, frozen)
     return frozen
+
+
+def check_profile(graph: MetaOpGraph, profile: Profile) -> None:
+    """PlanError naming the first MetaOp of `graph` that `profile` has no curve for (a plan's
+    recorded profile made for another graph)."""
+    have = {c.signature for c in profile.curves}
+    missing = [m for m in graph.metaops if m.signature not in have]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise PlanError(f"no curve for MetaOp {missing[0].id} (signature "
+                        f"{missing[0].signature!r}){more}: not a profile of graph "
+                        f"{graph.model!r}", hint="profile the plan's graph (spindle profile)")
 
 
 def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> None:

@@ -374,15 +374,30 @@ def test_explain_names_the_plan_whose_options_are_bad(case, spindle):
     assert r.stderr.startswith(said), r.stderr
 
 
-def test_explain_names_the_profile_without_a_curve(case, spindle):
+def _plan_with_fewer_curves() -> None:
+    """plan.yaml, recording fewer.yaml: the profile without its first curve."""
     invoke(*plan_args("-o", "plan.yaml"))
     plan, profile = load("plan.yaml", Plan), load("profile.yaml", Profile)
     write_artifact(replace(profile, curves=profile.curves[1:]), "fewer.yaml")
     fewer = input_ref(load("fewer.yaml", Profile), "fewer.yaml")
     write_artifact(replace(plan, inputs=(plan.inputs[0], fewer, plan.inputs[2])), "plan.yaml")
+
+
+def test_explain_names_the_profile_without_a_curve(case, spindle):
+    _plan_with_fewer_curves()
     r = spindle("explain", "plan.yaml", "t1/img")
     assert r.exit_code == 2
     assert r.stderr.startswith("error: fewer.yaml has no curve for signature"), r.stderr
+
+
+def test_simulate_and_validate_name_the_profile_without_a_curve(case, spindle):
+    _plan_with_fewer_curves()
+    for command in ("simulate", "validate"):
+        r = spindle(command, "plan.yaml")
+        assert r.exit_code == 2, r.stderr
+        assert r.stderr.startswith("error: fewer.yaml: no curve for MetaOp "), r.stderr
+        error, hint = r.stderr.splitlines()
+        assert error.endswith("not a profile of graph 'test'") and hint.startswith("hint: ")
 
 
 def test_show_plan(case):
