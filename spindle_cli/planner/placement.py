@@ -30,6 +30,7 @@ Island-aware placement, greedy wave by wave:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -319,10 +320,12 @@ def _grouping_failure(wi: int, s: SliceSpec, free: np.ndarray, used: np.ndarray,
 
 
 def _shortage(need: float, free: float, capacity: float) -> str:
-    """'needs 24.0 GiB (25784090624 bytes) more but only ... are available (of ...)'."""
-    free = max(free, 0.0)
-    return (f"needs {fmt_bytes(need)} ({int(need)} bytes) more but only {fmt_bytes(free)} "
-            f"({int(free)} bytes) are available (of {fmt_bytes(capacity)})")
+    """'needs 24.0 GiB (25784090624 bytes) more but only ... are available (of ...)'. Whole
+    bytes, the need rounded up and the room down (a share of a sharded or tensor-parallel
+    layer is a fraction of a byte), so the need stays above the room."""
+    need_b, free_b = math.ceil(round(need, 6)), math.floor(round(max(free, 0.0), 6))
+    return (f"needs {fmt_bytes(need_b)} ({need_b} bytes) more but only {fmt_bytes(free_b)} "
+            f"({free_b} bytes) are available (of {fmt_bytes(capacity)})")
 
 
 def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster: ClusterSpec,

@@ -9,7 +9,7 @@ from plan_builders import GIB, cluster, curve, graph, metaop, profile
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.api import PlanOptions, make_plan
 from spindle_cli.planner.memory import Ledger, rows_per_rank, split_rows, state_bytes_per_param
-from spindle_cli.planner.placement import Flow, SliceSpec, place
+from spindle_cli.planner.placement import Flow, SliceSpec, _shortage, place
 
 
 def spec(m, first, last, n, strategy="dp"):
@@ -275,7 +275,7 @@ def test_a_tensor_parallel_group_stopped_by_memory_names_the_rank_and_the_bytes(
     waves = [[spec(x, 0, 1, 3), spec(y, 0, 1, 3)], [spec(t, 0, 1, 2, "tp2")]]
     with pytest.raises(PlanInfeasible, match=(
             r"^out of memory placing w/t operators \[0, 1\) on 2 ranks in wave 1 with each "
-            r"tensor-parallel group of 2 inside one island: rank 0 needs 647.059 B \(647 bytes\) "
+            r"tensor-parallel group of 2 inside one island: rank 0 needs 648 B \(648 bytes\) "
             r"more but only 500 B \(500 bytes\) are available \(of 700 B\)$")):
         place(waves, [], g, cluster(num_nodes=2, per_node=4, memory_bytes=700))
 
@@ -325,3 +325,11 @@ def test_a_slice_that_is_mostly_parameters_is_not_left_without_a_rank():
     assert sorted(m.total_bytes for m in ledger.table()) == [300, 704]
     with pytest.raises(PlanInfeasible, match="needs"):
         place(waves, [], g, cluster(num_nodes=1, per_node=2, memory_bytes=700))
+
+
+def test_a_shortage_is_told_in_whole_bytes_with_the_need_above_the_room():
+    # a rank's share of a sharded layer is a fraction of a byte: 647.06 B needed, 500.4 free
+    said = _shortage(647.0588, 500.4, 1000.0)
+    assert said == ("needs 648 B (648 bytes) more but only 500 B (500 bytes) are available "
+                    "(of 1000 B)")
+    assert "needs 700 B (700 bytes)" in _shortage(700.0000000001, 0.0, 1000.0)
