@@ -49,11 +49,12 @@ def default_counts(cluster: ClusterSpec | None) -> tuple[int, ...]:
     return tuple(out)
 
 
-def graph_model(graph: MetaOpGraph, graph_path: str) -> tuple[ModelSpec, InputRef]:
-    """The model a graph was built from (its `inputs` entry), verified by hash."""
-    _, model = load_recorded_input(graph, graph_path, ModelSpec)
-    ref = graph.input("model")
-    return model, input_ref(model, ref.path)
+def graph_model(graph: MetaOpGraph, graph_path: str, output: str) -> tuple[ModelSpec, InputRef]:
+    """The model a graph was built from (its `inputs` entry), verified by hash, and its input
+    entry for a file written to `output`: the path the model was found at (the graph's entry
+    names it from where the graph was made), recorded as `recorded` does."""
+    path, model = load_recorded_input(graph, graph_path, ModelSpec)
+    return model, input_ref(model, recorded(path, output))
 
 
 @click.command()
@@ -105,7 +106,7 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
     if cluster is not None:
         inputs.append(input_ref(cluster, recorded(cluster_path or "", output)))
     if hardware == "local":
-        result = _measured(graph, graph_path, cluster, fit_counts, validate, repeats,
+        result = _measured(graph, graph_path, output, cluster, fit_counts, validate, repeats,
                            no_cache, inputs)
     else:
         from spindle_cli.planner.profiling import analytic_profile
@@ -162,7 +163,7 @@ def _summary(result: Any, validate: bool) -> None:
     err.print(line, soft_wrap=True)
 
 
-def _measured(graph: MetaOpGraph, graph_path: str, cluster: ClusterSpec | None,
+def _measured(graph: MetaOpGraph, graph_path: str, output: str, cluster: ClusterSpec | None,
               counts: tuple[int, ...], validate: bool, repeats: int, no_cache: bool,
               inputs: list[InputRef]) -> Any:
     from rich.progress import Progress
@@ -171,7 +172,7 @@ def _measured(graph: MetaOpGraph, graph_path: str, cluster: ClusterSpec | None,
     from spindle_cli.planner import profiling
     from spindle_cli.runtime import measure
 
-    model, model_ref = graph_model(graph, graph_path)
+    model, model_ref = graph_model(graph, graph_path, output)
     inputs.insert(1, model_ref)
     target = measure.local_target()
     if target.dtype_name != graph.dtype:

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Profile, input_ref, load, write_artifact
+from spindle_cli.artifacts import (
+    MetaOpGraph,
+    ModelSpec,
+    Profile,
+    input_ref,
+    load,
+    load_recorded_input,
+    write_artifact,
+)
 from spindle_cli.cli import main
 from spindle_cli.planner import scaling
 from spindle_cli.planner.graph import build_graph
@@ -125,6 +133,34 @@ def test_measured_profile_resumes_from_the_cache(workdir, capsys, torch_threads)
     code, _, err = _run([*args, "--no-cache"], capsys)
     assert code == 0
     assert f"{runnable} point(s) measured, 0 from the cache" in err
+
+
+def test_a_measured_profile_records_its_model_where_the_profile_finds_it(
+        tmp_path, repo_root, capsys, torch_threads):
+    # a checkout whose graph records its model relative to the checkout's root, profiled
+    # from another directory: the model is found above the graph, and the profile must name
+    # it so that it is found from the profile too
+    checkout = tmp_path / "checkout"
+    (checkout / "models").mkdir(parents=True)
+    (checkout / "models" / "tiny-clip.yaml").write_text(
+        (repo_root / "models" / "tiny-clip.yaml").read_text())
+    model = load(str(checkout / "models" / "tiny-clip.yaml"), ModelSpec)
+    graph = build_graph(model, tasks=["text_vision"],
+                        inputs=[input_ref(model, "models/tiny-clip.yaml")])
+    write_artifact(graph, str(checkout / "graph.yaml"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cwd = os.getcwd()
+    os.chdir(elsewhere)
+    try:
+        code, _, err = _run(["profile", "../checkout/graph.yaml", "--hardware", "local",
+                             "--counts", "1", "--repeats", "1", "--no-cache", "-o", "m.yaml"],
+                            capsys)
+        assert code == 0, err
+        found, _ = load_recorded_input(load("m.yaml", Profile), "m.yaml", ModelSpec)
+    finally:
+        os.chdir(cwd)
+    assert Path(found).resolve() == checkout / "models" / "tiny-clip.yaml"
 
 
 def test_measured_profile_refuses_a_changed_model(workdir, capsys):
