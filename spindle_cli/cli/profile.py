@@ -20,6 +20,7 @@ from spindle_cli.artifacts import (
     load_recorded_input,
 )
 from spindle_cli.artifacts.base import InputRef
+from spindle_cli.artifacts.limits import MAX_DEVICES, MAX_DEVICES_WHY
 from spindle_cli.cli._console import err
 from spindle_cli.cli.common import check_output, emit, exit_with, load_input, recorded
 from spindle_cli.errors import SpindleError
@@ -33,9 +34,14 @@ def parse_counts(text: str) -> tuple[int, ...]:
     for part in text.split(","):
         part = part.strip()
         # isdigit() alone admits digits int() refuses (superscripts) or that are not ASCII
-        if not (part.isascii() and part.isdigit()) or int(part) < 1:
+        if not (part.isascii() and part.isdigit()) or not part.strip("0"):
             raise SpindleError(f"--counts: {part!r} is not a positive integer (in {text!r})")
-        counts.append(int(part))
+        digits = part.lstrip("0")
+        # int() refuses more than 4300 digits; far fewer already exceed any profile's counts
+        if len(digits) > len(str(MAX_DEVICES)):
+            raise SpindleError(f"--counts: a count of {len(digits)} digits is above "
+                               f"{MAX_DEVICES} ({MAX_DEVICES_WHY})")
+        counts.append(int(digits))
     return tuple(sorted(set(counts)))
 
 

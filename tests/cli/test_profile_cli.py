@@ -183,6 +183,9 @@ def test_measured_profile_refuses_a_changed_model(workdir, capsys):
         # digits that int() refuses (a superscript) or reads (Arabic-Indic)
         (["--counts", "1,\u00b2"], "error: --counts: '\u00b2' is not a positive integer"),
         (["--counts", "\u0663"], "error: --counts: '\u0663' is not a positive integer"),
+        # more digits than int() converts
+        (["--counts", "1," + "9" * 5000], "error: --counts: a count of 5000 digits is above "
+                                          "1048576"),
         (["--hardware", "tpu"], "error: --hardware: unknown hardware 'tpu'"),
         (["--counts", "1,128", "--cluster", "CLUSTER"], "error: --counts: 128 exceeds the 64"),
     ],
