@@ -3,6 +3,7 @@ utilization of the shipped plans)."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import importlib.util
 import os
@@ -76,6 +77,22 @@ def test_planned_timeline_has_transfers_and_sync_marker():
     assert tl.flows == ((0, 2, 12.0, 12.0),)
     assert tl.sync_start_ms == 15.0
     assert [name for _, name in tl.boundaries] == ["w0", "w1"]
+
+
+@pytest.mark.parametrize("progress", ["wave", "rank"])
+def test_simulated_sync_marker_is_where_the_backward_pass_ends(progress):
+    # enc and head on all 4 ranks under ZeRO-1: the forward waits 0-15 ms for last step's
+    # all-gathers, computes 15-22.5, and the 400 MB reduce-scatter runs 22.5-37.5. Behind
+    # wave barriers that first wait is sync too (30 ms in all), and the marker was drawn at
+    # the iteration less its sync (7.5); it belongs at 22.5.
+    everyone = (0, 1, 2, 3)
+    plan = fx.plan(enc_ranks=everyone, head_ranks=everyone, enc_sync_bytes=400_000_000,
+                   head_sync_bytes=0)
+    plan = dataclasses.replace(plan, options={**plan.options, "zero": "1"})
+    r = simulate(plan, fx.graph(), fx.profile(), fx.cluster(), sync="per-wave",
+                 progress=progress)
+    assert r.iteration_ms == pytest.approx(37.5)
+    assert timeline(plan, r).sync_start_ms == pytest.approx(22.5)
 
 
 @pytest.mark.parametrize("name", ["g.svg", "g.png"])

@@ -108,7 +108,9 @@ def _sim_timeline(plan: Plan, sim: SimResult) -> Timeline:
     return Timeline(
         num_ranks=plan.num_devices, end_ms=sim.iteration_ms, bars=tuple(bars),
         boundaries=tuple(sorted(boundaries)), flows=flows,
-        sync_start_ms=sim.iteration_ms - sim.optimizer_ms - sim.sync_ms if sim.syncs else None,
+        # where the backward pass ends: sync_ms also counts the forward's waits for ZeRO's
+        # parameter all-gathers, so the iteration less sync and step can fall inside it
+        sync_start_ms=max(w.backward_end_ms for w in sim.waves) if sim.syncs else None,
     )
 
 
