@@ -68,9 +68,10 @@ What is modelled (and what is not):
   the group's ranks, before its forward and again before its backward; a wave prefetches the
   next wave's gathers when it starts (the first forward wave's at 0, the last backward wave's
   when the forward pass ends), and a wave waits for its own like for its inputs.
-  Recomputation runs the forward again before each backward (backward_ms += forward_ms) and
-  stashes only what memory.py keeps, plus the largest one-operator stash alive during a
-  backward.
+  Recomputation runs each operator's forward again right before its backward (backward_ms +=
+  forward_ms; the executor checkpoints operator by operator, so a chunk's layers are complete
+  after their operators' recomputed forwards and backwards only) and stashes only what
+  memory.py keeps, plus the largest one-operator stash alive during a backward.
 - Optimizer step. Each rank steps AdamW once its own parameter groups are reduced, for the
   profile's `optimizer` cost (none when the profile has none) over one tensor per distinct rank
   set among its groups (the executor's gradient buckets on gloo; with its `overlap_sync`, the
@@ -514,7 +515,9 @@ class _SliceCost:
     forward_ms: float
     backward_ms: float
     operator_backward_ms: float
-    """One operator's backward (recomputation, when any, runs before all of them)."""
+    """One operator's backward, with its recomputed forward when any (the executor
+    checkpoints every operator on its own, so each one's forward runs again right before its
+    backward)."""
 
     def passed_ms(self, k: int) -> float:
         """Time from the slice's backward start until its last k operators are through."""
@@ -533,7 +536,7 @@ def _slice_costs(plan: Plan, metaops: dict[str, MetaOp],
                  curves: dict[str, Curve]) -> dict[str, _SliceCost]:
     """Every slice's times; `metaops` by id, `curves` by signature."""
     costs = {}
-    # recomputation runs the forward once more right before the backward
+    # recomputation runs each operator's forward once more right before its backward
     extra = FORWARD_SHARE if _recompute(plan) else 0.0
     for w, s in plan.slices():
         m = metaops[s.metaop]
@@ -541,7 +544,7 @@ def _slice_costs(plan: Plan, metaops: dict[str, MetaOp],
         costs[s.id] = _SliceCost(
             slice=s, wave=w.index, forward_ms=total_ms * FORWARD_SHARE,
             backward_ms=total_ms * (1.0 - FORWARD_SHARE + extra),
-            operator_backward_ms=total_ms * (1.0 - FORWARD_SHARE) / s.num_layers,
+            operator_backward_ms=total_ms * (1.0 - FORWARD_SHARE + extra) / s.num_layers,
         )
     return costs
 

@@ -74,6 +74,24 @@ def test_chunked_buckets_sync_a_slices_upper_layers_during_its_backward():
     assert simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster()).iteration_ms == 61.0
 
 
+@pytest.mark.parametrize("progress", ["wave", "rank"])
+def test_recomputation_runs_before_each_operators_backward(progress):
+    # The executor checkpoints operator by operator: each layer's forward runs again right
+    # before its backward. enc's backward is 8 ms + 4 ms recomputed (2 + 4 per layer) from
+    # 48; head's 2 + 1 ms from 25. enc's top layer is complete at 54 (not at 56, as if both
+    # forwards ran first): its 0.5 GB ring 54-59, layer 0's at 60-65.
+    plan = dataclasses.replace(fx.plan(), options={**fx.plan().options, "recompute": "true"})
+    r = simulate(plan, fx.graph(), fx.profile(), fx.cluster(), sync="chunked",
+                 progress=progress)
+    assert [(w.backward_start_ms, w.backward_end_ms) for w in r.waves] == pytest.approx(
+        [(48.0, 60.0), (25.0, 28.0)])
+    rings = sorted({(f.label, f.start_ms, f.end_ms) for f in r.flows if f.kind == "sync"})
+    assert rings == [("enc[0:1]", 60.0, pytest.approx(65.0)),
+                     ("enc[1:2]", 54.0, pytest.approx(59.0)),
+                     ("head[0:1]", 28.0, pytest.approx(33.0))]
+    assert r.iteration_ms == pytest.approx(65.0)
+
+
 def test_the_default_buckets_are_those_of_the_clusters_backend():
     # nccl (the default backend) chunks, as above: 61 ms. On gloo the executor makes one
     # bucket per rank set, due once its layers are done: enc's 1 GB at 55-65, head's at 27-32.
