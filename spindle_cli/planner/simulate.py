@@ -84,6 +84,7 @@ compute/communication interference, pipelining inside a wave.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -724,19 +725,25 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                              for src, dst, num_bytes in pieces)
         return net.add(pieces, start_ms / 1e3, latency, after)
 
-    # the flows of the last all-gather issued on each rank set: a process group runs its
-    # collectives one after another, in the order they were issued (NCCL: one stream per
-    # communicator). The gradient reductions of a set still overlap each other here.
-    last_on: dict[tuple[int, ...], list[int]] = {}
+    # the all-gathers of each rank set, by issue time (ms), and their flows: a process group
+    # runs its collectives one after another, in the order they were issued (NCCL: one
+    # stream per communicator). The gradient reductions of a set still overlap each other
+    # here.
+    gathers_on: dict[tuple[int, ...], tuple[list[float], list[list[int]]]] = {}
 
     def all_gather(ranks: tuple[int, ...], kind: FlowKind, label: str,
                    pieces: Sequence[tuple[int, int, int]], start_ms: float,
                    latency: float) -> list[int]:
-        """`issue` an all-gather over `ranks`: its flows start once the set's previous
-        all-gather has ended."""
-        ids = issue(kind, label, pieces, start_ms, latency, last_on.get(ranks, ()))
+        """`issue` an all-gather over `ranks`: its flows start once the set's all-gather
+        issued last at or before `start_ms` has ended. With ranks on their own, a rank
+        running ahead may issue a later gather before another rank issues an earlier one: the
+        earlier one does not wait for it."""
+        times, flows = gathers_on.setdefault(ranks, ([], []))
+        k = bisect.bisect_right(times, start_ms)
+        ids = issue(kind, label, pieces, start_ms, latency, flows[k - 1] if k else ())
         if ids:
-            last_on[ranks] = ids
+            times.insert(k, start_ms)
+            flows.insert(k, ids)
         return ids
 
     def pieces(t_index: int, backward: bool) -> Sequence[tuple[int, int, int]]:
@@ -991,8 +998,10 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         """Each rank on its own (`Progress` 'rank'): it posts the messages of a boundary
         when it reaches it and goes on once they have arrived; a slice starts when all of its
         ranks are there (and, under ZeRO-3, its weights, gathered from when its ranks started
-        their previous compute step). Ranks are advanced as far as they can go, and the
-        network only when every rank waits for a flow, so flows are issued in time order."""
+        their previous compute step). Ranks are advanced in turn, each as far as it can go
+        (one slice at a time), and the network only when every rank waits for a flow, so no
+        flow starts before the network's clock; a rank running ahead may still issue flows
+        later in time than another rank's next ones (`all_gather` queues by time)."""
         n = plan.num_devices
         # every rank's program: the boundary into each wave and its forward, then each wave's
         # backward and the gradients of its boundary back; (compute?, wave, backward)

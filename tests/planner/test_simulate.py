@@ -12,7 +12,16 @@ import _sim_fixtures as fx
 import plan_builders as pb
 import pytest
 
-from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
+from spindle_cli.artifacts import ClusterSpec, ModelSpec, Plan, load
+from spindle_cli.artifacts.io import derived_header
+from spindle_cli.artifacts.plan import (
+    LevelBound,
+    ParamGroup,
+    RankMemory,
+    Slice,
+    Transfer,
+    Wave,
+)
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.api import PlanOptions, make_plan
 from spindle_cli.planner.bench import profile_for
@@ -409,6 +418,70 @@ def test_a_slice_starts_when_all_of_its_ranks_are_there():
     assert [(f.src_rank, f.dst_rank) for f in acts] == [(0, 1), (1, 2)]
     assert [(f.start_ms, f.end_ms) for f in acts] == pytest.approx([(4.0, 6.0), (4.0, 14.0)])
     assert (w1.forward_start_ms, w1.forward_end_ms) == pytest.approx((14.0, 15.0))
+
+
+def _zero3_plan_of_two_tasks_sharing_a_module():
+    """ZeRO-3 on one 4-rank island: task a runs p0 (10 ms forward), p1 (1 ms) and x (1 ms)
+    on rank 0, in waves 0-2; task b runs x (1 ms) on rank 1 in wave 2. x's layer is module m
+    on both, one parameter group over ranks 0-1 whose 0.2 GB of weights each gather moves
+    (0.1 GB per rank at 100 GB/s: 1 ms, after a 5 us latency)."""
+    shared = {"layers": 1, "module": "m", "signature": "m", "params": 10**8, "act_bytes": 0}
+    graph = pb.graph([
+        pb.metaop("a/p0", layers=1, params=0, act_bytes=0),
+        pb.metaop("a/p1", level=1, layers=1, preds=("a/p0",), params=0, act_bytes=0),
+        pb.metaop("a/x", level=2, preds=("a/p1",), **shared),
+        pb.metaop("b/x", **shared),
+    ])
+    profile = pb.profile([pb.alpha_beta_curve("a/p0", 8, 0.0, 30 / 8),
+                          pb.alpha_beta_curve("a/p1", 8, 0.0, 3 / 8),
+                          pb.alpha_beta_curve("m", 8, 0.0, 3 / 8)])
+
+    def one(wave, index, metaop, rank, time_ms):
+        return Slice(id=f"w{wave}.{index}", metaop=metaop, first=0, last=1, ranks=(rank,),
+                     strategy="dp", time_ms=time_ms)
+
+    p0, p1, ax, bx = one(0, 0, "a/p0", 0, 30.0), one(1, 0, "a/p1", 0, 3.0), \
+        one(2, 0, "a/x", 0, 3.0), one(2, 1, "b/x", 1, 3.0)
+    plan = Plan(
+        **derived_header(Plan, []), model="test", cluster="test", planner="spindle",
+        num_devices=4, islands=((0, 1, 2, 3),), options={"zero": "3"},
+        waves=(Wave(index=0, level=0, start_ms=0.0, duration_ms=30.0, slices=(p0,)),
+               Wave(index=1, level=1, start_ms=30.0, duration_ms=3.0, slices=(p1,)),
+               Wave(index=2, level=2, start_ms=33.0, duration_ms=3.0, slices=(ax, bx))),
+        transfers=(Transfer(src="w0.0", dst="w1.0", bytes=0, src_ranks=(0,), dst_ranks=(0,)),
+                   Transfer(src="w1.0", dst="w2.0", bytes=0, src_ranks=(0,), dst_ranks=(0,))),
+        param_groups=(ParamGroup(module="m", first_layer=0, last_layer=1, ranks=(0, 1),
+                                 bytes=2 * 10**8),
+                      ParamGroup(module="p0", first_layer=0, last_layer=1, ranks=(0,), bytes=0),
+                      ParamGroup(module="p1", first_layer=0, last_layer=1, ranks=(0,),
+                                 bytes=0)),
+        memory=tuple(RankMemory(rank=r, param_bytes=0, grad_bytes=0, optimizer_bytes=0,
+                                activation_bytes=0) for r in range(4)),
+        levels=tuple(LevelBound(level=i, lower_bound_ms=t, estimated_ms=t)
+                     for i, t in enumerate((30.0, 3.0, 3.0))),
+        lower_bound_ms=36.0, estimated_iteration_ms=36.0,
+    )
+    return plan, graph, profile
+
+
+def test_an_all_gather_issued_late_for_an_earlier_time_does_not_wait_for_later_ones():
+    # Ranks on their own: rank 1 gathers b/x's weights 0.005-1.005 ms and runs its forward
+    # 1.005-2.005; from 1.005 it gathers them again for the backward (1.01-2.01), which runs
+    # 2.01-4.01. Rank 0, stepped in turn with rank 1, issues a/x's gather at 10 (when p1
+    # starts) before rank 1 gets to issue that backward gather; a rank set's gathers queue in
+    # the order of their times, so b/x's backward did not wait for a/x's (it ran 12.01-14.01).
+    plan, graph, profile = _zero3_plan_of_two_tasks_sharing_a_module()
+    r = simulate(plan, graph, profile, pb.cluster(), progress="rank", sync="per-wave")
+    bx = next(s for s in r.slices if s.metaop == "b/x")
+    assert (bx.forward_start_ms, bx.backward_start_ms, bx.backward_end_ms) == pytest.approx(
+        (1.005, 2.01, 4.01))
+    gathers = sorted({(f.label, f.start_ms, f.end_ms) for f in r.flows if f.kind == "gather"},
+                     key=lambda g: g[1])
+    assert [label for label, _, _ in gathers] == ["w2.1:m[0:1]"] * 2 + ["w2.0:m[0:1]"] * 2
+    assert [t for _, start, end in gathers for t in (start, end)] == pytest.approx(
+        [0.005, 1.005, 1.01, 2.01, 10.005, 11.005, 11.01, 12.01])
+    # rank 0: p0 0-10, p1 10-11, a/x 11.005-12.005 and back 12.01-14.01, p1 to 16.01, p0 to 36.01
+    assert r.iteration_ms == pytest.approx(36.01)
 
 
 def _tensor_parallel_enc(plan):
