@@ -367,4 +367,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code:
+        # a failed rank leaves at once: interpreter shutdown would destroy the process group's
+        # threads that are still waiting on a lost peer ('terminate called without an active
+        # exception'); its error line and file are written
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
