@@ -113,6 +113,10 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
         checkpoint_every: int | None, resume: bool, timeout_s: float, dry_run: bool) -> None:
     """Train PLAN (made by `spindle plan`) on NPROC_PER_NODE x NNODES ranks and print the loss
     of every step."""
+    # before torch loads (it reads this once): torch's C++ logs repeat, with a backtrace, what
+    # the one-line errors say (a node that cannot reach the rendezvous prints a 50-line
+    # c10d backtrace per retry); TORCH_CPP_LOG_LEVEL set by the user is kept
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     from spindle_cli.runtime.dist import resolve_backend
     from spindle_cli.runtime.executor import overlap_for
     from spindle_cli.runtime.inputs import check_world, load_run_inputs

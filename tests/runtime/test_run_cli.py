@@ -683,6 +683,25 @@ def test_nodes_take_the_node_rank_they_are_given(tmp_path: Path, monkeypatch) ->
 
 @pytest.mark.dist
 @pytest.mark.timeout(120)
+def test_a_node_that_cannot_reach_the_rendezvous_prints_no_cpp_log(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    # node 1 connects to node 0's store, which is not there: torch's C++ log printed a c10d
+    # backtrace for every retry before the one-line error
+    plan = write_plan_files(tmp_path)
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+    endpoint = f"127.0.0.1:{_free_port()}"
+    r = spindle("run", str(plan), "--steps", "1", "--nnodes", "2", "--nproc-per-node", "1",
+                "--node-rank", "1", "--rdzv-endpoint", endpoint, "--timeout-s", "3",
+                timeout_s=60)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("spindle run: ") and lines[2].startswith("hint: "), r.stderr
+    assert lines[1].startswith(f"error: the nodes did not meet at {endpoint}: ")
+    assert len(lines) == 3, r.stderr
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
 def test_a_node_whose_peers_never_come_fails_within_the_timeout(tmp_path: Path,
                                                                 monkeypatch) -> None:
     plan = write_plan_files(tmp_path)
