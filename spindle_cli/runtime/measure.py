@@ -39,8 +39,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from spindle_cli.artifacts.graph import MetaOp
+from spindle_cli.artifacts.io import write_text_atomic
 from spindle_cli.artifacts.model import ModuleSpec
 from spindle_cli.artifacts.profile import OptimizerCost, tp_degree
+from spindle_cli.errors import ArtifactError
 from spindle_cli.runtime.layers import build_layer
 from spindle_cli.runtime.model import make_optimizer
 
@@ -375,8 +377,11 @@ def cached_measure(
     result = _measured(spec, op, batch, strategy, target=target, settings=settings)
     if not result.feasible:
         return result, False
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(result), sort_keys=True), encoding="utf-8")
-    tmp.replace(path)
+    # a temp file of its own (two runs measuring the same point at once each write one) and
+    # a cache that cannot be written is not an error: the point is measured again next time
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(asdict(result), sort_keys=True))
+    except (OSError, ArtifactError):
+        pass
     return result, False

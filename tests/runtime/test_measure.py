@@ -164,6 +164,29 @@ def test_the_cache_answers_the_second_time(tiny, tmp_path: Path, calls):
     assert not hit and len(calls) == 5
 
 
+def test_the_cache_takes_its_own_temp_file_and_is_skipped_when_unwritable(tiny,
+                                                                          tmp_path: Path,
+                                                                          calls):
+    model, graph = tiny
+    op = graph.metaop("text_vision/text_enc")
+    spec, target = model.modules[op.module], measure.local_target()
+    key = measure.cache_key(op, 2, 4, "dp", target=target, settings=FAST)
+    # another run's temp file of the same point in the way (a fixed temp name was shared)
+    (tmp_path / key).with_suffix(".tmp").mkdir()
+    measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                           cache_dir=tmp_path)
+    _, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                                    cache_dir=tmp_path)
+    assert hit and len(calls) == 1
+    # a cache that cannot be made is measured past, not an internal error
+    (tmp_path / "file").write_text("x")
+    for _ in range(2):
+        m, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                                        cache_dir=tmp_path / "file")
+        assert m.feasible and not hit
+    assert len(calls) == 3
+
+
 def test_decoder_adapter_and_lm_loss_measure(make_model):
     model = make_model(
         {"embed": {"kind": "embedding", "hidden": 32, "vocab_size": 50, "max_seq_len": 16},
