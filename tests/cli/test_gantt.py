@@ -57,6 +57,15 @@ def test_simulated_text_gantt_shows_backward_and_sync():
     assert "~=param sync" in text
 
 
+def test_compute_shows_through_a_sync_that_overlaps_it():
+    # chunked buckets: enc's sync runs 51-61 ms, over its backward 47-55 on ranks 0-1
+    chunked = simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster(), sync="chunked")
+    assert chunked.iteration_ms == pytest.approx(61.0)
+    rows = {line.split()[0]: line.split()[1]
+            for line in text_gantt(fx.plan(), width=61, sim=chunked).splitlines()[1:5]}
+    assert rows["r0"] == "A" * 4 + "." * 43 + "a" * 8 + "~" * 6
+
+
 def test_busy_series_counts_ranks_per_module():
     times, series = busy_series(timeline(fx.plan(), sim()))
     assert times == [0.0, 4.0, 24.0, 25.0, 27.0, 47.0, 55.0]

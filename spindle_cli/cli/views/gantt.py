@@ -173,8 +173,13 @@ def write_gantt(plan: Plan, path: str, *, sim: SimResult | None = None) -> None:
     colors = _colors([b.key for b in tl.bars])
     height = min(max(3.0, 0.28 * tl.num_ranks + 1.5), 40.0)
     fig, ax = plt.subplots(figsize=(14, height))
+    # a sync overlapping compute (chunked buckets run during the backward pass) is a strip
+    # below the rank's compute, not a bar over it
+    syncs = any(b.phase == "sync" for b in tl.bars)
     for b in tl.bars:
-        ax.barh(b.rank, b.end_ms - b.start_ms, left=b.start_ms, height=0.8,
+        y, h = ((b.rank + 0.3, 0.2) if b.phase == "sync" else
+                (b.rank - 0.1, 0.6) if syncs else (b.rank, 0.8))
+        ax.barh(y, b.end_ms - b.start_ms, left=b.start_ms, height=h,
                 color=colors[b.key], edgecolor="white" if b.phase != "sync" else "black",
                 linewidth=0.3, hatch="///" if b.phase in ("backward", "sync") else None)
     _label_slices(ax, tl, width_px=12 * 110)
@@ -271,8 +276,8 @@ def write_utilization(plan: Plan, path: str, *, sim: SimResult | None = None) ->
 
 def text_gantt(plan: Plan, *, width: int = 100, sim: SimResult | None = None) -> str:
     """A terminal Gantt: one row per rank, one character per time bucket; each module (step
-    without a simulation) has a letter, '.' is idle, '~' parameter sync; backward in
-    lower case when simulated."""
+    without a simulation) has a letter, '.' is idle, '~' parameter sync where the rank computes
+    nothing; backward in lower case when simulated."""
     tl = timeline(plan, sim)
     keys = sorted({b.key for b in tl.bars if b.phase != "sync"})
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -288,7 +293,9 @@ def text_gantt(plan: Plan, *, width: int = 100, sim: SimResult | None = None) ->
         if b.phase == "backward":
             ch = ch.lower()
         for i in range(lo, min(hi, width)):
-            grid[b.rank][i] = ch
+            # compute shows through a sync that overlaps it (chunked buckets)
+            if b.phase != "sync" or grid[b.rank][i] == ".":
+                grid[b.rank][i] = ch
     marks = [" "] * width
     for t, _ in tl.boundaries:
         marks[min(round(t / span * width), width - 1)] = "|"
