@@ -12,15 +12,18 @@ _HEADER = ("kind", "version", "producer", "inputs")
 
 
 def allocations(plan: Plan) -> dict[str, str]:
-    """Per MetaOp, its slices as 'first-last@n' in order."""
+    """Per MetaOp, its slices as 'first-last@n' in order, 'first-last@n(tp<t>)' for a
+    tensor-parallel one."""
     result: dict[str, list[str]] = {}
     for _, s in plan.slices():
-        result.setdefault(s.metaop, []).append(f"{s.first}-{s.last}@{len(s.ranks)}")
+        strategy = "" if s.strategy == "dp" else f"({s.strategy})"
+        result.setdefault(s.metaop, []).append(f"{s.first}-{s.last}@{len(s.ranks)}{strategy}")
     return {m: " ".join(v) for m, v in sorted(result.items())}
 
 
-def _wave_shape(plan: Plan) -> list[tuple[tuple[str, int, int, int], ...]]:
-    return [tuple(sorted((s.metaop, s.first, s.last, len(s.ranks)) for s in w.slices))
+def _wave_shape(plan: Plan) -> list[tuple[tuple[str, int, int, int, str], ...]]:
+    return [tuple(sorted((s.metaop, s.first, s.last, len(s.ranks), s.strategy)
+                         for s in w.slices))
             for w in plan.waves]
 
 

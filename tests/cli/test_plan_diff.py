@@ -1,0 +1,40 @@
+"""`spindle diff`'s semantic difference (`views.plan_diff.differences`) on hand-edited copies
+of a golden plan: each edit a reviewer cares about is named, and none that is not there."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from spindle_cli.artifacts import Plan, load
+from spindle_cli.cli.views.plan_diff import differences
+
+PLAN = (Path(__file__).resolve().parents[1] / "data" / "plan-two-node-multitask"
+        / "expected_plan.yaml")
+
+
+@pytest.fixture(scope="module")
+def plan() -> Plan:
+    return load(PLAN, Plan)
+
+
+def with_slice(plan: Plan, wave: int, index: int, **changes: object) -> Plan:
+    """`plan` with slice `index` of wave `wave` changed."""
+    w = plan.waves[wave]
+    slices = tuple(replace(s, **changes) if i == index else s for i, s in enumerate(w.slices))
+    return replace(plan, waves=tuple(replace(x, slices=slices) if x is w else x
+                                     for x in plan.waves))
+
+
+def test_the_same_plan_has_no_differences(plan):
+    assert differences(plan, replace(plan)) == []
+
+
+def test_a_slice_on_another_strategy_is_named(plan):
+    # t1/txt on ranks 4-7 as two tensor-parallel pairs instead of data parallel, at the same
+    # estimated time: the operators and device counts are the same, the slice is not
+    b = with_slice(plan, 0, 1, strategy="tp2")
+    assert differences(plan, b) == ["allocation t1/txt: 0-4@4 -> 0-4@4(tp2)",
+                                    "waves with other slices: 0"]
