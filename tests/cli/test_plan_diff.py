@@ -38,3 +38,12 @@ def test_a_slice_on_another_strategy_is_named(plan):
     b = with_slice(plan, 0, 1, strategy="tp2")
     assert differences(plan, b) == ["allocation t1/txt: 0-4@4 -> 0-4@4(tp2)",
                                     "waves with other slices: 0"]
+
+
+def test_memory_moved_between_categories_at_the_same_total_is_named(plan):
+    # rank 0 holds 1000 bytes more parameters and 1000 fewer of activations
+    m = plan.memory[0]
+    b = replace(plan, memory=(replace(m, param_bytes=m.param_bytes + 1000,
+                                      activation_bytes=m.activation_bytes - 1000),
+                              *plan.memory[1:]))
+    assert differences(plan, b) == ["memory changed on 1 rank(s): params, activations"]

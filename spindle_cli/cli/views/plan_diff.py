@@ -9,6 +9,9 @@ from spindle_cli.artifacts.codec import to_data
 from spindle_cli.units import fmt_bytes
 
 _HEADER = ("kind", "version", "producer", "inputs")
+_MEMORY_CATEGORIES = (("params", "param_bytes"), ("grads", "grad_bytes"),
+                      ("optimizer", "optimizer_bytes"), ("activations", "activation_bytes"))
+"""The categories of RankMemory, named as `spindle show` heads its columns."""
 
 
 def allocations(plan: Plan) -> dict[str, str]:
@@ -79,11 +82,14 @@ def differences(a: Plan, b: Plan) -> list[str]:
     if peak_a != peak_b:
         lines.append(f"peak memory: {fmt_bytes(peak_a)} -> {fmt_bytes(peak_b)} "
                      f"({'+' if peak_b >= peak_a else '-'}{fmt_bytes(abs(peak_b - peak_a))})")
-    mem_a = {m.rank: m.total_bytes for m in a.memory}
-    mem_b = {m.rank: m.total_bytes for m in b.memory}
+    mem_a, mem_b = {m.rank: m for m in a.memory}, {m.rank: m for m in b.memory}
     ranks_changed = [r for r in sorted(set(mem_a) | set(mem_b)) if mem_a.get(r) != mem_b.get(r)]
     if ranks_changed:
-        lines.append(f"memory changed on {len(ranks_changed)} rank(s)")
+        # every category, so that memory moved between them at the same total shows too
+        categories = [name for name, attr in _MEMORY_CATEGORIES
+                      if any(getattr(mem_a.get(r), attr, None) != getattr(mem_b.get(r), attr, None)
+                             for r in ranks_changed)]
+        lines.append(f"memory changed on {len(ranks_changed)} rank(s): {', '.join(categories)}")
     if da["transfers"] != db["transfers"]:
         moved_a = sum(t.bytes for t in a.transfers if t.src_ranks != t.dst_ranks)
         moved_b = sum(t.bytes for t in b.transfers if t.src_ranks != t.dst_ranks)
