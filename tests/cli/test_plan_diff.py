@@ -47,3 +47,19 @@ def test_memory_moved_between_categories_at_the_same_total_is_named(plan):
                                       activation_bytes=m.activation_bytes - 1000),
                               *plan.memory[1:]))
     assert differences(plan, b) == ["memory changed on 1 rank(s): params, activations"]
+
+
+def test_transfer_bytes_that_changed_are_not_called_moved(plan):
+    # the first transfer (ranks 0-3 to the same ranks) carries twice its bytes
+    t = plan.transfers[0]
+    b = replace(plan, transfers=(replace(t, bytes=2 * t.bytes), *plan.transfers[1:]))
+    assert differences(plan, b) == [
+        "transfers: 7 -> 7; bytes 20.0 MiB -> 28.0 MiB (+8.0 MiB), between different ranks "
+        "2.0 MiB -> 2.0 MiB (+0 B)"]
+
+
+def test_parameter_group_bytes_that_changed_are_not_called_moved(plan):
+    g = plan.param_groups[0]
+    b = replace(plan, param_groups=(replace(g, bytes=g.bytes + 8000), *plan.param_groups[1:]))
+    assert differences(plan, b) == [
+        "parameter groups: 4 -> 4; bytes 25.4 KiB -> 33.2 KiB (+7.8 KiB)"]

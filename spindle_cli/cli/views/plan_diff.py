@@ -30,6 +30,11 @@ def _wave_shape(plan: Plan) -> list[tuple[tuple[str, int, int, int, str], ...]]:
             for w in plan.waves]
 
 
+def _bytes_change(a: int, b: int) -> str:
+    """'1.0 GiB -> 1.5 GiB (+512.0 MiB)'."""
+    return f"{fmt_bytes(a)} -> {fmt_bytes(b)} ({'+' if b >= a else '-'}{fmt_bytes(abs(b - a))})"
+
+
 def differences(a: Plan, b: Plan) -> list[str]:
     """Human-readable lines, one per difference; empty when the plans are the same."""
     lines: list[str] = []
@@ -80,8 +85,7 @@ def differences(a: Plan, b: Plan) -> list[str]:
     peak_a = max((m.total_bytes for m in a.memory), default=0)
     peak_b = max((m.total_bytes for m in b.memory), default=0)
     if peak_a != peak_b:
-        lines.append(f"peak memory: {fmt_bytes(peak_a)} -> {fmt_bytes(peak_b)} "
-                     f"({'+' if peak_b >= peak_a else '-'}{fmt_bytes(abs(peak_b - peak_a))})")
+        lines.append(f"peak memory: {_bytes_change(peak_a, peak_b)}")
     mem_a, mem_b = {m.rank: m for m in a.memory}, {m.rank: m for m in b.memory}
     ranks_changed = [r for r in sorted(set(mem_a) | set(mem_b)) if mem_a.get(r) != mem_b.get(r)]
     if ranks_changed:
@@ -93,15 +97,20 @@ def differences(a: Plan, b: Plan) -> list[str]:
     if da["transfers"] != db["transfers"]:
         moved_a = sum(t.bytes for t in a.transfers if t.src_ranks != t.dst_ranks)
         moved_b = sum(t.bytes for t in b.transfers if t.src_ranks != t.dst_ranks)
-        if (len(a.transfers), moved_a) != (len(b.transfers), moved_b):
-            lines.append(f"transfers: {len(a.transfers)} -> {len(b.transfers)}; bytes between "
-                         f"different ranks {fmt_bytes(moved_a)} -> {fmt_bytes(moved_b)}")
+        if ([t.bytes for t in a.transfers], moved_a) != ([t.bytes for t in b.transfers],
+                                                         moved_b):
+            total_a, total_b = (sum(t.bytes for t in p.transfers) for p in (a, b))
+            lines.append(f"transfers: {len(a.transfers)} -> {len(b.transfers)}; bytes "
+                         f"{_bytes_change(total_a, total_b)}, between different ranks "
+                         f"{_bytes_change(moved_a, moved_b)}")
         else:
             lines.append(f"transfers: the same {len(a.transfers)}, {fmt_bytes(moved_a)} "
                          "between different ranks, on other ranks or slices")
     if da["param_groups"] != db["param_groups"]:
-        if len(a.param_groups) != len(b.param_groups):
-            lines.append(f"parameter groups: {len(a.param_groups)} -> {len(b.param_groups)}")
+        if [g.bytes for g in a.param_groups] != [g.bytes for g in b.param_groups]:
+            total_a, total_b = (sum(g.bytes for g in p.param_groups) for p in (a, b))
+            lines.append(f"parameter groups: {len(a.param_groups)} -> {len(b.param_groups)}; "
+                         f"bytes {_bytes_change(total_a, total_b)}")
         else:
             lines.append(f"parameter groups: the same {len(a.param_groups)}, on other ranks "
                          "or layers")
