@@ -63,3 +63,9 @@ def test_parameter_group_bytes_that_changed_are_not_called_moved(plan):
     b = replace(plan, param_groups=(replace(g, bytes=g.bytes + 8000), *plan.param_groups[1:]))
     assert differences(plan, b) == [
         "parameter groups: 4 -> 4; bytes 25.4 KiB -> 33.2 KiB (+7.8 KiB)"]
+
+
+def test_renumbered_levels_are_listed(plan):
+    b = replace(plan, levels=(*plan.levels[:2], replace(plan.levels[2], level=3)))
+    assert differences(plan, b) == ["levels: 0, 1, 2 -> 0, 1, 3"]
+

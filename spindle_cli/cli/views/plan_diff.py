@@ -80,8 +80,9 @@ def differences(a: Plan, b: Plan) -> list[str]:
             lines.append(f"level {x.level}: estimated {x.estimated_ms:.3f} -> "
                          f"{y.estimated_ms:.3f} ms, C* {x.lower_bound_ms:.3f} -> "
                          f"{y.lower_bound_ms:.3f} ms")
-    if [lv.level for lv in a.levels] != [lv.level for lv in b.levels]:
-        lines.append(f"levels: {len(a.levels)} -> {len(b.levels)}")
+    numbers_a, numbers_b = ([str(lv.level) for lv in p.levels] for p in (a, b))
+    if numbers_a != numbers_b:
+        lines.append(f"levels: {', '.join(numbers_a)} -> {', '.join(numbers_b)}")
     peak_a = max((m.total_bytes for m in a.memory), default=0)
     peak_b = max((m.total_bytes for m in b.memory), default=0)
     if peak_a != peak_b:
