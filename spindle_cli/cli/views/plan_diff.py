@@ -61,8 +61,10 @@ def differences(a: Plan, b: Plan) -> list[str]:
         lines.append(f"waves with other slices: {', '.join(map(str, changed[:20]))}"
                      + (" ..." if len(changed) > 20 else ""))
     if shape_a == shape_b:
-        moved = sum(1 for (_, sa), (_, sb) in zip(a.slices(), b.slices(), strict=True)
-                    if sa.ranks != sb.ranks)
+        # slices matched by what they run, not by their order within the wave
+        ranks_b = {(w.index, s.metaop, s.first, s.last): s.ranks for w, s in b.slices()}
+        moved = sum(1 for w, s in a.slices()
+                    if s.ranks != ranks_b[(w.index, s.metaop, s.first, s.last)])
         if moved:
             lines.append(f"placement: {moved} slice(s) on other ranks")
     if a.estimated_iteration_ms != b.estimated_iteration_ms:
