@@ -82,3 +82,12 @@ def test_a_slice_order_within_a_wave_is_not_a_move(plan):
                 transfers=tuple(replace(t, src=ids.get(t.src, t.src), dst=ids.get(t.dst, t.dst))
                                 for t in plan.transfers))
     assert not any(line.startswith("placement") for line in differences(plan, b))
+
+
+def test_an_option_spelled_at_its_default_is_the_same_plan(plan):
+    # a missing key means the default (Plan.options): 'zero: 0' and no 'zero' are one plan
+    spelled = replace(plan, options={**plan.options, "zero": "0", "recompute": "false",
+                                     "tensor_parallel": "true"})
+    assert differences(plan, spelled) == []
+    zero2 = replace(plan, options={**plan.options, "zero": "2"})
+    assert differences(plan, zero2) == ["option zero: 0 -> 2"]

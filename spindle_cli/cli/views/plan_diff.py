@@ -4,6 +4,8 @@ producer version and input paths are not compared."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from spindle_cli.artifacts import Plan
 from spindle_cli.artifacts.codec import to_data
 from spindle_cli.units import fmt_bytes
@@ -30,6 +32,20 @@ def _wave_shape(plan: Plan) -> list[tuple[tuple[str, int, int, int, str], ...]]:
             for w in plan.waves]
 
 
+def _options(plan: Plan) -> dict[str, str]:
+    """The plan's options but its planner, each spelled out as Plan.options writes it, the
+    missing ones at their defaults (a missing key means the default)."""
+    from spindle_cli.planner.api import PlanOptions
+
+    options = PlanOptions.of(plan)
+    return {f.name: _option_text(getattr(options, f.name)) for f in dataclasses.fields(options)
+            if f.name != "planner"}
+
+
+def _option_text(value: object) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
 def _bytes_change(a: int, b: int) -> str:
     """'1.0 GiB -> 1.5 GiB (+512.0 MiB)'."""
     return f"{fmt_bytes(a)} -> {fmt_bytes(b)} ({'+' if b >= a else '-'}{fmt_bytes(abs(b - a))})"
@@ -42,13 +58,15 @@ def differences(a: Plan, b: Plan) -> list[str]:
     db = {k: v for k, v in to_data(b).items() if k not in _HEADER}
     if da == db:
         return lines
+    da["options"], db["options"] = _options(a), _options(b)
+    if da == db:
+        return lines
     for key in ("model", "cluster", "planner", "candidate", "num_devices"):
         if da[key] != db[key]:
             lines.append(f"{key}: {da[key] or '(none)'} -> {db[key] or '(none)'}")
     # one line per option that differs (the planner has its own line above)
-    keys = sorted((set(a.options) | set(b.options)) - {"planner"})
-    lines += [f"option {k}: {a.options.get(k, '(unset)')} -> {b.options.get(k, '(unset)')}"
-              for k in keys if a.options.get(k) != b.options.get(k)]
+    lines += [f"option {k}: {v} -> {db['options'][k]}" for k, v in da["options"].items()
+              if v != db["options"][k]]
     alloc_a, alloc_b = allocations(a), allocations(b)
     for m in sorted(set(alloc_a) | set(alloc_b)):
         if alloc_a.get(m) != alloc_b.get(m):
