@@ -91,3 +91,16 @@ def test_an_option_spelled_at_its_default_is_the_same_plan(plan):
     assert differences(plan, spelled) == []
     zero2 = replace(plan, options={**plan.options, "zero": "2"})
     assert differences(plan, zero2) == ["option zero: 0 -> 2"]
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (lambda p: with_slice(p, 1, 0, time_ms=2.0), ["slice estimates: 1 slice(s) with other times"]),
+    (lambda p: replace(p, waves=(p.waves[0], replace(p.waves[1], start_ms=12.0),
+                                 *p.waves[2:])),
+     ["wave estimates: 1 wave(s) with another start or duration"]),
+    (lambda p: replace(p, waves=(p.waves[0], replace(p.waves[1], level=1), *p.waves[2:])),
+     ["wave levels: wave 1 0 -> 1"]),
+    (lambda p: replace(p, islands=(tuple(range(8)),)), ["islands: [0-3] [4-7] -> [0-7]"]),
+])
+def test_estimates_wave_levels_and_islands_are_named(plan, edit, expected):
+    assert differences(plan, edit(plan)) == expected

@@ -12,7 +12,7 @@ from spindle_cli.errors import SpindleError
 from spindle_cli.units import fmt_bytes
 
 
-def _ranks(ranks: tuple[int, ...]) -> str:
+def rank_text(ranks: tuple[int, ...]) -> str:
     """Compact rank list: 0-7,12."""
     parts, start = [], ranks[0]
     for a, b in zip(ranks, [*ranks[1:], None], strict=True):
@@ -41,7 +41,7 @@ def wave_table(plan: Plan) -> Table:
             table.add_row(str(w.index) if head else "", str(w.level) if head else "",
                           f"{w.start_ms:.2f}" if head else "",
                           f"{w.duration_ms:.2f}" if head else "", s.metaop,
-                          f"{s.first}-{s.last}", _ranks(s.ranks), s.strategy, f"{s.time_ms:.2f}")
+                          f"{s.first}-{s.last}", rank_text(s.ranks), s.strategy, f"{s.time_ms:.2f}")
         table.add_section()
     return table
 
@@ -62,7 +62,7 @@ def memory_table(plan: Plan) -> Table:
         else:
             runs.append(([m.rank], row))
     for ranks, row in runs:
-        table.add_row(_ranks(tuple(ranks)), *row)
+        table.add_row(rank_text(tuple(ranks)), *row)
     return table
 
 

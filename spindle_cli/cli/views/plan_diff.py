@@ -8,6 +8,7 @@ import dataclasses
 
 from spindle_cli.artifacts import Plan
 from spindle_cli.artifacts.codec import to_data
+from spindle_cli.cli.views.plan import rank_text
 from spindle_cli.units import fmt_bytes
 
 _HEADER = ("kind", "version", "producer", "inputs")
@@ -46,6 +47,11 @@ def _option_text(value: object) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
+def _islands(plan: Plan) -> str:
+    """'[0-7] [8-15]'."""
+    return " ".join(f"[{rank_text(island)}]" for island in plan.islands)
+
+
 def _bytes_change(a: int, b: int) -> str:
     """'1.0 GiB -> 1.5 GiB (+512.0 MiB)'."""
     return f"{fmt_bytes(a)} -> {fmt_bytes(b)} ({'+' if b >= a else '-'}{fmt_bytes(abs(b - a))})"
@@ -64,6 +70,8 @@ def differences(a: Plan, b: Plan) -> list[str]:
     for key in ("model", "cluster", "planner", "candidate", "num_devices"):
         if da[key] != db[key]:
             lines.append(f"{key}: {da[key] or '(none)'} -> {db[key] or '(none)'}")
+    if a.islands != b.islands:
+        lines.append(f"islands: {_islands(a)} -> {_islands(b)}")
     # one line per option that differs (the planner has its own line above)
     lines += [f"option {k}: {v} -> {db['options'][k]}" for k, v in da["options"].items()
               if v != db["options"][k]]
@@ -80,11 +88,23 @@ def differences(a: Plan, b: Plan) -> list[str]:
                      + (" ..." if len(changed) > 20 else ""))
     if shape_a == shape_b:
         # slices matched by what they run, not by their order within the wave
-        ranks_b = {(w.index, s.metaop, s.first, s.last): s.ranks for w, s in b.slices()}
-        moved = sum(1 for w, s in a.slices()
-                    if s.ranks != ranks_b[(w.index, s.metaop, s.first, s.last)])
+        slices_b = {(w.index, s.metaop, s.first, s.last): s for w, s in b.slices()}
+        pairs = [(s, slices_b[(w.index, s.metaop, s.first, s.last)]) for w, s in a.slices()]
+        moved = sum(1 for sa, sb in pairs if sa.ranks != sb.ranks)
         if moved:
             lines.append(f"placement: {moved} slice(s) on other ranks")
+        retimed = sum(1 for sa, sb in pairs if sa.time_ms != sb.time_ms)
+        if retimed:
+            lines.append(f"slice estimates: {retimed} slice(s) with other times")
+        waves = list(zip(a.waves, b.waves, strict=True))
+        retimed = sum(1 for x, y in waves if (x.start_ms, x.duration_ms) != (y.start_ms,
+                                                                           y.duration_ms))
+        if retimed:
+            lines.append(f"wave estimates: {retimed} wave(s) with another start or duration")
+        relabelled = [f"wave {x.index} {x.level} -> {y.level}" for x, y in waves
+                      if x.level != y.level]
+        if relabelled:
+            lines.append(f"wave levels: {', '.join(relabelled)}")
     if a.estimated_iteration_ms != b.estimated_iteration_ms:
         delta = b.estimated_iteration_ms - a.estimated_iteration_ms
         rel = delta / a.estimated_iteration_ms if a.estimated_iteration_ms else 0.0
