@@ -104,3 +104,9 @@ def test_an_option_spelled_at_its_default_is_the_same_plan(plan):
 ])
 def test_estimates_wave_levels_and_islands_are_named(plan, edit, expected):
     assert differences(plan, edit(plan)) == expected
+
+
+def test_an_iteration_from_no_time_has_no_relative_change(plan):
+    # no percentage of zero, rather than a '+0.0%' that reads as no change
+    b = replace(plan, estimated_iteration_ms=0.0)
+    assert differences(b, plan) == ["estimated iteration: 0.000 -> 26.300 ms (+26.300 ms)"]

@@ -107,9 +107,10 @@ def differences(a: Plan, b: Plan) -> list[str]:
             lines.append(f"wave levels: {', '.join(relabelled)}")
     if a.estimated_iteration_ms != b.estimated_iteration_ms:
         delta = b.estimated_iteration_ms - a.estimated_iteration_ms
-        rel = delta / a.estimated_iteration_ms if a.estimated_iteration_ms else 0.0
+        rel = (f", {delta / a.estimated_iteration_ms:+.1%}" if a.estimated_iteration_ms
+               else "")
         lines.append(f"estimated iteration: {a.estimated_iteration_ms:.3f} -> "
-                     f"{b.estimated_iteration_ms:.3f} ms ({delta:+.3f} ms, {rel:+.1%})")
+                     f"{b.estimated_iteration_ms:.3f} ms ({delta:+.3f} ms{rel})")
     if a.lower_bound_ms != b.lower_bound_ms:
         lines.append(f"C*: {a.lower_bound_ms:.3f} -> {b.lower_bound_ms:.3f} ms")
     levels_b = {lv.level: lv for lv in b.levels}
