@@ -338,6 +338,23 @@ def test_explain_shows_n_star_tuples_and_waves(case):
     assert r.returncode == 2 and "no MetaOp 't1/nope'" in r.stderr
 
 
+def test_explain_says_a_baseline_does_not_run_the_allocators_tuples(case):
+    invoke(*plan_args("--planner", "sequential", "-o", "plan.yaml"))
+    r = invoke("explain", "plan.yaml", "t1/img")
+    assert r.exit_code == 0, r.output
+    assert "the plan is the sequential baseline's, which does not use the allocator" in r.output
+
+
+def test_explain_gives_one_tuple_when_n_star_is_a_valid_count():
+    # a contrastive loss runs no faster on more devices: n* = 1, a valid count
+    r = invoke("explain", str(REPO / "plans" / "multitask-clip-4-a800-2x8.yaml"),
+               "task1_text_audio/loss")
+    assert r.exit_code == 0, r.output
+    assert "n* = 1.000 (between valid counts 1 and 1)" in r.output
+    assert "tuples before rounding (n, ops): (1, 1.00) (n* is a valid count: one tuple)" in \
+        r.output
+
+
 @pytest.mark.parametrize("uneven", [False, True])
 def test_explain_says_which_counts_do_not_divide_the_batch(case, uneven):
     # t1/img's batch of 6 on counts 1, 2, 4: 4 devices cannot split it evenly
