@@ -84,10 +84,11 @@ def explain(plan_path: str, metaop_id: str) -> None:
                   "speedup curves, as plan, show and simulate count it); n* = "
                   f"{a.n_star:.3f} where every MetaOp ends at {level.c_star_ms:.3f} ms on the "
                   f"curves themselves (between valid counts {a.n_lo} and {a.n_hi})")
-    lo = ("dummy (n = 0)" if a.n_lo == 0 else "" if a.n_lo == a.n_hi
-          else f"({a.n_lo}, {a.ops_lo:.2f})")
-    out.print(f"tuples before rounding (n, ops): ({a.n_hi}, {a.ops_hi:.2f})"
-              + (f", {lo}" if lo else " (n* is a valid count: one tuple)"))
+    if a.n_lo == a.n_hi:
+        lo = " (n* is a valid count: one tuple)"
+    else:
+        lo = ", dummy (n = 0)" if a.n_lo == 0 else f", ({a.n_lo}, {a.ops_lo:.2f})"
+    out.print(f"tuples before rounding (n, ops): ({a.n_hi}, {a.ops_hi:.2f}){lo}")
     out.print("tuples after rounding: "
               + ", ".join(f"({t.n}, {t.num_ops})" for t in a.tuples))
     if plan.planner != "spindle":

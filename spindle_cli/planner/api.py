@@ -175,13 +175,11 @@ def fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Cluste
     error: PlanInfeasible | None = None
     best: tuple[float, Plan] | None = None
     shared: dict[bool, Schedules] = {}
-    profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
     for zero, recompute in ladder:
         trial = replace(options, zero=zero, recompute=recompute)
         try:
             if recompute not in shared:
-                shared[recompute] = Schedules(graph, profile, cluster, trial,
-                                              profile_name=profile_name)
+                shared[recompute] = Schedules(graph, profile, cluster, trial, inputs=inputs)
             if best is not None and compute_bound_ms(
                     graph, shared[recompute].curves, cluster.num_devices) >= best[0]:
                 continue
@@ -481,9 +479,11 @@ class Schedules:
     `make_plan` makes alone."""
 
     def __init__(self, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
-                 options: PlanOptions, *, profile_name: str = "the profile") -> None:
+                 options: PlanOptions, *, inputs: tuple[InputRef, ...] = ()) -> None:
         self.graph, self.profile, self.cluster = graph, profile, cluster
         self.flags = _curve_flags(options)
+        # errors name the profile by the path the plan records for it
+        profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
         self.curves = options_curves(graph, profile, cluster, options, profile_name=profile_name)
         self.allocs = allocate(graph, self.curves, cluster.num_devices)
         self._capped: dict[int, tuple[dict[str, OpCurve], list[LevelAllocation]]] = {
@@ -602,8 +602,7 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     planned once, as their rules say."""
     n_dev = cluster.num_devices
     if schedules is None:
-        profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
-        schedules = Schedules(graph, profile, cluster, options, profile_name=profile_name)
+        schedules = Schedules(graph, profile, cluster, options, inputs=inputs)
     elif not schedules.serves(graph, profile, cluster, options):
         raise ValueError("schedules of another graph, profile, cluster or curve options")
     curves, allocs = schedules.curves, schedules.allocs

@@ -119,6 +119,10 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
     # waves whose slices are placed largest tensor-parallel group first: the usual order can
     # fill every island with data-parallel slices, leaving no island room for a group
     groups_first: set[int] = set()
+    everything = set(range(len(waves)))
+    # the last attempts, every wave memory-first: in activation order unless the loop ends on
+    # that having failed, then by whole need
+    last = (False, True)
     for _ in range(_MAX_ATTEMPTS):
         result = _attempt(waves, incoming, graph, cluster, memory_first, memory, home, reserve,
                           groups_first)
@@ -134,20 +138,17 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
                 memory_first.add(j)
                 break
         else:
-            if len(memory_first) == len(waves):
+            if memory_first == everything:
+                last = (True,)
                 break
-            memory_first = set(range(len(waves)))
-    else:
-        result = _attempt(waves, incoming, graph, cluster, set(range(len(waves))), memory,
-                          home, reserve, groups_first)
+            memory_first = set(everything)
+    for by_need in last:
+        result = _attempt(waves, incoming, graph, cluster, everything, memory, home, reserve,
+                          groups_first, by_need=by_need)
         if not isinstance(result, _Failure):
             return result
         short = _named_shortage(short, result)
-    again = _attempt(waves, incoming, graph, cluster, set(range(len(waves))), memory, home,
-                     reserve, groups_first, by_need=True)
-    if isinstance(again, _Failure):
-        raise PlanInfeasible((_named_shortage(short, again) or again).message)
-    return again
+    raise PlanInfeasible((short or result).message)
 
 
 def _named_shortage(short: _Failure | None, result: _Failure) -> _Failure | None:

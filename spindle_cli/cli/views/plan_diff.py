@@ -60,11 +60,9 @@ def _bytes_change(a: int, b: int) -> str:
 def differences(a: Plan, b: Plan) -> list[str]:
     """Human-readable lines, one per difference; empty when the plans are the same."""
     lines: list[str] = []
-    da = {k: v for k, v in to_data(a).items() if k not in _HEADER}
-    db = {k: v for k, v in to_data(b).items() if k not in _HEADER}
-    if da == db:
-        return lines
-    da["options"], db["options"] = _options(a), _options(b)
+    # options as the plans mean them: a missing key is the default
+    da = {k: v for k, v in to_data(a).items() if k not in _HEADER} | {"options": _options(a)}
+    db = {k: v for k, v in to_data(b).items() if k not in _HEADER} | {"options": _options(b)}
     if da == db:
         return lines
     for key in ("model", "cluster", "planner", "candidate", "num_devices"):
@@ -97,10 +95,11 @@ def differences(a: Plan, b: Plan) -> list[str]:
         if retimed:
             lines.append(f"slice estimates: {retimed} slice(s) with other times")
         waves = list(zip(a.waves, b.waves, strict=True))
-        retimed = sum(1 for x, y in waves if (x.start_ms, x.duration_ms) != (y.start_ms,
-                                                                           y.duration_ms))
-        if retimed:
-            lines.append(f"wave estimates: {retimed} wave(s) with another start or duration")
+        rescheduled = sum(1 for x, y in waves
+                          if (x.start_ms, x.duration_ms) != (y.start_ms, y.duration_ms))
+        if rescheduled:
+            lines.append(f"wave estimates: {rescheduled} wave(s) with another start or "
+                         "duration")
         relabelled = [f"wave {x.index} {x.level} -> {y.level}" for x, y in waves
                       if x.level != y.level]
         if relabelled:
