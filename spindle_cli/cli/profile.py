@@ -8,6 +8,7 @@ progress bar on stderr and a per-point cache, so an interrupted profile resumes.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -22,7 +23,14 @@ from spindle_cli.artifacts import (
 from spindle_cli.artifacts.base import InputRef
 from spindle_cli.artifacts.limits import MAX_DEVICES, MAX_DEVICES_WHY
 from spindle_cli.cli._console import err
-from spindle_cli.cli.common import check_output, emit, exit_with, load_input, recorded
+from spindle_cli.cli.common import (
+    check_can_create,
+    check_output,
+    emit,
+    exit_with,
+    load_input,
+    recorded,
+)
 from spindle_cli.errors import SpindleError
 
 DEFAULT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
@@ -169,6 +177,18 @@ def _summary(result: Any, validate: bool) -> None:
     err.print(line, soft_wrap=True)
 
 
+def _usable_cache(directory: Path) -> Path | None:
+    """`directory` when the measured points can be cached there; else None, said in a note
+    (a read-only working directory): every point is then measured."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        check_can_create(str(directory), directory)
+    except (OSError, SpindleError) as e:
+        err.print(f"note: measuring without the cache: {e}", soft_wrap=True)
+        return None
+    return directory
+
+
 def _measured(graph: MetaOpGraph, graph_path: str, output: str, cluster: ClusterSpec | None,
               counts: tuple[int, ...], validate: bool, repeats: int, no_cache: bool,
               inputs: list[InputRef]) -> Any:
@@ -190,7 +210,7 @@ def _measured(graph: MetaOpGraph, graph_path: str, output: str, cluster: Cluster
         repeats=repeats,
         memory_limit_bytes=cluster.device.memory_bytes if cluster is not None else None,
     )
-    cache_dir = None if no_cache else measure.CACHE_DIR
+    cache_dir = None if no_cache else _usable_cache(measure.CACHE_DIR)
     links = profiling.local_links(cluster)
     all_counts = sorted(counts + (profiling.heldout_counts(counts) if validate else ()))
 

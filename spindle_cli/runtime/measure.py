@@ -377,8 +377,9 @@ def cached_measure(
     result = _measured(spec, op, batch, strategy, target=target, settings=settings)
     if not result.feasible:
         return result, False
-    # a temp file of its own (two runs measuring the same point at once each write one) and
-    # a cache that cannot be written is not an error: the point is measured again next time
+    # a temp file of its own (two runs measuring the same point at once each write one); the
+    # CLI checks the cache can be written before it starts (`cli.profile._usable_cache`), so
+    # this is the cache failing mid-run (the disk full): the point is measured again next time
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(asdict(result), sort_keys=True))

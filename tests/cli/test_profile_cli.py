@@ -163,6 +163,16 @@ def test_a_measured_profile_records_its_model_where_the_profile_finds_it(
     assert Path(found).resolve() == checkout / "models" / "tiny-clip.yaml"
 
 
+def test_a_cache_that_cannot_be_written_is_said_and_measured_past(workdir, capsys,
+                                                                 torch_threads):
+    Path(".spindle-cache").write_text("not a directory")
+    code, _, err = _run(["profile", "graph.yaml", "--hardware", "local", "--counts", "1,2",
+                         "--repeats", "1", "-o", "m.yaml"], capsys)
+    assert code == 0, err
+    assert "note: measuring without the cache: " in err
+    assert " 0 from the cache" in err and load("m.yaml", Profile).source == "measured"
+
+
 def test_measured_profile_refuses_a_changed_model(workdir, capsys):
     model = Path("tiny-clip.yaml")
     model.write_text(model.read_text().replace("batch_size: 8", "batch_size: 16", 1))
