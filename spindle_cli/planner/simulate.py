@@ -311,9 +311,6 @@ def row_flows(
     return tuple(out)
 
 
-_NONE = np.empty(0, dtype=np.int64)
-
-
 @dataclass(slots=True, kw_only=True)
 class _Chain:
     """Flows added `after` others (`_Network.add`): how many of those are still moving, and
@@ -367,18 +364,23 @@ class _Network:
         # Flows not started yet, and the earliest of their start times (inf when none).
         self._waiting = np.empty(0, dtype=np.int64)
         self._next_start_s = math.inf
-        # Flows moving bytes now: ids, (send, receive) ports as two rows, those ports'
-        # capacities, bytes left; and how many active flows each port carries.
+        # Flows moving bytes now, in slots kept in start order: ids, (send, receive) ports as
+        # two rows, those ports' capacities, bytes left; and how many active flows each port
+        # carries. A flow that ends leaves its slot dead (id -1, bytes left inf, both ports
+        # the idle port `_idle`, whose load stays 1), so a step moves nothing through it;
+        # dead slots are dropped once they outnumber the live ones (`_compact`).
+        self._idle = len(self._capacity)
+        self._capacity = np.append(self._capacity, 1.0)
         self._active = np.empty(0, dtype=np.int64)
         self._active_ports = np.empty((2, 0), dtype=np.int64)
         self._active_capacity = np.empty((2, 0))
         self._active_left = np.empty(0)
+        self._live = 0
         self._load = np.zeros(len(self._capacity), dtype=np.int64)
+        self._load[self._idle] = 1
         self._new: list[int] = []
         # flows added `after` others, by each flow they wait for
         self._after: dict[int, list[_Chain]] = {}
-        self.ended = _NONE
-        """The flows that the last step ended."""
 
     def _ports_of(self, src: int, dst: int) -> tuple[int, int]:
         """The (send, receive) port of a flow from src to dst."""
@@ -443,7 +445,7 @@ class _Network:
     def step(self) -> None:
         """Advance to the next event (`_step`), for a caller waiting on flows it knows are
         pending; raises _GaveUp once the clock passes `give_up_s`."""
-        assert self._new or self._waiting.size or self._active.size, "no flow is pending"
+        assert self._new or self._waiting.size or self._live, "no flow is pending"
         self._step()
         if self.now_s > self.give_up_s:
             raise _GaveUp(self.now_s * 1e3)
@@ -451,7 +453,6 @@ class _Network:
     def _step(self) -> bool:
         """Advance to the next event: a flow starts or the first active flow ends. Whether a
         flow ended."""
-        self.ended = _NONE
         if self._new:
             new = np.array(self._new, dtype=np.int64)
             self._new.clear()
@@ -468,9 +469,10 @@ class _Network:
                                                     self._capacity[ports]], axis=1)
             self._active_left = np.concatenate([self._active_left, self._remaining[begin]])
             self._load += np.bincount(ports.ravel(), minlength=len(self._load))
+            self._live += begin.size
             self._waiting = self._waiting[~started]
             self._next_start_s = float(ready[~started].min()) if self._waiting.size else math.inf
-        if self._active.size == 0:
+        if not self._live:
             self.now_s = self._next_start_s
             return False
         # an active flow's ports carry at least that flow, so no load is 0 here
@@ -481,23 +483,32 @@ class _Network:
         moved = rate * dt
         rem = rem - moved
         self.now_s += dt
-        # A flow within a relative 1e-9 of done ends now (float rounding of equal-rate flows).
-        done = rem <= 1e-9 * np.maximum(moved, 1.0)
-        ended = bool(done.any())
-        if ended:
-            self.ended = self._active[done]
-            self.end_s[self.ended] = self.now_s
-            if self._after:
-                self._release(self.ended)
-            self._load -= np.bincount(self._active_ports[:, done].ravel(),
-                                      minlength=len(self._load))
-            keep = ~done
-            self._active = self._active[keep]
-            self._active_ports = self._active_ports[:, keep]
-            self._active_capacity = self._active_capacity[:, keep]
-            rem = rem[keep]
         self._active_left = rem
-        return ended
+        # A flow within a relative 1e-9 of done ends now (float rounding of equal-rate flows).
+        done = np.flatnonzero(rem <= 1e-9 * np.maximum(moved, 1.0))
+        if not done.size:
+            return False
+        ended = self._active[done]
+        self.end_s[ended] = self.now_s
+        if self._after:
+            self._release(ended)
+        self._load -= np.bincount(self._active_ports[:, done].ravel(), minlength=len(self._load))
+        self._active[done] = -1
+        self._active_ports[:, done] = self._idle
+        self._active_capacity[:, done] = 1.0
+        rem[done] = math.inf
+        self._live -= done.size
+        if 2 * self._live < self._active.size - 32:
+            self._compact()
+        return True
+
+    def _compact(self) -> None:
+        """Drop the dead slots, keeping the live ones in order."""
+        keep = self._active >= 0
+        self._active = self._active[keep]
+        self._active_ports = self._active_ports[:, keep]
+        self._active_capacity = self._active_capacity[:, keep]
+        self._active_left = self._active_left[keep]
 
     def _release(self, ended: np.ndarray) -> None:
         """Start the flows waiting for `ended` whose predecessors have all ended."""
