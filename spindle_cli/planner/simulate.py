@@ -311,6 +311,15 @@ def row_flows(
     return tuple(out)
 
 
+@lru_cache(maxsize=8)
+def _pair_ports(num_devices: int, island_size: int, devices_per_node: int
+                ) -> dict[tuple[int, int], tuple[int, int]]:
+    """The (send, receive) ports of rank pairs on a cluster of this shape, filled by
+    `_Network._ports_of` as pairs are first seen and shared by every simulation on it (the
+    planner simulates dozens of candidates on one cluster)."""
+    return {}
+
+
 @dataclass(slots=True, kw_only=True)
 class _Chain:
     """Flows added `after` others (`_Network.add`): how many of those are still moving, and
@@ -351,9 +360,9 @@ class _Network:
             np.full(2 * nodes, float(cluster.inter_node_bandwidth_bytes_per_s
                                      * cluster.devices_per_node)),
         ])
-        self._island_of = [r // cluster.island_size for r in range(n)]
-        self._node_of = [r // cluster.devices_per_node for r in range(n)]
-        self._pair_ports: dict[tuple[int, int], tuple[int, int]] = {}
+        self._island_size = cluster.island_size
+        self._node_size = cluster.devices_per_node
+        self._pair_ports = _pair_ports(n, cluster.island_size, cluster.devices_per_node)
         self._num_devices = n
         self._num_nodes = nodes
         # Per flow, grown by doubling: when it may start, bytes left, its two ports, its end.
@@ -387,13 +396,13 @@ class _Network:
         pair = (src, dst)
         if pair not in self._pair_ports:
             n, nic = self._num_devices, 4 * self._num_devices
-            if self._island_of[src] == self._island_of[dst]:
+            node_src, node_dst = src // self._node_size, dst // self._node_size
+            if src // self._island_size == dst // self._island_size:
                 self._pair_ports[pair] = (src, n + dst)
-            elif self._node_of[src] == self._node_of[dst]:
+            elif node_src == node_dst:
                 self._pair_ports[pair] = (2 * n + src, 3 * n + dst)
             else:
-                self._pair_ports[pair] = (nic + self._node_of[src],
-                                          nic + self._num_nodes + self._node_of[dst])
+                self._pair_ports[pair] = (nic + node_src, nic + self._num_nodes + node_dst)
         return self._pair_ports[pair]
 
     def add(self, pieces: Sequence[tuple[int, int, int]], start_s: float,
@@ -418,7 +427,10 @@ class _Network:
             self._remaining[i : i + k] = [num_bytes for _, _, num_bytes in pieces]
         ids = list(range(i, i + k))
         self.num_flows += k
-        waits = [j for j in after if math.isnan(self.end_s[j])]
+        waits = []
+        if after:
+            after_ids = np.asarray(after)
+            waits = after_ids[np.isnan(self.end_s[after_ids])].tolist()
         if waits and ids:
             chain = _Chain(waiting=len(waits), ids=ids, start_s=start_s, latency_s=latency_s)
             for j in waits:
@@ -485,7 +497,7 @@ class _Network:
         self.now_s += dt
         self._active_left = rem
         # A flow within a relative 1e-9 of done ends now (float rounding of equal-rate flows).
-        done = np.flatnonzero(rem <= 1e-9 * np.maximum(moved, 1.0))
+        done = (rem <= 1e-9 * np.maximum(moved, 1.0)).nonzero()[0]
         if not done.size:
             return False
         ended = self._active[done]
@@ -678,6 +690,7 @@ def _held(plan: Plan, metaops: dict[str, MetaOp]) -> list[dict[int, tuple[int, i
     of_module: dict[str, list[int]] = {}
     for gi, g in enumerate(plan.param_groups):
         of_module.setdefault(g.module, []).append(gi)
+    members = [set(g.ranks) for g in plan.param_groups]
     for _, s in plan.slices():
         m = metaops[s.metaop]
         lo, hi = m.first_layer + s.first, m.first_layer + s.last
@@ -687,7 +700,7 @@ def _held(plan: Plan, metaops: dict[str, MetaOp]) -> list[dict[int, tuple[int, i
             if g.first_layer < hi and lo < g.last_layer:
                 for group in tp_groups(s.ranks, s.strategy):
                     for q, r in enumerate(group):
-                        if r in g.ranks and t < held[gi].get(r, (math.inf, 0))[0]:
+                        if r in members[gi] and t < held[gi].get(r, (math.inf, 0))[0]:
                             held[gi][r] = (t, q)
     for gi, g in enumerate(plan.param_groups):
         for r in g.ranks:
@@ -806,13 +819,16 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         per shard (`shard_rings`; one ring over every rank without tensor parallelism): each
         member sends its successor `share` x (c - 1) / c of the shard's bytes, for c
         members; nothing for a shard with one copy."""
+        out: list[tuple[int, int, int]] = []
         if num_bytes <= 0:
-            return []
-        return [(members[k], members[(k + 1) % len(members)],
-                 round(share * (len(members) - 1) / len(members) * (num_bytes * part)
-                       / shards))
-                for part, shards, rings in shard_rings(groups)
-                for members in rings if len(members) > 1 for k in range(len(members))]
+            return out
+        for part, shards, rings in shard_rings(groups):
+            for members in rings:
+                c = len(members)
+                if c > 1:
+                    each = round(share * (c - 1) / c * (num_bytes * part) / shards)
+                    out += zip(members, members[1:] + members[:1], [each] * c, strict=True)
+        return out
 
     def ring_steps(groups: tuple[int, ...]) -> int:
         """The steps of the longest shard ring (each pays a link latency)."""
