@@ -52,7 +52,7 @@ from spindle_cli.artifacts.graph import MetaOp
 from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, MemoryModel
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner import scaling
+from spindle_cli.planner import api, scaling
 from spindle_cli.planner.allocation import allocate_level_analytic
 from spindle_cli.planner.api import (
     PlanOptions,
@@ -370,6 +370,39 @@ def memory_search() -> None:
               f"alone {t2 - t1:.2f} s ({(t1 - t0) / (t2 - t1):.2f}x); {same}")
 
 
+# make_plan's stages, as api looks them up: what `breakdown` times
+STAGES = {"simulations": ("simulated_cost",), "placement and plan building": ("_assemble",),
+          "wave schedules": ("level_waves", "fused_waves", "lane_waves", "task_stable")}
+
+
+def breakdown(fn: Callable[[], object]) -> tuple[dict[str, float], int]:
+    """Seconds one call of `fn` spends in each of make_plan's STAGES, and how many candidate
+    plans it simulated; by wrapping the functions api calls for them."""
+    spent = dict.fromkeys(STAGES, 0.0)
+    calls = {"simulations": 0}
+
+    def timed(stage: str, f: Callable[..., object]) -> Callable[..., object]:
+        def wrapper(*args: object, **kwargs: object) -> object:
+            t0 = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[stage] += time.perf_counter() - t0
+                calls[stage] = calls.get(stage, 0) + 1
+        return wrapper
+
+    originals = {name: getattr(api, name) for names in STAGES.values() for name in names}
+    try:
+        for stage, names in STAGES.items():
+            for name in names:
+                setattr(api, name, timed(stage, originals[name]))
+        fn()
+    finally:
+        for name, f in originals.items():
+            setattr(api, name, f)
+    return spent, calls["simulations"]
+
+
 def speed() -> None:
     print("== 3. planning time ==")
     graph, profile = clip("10")
@@ -378,6 +411,9 @@ def speed() -> None:
     plan = make_plan(graph, profile, cluster)
     print(f"clip-10 @ 64: {t:.3f} s (target < 0.3 s; median of 5); {len(plan.waves)} waves, "
           f"makespan/C* {_ratio(plan):.3f}")
+    spent, simulated = breakdown(lambda: make_plan(graph, profile, cluster))
+    print("  of one plan: " + ", ".join(f"{stage} {s:.3f} s" for stage, s in spent.items())
+          + f" ({simulated} candidates simulated)")
     ratio, t = refined(graph, profile, cluster)
     print(f"clip-10 @ 64 waves, both bi-point forms + refine_level: {t:.3f} s (allocation + "
           f"waves only), makespan/C* {ratio:.3f}")
