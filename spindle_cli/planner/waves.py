@@ -304,6 +304,50 @@ _SHORTEN_TARGETS = 2
 current span)."""
 
 
+@dataclass(slots=True, eq=False)
+class _Cell:
+    """A slot while `shorten_waves` moves operators: only its operator count changes (see
+    `set_ops`)."""
+
+    wave: int
+    op_time_ms: float
+    cap: float
+    """The most operators the slot may run (`max_ops`)."""
+    num_ops: int
+    others: tuple[_Cell, ...] = ()
+    """The slots of the same MetaOp in the other waves, in wave order."""
+    seen_span: float = math.nan
+    """The wave span that `slack` and `grow` were worked out for (NaN: none yet): moves
+    try the same spans again and again."""
+    slack: int = 0
+    """Whole operators that fit between the slot's end and `seen_span`."""
+    grow: float = 0.0
+    """What one operator more would add to `seen_span` (`_growth`)."""
+
+    def set_ops(self, num_ops: int) -> None:
+        """Change the operator count (forgets `slack` and `grow`)."""
+        self.num_ops = num_ops
+        self.seen_span = math.nan
+
+    def see(self, span: float) -> None:
+        """Work out `slack` and `grow` for a wave span."""
+        t, count = self.op_time_ms, self.num_ops
+        self.seen_span = span
+        self.slack = math.floor((span - count * t) / t + _EPS)
+        self.grow = _growth(span, count + 1, t, self.cap)
+
+
+def _growth(span: float, count: int, op_time_ms: float, cap: float) -> float:
+    """What a slot of `count` operators adds to a wave of span `span`; inf past `cap`."""
+    if count > cap:
+        return math.inf
+    return max(span, count * op_time_ms) - span
+
+
+_Cut = tuple[list[int], float]
+"""A way to shorten a wave: the operators each of its slots keeps, and the wave's new span."""
+
+
 def shorten_waves(waves: list[PlannedWave], max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Beyond the paper: a descent over one level's waves that keeps every slot's (MetaOp, n)
     and moves whole operators between waves. Algorithm 1 aligns one wave at a time, so the
@@ -316,109 +360,140 @@ def shorten_waves(waves: list[PlannedWave], max_ops: MaxOps | None = None) -> li
     `max_ops`); it is kept when the level gets strictly shorter. Slots left without operators
     and empty waves are dropped. Slices stay in operator order since a MetaOp has at most one
     slot per wave and operators are assigned to slices in wave order."""
-    ops = [{s.metaop: s.num_ops for s in w.slots} for w in waves]
-    times = [{s.metaop: s.op_time_ms for s in w.slots} for w in waves]
-    sizes = [{s.metaop: s.n for s in w.slots} for w in waves]
-
+    cells = [[_Cell(i, s.op_time_ms, math.inf if max_ops is None else max_ops(s.metaop, s.n),
+                    s.num_ops) for s in w.slots] for i, w in enumerate(waves)]
     # a move changes operator counts only, never which waves hold a MetaOp (a slot emptied
-    # by a move keeps its entry) nor its limit: both are computed once
-    holders: dict[str, list[int]] = {}
-    for i, wave_ops in enumerate(ops):
-        for m in wave_ops:
-            holders.setdefault(m, []).append(i)
-    caps = [{m: math.inf if max_ops is None else max_ops(m, sizes[j][m]) for m in wave_ops}
-            for j, wave_ops in enumerate(ops)]
-    spans = [_span(wave_ops, wave_times) for wave_ops, wave_times in zip(ops, times, strict=True)]
+    # by a move keeps its cell) nor its limit: both are set once
+    holders: dict[str, list[_Cell]] = {}
+    for w, wave_cells in zip(waves, cells, strict=True):
+        for s, c in zip(w.slots, wave_cells, strict=True):
+            holders.setdefault(s.metaop, []).append(c)
+    for same in holders.values():
+        for x, c in enumerate(same):
+            c.others = (*same[:x], *same[x + 1:])
+    spans = [_span(wave_cells) for wave_cells in cells]
+    cuts: list[list[_Cut] | None] = [None] * len(waves)
     start = 0
     while len(waves) > 1 and start >= 0:
-        start = _shorten_one(ops, times, holders, caps, spans, start)
+        start = _shorten_one(cells, spans, cuts, start)
     out = []
-    for w, k in zip(waves, ops, strict=True):
-        slots = tuple(s if s.num_ops == k[s.metaop] else
-                      Slot(metaop=s.metaop, n=s.n, num_ops=k[s.metaop], op_time_ms=s.op_time_ms)
-                      for s in w.slots if k[s.metaop] > 0)
+    for w, wave_cells in zip(waves, cells, strict=True):
+        slots = tuple(s if s.num_ops == c.num_ops else
+                      Slot(metaop=s.metaop, n=s.n, num_ops=c.num_ops, op_time_ms=s.op_time_ms)
+                      for s, c in zip(w.slots, wave_cells, strict=True) if c.num_ops > 0)
         if slots:
             out.append(PlannedWave(level=w.level, slots=slots))
     return out
 
 
-def _span(wave_ops: dict[str, int], wave_times: dict[str, float]) -> float:
+def _span(wave_cells: list[_Cell]) -> float:
     """A wave's span: its longest slot."""
-    return max((k * wave_times[m] for m, k in wave_ops.items()), default=0.0)
+    return max([c.num_ops * c.op_time_ms for c in wave_cells], default=0.0)
 
 
-def _shorten_one(ops: list[dict[str, int]], times: list[dict[str, float]],
-                 holders: dict[str, list[int]], caps: list[dict[str, float]],
-                 spans: list[float], start: int) -> int:
+def _cuts(wave_cells: list[_Cell], span: float) -> list[_Cut]:
+    """The cuts `shorten_waves` tries on a wave of span `span`: to each of its
+    `_SHORTEN_TARGETS` operator boundaries nearest below the span, the longest first."""
+    # a slot whose MetaOp has no other wave keeps all its operators: no shorter span
+    floor_ms = max([c.num_ops * c.op_time_ms for c in wave_cells if not c.others], default=0.0)
+    low, below = floor_ms - _EPS, span - _EPS
+    boundaries: set[float] = set()
+    for c in wave_cells:
+        t = c.op_time_ms
+        top = min(c.num_ops, math.ceil(below / t)) - 1  # last boundary below the span
+        for j in range(max(top - _SHORTEN_TARGETS + 1, 0), top + 1):
+            if j * t >= low:
+                boundaries.add(j * t)
+    cuts = []
+    for target in sorted(boundaries, reverse=True)[:_SHORTEN_TARGETS]:
+        kept = [min(c.num_ops, math.floor(target / c.op_time_ms + _EPS)) for c in wave_cells]
+        cuts.append((kept, max([k * c.op_time_ms for c, k in zip(wave_cells, kept, strict=True)],
+                               default=0.0)))
+    return cuts
+
+
+def _shorten_one(cells: list[list[_Cell]], spans: list[float], cuts: list[list[_Cut] | None],
+                 start: int) -> int:
     """The first improving move of `shorten_waves` that shortens a wave from `start` on
     (cyclically), applied (`spans` updated); returns that wave's index, or -1 when there is
-    no such move. `holders`: the waves holding a slot of each MetaOp; `caps`: each slot's
-    operator limit; `spans`: each wave's span."""
+    no such move. `cells`: each wave's slots; `spans`: each wave's span; `cuts`: each wave's
+    `_cuts`, None until needed and again once a move changes the wave."""
     total = sum(spans)
     limit = total * (1 - _EPS)
-    for i in (*range(start, len(ops)), *range(start)):
-        here_ops, here_times = ops[i], times[i]
-        # a slot whose MetaOp has no other wave keeps all its operators: no shorter span
-        floor_ms = max((k * here_times[m] for m, k in here_ops.items() if len(holders[m]) == 1),
-                       default=0.0)
-        boundaries: set[float] = set()
-        for m, k in here_ops.items():
-            t = here_times[m]
-            top = min(k, math.ceil((spans[i] - _EPS) / t)) - 1  # last boundary below the span
-            boundaries.update(j * t for j in range(max(top - _SHORTEN_TARGETS + 1, 0), top + 1)
-                              if j * t >= floor_ms - _EPS)
-        for target in sorted(boundaries, reverse=True)[:_SHORTEN_TARGETS]:
-            kept = {m: min(k, math.floor(target / here_times[m] + _EPS))
-                    for m, k in here_ops.items()}
+    for i in (*range(start, len(cells)), *range(start)):
+        here = cells[i]
+        if cuts[i] is None:
+            cuts[i] = _cuts(here, spans[i])
+        for kept, span_here in cuts[i]:
             new_spans = list(spans)
-            new_spans[i] = max((k * here_times[m] for m, k in kept.items()), default=0.0)
-            added: dict[tuple[int, str], int] = {}
+            new_spans[i] = span_here
+            added: dict[_Cell, int] = {}  # operators placed on each slot of another wave
             placed = True
             checked = False
-            for m, k in here_ops.items():
-                moving = k - kept[m]
+            for c, k in zip(here, kept, strict=True):
+                moving = c.num_ops - k
                 if moving == 0 and checked:
                     continue  # nothing moves: the check below would repeat the last one
-                others = [j for j in holders[m] if j != i]
-                # first the slack of the other waves, which costs nothing (the same choice,
-                # in the same order, as placing those operators one at a time)
-                for j in others:
-                    if moving == 0:
-                        break
-                    t = times[j][m]
-                    count = ops[j][m] + added.get((j, m), 0)
-                    slack = math.floor((new_spans[j] - count * t) / t + _EPS)
-                    fits = int(min(moving, slack, caps[j][m] - count))
-                    if fits > 0:
-                        added[(j, m)] = added.get((j, m), 0) + fits
-                        new_spans[j] = max(new_spans[j], (count + fits) * t)
-                        moving -= fits
-                for _ in range(moving):
-                    best_grow, best_j = math.inf, -1
-                    for j in others:
-                        count = ops[j][m] + added.get((j, m), 0) + 1
-                        if count > caps[j][m]:
-                            continue
-                        grow = max(new_spans[j], count * times[j][m]) - new_spans[j]
-                        if best_j < 0 or grow < best_grow:
-                            best_grow, best_j = grow, j
-                    if best_j < 0:
-                        placed = False
-                        break
-                    j = best_j
-                    added[(j, m)] = added.get((j, m), 0) + 1
-                    new_spans[j] = max(new_spans[j], (ops[j][m] + added[(j, m)]) * times[j][m])
                 checked = True
+                if moving:
+                    placed = _place(c.others, moving, new_spans, added)
                 if not placed or sum(new_spans) >= limit:
                     break
             if placed and sum(new_spans) < limit:
-                here_ops.update(kept)
-                for (j, m), k in added.items():
-                    ops[j][m] += k
-                for j in {i, *(j for j, _ in added)}:
-                    spans[j] = _span(ops[j], times[j])
+                for c, k in zip(here, kept, strict=True):
+                    c.set_ops(k)
+                changed = {i}
+                for o, k in added.items():
+                    o.set_ops(o.num_ops + k)
+                    changed.add(o.wave)
+                for j in changed:
+                    spans[j] = _span(cells[j])
+                    cuts[j] = None
                 return i
     return -1
+
+
+def _place(others: tuple[_Cell, ...], moving: int, new_spans: list[float],
+           added: dict[_Cell, int]) -> bool:
+    """Place `moving` operators of one MetaOp on its slots in other waves (`others`), the
+    spans of the waves in `new_spans` and the operators placed in `added`, both updated;
+    returns whether all of them fit (within each slot's limit)."""
+    # first the slack of the other waves, which costs nothing (the same choice, in the same
+    # order, as placing those operators one at a time); on the way, what one more operator
+    # would then add to each wave's span
+    grows = []
+    for o in others:
+        j = o.wave
+        span = new_spans[j]
+        if span != o.seen_span:
+            o.see(span)
+        if o.slack > 0:
+            fits = int(min(moving, o.slack, o.cap - o.num_ops))
+            if fits > 0:
+                added[o] = fits
+                count = o.num_ops + fits
+                new_spans[j] = span = max(span, count * o.op_time_ms)
+                moving -= fits
+                if moving == 0:
+                    return True
+                grows.append(_growth(span, count + 1, o.op_time_ms, o.cap))
+                continue
+        grows.append(o.grow)
+    # then one at a time where the span grows least (the first on ties); only the chosen
+    # wave's growth changes. inf marks a full slot: growths are finite since spans are (an
+    # infinite span has no boundary below it, `_cuts` fails on it)
+    for _ in range(moving):
+        best_grow = min(grows, default=math.inf)
+        if best_grow == math.inf:
+            return False
+        x = grows.index(best_grow)
+        o = others[x]
+        added[o] = count = added.get(o, 0) + 1
+        count += o.num_ops
+        j = o.wave
+        new_spans[j] = span = max(new_spans[j], count * o.op_time_ms)
+        grows[x] = _growth(span, count + 1, o.op_time_ms, o.cap)
+    return True
 
 
 def _extend(admitted: list[_Pending], counts: dict[str, int], pending: list[_Pending],
