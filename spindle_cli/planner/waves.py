@@ -400,10 +400,11 @@ def _cuts(wave_cells: list[_Cell], span: float) -> list[_Cut]:
     boundaries: set[float] = set()
     for c in wave_cells:
         t = c.op_time_ms
-        top = min(c.num_ops, math.ceil(below / t)) - 1  # last boundary below the span
-        for j in range(max(top - _SHORTEN_TARGETS + 1, 0), top + 1):
-            if j * t >= low:
-                boundaries.add(j * t)
+        j = top = min(c.num_ops, math.ceil(below / t)) - 1  # last boundary below the span
+        # down from there: once one is below the floor, so are those before it
+        while j >= 0 and j > top - _SHORTEN_TARGETS and j * t >= low:
+            boundaries.add(j * t)
+            j -= 1
     cuts = []
     for target in sorted(boundaries, reverse=True)[:_SHORTEN_TARGETS]:
         kept = [min(c.num_ops, math.floor(target / c.op_time_ms + _EPS)) for c in wave_cells]
