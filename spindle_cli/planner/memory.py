@@ -26,6 +26,7 @@ Memory strategies (`MemoryStrategy`), as Megatron/DeepSpeed apply them:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -115,6 +116,20 @@ def rows_per_rank(batch: int, num_ranks: int, strategy: str) -> list[int]:
     return [r for r in split_rows(batch, num_ranks // t) for _ in range(t)]
 
 
+@lru_cache(maxsize=4096)
+def max_rows_per_rank(batch: int, num_ranks: int, strategy: str) -> int:
+    """The most rows one rank of a slice processes (`rows_per_rank`; cached)."""
+    return max(rows_per_rank(batch, num_ranks, strategy))
+
+
+@lru_cache(maxsize=4096)
+def _rows_array(batch: int, num_ranks: int, strategy: str) -> np.ndarray:
+    """`rows_per_rank` as floats, cached and read-only (callers must not write to it)."""
+    rows = np.asarray(rows_per_rank(batch, num_ranks, strategy), dtype=float)
+    rows.flags.writeable = False
+    return rows
+
+
 SLICE_MEMORY_SHARE = 0.5
 """The most of a device's memory one slice may take; larger slices are split over waves so
 that placement can spread a big module's layers over different ranks."""
@@ -127,7 +142,7 @@ def layer_bytes_per_rank(metaop: MetaOp, n: int, strategy: str, dtype: str,
     what it keeps for backward for the largest row share."""
     t = tp_degree(strategy)
     replicated, sharded = split_state_bytes(dtype, memory.zero)
-    rows = max(rows_per_rank(metaop.batch_size, n, strategy))
+    rows = max_rows_per_rank(metaop.batch_size, n, strategy)
     per_param = replicated + sharded / max(n // t, 1)
     return metaop.params_per_layer * per_param / t + \
         kept_bytes_per_rank_sample(metaop, strategy, memory.recompute) * rows
@@ -155,7 +170,7 @@ def _recompute_peak(metaop: MetaOp, n: int, strategy: str, memory: MemoryStrateg
     """The one-operator stash alive again during its backward under recomputation."""
     if not memory.recompute:
         return 0.0
-    rows = max(rows_per_rank(metaop.batch_size, n, strategy))
+    rows = max_rows_per_rank(metaop.batch_size, n, strategy)
     return metaop.stash_bytes_per_sample * stash_share(strategy) * rows
 
 
@@ -203,7 +218,7 @@ class Ledger:
         holds wherever the rank sits in the slice; sharded state as if the slice's n ranks
         were the only new holders, which is the least sharing possible)."""
         frac = 1.0 / tp_degree(strategy)
-        rows = max(rows_per_rank(metaop.batch_size, n, strategy))
+        rows = max_rows_per_rank(metaop.batch_size, n, strategy)
         lo, hi = metaop.first_layer + first, metaop.first_layer + last
         block = self.held[metaop.module][lo:hi]
         missing = np.maximum(frac - block, 0.0).sum(axis=0)
@@ -231,17 +246,18 @@ class Ledger:
         lo, hi = metaop.first_layer + first, metaop.first_layer + last
         return np.minimum(self.held[metaop.module][lo:hi], 1.0).sum(axis=0) / (hi - lo)
 
-    def commit(self, metaop: MetaOp, first: int, last: int, ranks: tuple[int, ...],
+    def commit(self, metaop: MetaOp, first: int, last: int, ranks: tuple[int, ...] | np.ndarray,
                strategy: str) -> None:
-        """Record that `ranks` run the slice."""
+        """Record that `ranks` (in slice order, a tuple or an integer array) run the slice."""
         frac = 1.0 / tp_degree(strategy)
         lo, hi = metaop.first_layer + first, metaop.first_layer + last
         idx = np.asarray(ranks)
         block = self.held[metaop.module][lo:hi, :]
         before = self._shards(block, self._replicas(block)) if self.sharded_b else None
-        grown = np.maximum(frac - block[:, idx], 0.0).sum(axis=0)
-        block[:, idx] = np.maximum(block[:, idx], frac)
-        rows = np.asarray(rows_per_rank(metaop.batch_size, len(ranks), strategy), dtype=float)
+        held = block[:, idx]
+        grown = np.maximum(frac - held, 0.0).sum(axis=0)
+        block[:, idx] = np.maximum(held, frac)
+        rows = _rows_array(metaop.batch_size, len(ranks), strategy)
         stash = kept_bytes_per_rank_sample(metaop, strategy, self.memory.recompute) * rows * \
             (last - first)
         self.activation[idx] += stash
@@ -274,15 +290,18 @@ class Ledger:
         grads = shard if zero >= 2 else full
         optimizer = shard if zero >= 1 else full
         return tuple(
-            RankMemory(
-                rank=r,
-                param_bytes=int(round(weights[r] * self.weight_b + self.buffer[r])),
-                grad_bytes=int(round(grads[r] * self.grad_b)),
-                optimizer_bytes=int(round(optimizer[r] * self.opt_b)),
-                activation_bytes=int(round(self.activation[r] + self.peak[r])),
-            )
-            for r in range(self.num_devices)
+            RankMemory(rank=r, param_bytes=p, grad_bytes=g, optimizer_bytes=o, activation_bytes=a)
+            for r, (p, g, o, a) in enumerate(zip(
+                _whole_bytes(weights * self.weight_b + self.buffer),
+                _whole_bytes(grads * self.grad_b),
+                _whole_bytes(optimizer * self.opt_b),
+                _whole_bytes(self.activation + self.peak), strict=True))
         )
+
+
+def _whole_bytes(values: np.ndarray) -> list[int]:
+    """Per rank, the bytes rounded half to even (as `round` does) to whole bytes."""
+    return [int(v) for v in np.rint(values).tolist()]
 
 
 def replayed_table(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy

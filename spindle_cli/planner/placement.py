@@ -170,10 +170,11 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
     cap = float(cluster.device.memory_bytes)
     island_of = np.arange(n_dev) // cluster.island_size
     ledger = Ledger(graph, n_dev, memory)
-    placed: list[list[Ranks]] = []
+    # every slice's ranks so far, ascending, as an index array
+    placed: list[list[np.ndarray]] = []
     for wi, wave in enumerate(waves):
         free = np.ones(n_dev, dtype=bool)
-        ranks: list[Ranks | None] = [None] * len(wave)
+        ranks: list[np.ndarray | None] = [None] * len(wave)
 
         def heaviest_in(i: int, wi: int = wi) -> int:
             return max((f.bytes for f in incoming.get((wi, i), [])), default=0)
@@ -193,28 +194,32 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
             order = sorted(range(len(wave)), key=lambda i: (-heaviest_in(i), -wave[i].n, i))
         if wi in groups_first:
             order.sort(key=lambda i: -tp_group_size(wave[i].n, wave[i].strategy))
-        locality = ({i: _locality(incoming.get((wi, i), []), placed, island_of, n_dev, s.n)
-                     for i, s in enumerate(wave)} if wi not in memory_first else {})
-        # with `reserve`: the same-rank locality of every slice not placed yet
-        pending = {i: loc[0] for i, loc in locality.items()} if reserve else {}
-        for i in order:
+        flow_score = claims = None
+        if wi not in memory_first:
+            same, island = _locality([incoming.get((wi, i), []) for i in range(len(wave))],
+                                     [s.n for s in wave], placed, island_of, n_dev)
+            flow_score = 4.0 * (2.0 * same + island) / 3.0
+            if reserve and len(wave) > 1:
+                # row k: what the k-th slice to choose gives up, for the largest same-rank
+                # locality of the slices choosing after it (those not placed yet)
+                claim = np.maximum.accumulate(same[order[:0:-1]], axis=0)[::-1]
+                claims = 4.0 * RESERVE_WEIGHT * 2.0 * claim / 3.0
+        for k, i in enumerate(order):
             s = wave[i]
-            pending.pop(i, None)
             used = ledger.used()
             need = ledger.need(s.metaop, s.first, s.last, s.n, s.strategy)
             ok = free & (used + need <= cap)
-            if int(ok.sum()) < s.n:
+            if np.count_nonzero(ok) < s.n:
                 return _failure(wi, s, free, used, need, cap)
             headroom = (cap - used - need) / cap
-            if wi in memory_first:
+            if flow_score is None:
                 score = headroom
             else:
-                same, island = locality[i]
-                score = 4.0 * (2.0 * same + island) / 3.0
-                if pending:
-                    claim = np.max(np.stack(list(pending.values())), axis=0)
-                    score -= 4.0 * RESERVE_WEIGHT * 2.0 * claim / 3.0
-                score += 2.0 * ledger.shared_fraction(s.metaop, s.first, s.last) + headroom
+                score = flow_score[i]
+                if claims is not None and k < len(claims):
+                    score = score - claims[k]
+                score = score + (2.0 * ledger.shared_fraction(s.metaop, s.first, s.last) +
+                                 headroom)
                 if s.metaop.id in home:
                     score[list(home[s.metaop.id])] += 4.0
             group = tp_group_size(s.n, s.strategy)
@@ -222,14 +227,14 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
             if chosen is None:
                 return _grouping_failure(wi, s, free, used, need, cap, cluster.island_size,
                                          group)
-            free[list(chosen)] = False
+            free[chosen] = False
             ledger.commit(s.metaop, s.first, s.last, chosen, s.strategy)
             ranks[i] = chosen
         placed.append([r for r in ranks if r is not None])
-    return placed, ledger
+    return [[tuple(r.tolist()) for r in row] for row in placed], ledger
 
 
-def _local_ranks(src: Ranks, n: int) -> Ranks:
+def _local_ranks(src: Ranks | np.ndarray, n: int) -> Ranks | np.ndarray:
     """The producer ranks worth reusing for a consumer of n ranks. Rows are split in rank
     order, so when n divides the producer's count k times, consumer position j needs the rows
     of producer positions jk..jk+k-1: reusing every k-th producer rank keeps 1/k of each
@@ -239,51 +244,55 @@ def _local_ranks(src: Ranks, n: int) -> Ranks:
     return src
 
 
-def _locality(flows: list[Flow], placed: list[list[Ranks]], island_of: np.ndarray,
-              n_dev: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """0..1 per rank: the byte-weighted share of incoming flows it would keep on the same rank,
-    and inside the same island. A slice's flow score is (2 x same + island) / 3."""
-    total = sum(f.bytes for f in flows)
-    same, island = np.zeros(n_dev), np.zeros(n_dev)
-    if total <= 0:
-        return same, island
-    for f in flows:
-        src = placed[f.src[0]][f.src[1]]
-        local = np.zeros(n_dev)
-        local[np.asarray(_local_ranks(src, n))] = 1.0
-        islands = np.zeros(int(island_of[-1]) + 1)
-        islands[island_of[np.asarray(src)]] = 1.0
-        same += f.bytes * local
-        island += f.bytes * islands[island_of]
-    return same / total, island / total
+def _locality(flows: list[list[Flow]], ns: list[int], placed: list[list[np.ndarray]],
+              island_of: np.ndarray, n_dev: int) -> tuple[np.ndarray, np.ndarray]:
+    """0..1 per slice (row) and rank, for slices with incoming `flows` on `ns` ranks (`placed`:
+    the producers' rank arrays): the byte-weighted share of a slice's incoming flows the rank
+    would keep on the same rank, and inside the same island (0 for a slice without incoming
+    bytes). A slice's flow score is (2 x same + island) / 3."""
+    same, island = np.zeros((len(flows), n_dev)), np.zeros((len(flows), n_dev))
+    totals = np.ones(len(flows))
+    for i, (fs, n) in enumerate(zip(flows, ns, strict=True)):
+        total = sum(f.bytes for f in fs)
+        if total <= 0:
+            continue
+        totals[i] = total
+        for f in fs:
+            src = placed[f.src[0]][f.src[1]]
+            islands = np.zeros(int(island_of[-1]) + 1, dtype=bool)
+            islands[island_of[src]] = True
+            same[i][_local_ranks(src, n)] += f.bytes
+            island[i][islands[island_of]] += f.bytes
+    return same / totals[:, None], island / totals[:, None]
 
 
-def _choose(score: np.ndarray, n: int, island_size: int, group: int = 1) -> Ranks | None:
-    """n ranks with finite score: inside the one island with the best top-n total when
-    possible, else filling the islands with the most usable ranks first, a multiple of
+def _choose(score: np.ndarray, n: int, island_size: int, group: int = 1) -> np.ndarray | None:
+    """n ranks with finite score, ascending: inside the one island with the best top-n total
+    when possible, else filling the islands with the most usable ranks first, a multiple of
     `group` ranks from each (a tensor-parallel slice's groups of consecutive ranks stay inside
     one island); None when the islands cannot give n that way."""
     by_island = score.reshape(-1, island_size)
     order = np.argsort(-by_island, axis=1, kind="stable")
-    ranked = by_island[np.arange(len(by_island))[:, None], order]
+    # the ranks of each island, best score first
+    ranks = order + np.arange(0, len(score), island_size)[:, None]
+    ranked = score[ranks]
     if n <= island_size:
         top = ranked[:, :n].sum(axis=1)
         if np.isfinite(top).any():
-            best = int(np.argmax(top))
-            return tuple(sorted(int(best * island_size + j) for j in order[best, :n]))
-    usable = np.isfinite(ranked).sum(axis=1)
-    totals = np.where(np.isfinite(ranked), ranked, 0.0).sum(axis=1)
+            return np.sort(ranks[int(np.argmax(top)), :n])
+    finite = np.isfinite(ranked)
+    usable = finite.sum(axis=1)
+    totals = np.where(finite, ranked, 0.0).sum(axis=1)
     # islands with the most usable ranks first, then the best total score, then index
     islands = np.lexsort((np.arange(len(usable)), -totals, -usable))
-    chosen: list[int] = []
-    for k in islands:
-        k = int(k)
-        want = min(int(usable[k]), n - len(chosen))
-        want -= want % group
-        chosen.extend(int(k * island_size + j) for j in order[k, :want])
-        if len(chosen) == n:
-            return tuple(sorted(chosen))
-    return None
+    # in that order each island gives its best usable ranks in whole groups until n are taken
+    # (only a multiple of `group` can add up to n)
+    whole = usable[islands] - usable[islands] % group
+    taken = np.cumsum(whole)
+    if n % group or taken[-1] < n:
+        return None
+    gives = np.minimum(whole, np.maximum(n - (taken - whole), 0))
+    return np.sort(ranks[islands][np.arange(island_size) < gives[:, None]])
 
 
 def _failure(wi: int, s: SliceSpec, free: np.ndarray, used: np.ndarray, need: np.ndarray,
