@@ -40,6 +40,7 @@ from spindle_cli.planner.allocation import (
 )
 from spindle_cli.planner.memory import (
     NO_SAVING,
+    Ledger,
     MemoryStrategy,
     layer_params,
     max_ops_per_slice,
@@ -856,7 +857,7 @@ def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSp
         islands=tuple(tuple(i) for i in cluster.islands()),
         waves=waves,
         transfers=transfers,
-        param_groups=_param_groups(graph, specs, ranks),
+        param_groups=_param_groups(graph, ledger),
         memory=ledger.table(),
         levels=levels,
         lower_bound_ms=sum(a.lower_bound_ms for a in allocs),
@@ -959,28 +960,13 @@ def _waves(planned: list[PlannedWave], specs: list[list[SliceSpec]],
     return tuple(waves)
 
 
-def _param_groups(graph: MetaOpGraph, specs: list[list[SliceSpec]],
-                  ranks: list[list[Ranks]]) -> tuple[ParamGroup, ...]:
-    """Maximal layer ranges of each module with the same replica-holding ranks."""
-    holders: dict[str, dict[int, set[int]]] = {}
+def _param_groups(graph: MetaOpGraph, ledger: Ledger) -> tuple[ParamGroup, ...]:
+    """Maximal layer ranges of each module with the same replica-holding ranks (every rank of
+    every slice running the layer, as the placement's ledger holds them)."""
     params = layer_params(graph)
-    for row, rrow in zip(specs, ranks, strict=True):
-        for s, rs in zip(row, rrow, strict=True):
-            mod = holders.setdefault(s.metaop.module, {})
-            for layer in range(s.metaop.first_layer + s.first, s.metaop.first_layer + s.last):
-                mod.setdefault(layer, set()).update(rs)
     grad_b = state_bytes_per_param(graph.dtype)[1]
-    groups = []
-    for module in sorted(holders):
-        layers = holders[module]
-        keys = sorted(layers)
-        start = keys[0]
-        for here, after in zip(keys, [*keys[1:], None], strict=True):
-            if after is None or after != here + 1 or layers[after] != layers[start]:
-                groups.append(ParamGroup(
-                    module=module, first_layer=start, last_layer=here + 1,
-                    ranks=tuple(sorted(layers[start])),
-                    bytes=(here + 1 - start) * params[module] * grad_b))
-                if after is not None:
-                    start = after
-    return tuple(groups)
+    return tuple(
+        ParamGroup(module=module, first_layer=first, last_layer=last, ranks=ranks,
+                   bytes=(last - first) * params[module] * grad_b)
+        for module, first, last, ranks in ledger.holder_ranges()
+    )

@@ -278,14 +278,39 @@ class Ledger:
             self._used[idx] += buffer - self.buffer[idx]
             self.buffer[idx] = buffer
 
+    def holder_ranges(self) -> list[tuple[str, int, int, tuple[int, ...]]]:
+        """(module, first layer, last layer + 1, ranks) for every maximal range of a module's
+        layers held (in any share) by the same ranks, by module name then layer."""
+        ranges = []
+        for module in sorted(self.held):
+            holds = self.held[module] > 0
+            held = holds.any(axis=1).tolist()
+            # whether a layer's holders differ from the next layer's
+            changed = (holds[1:] != holds[:-1]).any(axis=1).tolist()
+            start = None
+            for layer, here in enumerate(held):
+                if not here:
+                    continue
+                if start is None:
+                    start = layer
+                if layer + 1 == len(held) or not held[layer + 1] or changed[layer]:
+                    ranges.append((module, start, layer + 1,
+                                   tuple(np.flatnonzero(holds[start]).tolist())))
+                    start = None
+        return ranges
+
     def table(self) -> tuple[RankMemory, ...]:
         """The plan's per-rank memory, by category."""
+        zero = self.memory.zero
         full = np.zeros(self.num_devices)
         shard = np.zeros(self.num_devices)
+        # per rank, the parameters the unsharded categories count (full) and the sharded ones
+        # (shard), each only where some category is
         for mod, held in self.held.items():
-            full += held.sum(axis=0) * self.params_per_layer[mod]
-            shard += self._shards(held, self._replicas(held)) * self.params_per_layer[mod]
-        zero = self.memory.zero
+            if zero < 3:
+                full += held.sum(axis=0) * self.params_per_layer[mod]
+            if zero >= 1:
+                shard += self._shards(held, self._replicas(held)) * self.params_per_layer[mod]
         weights = shard if zero >= 3 else full
         grads = shard if zero >= 2 else full
         optimizer = shard if zero >= 1 else full
