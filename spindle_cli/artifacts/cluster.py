@@ -15,6 +15,9 @@ from spindle_cli.artifacts.limits import (
     MAX_LINK_LATENCY_WHY,
     MIN_BANDWIDTH_BYTES_PER_S,
     MIN_BANDWIDTH_WHY,
+    MIN_MEMORY_BANDWIDTH_WHY,
+    MIN_PEAK_FLOPS,
+    MIN_PEAK_FLOPS_WHY,
 )
 from spindle_cli.errors import FieldError
 
@@ -25,8 +28,12 @@ class DeviceSpec:
 
     name: str = field(metadata=meta("device model, e.g. A800-80GB"))
     memory_bytes: int = field(metadata=meta("usable device memory in bytes", gt=0))
-    peak_flops: float = field(metadata=meta("peak dense FLOP/s at the training dtype", gt=0))
-    memory_bandwidth_bytes_per_s: float = field(metadata=meta("device memory bandwidth", gt=0))
+    peak_flops: float = field(metadata=meta("peak dense FLOP/s at the training dtype",
+                                            ge=MIN_PEAK_FLOPS, ge_why=MIN_PEAK_FLOPS_WHY))
+    memory_bandwidth_bytes_per_s: float = field(
+        metadata=meta("device memory bandwidth",
+                      ge=MIN_BANDWIDTH_BYTES_PER_S, ge_why=MIN_MEMORY_BANDWIDTH_WHY)
+    )
 
 
 @register

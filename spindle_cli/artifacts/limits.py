@@ -29,6 +29,15 @@ MIN_BANDWIDTH_BYTES_PER_S = 1e6
 
 MIN_BANDWIDTH_WHY = "1 MB/s; every real interconnect is at least 1000x faster"
 
+MIN_MEMORY_BANDWIDTH_WHY = "1 MB/s; a device's own memory is over 10**4x faster"
+
+MIN_PEAK_FLOPS = 1e6
+"""Slowest device a cluster may declare (1 MFLOP/s). `spindle simulate` divides a MetaOp's
+FLOPs by it for MFU; at 1e-300 that overflowed to inf, which `--json` printed as the
+non-JSON `Infinity`."""
+
+MIN_PEAK_FLOPS_WHY = "1 MFLOP/s; one CPU core does over 10**9"
+
 MAX_LINK_LATENCY_S = 1.0
 """Highest per-message latency a cluster may declare."""
 

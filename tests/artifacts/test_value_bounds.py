@@ -75,6 +75,12 @@ CLUSTER_CASES: dict[str, tuple[Edit, str]] = {
     "bandwidth-tiny": (_set("inter_node_bandwidth_bytes_per_s", 1e-300),
                        "inter_node_bandwidth_bytes_per_s: must be >= 1000000.0, got 1e-300 "
                        "(1 MB/s; every real interconnect is at least 1000x faster)"),
+    "peak-flops-tiny": (_set("device.peak_flops", 1e-300),
+                        "device.peak_flops: must be >= 1000000.0, got 1e-300 (1 MFLOP/s; one "
+                        "CPU core does over 10**9)"),
+    "memory-bandwidth-tiny": (_set("device.memory_bandwidth_bytes_per_s", 1e-300),
+                              "device.memory_bandwidth_bytes_per_s: must be >= 1000000.0, got "
+                              "1e-300 (1 MB/s; a device's own memory is over 10**4x faster)"),
     "latency-huge": (_set("link_latency_s", 1e30),
                      "link_latency_s: must be <= 1.0, got 1e+30 (real links take microseconds "
                      "per message)"),
