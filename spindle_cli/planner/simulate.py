@@ -311,6 +311,10 @@ def row_flows(
     return tuple(out)
 
 
+_least = np.minimum.reduce
+"""The least element of an array (`ndarray.min` without its Python wrapper)."""
+
+
 @lru_cache(maxsize=8)
 def _pair_ports(num_devices: int, island_size: int, devices_per_node: int
                 ) -> dict[tuple[int, int], tuple[int, int]]:
@@ -374,19 +378,19 @@ class _Network:
         self._waiting = np.empty(0, dtype=np.int64)
         self._next_start_s = math.inf
         # Flows moving bytes now, in slots kept in start order: ids, (send, receive) ports as
-        # two rows, those ports' capacities, bytes left; and how many active flows each port
-        # carries. A flow that ends leaves its slot dead (id -1, bytes left inf, both ports
-        # the idle port `_idle`, whose load stays 1), so a step moves nothing through it;
-        # dead slots are dropped once they outnumber the live ones (`_compact`).
+        # two rows, bytes left; and how many active flows each port carries (as floats: a
+        # port's share of its capacity is one division per port, the quotient each of its
+        # flows would get). A flow that ends leaves its slot dead (bytes left inf, both
+        # ports the idle port `_idle`, whose load stays 1), so a step moves nothing through
+        # it; dead slots are dropped once they outnumber the live ones (`_compact`).
         self._idle = len(self._capacity)
         self._capacity = np.append(self._capacity, 1.0)
         self._active = np.empty(0, dtype=np.int64)
         self._active_ports = np.empty((2, 0), dtype=np.int64)
-        self._active_capacity = np.empty((2, 0))
         self._active_left = np.empty(0)
         self._live = 0
-        self._load = np.zeros(len(self._capacity), dtype=np.int64)
-        self._load[self._idle] = 1
+        self._load = np.zeros(len(self._capacity))
+        self._load[self._idle] = 1.0
         self._new: list[int] = []
         # flows added `after` others, by each flow they wait for
         self._after: dict[int, list[_Chain]] = {}
@@ -445,57 +449,47 @@ class _Network:
             return 0.0
         index = np.array(ids, dtype=np.int64)
         open_ = index[np.isnan(self.end_s[index])]
-        while open_.size:
-            if self._step():
-                open_ = open_[np.isnan(self.end_s[open_])]
-            # the clock only advances to the end of a flow someone waits for, so the
-            # iteration lasts at least until now
-            if self.now_s > self.give_up_s:
-                raise _GaveUp(self.now_s * 1e3)
+        with np.errstate(divide="ignore"):  # the shares of ports that carry no flow (`_step`)
+            while open_.size:
+                if self._step():
+                    open_ = open_[np.isnan(self.end_s[open_])]
+                # the clock only advances to the end of a flow someone waits for, so the
+                # iteration lasts at least until now
+                if self.now_s > self.give_up_s:
+                    raise _GaveUp(self.now_s * 1e3)
         return float(self.end_s[index].max())
 
     def step(self) -> None:
         """Advance to the next event (`_step`), for a caller waiting on flows it knows are
         pending; raises _GaveUp once the clock passes `give_up_s`."""
         assert self._new or self._waiting.size or self._live, "no flow is pending"
-        self._step()
+        with np.errstate(divide="ignore"):  # the shares of ports that carry no flow (`_step`)
+            self._step()
         if self.now_s > self.give_up_s:
             raise _GaveUp(self.now_s * 1e3)
 
     def _step(self) -> bool:
         """Advance to the next event: a flow starts or the first active flow ends. Whether a
-        flow ended."""
+        flow ended. Callers ignore division by zero: a port that carries no flow has an
+        infinite share, which no live flow reads."""
         if self._new:
             new = np.array(self._new, dtype=np.int64)
             self._new.clear()
             self._waiting = np.concatenate([self._waiting, new])
-            self._next_start_s = min(self._next_start_s, float(self.ready_s[new].min()))
+            self._next_start_s = min(self._next_start_s, float(_least(self.ready_s[new])))
         if self._next_start_s <= self.now_s:
-            ready = self.ready_s[self._waiting]
-            started = ready <= self.now_s
-            begin = self._waiting[started]
-            ports = self._ports[begin].T
-            self._active = np.concatenate([self._active, begin])
-            self._active_ports = np.concatenate([self._active_ports, ports], axis=1)
-            self._active_capacity = np.concatenate([self._active_capacity,
-                                                    self._capacity[ports]], axis=1)
-            self._active_left = np.concatenate([self._active_left, self._remaining[begin]])
-            self._load += np.bincount(ports.ravel(), minlength=len(self._load))
-            self._live += begin.size
-            self._waiting = self._waiting[~started]
-            self._next_start_s = float(ready[~started].min()) if self._waiting.size else math.inf
+            self._start()
         if not self._live:
             self.now_s = self._next_start_s
             return False
-        # an active flow's ports carry at least that flow, so no load is 0 here
-        share = self._active_capacity / self._load[self._active_ports]
-        rate = np.minimum(share[0], share[1])
+        share = self._capacity / self._load
+        ports = self._active_ports
+        rate = np.minimum(share[ports[0]], share[ports[1]])
         rem = self._active_left
-        dt = min(float((rem / rate).min()), self._next_start_s - self.now_s)
+        dt = min(float(_least(rem / rate)), self._next_start_s - self.now_s)
         moved = rate * dt
-        rem = rem - moved
+        rem -= moved
         self.now_s += dt
-        self._active_left = rem
         # A flow within a relative 1e-9 of done ends now (float rounding of equal-rate flows).
         done = (rem <= 1e-9 * np.maximum(moved, 1.0)).nonzero()[0]
         if not done.size:
@@ -504,22 +498,34 @@ class _Network:
         self.end_s[ended] = self.now_s
         if self._after:
             self._release(ended)
-        self._load -= np.bincount(self._active_ports[:, done].ravel(), minlength=len(self._load))
-        self._active[done] = -1
-        self._active_ports[:, done] = self._idle
-        self._active_capacity[:, done] = 1.0
+        np.add.at(self._load, ports[:, done].ravel(), -1.0)
+        ports[:, done] = self._idle
         rem[done] = math.inf
         self._live -= done.size
-        if 2 * self._live < self._active.size - 32:
+        if 2 * self._live < rem.size - 32:
             self._compact()
         return True
 
+    def _start(self) -> None:
+        """Move the waiting flows whose start time has come to new active slots."""
+        ready = self.ready_s[self._waiting]
+        started = ready <= self.now_s
+        begin = self._waiting[started]
+        ports = self._ports[begin].T
+        self._active = np.concatenate([self._active, begin])
+        self._active_ports = np.concatenate([self._active_ports, ports], axis=1)
+        self._active_left = np.concatenate([self._active_left, self._remaining[begin]])
+        np.add.at(self._load, ports.ravel(), 1.0)
+        self._live += begin.size
+        pending = ~started
+        self._waiting = self._waiting[pending]
+        self._next_start_s = float(_least(ready[pending])) if self._waiting.size else math.inf
+
     def _compact(self) -> None:
-        """Drop the dead slots, keeping the live ones in order."""
-        keep = self._active >= 0
+        """Drop the dead slots (no bytes left to move: inf), keeping the live ones in order."""
+        keep = self._active_left != math.inf
         self._active = self._active[keep]
         self._active_ports = self._active_ports[:, keep]
-        self._active_capacity = self._active_capacity[:, keep]
         self._active_left = self._active_left[keep]
 
     def _release(self, ended: np.ndarray) -> None:
