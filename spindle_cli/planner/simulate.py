@@ -326,10 +326,10 @@ def _pair_ports(num_devices: int, island_size: int, devices_per_node: int
 
 @dataclass(slots=True, kw_only=True)
 class _Chain:
-    """Flows added `after` others (`_Network.add`): how many of those are still moving, and
-    when the flows may start once none is."""
+    """Flows added `after` others (`_Network.add`): those that had not ended when last looked
+    at, and when the flows may start once none is moving."""
 
-    waiting: int
+    waiting: np.ndarray
     ids: list[int]
     start_s: float
     latency_s: float
@@ -374,15 +374,19 @@ class _Network:
         self.end_s = np.full(256, np.nan)
         self._remaining = np.empty(256)
         self._ports = np.empty((256, 2), dtype=np.int64)
-        # Flows not started yet, and the earliest of their start times (inf when none).
+        # Flows not started yet, ordered by start time, their start times, and the earliest
+        # (inf when none).
         self._waiting = np.empty(0, dtype=np.int64)
+        self._waiting_ready_s = np.empty(0)
         self._next_start_s = math.inf
         # Flows moving bytes now, in slots kept in start order: ids, (send, receive) ports as
         # two rows, bytes left; and how many active flows each port carries (as floats: a
         # port's share of its capacity is one division per port, the quotient each of its
-        # flows would get). A flow that ends leaves its slot dead (bytes left inf, both
-        # ports the idle port `_idle`, whose load stays 1), so a step moves nothing through
-        # it; dead slots are dropped once they outnumber the live ones (`_compact`).
+        # flows would get). A flow that ends leaves its slot dead: bytes left inf, its send
+        # port the idle port `_idle`, whose load stays 1, so its rate is at most 1 and above
+        # 0 whatever its receive port carries (inf where it carries no flow), and a step moves
+        # nothing through it; dead slots are dropped once they outnumber the live ones
+        # (`_compact`).
         self._idle = len(self._capacity)
         self._capacity = np.append(self._capacity, 1.0)
         self._active = np.empty(0, dtype=np.int64)
@@ -392,7 +396,8 @@ class _Network:
         self._load = np.zeros(len(self._capacity))
         self._load[self._idle] = 1.0
         self._new: list[int] = []
-        # flows added `after` others, by each flow they wait for
+        # flows added `after` others, by one flow they wait for (the one issued last among
+        # those still moving when the chain was last looked at)
         self._after: dict[int, list[_Chain]] = {}
 
     def _ports_of(self, src: int, dst: int) -> tuple[int, int]:
@@ -431,16 +436,14 @@ class _Network:
             self._remaining[i : i + k] = [num_bytes for _, _, num_bytes in pieces]
         ids = list(range(i, i + k))
         self.num_flows += k
-        waits = []
-        if after:
-            after_ids = np.asarray(after)
-            waits = after_ids[np.isnan(self.end_s[after_ids])].tolist()
-        if waits and ids:
-            chain = _Chain(waiting=len(waits), ids=ids, start_s=start_s, latency_s=latency_s)
-            for j in waits:
-                self._after.setdefault(j, []).append(chain)
-        else:
-            self._new.extend(ids)
+        if after and ids:
+            waits = np.asarray(after, dtype=np.int64)
+            waits = waits[np.isnan(self.end_s[waits])]
+            if waits.size:
+                chain = _Chain(waiting=waits, ids=ids, start_s=start_s, latency_s=latency_s)
+                self._after.setdefault(int(waits[-1]), []).append(chain)
+                return ids
+        self._new.extend(ids)
         return ids
 
     def finish(self, ids: list[int]) -> float:
@@ -451,12 +454,16 @@ class _Network:
         open_ = index[np.isnan(self.end_s[index])]
         with np.errstate(divide="ignore"):  # the shares of ports that carry no flow (`_step`)
             while open_.size:
-                if self._step():
-                    open_ = open_[np.isnan(self.end_s[open_])]
-                # the clock only advances to the end of a flow someone waits for, so the
-                # iteration lasts at least until now
-                if self.now_s > self.give_up_s:
-                    raise _GaveUp(self.now_s * 1e3)
+                # step until the open flow issued last has ended (one element to look at
+                # per step), then look for the others still open
+                last = open_[-1]
+                while math.isnan(self.end_s[last]):
+                    self._step()
+                    # the clock only advances to the end of a flow someone waits for, so
+                    # the iteration lasts at least until now
+                    if self.now_s > self.give_up_s:
+                        raise _GaveUp(self.now_s * 1e3)
+                open_ = open_[np.isnan(self.end_s[open_])]
         return float(self.end_s[index].max())
 
     def step(self) -> None:
@@ -468,20 +475,18 @@ class _Network:
         if self.now_s > self.give_up_s:
             raise _GaveUp(self.now_s * 1e3)
 
-    def _step(self) -> bool:
-        """Advance to the next event: a flow starts or the first active flow ends. Whether a
-        flow ended. Callers ignore division by zero: a port that carries no flow has an
-        infinite share, which no live flow reads."""
+    def _step(self) -> None:
+        """Advance to the next event: a flow starts or the first active flow ends. Callers
+        ignore division by zero: a port that carries no flow has an infinite share, which no
+        live flow reads."""
         if self._new:
-            new = np.array(self._new, dtype=np.int64)
+            self._wait(np.array(self._new, dtype=np.int64))
             self._new.clear()
-            self._waiting = np.concatenate([self._waiting, new])
-            self._next_start_s = min(self._next_start_s, float(_least(self.ready_s[new])))
         if self._next_start_s <= self.now_s:
             self._start()
         if not self._live:
             self.now_s = self._next_start_s
-            return False
+            return
         share = self._capacity / self._load
         ports = self._active_ports
         rate = np.minimum(share[ports[0]], share[ports[1]])
@@ -493,33 +498,38 @@ class _Network:
         # A flow within a relative 1e-9 of done ends now (float rounding of equal-rate flows).
         done = (rem <= 1e-9 * np.maximum(moved, 1.0)).nonzero()[0]
         if not done.size:
-            return False
+            return
         ended = self._active[done]
         self.end_s[ended] = self.now_s
         if self._after:
             self._release(ended)
-        np.add.at(self._load, ports[:, done].ravel(), -1.0)
-        ports[:, done] = self._idle
+        np.add.at(self._load, ports.take(done, axis=1), -1.0)
+        ports[0, done] = self._idle
         rem[done] = math.inf
         self._live -= done.size
         if 2 * self._live < rem.size - 32:
             self._compact()
-        return True
+
+    def _wait(self, new: np.ndarray) -> None:
+        """Queue flows `new` (their start times set) with those waiting, by start time."""
+        waiting = np.concatenate([self._waiting, new])
+        ready = self.ready_s[waiting]
+        order = np.argsort(ready, kind="stable")
+        self._waiting, self._waiting_ready_s = waiting[order], ready[order]
+        self._next_start_s = float(self._waiting_ready_s[0])
 
     def _start(self) -> None:
         """Move the waiting flows whose start time has come to new active slots."""
-        ready = self.ready_s[self._waiting]
-        started = ready <= self.now_s
-        begin = self._waiting[started]
-        ports = self._ports[begin].T
+        k = int(self._waiting_ready_s.searchsorted(self.now_s, side="right"))
+        begin = self._waiting[:k]
+        ports = self._ports.take(begin, axis=0).T
         self._active = np.concatenate([self._active, begin])
         self._active_ports = np.concatenate([self._active_ports, ports], axis=1)
         self._active_left = np.concatenate([self._active_left, self._remaining[begin]])
-        np.add.at(self._load, ports.ravel(), 1.0)
-        self._live += begin.size
-        pending = ~started
-        self._waiting = self._waiting[pending]
-        self._next_start_s = float(_least(ready[pending])) if self._waiting.size else math.inf
+        np.add.at(self._load, ports, 1.0)
+        self._live += k
+        self._waiting, self._waiting_ready_s = self._waiting[k:], self._waiting_ready_s[k:]
+        self._next_start_s = float(self._waiting_ready_s[0]) if self._waiting.size else math.inf
 
     def _compact(self) -> None:
         """Drop the dead slots (no bytes left to move: inf), keeping the live ones in order."""
@@ -532,8 +542,11 @@ class _Network:
         """Start the flows waiting for `ended` whose predecessors have all ended."""
         for j in ended.tolist():
             for chain in self._after.pop(j, ()):
-                chain.waiting -= 1
-                if chain.waiting == 0:
+                # every flow ending now has its end time: one still without waits on
+                chain.waiting = chain.waiting[np.isnan(self.end_s[chain.waiting])]
+                if chain.waiting.size:
+                    self._after.setdefault(int(chain.waiting[-1]), []).append(chain)
+                else:
                     self.ready_s[chain.ids] = max(chain.start_s, self.now_s) + chain.latency_s
                     self._new.extend(chain.ids)
 
