@@ -95,7 +95,7 @@ import numpy as np
 
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.artifacts.plan import Plan, Slice, Wave, tp_groups
+from spindle_cli.artifacts.plan import Plan, Slice, Wave, tp_group_size, tp_groups
 from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.buckets import SyncBucket, SyncMode, backend_sync, sync_buckets
@@ -313,6 +313,8 @@ def row_flows(
 
 _least = np.minimum.reduce
 """The least element of an array (`ndarray.min` without its Python wrapper)."""
+_greatest = np.maximum.reduce
+"""The greatest element of an array (`ndarray.max` without its Python wrapper)."""
 
 
 @lru_cache(maxsize=8)
@@ -452,19 +454,20 @@ class _Network:
             return 0.0
         index = np.array(ids, dtype=np.int64)
         open_ = index[np.isnan(self.end_s[index])]
-        with np.errstate(divide="ignore"):  # the shares of ports that carry no flow (`_step`)
-            while open_.size:
-                # step until the open flow issued last has ended (one element to look at
-                # per step), then look for the others still open
-                last = open_[-1]
-                while math.isnan(self.end_s[last]):
-                    self._step()
-                    # the clock only advances to the end of a flow someone waits for, so
-                    # the iteration lasts at least until now
-                    if self.now_s > self.give_up_s:
-                        raise _GaveUp(self.now_s * 1e3)
-                open_ = open_[np.isnan(self.end_s[open_])]
-        return float(self.end_s[index].max())
+        if open_.size:
+            with np.errstate(divide="ignore"):  # shares of ports that carry no flow (`_step`)
+                while open_.size:
+                    # step until the open flow issued last has ended (one element to look
+                    # at per step), then look for the others still open
+                    last = open_[-1]
+                    while math.isnan(self.end_s[last]):
+                        self._step()
+                        # the clock only advances to the end of a flow someone waits for,
+                        # so the iteration lasts at least until now
+                        if self.now_s > self.give_up_s:
+                            raise _GaveUp(self.now_s * 1e3)
+                    open_ = open_[np.isnan(self.end_s[open_])]
+        return float(_greatest(self.end_s[index]))
 
     def step(self) -> None:
         """Advance to the next event (`_step`), for a caller waiting on flows it knows are
@@ -700,6 +703,10 @@ class _RankTimes:
     waiting_ms: list[float]
 
 
+_UNHELD = (math.inf, 0)
+"""What `_held` reads for a rank not seen holding a group yet."""
+
+
 def _held(plan: Plan, metaops: dict[str, MetaOp]) -> list[dict[int, tuple[int, int]]]:
     """Per parameter group, what each of its ranks holds of its layers' weights, as
     `memory.Ledger` counts it: (t, q) for shard q of t (1/t of each layer), (1, 0) for a rank
@@ -714,13 +721,15 @@ def _held(plan: Plan, metaops: dict[str, MetaOp]) -> list[dict[int, tuple[int, i
         m = metaops[s.metaop]
         lo, hi = m.first_layer + s.first, m.first_layer + s.last
         t = tp_degree(s.strategy)
+        size = tp_group_size(len(s.ranks), s.strategy)
         for gi in of_module.get(m.module, ()):
             g = plan.param_groups[gi]
             if g.first_layer < hi and lo < g.last_layer:
-                for group in tp_groups(s.ranks, s.strategy):
-                    for q, r in enumerate(group):
-                        if r in members[gi] and t < held[gi].get(r, (math.inf, 0))[0]:
-                            held[gi][r] = (t, q)
+                holds, mine = held[gi], members[gi]
+                # the slice's i-th rank is rank i % size of its tensor-parallel group
+                for i, r in enumerate(s.ranks):
+                    if r in mine and t < holds.get(r, _UNHELD)[0]:
+                        holds[r] = (t, i % size)
     for gi, g in enumerate(plan.param_groups):
         for r in g.ranks:
             held[gi].setdefault(r, (1, 0))
@@ -737,13 +746,15 @@ def _optimizer_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
     if cost is None:
         return [0.0] * plan.num_devices
     sharded = _zero_stage(plan) >= 1
+    dtype_bytes = graph.dtype_bytes
     params = [0.0] * plan.num_devices
     buckets: list[set[tuple[int, ...]]] = [set() for _ in range(plan.num_devices)]
     for gi, g in enumerate(plan.param_groups):
-        replicas = max(sum(1 / t for t, _ in held[gi].values()), 1.0)
+        holds = held[gi]
+        # without ZeRO every holder steps its whole share (no division by the replicas)
+        replicas = max(sum(1 / t for t, _ in holds.values()), 1.0) if sharded else 1
         for r in g.ranks:
-            params[r] += g.bytes / graph.dtype_bytes / held[gi][r][0] / (
-                replicas if sharded else 1)
+            params[r] += g.bytes / dtype_bytes / holds[r][0] / replicas
             buckets[r].add(g.ranks)
     return [cost.time_ms(len(b), n) for b, n in zip(buckets, params, strict=True)]
 
