@@ -17,7 +17,8 @@ the per-device slice shape (`spindle profile --hardware local`).
   (counted with saved-tensor hooks) and the input; both plus the Adam state the real step
   would hold (not allocated here).
 - The optimizer step (`measure_optimizer`): AdamW as the executor steps it, on two flat
-  tensors; a fixed cost per tensor and a cost per parameter. Not cached (it takes
+  tensors; a fixed cost per tensor and a cost per parameter. Timed at least
+  OPTIMIZER_MIN_REPEATS times whatever `--repeats` says, and not cached (it takes
   milliseconds).
 - A per-point cache under `.spindle-cache/profile/` (keyed by signature, count, strategy,
   per-device batch, repeats, torch version, device and dtype) lets an interrupted profile
@@ -323,9 +324,16 @@ OPTIMIZER_SIZES = {"cpu": (1 << 14, 1 << 20), "cuda": (1 << 20, 1 << 26)}
 fixed cost per tensor is the intercept of the two times, the cost per parameter their slope."""
 
 
+OPTIMIZER_MIN_REPEATS = 9
+"""Fewest timed steps per optimizer size. The cost per parameter is the slope between two
+medians: with `--repeats 1` on a loaded machine one late step of the small tensor made it
+slower than the large one, and the slope (clamped at 0) said parameters cost nothing."""
+
+
 def measure_optimizer(target: Target, settings: Settings) -> OptimizerCost:
     """The AdamW step as the executor runs it (`make_optimizer` over one flat fp32 tensor per
-    gradient bucket), timed on one tensor of each of OPTIMIZER_SIZES."""
+    gradient bucket), timed on one tensor of each of OPTIMIZER_SIZES, each the median of
+    `settings.repeats` steps and at least OPTIMIZER_MIN_REPEATS."""
     sizes = OPTIMIZER_SIZES[target.device.type]
     times = []
     for n in sizes:
@@ -334,7 +342,8 @@ def measure_optimizer(target: Target, settings: Settings) -> OptimizerCost:
         optimizer = make_optimizer([param], lr=1e-3)
         for _ in range(settings.warmup + 1):
             optimizer.step()
-        times.append(_median_ms(optimizer.step, target, settings.repeats))
+        times.append(_median_ms(optimizer.step, target,
+                                max(settings.repeats, OPTIMIZER_MIN_REPEATS)))
     slope = max(0.0, (times[1] - times[0]) / (sizes[1] - sizes[0]))
     return OptimizerCost(ms_per_tensor=max(0.0, times[0] - slope * sizes[0]),
                          ms_per_million_params=slope * 1e6)

@@ -224,6 +224,24 @@ def test_the_optimizer_step_is_timed_as_the_executor_runs_it():
     assert cost.time_ms(3, 0) == 0.0
 
 
+def test_the_optimizer_step_is_timed_enough_times_for_its_slope(monkeypatch):
+    # its cost per parameter is the slope between two medians, which one late step under
+    # --repeats 1 could make 0
+    repeats = []
+    real = measure._median_ms
+
+    def counted(fn, target, n):
+        repeats.append(n)
+        return real(fn, target, n)
+
+    monkeypatch.setattr(measure, "_median_ms", counted)
+    measure.measure_optimizer(measure.local_target(), measure.Settings(repeats=1))
+    assert repeats == [measure.OPTIMIZER_MIN_REPEATS] * 2
+    repeats.clear()
+    measure.measure_optimizer(measure.local_target(), measure.Settings(repeats=20))
+    assert repeats == [20, 20]
+
+
 def test_timed_steps_run_as_the_executor_does(tiny, monkeypatch):
     # the saved-tensor hook that counts activation bytes runs once, untimed; the timed steps
     # accumulate into the same gradient tensors, zeroed in place, as the executor's buckets
