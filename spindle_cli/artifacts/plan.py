@@ -104,6 +104,10 @@ class Wave:
     slices: tuple[Slice, ...] = field(metadata=meta("the wave's slices"))
 
     def __post_init__(self) -> None:
+        ranks = [r for s in self.slices for r in s.ranks]
+        if len(set(ranks)) == len(ranks):
+            return
+        # some rank is in two slices: name the first slice that reuses one
         used: set[int] = set()
         for i, s in enumerate(self.slices):
             if used & set(s.ranks):
@@ -219,6 +223,8 @@ class Plan(DerivedArtifact):
                     raise FieldError(f"waves[{wi}].slices[{si}].id", f"duplicate id {s.id!r}")
                 ids.add(s.id)
                 self._check_ranks(f"waves[{wi}].slices[{si}].ranks", s.ranks)
+                if tp_group_size(len(s.ranks), s.strategy) == 1:
+                    continue  # groups of one rank span no islands
                 # a tensor-parallel group's collectives run at island (NVLink) speed in the
                 # profile's curves, so none may span islands
                 for group in tp_groups(s.ranks, s.strategy):
@@ -264,6 +270,8 @@ class Plan(DerivedArtifact):
 
     def _check_ranks(self, where: str, ranks: tuple[int, ...]) -> None:
         """FieldError at `where` when a rank is not below num_devices."""
+        if not ranks or max(ranks) < self.num_devices:
+            return
         bad = [r for r in ranks if r >= self.num_devices]
         if bad:
             raise FieldError(where, f"rank {bad[0]} >= num_devices {self.num_devices}")
