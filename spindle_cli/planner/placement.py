@@ -123,9 +123,25 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
     # the last attempts, every wave memory-first: in activation order unless the loop ends on
     # that having failed, then by whole need
     last = (False, True)
+    # the waves the latest attempt placed, and how it placed each wave (`_wave_settings`)
+    placed: list[_PlacedWave] = []
+    settings: list[tuple[bool, bool, bool]] = []
+
+    def attempt(memory_first: set[int], by_need: bool = False
+                ) -> tuple[list[list[Ranks]], Ledger] | _Failure:
+        """`_attempt`, keeping the leading waves the latest attempt placed the same way: a
+        pass is deterministic, so they would be placed again alike."""
+        nonlocal settings
+        now = _wave_settings(len(waves), memory_first, groups_first, by_need)
+        same = next((wi for wi, before in enumerate(settings) if before != now[wi]),
+                    len(settings))
+        del placed[same:]
+        settings = now
+        return _attempt(waves, incoming, graph, cluster, memory_first, memory, home, reserve,
+                        groups_first, placed, by_need=by_need)
+
     for _ in range(_MAX_ATTEMPTS):
-        result = _attempt(waves, incoming, graph, cluster, memory_first, memory, home, reserve,
-                          groups_first)
+        result = attempt(memory_first)
         if not isinstance(result, _Failure):
             return result
         short = _named_shortage(short, result)
@@ -143,8 +159,7 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
                 break
             memory_first = set(everything)
     for by_need in last:
-        result = _attempt(waves, incoming, graph, cluster, everything, memory, home, reserve,
-                          groups_first, by_need=by_need)
+        result = attempt(everything, by_need)
         if not isinstance(result, _Failure):
             return result
         short = _named_shortage(short, result)
@@ -159,20 +174,48 @@ def _named_shortage(short: _Failure | None, result: _Failure) -> _Failure | None
     return short
 
 
+@dataclass(frozen=True, slots=True)
+class _PlacedWave:
+    """How an attempt placed one wave."""
+
+    order: list[int]
+    """The wave's slice indices in the order they chose (and were committed to the ledger)."""
+    ranks: list[np.ndarray]
+    """Every slice's ranks, ascending, as an index array; indexed like the wave."""
+
+
+def _wave_settings(num_waves: int, memory_first: set[int], groups_first: set[int],
+                   by_need: bool) -> list[tuple[bool, bool, bool]]:
+    """What `_attempt` reads, besides the ledger and the waves before it, to place each wave:
+    whether it is memory-first, whether it takes its slices by need, whether largest groups
+    go first."""
+    return [(wi in memory_first, by_need and wi in memory_first, wi in groups_first)
+            for wi in range(num_waves)]
+
+
 def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[Flow]],
              graph: MetaOpGraph, cluster: ClusterSpec,
              memory_first: set[int], memory: MemoryStrategy,
-             home: dict[str, Ranks], reserve: bool, groups_first: set[int], *,
+             home: dict[str, Ranks], reserve: bool, groups_first: set[int],
+             placed: list[_PlacedWave], *,
              by_need: bool = False) -> tuple[list[list[Ranks]], Ledger] | _Failure:
     """One pass over the waves (`place`); `by_need`: memory-first waves take their slices in
-    order of their largest per-rank need instead of their activations."""
+    order of their largest per-rank need instead of their activations. `placed`: the leading
+    waves as an earlier attempt with the same settings placed them, committed to the ledger
+    again in the same order instead of chosen again (the same ranks and the same ledger); the
+    waves this attempt places are appended to it."""
     n_dev = cluster.num_devices
     cap = float(cluster.device.memory_bytes)
     island_of = np.arange(n_dev) // cluster.island_size
     ledger = Ledger(graph, n_dev, memory)
+    for done, wave in zip(placed, waves, strict=False):
+        for i in done.order:
+            s = wave[i]
+            ledger.commit(s.metaop, s.first, s.last, done.ranks[i], s.strategy)
     # every slice's ranks so far, ascending, as an index array
-    placed: list[list[np.ndarray]] = []
-    for wi, wave in enumerate(waves):
+    rows = [done.ranks for done in placed]
+    for wi in range(len(placed), len(waves)):
+        wave = waves[wi]
         free = np.ones(n_dev, dtype=bool)
         ranks: list[np.ndarray | None] = [None] * len(wave)
 
@@ -197,7 +240,7 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
         flow_score = claims = None
         if wi not in memory_first:
             same, island = _locality([incoming.get((wi, i), []) for i in range(len(wave))],
-                                     [s.n for s in wave], placed, island_of, n_dev)
+                                     [s.n for s in wave], rows, island_of, n_dev)
             flow_score = 4.0 * (2.0 * same + island) / 3.0
             if reserve and len(wave) > 1:
                 # row k: what the k-th slice to choose gives up, for the largest same-rank
@@ -230,8 +273,9 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
             free[chosen] = False
             ledger.commit(s.metaop, s.first, s.last, chosen, s.strategy)
             ranks[i] = chosen
-        placed.append([r for r in ranks if r is not None])
-    return [[tuple(r.tolist()) for r in row] for row in placed], ledger
+        placed.append(_PlacedWave(order=order, ranks=[r for r in ranks if r is not None]))
+        rows.append(placed[-1].ranks)
+    return [[tuple(r.tolist()) for r in row] for row in rows], ledger
 
 
 def _local_ranks(src: Ranks | np.ndarray, n: int) -> Ranks | np.ndarray:
