@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -315,15 +316,19 @@ def _choose(score: np.ndarray, n: int, island_size: int, group: int = 1) -> np.n
     when possible, else filling the islands with the most usable ranks first, a multiple of
     `group` ranks from each (a tensor-parallel slice's groups of consecutive ranks stay inside
     one island); None when the islands cannot give n that way."""
+    if n == 1:
+        # the best island's best rank below: the first rank with the best score
+        best = int(score.argmax())
+        return np.array([best]) if np.isfinite(score[best]) else None
     by_island = score.reshape(-1, island_size)
-    order = np.argsort(-by_island, axis=1, kind="stable")
     # the ranks of each island, best score first
-    ranks = order + np.arange(0, len(score), island_size)[:, None]
+    ranks = (-by_island).argsort(axis=1, kind="stable") + _island_starts(len(score),
+                                                                          island_size)
     ranked = score[ranks]
     if n <= island_size:
         top = ranked[:, :n].sum(axis=1)
         if np.isfinite(top).any():
-            return np.sort(ranks[int(np.argmax(top)), :n])
+            return np.sort(ranks[int(top.argmax()), :n])
     finite = np.isfinite(ranked)
     usable = finite.sum(axis=1)
     totals = np.where(finite, ranked, 0.0).sum(axis=1)
@@ -337,6 +342,14 @@ def _choose(score: np.ndarray, n: int, island_size: int, group: int = 1) -> np.n
         return None
     gives = np.minimum(whole, np.maximum(n - (taken - whole), 0))
     return np.sort(ranks[islands][np.arange(island_size) < gives[:, None]])
+
+
+@lru_cache(maxsize=64)
+def _island_starts(num_devices: int, island_size: int) -> np.ndarray:
+    """Each island's first rank, as a column (cached and read-only)."""
+    starts = np.arange(0, num_devices, island_size)[:, None]
+    starts.flags.writeable = False
+    return starts
 
 
 def _failure(wi: int, s: SliceSpec, free: np.ndarray, used: np.ndarray, need: np.ndarray,
