@@ -46,7 +46,7 @@ from spindle_cli.planner.memory import (
     max_ops_per_slice,
     state_bytes_per_param,
 )
-from spindle_cli.planner.placement import Flow, Ranks, SliceSpec, place
+from spindle_cli.planner.placement import Flow, PlacedWaves, Ranks, SliceSpec, place
 from spindle_cli.planner.simulate import QuickCost, simulated_cost
 from spindle_cli.planner.tasks import lane_waves, task_lanes, task_sizes, task_stable
 from spindle_cli.planner.waves import (
@@ -623,6 +623,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     simulated = n_dev <= SIMULATED_CHOICE_MAX_DEVICES
 
     tried: set[tuple[tuple[PlannedWave, ...], bool, bool]] = set()
+    # candidates that begin with the same waves place them alike (`placement.PlacedWaves`)
+    placements = PlacedWaves(graph, cluster)
 
     last_ms = math.inf
     """The simulated iteration of the last candidate `consider` simulated (inf when it was
@@ -653,7 +655,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                                           f"device bound {bounds_text}", label) if x)
         try:
             plan = _assemble(graph, curves, cluster, options, inputs, allocs, planned, home,
-                             reserve=reserve, consecutive=consecutive, candidate=candidate)
+                             reserve=reserve, consecutive=consecutive, candidate=candidate,
+                             placements=placements)
         except PlanInfeasible as e:
             error = error or e
             return False
@@ -824,17 +827,19 @@ def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSp
               options: PlanOptions, inputs: tuple[InputRef, ...],
               allocs: list[LevelAllocation], planned: list[PlannedWave],
               home: dict[str, Ranks] | None = None, *, reserve: bool = False,
-              consecutive: bool = False, candidate: str = "") -> Plan:
+              consecutive: bool = False, candidate: str = "",
+              placements: PlacedWaves | None = None) -> Plan:
     """Place the planned waves (`home`: ranks each MetaOp prefers; `reserve`: ranks reserved
     for their rows; `consecutive`: on consecutive ranks whatever `options.placement` says;
-    `placement.place`) and build the Plan (`candidate`: what it is, Plan.candidate);
-    `allocs` give the levels' lower bounds."""
+    `placements`: leading waves earlier candidates placed; `placement.place`) and build the
+    Plan (`candidate`: what it is, Plan.candidate); `allocs` give the levels' lower bounds."""
     n_dev = cluster.num_devices
     specs = _slice_specs(graph, curves, planned)
     flows = _flows(graph, specs)
     ranks, ledger = place(specs, flows, graph, cluster,
                           mode="sequential" if consecutive else options.placement,
-                          memory=options.memory, home=home, reserve=reserve)
+                          memory=options.memory, home=home, reserve=reserve,
+                          placements=placements)
     waves = _waves(planned, specs, ranks)
     transfers = tuple(
         Transfer(src=_sid(f.src), dst=_sid(f.dst), bytes=f.bytes,

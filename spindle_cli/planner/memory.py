@@ -242,9 +242,10 @@ class Ledger:
         return extra
 
     def shared_fraction(self, metaop: MetaOp, first: int, last: int) -> np.ndarray:
-        """Per rank, the share of the slice's layers it already holds (0..1)."""
+        """Per rank, the share of the slice's layers it already holds (0..1; a held share is
+        at most 1, `commit`)."""
         lo, hi = metaop.first_layer + first, metaop.first_layer + last
-        return np.minimum(self.held[metaop.module][lo:hi], 1.0).sum(axis=0) / (hi - lo)
+        return self.held[metaop.module][lo:hi].sum(axis=0) / (hi - lo)
 
     def commit(self, metaop: MetaOp, first: int, last: int, ranks: tuple[int, ...] | np.ndarray,
                strategy: str) -> None:

@@ -31,7 +31,7 @@ Island-aware placement, greedy wave by wave:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -96,17 +96,89 @@ def _describe(s: SliceSpec) -> str:
     return f"{s.metaop.id} operators [{s.first}, {s.last}) on {s.n} ranks"
 
 
+@dataclass(frozen=True, slots=True)
+class _PlacedWave:
+    """How an attempt placed one wave."""
+
+    order: list[int]
+    """The wave's slice indices in the order they chose (and were committed to the ledger)."""
+    ranks: list[np.ndarray]
+    """Every slice's ranks, ascending, as an index array; indexed like the wave."""
+
+
+_WaveKey = tuple[tuple[str, int, int, int, str], ...]
+
+
+@dataclass(slots=True)
+class _Node:
+    """A wave placed after the waves on the path to it, and the waves placed after it."""
+
+    wave: _PlacedWave | None
+    """None at the root (no wave yet)."""
+    after: dict[_WaveKey, _Node] = field(default_factory=dict)
+
+
+class PlacedWaves:
+    """The first attempts' wave placements of earlier `place` calls on one graph and cluster
+    (the candidates of one `api.make_plan`), for the calls after them. A first attempt
+    places a wave from the memory strategy, `home`, `reserve`, the wave's slices, their
+    incoming flows and the waves before it (their ranks and the ledger they leave), and the
+    flows into the leading waves follow from their slices (a flow comes from the MetaOp's
+    previous slice, or from the last slice of a predecessor, which ends before the consumer
+    starts). So a call whose leading waves hold the same slices as an earlier call's, under
+    the same memory strategy, `home` and `reserve`, places them alike: `place` commits them
+    to its ledger again instead of choosing their ranks (candidates often share all but
+    their last waves)."""
+
+    def __init__(self, graph: MetaOpGraph, cluster: ClusterSpec) -> None:
+        self.graph = graph
+        self.cluster = cluster
+        self._roots: dict[tuple[MemoryStrategy, tuple[tuple[str, Ranks], ...], bool],
+                          _Node] = {}
+
+    def _root(self, memory: MemoryStrategy, home: dict[str, Ranks], reserve: bool) -> _Node:
+        return self._roots.setdefault((memory, tuple(sorted(home.items())), reserve),
+                                      _Node(wave=None))
+
+    def leading(self, waves: list[list[SliceSpec]], memory: MemoryStrategy,
+                home: dict[str, Ranks], reserve: bool) -> list[_PlacedWave]:
+        """The placements of the longest run of leading waves an earlier call placed."""
+        node = self._root(memory, home, reserve)
+        found = []
+        for wave in waves:
+            next_node = node.after.get(_wave_key(wave))
+            if next_node is None:
+                break
+            node = next_node
+            assert node.wave is not None
+            found.append(node.wave)
+        return found
+
+    def record(self, waves: list[list[SliceSpec]], placed: list[_PlacedWave],
+               memory: MemoryStrategy, home: dict[str, Ranks], reserve: bool) -> None:
+        """Keep a first attempt's placements of the leading waves."""
+        node = self._root(memory, home, reserve)
+        for wave, placed_wave in zip(waves, placed, strict=False):
+            node = node.after.setdefault(_wave_key(wave), _Node(wave=placed_wave))
+
+
+def _wave_key(wave: list[SliceSpec]) -> _WaveKey:
+    return tuple((s.metaop.id, s.first, s.last, s.n, s.strategy) for s in wave)
+
+
 def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
           cluster: ClusterSpec, *, mode: str = "island", memory: MemoryStrategy = NO_SAVING,
-          home: dict[str, Ranks] | None = None,
-          reserve: bool = False) -> tuple[list[list[Ranks]], Ledger]:
+          home: dict[str, Ranks] | None = None, reserve: bool = False,
+          placements: PlacedWaves | None = None) -> tuple[list[list[Ranks]], Ledger]:
     """Ranks for every slice (indexed like `waves`) and the memory ledger of the placement,
     with per-rank memory under the plan's memory strategy. `home` (island mode): ranks each
     MetaOp's slices prefer, weighed like keeping every incoming row local (a task-stable
     plan's task groups, `tasks.home_groups`). `reserve` (island mode): ranks are reserved
-    for the slices that would keep their inputs there (module docstring)."""
+    for the slices that would keep their inputs there (module docstring). `placements`
+    (island mode): the leading waves earlier calls placed, reused and extended."""
     if mode == "sequential":
         return _place_sequential(waves, graph, cluster, memory)
+    assert placements is None or (placements.graph is graph and placements.cluster is cluster)
     incoming: dict[tuple[int, int], list[Flow]] = {}
     for f in flows:
         incoming.setdefault(f.dst, []).append(f)
@@ -124,9 +196,10 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
     # the last attempts, every wave memory-first: in activation order unless the loop ends on
     # that having failed, then by whole need
     last = (False, True)
-    # the waves the latest attempt placed, and how it placed each wave (`_wave_settings`)
-    placed: list[_PlacedWave] = []
-    settings: list[tuple[bool, bool, bool]] = []
+    # the waves the latest attempt placed, and how it placed each wave (`_wave_settings`);
+    # at first those an earlier call's first attempt placed
+    placed = placements.leading(waves, memory, home, reserve) if placements else []
+    settings = _wave_settings(len(placed), set(), set(), False)
 
     def attempt(memory_first: set[int], by_need: bool = False
                 ) -> tuple[list[list[Ranks]], Ledger] | _Failure:
@@ -138,8 +211,11 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
                     len(settings))
         del placed[same:]
         settings = now
-        return _attempt(waves, incoming, graph, cluster, memory_first, memory, home, reserve,
-                        groups_first, placed, by_need=by_need)
+        result = _attempt(waves, incoming, graph, cluster, memory_first, memory, home, reserve,
+                          groups_first, placed, by_need=by_need)
+        if placements is not None and not any(map(any, now)):
+            placements.record(waves, placed, memory, home, reserve)
+        return result
 
     for _ in range(_MAX_ATTEMPTS):
         result = attempt(memory_first)
@@ -173,16 +249,6 @@ def _named_shortage(short: _Failure | None, result: _Failure) -> _Failure | None
     if result.memory and (short is None or result.wave > short.wave):
         return result
     return short
-
-
-@dataclass(frozen=True, slots=True)
-class _PlacedWave:
-    """How an attempt placed one wave."""
-
-    order: list[int]
-    """The wave's slice indices in the order they chose (and were committed to the ledger)."""
-    ranks: list[np.ndarray]
-    """Every slice's ranks, ascending, as an index array; indexed like the wave."""
 
 
 def _wave_settings(num_waves: int, memory_first: set[int], groups_first: set[int],
@@ -297,6 +363,7 @@ def _locality(flows: list[list[Flow]], ns: list[int], placed: list[list[np.ndarr
     bytes). A slice's flow score is (2 x same + island) / 3."""
     same, island = np.zeros((len(flows), n_dev)), np.zeros((len(flows), n_dev))
     totals = np.ones(len(flows))
+    num_islands = int(island_of[-1]) + 1
     for i, (fs, n) in enumerate(zip(flows, ns, strict=True)):
         total = sum(f.bytes for f in fs)
         if total <= 0:
@@ -304,7 +371,7 @@ def _locality(flows: list[list[Flow]], ns: list[int], placed: list[list[np.ndarr
         totals[i] = total
         for f in fs:
             src = placed[f.src[0]][f.src[1]]
-            islands = np.zeros(int(island_of[-1]) + 1, dtype=bool)
+            islands = np.zeros(num_islands, dtype=bool)
             islands[island_of[src]] = True
             same[i][_local_ranks(src, n)] += f.bytes
             island[i][islands[island_of]] += f.bytes
