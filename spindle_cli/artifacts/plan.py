@@ -222,7 +222,8 @@ class Plan(DerivedArtifact):
                 if s.id in ids:
                     raise FieldError(f"waves[{wi}].slices[{si}].id", f"duplicate id {s.id!r}")
                 ids.add(s.id)
-                self._check_ranks(f"waves[{wi}].slices[{si}].ranks", s.ranks)
+                if max(s.ranks) >= self.num_devices:
+                    self._check_ranks(f"waves[{wi}].slices[{si}].ranks", s.ranks)
                 if tp_group_size(len(s.ranks), s.strategy) == 1:
                     continue  # groups of one rank span no islands
                 # a tensor-parallel group's collectives run at island (NVLink) speed in the
@@ -234,6 +235,9 @@ class Plan(DerivedArtifact):
                                          f"tensor-parallel group {list(group)} spans islands "
                                          f"{spans}; each group must stay inside one island")
         for ti, t in enumerate(self.transfers):
+            if (t.src in ids and t.dst in ids and max(t.src_ranks) < self.num_devices
+                    and max(t.dst_ranks) < self.num_devices):
+                continue
             for name in ("src", "dst"):
                 if getattr(t, name) not in ids:
                     raise FieldError(
@@ -241,7 +245,8 @@ class Plan(DerivedArtifact):
                     )
                 self._check_ranks(f"transfers[{ti}].{name}_ranks", getattr(t, f"{name}_ranks"))
         for gi, g in enumerate(self.param_groups):
-            self._check_ranks(f"param_groups[{gi}].ranks", g.ranks)
+            if max(g.ranks) >= self.num_devices:
+                self._check_ranks(f"param_groups[{gi}].ranks", g.ranks)
         # one entry per rank, in rank order (what the planner writes)
         if len(self.memory) != self.num_devices:
             raise FieldError("memory", f"expected one entry per rank ({self.num_devices}), got "
@@ -269,9 +274,8 @@ class Plan(DerivedArtifact):
                                                 f"the plan's planner {self.planner!r}")
 
     def _check_ranks(self, where: str, ranks: tuple[int, ...]) -> None:
-        """FieldError at `where` when a rank is not below num_devices."""
-        if not ranks or max(ranks) < self.num_devices:
-            return
+        """FieldError at `where` when a rank is not below num_devices (callers that check
+        every list first call it only for one with such a rank, to build `where` only then)."""
         bad = [r for r in ranks if r >= self.num_devices]
         if bad:
             raise FieldError(where, f"rank {bad[0]} >= num_devices {self.num_devices}")

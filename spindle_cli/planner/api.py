@@ -841,11 +841,7 @@ def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSp
                           memory=options.memory, home=home, reserve=reserve,
                           placements=placements)
     waves = _waves(planned, specs, ranks)
-    transfers = tuple(
-        Transfer(src=_sid(f.src), dst=_sid(f.dst), bytes=f.bytes,
-                 src_ranks=ranks[f.src[0]][f.src[1]], dst_ranks=ranks[f.dst[0]][f.dst[1]])
-        for f in flows
-    )
+    transfers = tuple(_transfer(f, waves) for f in flows)
     levels = tuple(
         LevelBound(level=a.level, lower_bound_ms=a.lower_bound_ms,
                    estimated_ms=sum(w.duration_ms for w in waves if w.level == a.level))
@@ -892,6 +888,14 @@ def place_again(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Clust
 
 def _sid(key: tuple[int, int]) -> str:
     return f"w{key[0]}.{key[1]}"
+
+
+def _transfer(flow: Flow, waves: tuple[Wave, ...]) -> Transfer:
+    """The flow between its placed slices."""
+    src = waves[flow.src[0]].slices[flow.src[1]]
+    dst = waves[flow.dst[0]].slices[flow.dst[1]]
+    return Transfer(src=src.id, dst=dst.id, bytes=flow.bytes, src_ranks=src.ranks,
+                    dst_ranks=dst.ranks)
 
 
 def _slice_specs(graph: MetaOpGraph, curves: dict[str, OpCurve],

@@ -282,22 +282,27 @@ class Ledger:
     def holder_ranges(self) -> list[tuple[str, int, int, tuple[int, ...]]]:
         """(module, first layer, last layer + 1, ranks) for every maximal range of a module's
         layers held (in any share) by the same ranks, by module name then layer."""
+        modules = sorted(self.held)
+        # every module's layers one after another, a row each
+        holds = np.concatenate([self.held[module] for module in modules]) > 0
+        held = holds.any(axis=1).tolist()
+        # whether a row's holders differ from the next row's
+        changed = (holds[1:] != holds[:-1]).any(axis=1).tolist()
         ranges = []
-        for module in sorted(self.held):
-            holds = self.held[module] > 0
-            held = holds.any(axis=1).tolist()
-            # whether a layer's holders differ from the next layer's
-            changed = (holds[1:] != holds[:-1]).any(axis=1).tolist()
+        row = 0
+        for module in modules:
+            num_layers = len(self.held[module])
             start = None
-            for layer, here in enumerate(held):
-                if not here:
+            for layer in range(num_layers):
+                if not held[row + layer]:
                     continue
                 if start is None:
                     start = layer
-                if layer + 1 == len(held) or not held[layer + 1] or changed[layer]:
+                if layer + 1 == num_layers or not held[row + layer + 1] or changed[row + layer]:
                     ranges.append((module, start, layer + 1,
-                                   tuple(np.flatnonzero(holds[start]).tolist())))
+                                   tuple(holds[row + start].nonzero()[0].tolist())))
                     start = None
+            row += num_layers
         return ranges
 
     def table(self) -> tuple[RankMemory, ...]:
