@@ -91,6 +91,8 @@ def align_fill(op_times_ms: list[float], num_ops: list[int], devices: list[int],
         spans = sorted({t * j for t, k in pairs for j in range(1, k + 1)})
     else:
         spans = sorted({t * k for t, k in pairs})
+    if len(spans) * len(pairs) <= _FEW_CELLS:
+        return _fill_span_by_span(pairs, devices, spans)
     # every candidate at once, one row per span (operator counts are exact in float64); the
     # busy time is summed tuple by tuple, in the order a scalar loop would
     times = np.array(op_times_ms)
@@ -106,6 +108,30 @@ def align_fill(op_times_ms: list[float], num_ops: list[int], devices: list[int],
         if share > shares[best] + 1e-12:
             best = i
     return [int(k) for k in ops[best]]
+
+
+_FEW_CELLS = 16
+"""Up to this many (span, tuple) pairs, `align_fill` tries one span at a time: numpy's fixed
+cost per call outweighs the loop there (most waves have a few tuples)."""
+
+
+def _fill_span_by_span(pairs: list[tuple[float, int]], devices: list[int],
+                       spans: list[float]) -> list[int]:
+    """`align_fill`'s choice among `spans`, one at a time, with the float operations of its
+    vectorized form in the same order (so the same shares and the same choice)."""
+    total = sum(devices)
+    best: list[int] = []
+    best_share = 0.0
+    for span in spans:
+        ops = [min(k, max(1, math.floor(span / t + _EPS))) for t, k in pairs]
+        real = max([t * k for (t, _), k in zip(pairs, ops, strict=True)])
+        busy = 0.0
+        for n, (t, _), k in zip(devices, pairs, ops, strict=True):
+            busy = busy + n * t * k
+        share = busy / (total * real)
+        if not best or share > best_share + 1e-12:
+            best, best_share = ops, share
+    return best
 
 
 MaxOps = Callable[[str, int], int]
