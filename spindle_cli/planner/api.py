@@ -359,25 +359,25 @@ def level_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[Lev
         num_tuples = sum(len(x.tuples) for x in a.ops)
         # variants often build the same waves: a variant differing from a traced one only in
         # switches that made no difference there is not run again, and each distinct result
-        # is shortened once
-        traced: list[tuple[Variant, TracedWaves]] = []
-        shortened: dict[tuple[PlannedWave, ...], list[PlannedWave]] = {}
+        # is shortened (and timed) once
+        traced: list[tuple[Variant, TracedWaves, list[PlannedWave], float]] = []
+        shortened: dict[tuple[PlannedWave, ...], tuple[list[PlannedWave], float]] = {}
         variants = (VARIANTS if num_tuples <= LARGE_LEVEL and not few_variants
                     else LARGE_LEVEL_VARIANTS)
         for variant in variants if extend else without_extension(variants):
-            same = next((t for v, t in traced if t.covers(variant, v)), None)
-            if same is None:
+            covering = next((x for x in traced if x[1].covers(variant, x[0])), None)
+            if covering is None:
                 rule, rounding, extension = variant
                 same = traced_wavefront_level(a, curves, num_devices, preds, set(finished),
                                               sort_rule=rule, rounding=rounding,
                                               extension=extension, max_ops=max_ops)
-                traced.append((variant, same))
-            raw = same.waves
-            key = tuple(raw)
-            if key not in shortened:
-                shortened[key] = shorten_waves(raw, max_ops)
-            trial = shortened[key]
-            trial_ms = sum(w.duration_ms for w in trial)
+                key = tuple(same.waves)
+                if key not in shortened:
+                    short = shorten_waves(same.waves, max_ops)
+                    shortened[key] = (short, sum(w.duration_ms for w in short))
+                covering = (variant, same, *shortened[key])
+                traced.append(covering)
+            _, _, trial, trial_ms = covering
             if best is None or trial_ms < best_ms - 1e-9:
                 best, best_ms = trial, trial_ms
         assert best is not None

@@ -164,9 +164,18 @@ def merge_or_append(waves: list[PlannedWave], new: PlannedWave,
 
 @dataclass(slots=True)
 class _Pending:
+    """A tuple's operators not yet in a wave."""
+
     metaop: str
     n: int
     num_ops: int
+    op_time_ms: float
+    """Per-operator time at n (looked up once: proposal orders and extensions ask often)."""
+
+    @property
+    def time_ms(self) -> float:
+        """Time of the operators left."""
+        return self.num_ops * self.op_time_ms
 
 
 SORT_RULES = ("bigN_bigT", "bigT", "bigA")
@@ -201,16 +210,12 @@ _MAX_SPANS = 4096
 """Above this many operators in a wave, `fill_steps` tries only the tuples' ends."""
 
 
-def _proposal_key(rule: str,
-                  curves: dict[str, OpCurve]) -> Callable[[_Pending], tuple[float, float, str]]:
-    def time_ms(p: _Pending) -> float:
-        return p.num_ops * curves[p.metaop].time_at(p.n)
-
+def _proposal_key(rule: str) -> Callable[[_Pending], tuple[float, float, str]]:
     if rule == "bigT":
-        return lambda p: (-time_ms(p), -p.n, p.metaop)
+        return lambda p: (-p.time_ms, -p.n, p.metaop)
     if rule == "bigA":
-        return lambda p: (-p.n * time_ms(p), -p.n, p.metaop)
-    return lambda p: (-p.n, -time_ms(p), p.metaop)
+        return lambda p: (-p.n * p.time_ms, -p.n, p.metaop)
+    return lambda p: (-p.n, -p.time_ms, p.metaop)
 
 
 def schedule_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devices: int,
@@ -270,10 +275,15 @@ def traced_wavefront_level(alloc: LevelAllocation, curves: dict[str, OpCurve], n
                            extension: str = "remaining",
                            max_ops: MaxOps | None = None) -> TracedWaves:
     """`wavefront_level`, noting which switches mattered (`TracedWaves`)."""
-    pending = [_Pending(metaop=t.metaop, n=t.n, num_ops=t.num_ops)
+    pending = [_Pending(metaop=t.metaop, n=t.n, num_ops=t.num_ops,
+                        op_time_ms=curves[t.metaop].time_at(t.n))
                for a in alloc.ops for t in a.tuples]
-    key = _proposal_key(sort_rule, curves)
-    other_keys = [_proposal_key(r, curves) for r in SORT_RULES if r != sort_rule]
+    tuples_of: dict[str, list[_Pending]] = {}  # each MetaOp's tuples, in pending order
+    for p in pending:
+        tuples_of.setdefault(p.metaop, []).append(p)
+    ready: set[str] = set()  # MetaOps seen with every predecessor finished, ready for good
+    key = _proposal_key(sort_rule)
+    other_keys = [_proposal_key(r) for r in SORT_RULES if r != sort_rule]
     any_sort_rule = any_extension = any_rounding = True
     waves: list[PlannedWave] = []
     while pending:
@@ -286,19 +296,22 @@ def traced_wavefront_level(alloc: LevelAllocation, curves: dict[str, OpCurve], n
         admitted: list[_Pending] = []
         in_wave: set[str] = set()
         for p in order:
-            if p.n <= free and p.metaop not in in_wave and all(
-                q in finished for q in predecessors[p.metaop]
-            ):
-                admitted.append(p)
-                in_wave.add(p.metaop)
-                free -= p.n
+            if p.n > free or p.metaop in in_wave:
+                continue
+            if p.metaop not in ready:
+                if not all(q in finished for q in predecessors[p.metaop]):
+                    continue
+                ready.add(p.metaop)
+            admitted.append(p)
+            in_wave.add(p.metaop)
+            free -= p.n
         assert admitted, "no tuple fits in an empty wave"
         if any_extension and free > 0:
             # the rules differ only in the time of an admitted MetaOp's tuples left pending
-            any_extension = not any(p.metaop in in_wave and all(p is not q for q in admitted)
-                                    for p in pending)
+            any_extension = not any(q is not p and q.num_ops > 0
+                                    for p in admitted for q in tuples_of[p.metaop])
         counts = {p.metaop: p.n for p in admitted}
-        free = _extend(admitted, counts, pending, curves, free, extension)
+        free = _extend(admitted, counts, tuples_of, curves, free, extension)
         taus = [curves[p.metaop].time_at(counts[p.metaop]) for p in admitted]
         offered = [p.num_ops if max_ops is None else min(p.num_ops, max_ops(p.metaop,
                                                                           counts[p.metaop]))
@@ -318,8 +331,8 @@ def traced_wavefront_level(alloc: LevelAllocation, curves: dict[str, OpCurve], n
         for p, k in zip(admitted, ops, strict=True):
             p.num_ops -= k
         pending = [p for p in pending if p.num_ops > 0]
-        left = {p.metaop for p in pending}
-        finished |= {p.metaop for p in admitted if p.metaop not in left}
+        finished |= {p.metaop for p in admitted
+                     if all(q.num_ops == 0 for q in tuples_of[p.metaop])}
         merge_or_append(waves, PlannedWave(level=alloc.level, slots=slots), max_ops)
     return TracedWaves(waves=waves, any_sort_rule=any_sort_rule, any_extension=any_extension,
                        any_rounding=any_rounding)
@@ -523,21 +536,22 @@ def _place(others: tuple[_Cell, ...], moving: int, new_spans: list[float],
     return True
 
 
-def _extend(admitted: list[_Pending], counts: dict[str, int], pending: list[_Pending],
-            curves: dict[str, OpCurve], free: int, rule: str = "remaining") -> int:
+def _extend(admitted: list[_Pending], counts: dict[str, int],
+            tuples_of: dict[str, list[_Pending]], curves: dict[str, OpCurve], free: int,
+            rule: str = "remaining") -> int:
     """Give idle devices to the admitted MetaOps with the most remaining time (at the wave's
-    counts; rule 'remaining', the paper's) or the longest tuple in this wave ('scheduled'),
-    one valid step at a time, or to none (rule 'none'); returns the devices still idle. A
-    MetaOp whose next step does not fit never will (free devices only shrink), so it leaves
-    the heap."""
-    if rule == "none":
+    counts, with their other tuples left pending, from `tuples_of`; rule 'remaining', the
+    paper's) or the longest tuple in this wave ('scheduled'), one valid step at a time, or
+    to none (rule 'none'); returns the devices still idle. A MetaOp whose next step does not
+    fit never will (free devices only shrink), so it leaves the heap."""
+    if rule == "none" or free == 0:
         return free
-    ids = {id(p) for p in admitted}
     rest: dict[str, float] = {}
     if rule == "remaining":
-        for p in pending:
-            if id(p) not in ids:
-                rest[p.metaop] = rest.get(p.metaop, 0.0) + p.num_ops * curves[p.metaop].time_at(p.n)
+        for p in admitted:
+            for q in tuples_of[p.metaop]:
+                if q is not p and q.num_ops > 0:
+                    rest[q.metaop] = rest.get(q.metaop, 0.0) + q.time_ms
     ops = {p.metaop: p.num_ops for p in admitted}
 
     def remaining_ms(m: str) -> float:
