@@ -341,6 +341,15 @@ def slice_limits(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: Cluste
     return max_ops
 
 
+class _Traced(NamedTuple):
+    """A variant `level_waves` scheduled, its trace, and the trace's waves shortened."""
+
+    variant: Variant
+    trace: TracedWaves
+    shortened: list[PlannedWave]
+    shortened_ms: float
+
+
 def level_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[LevelAllocation],
                 num_devices: int, max_ops: MaxOps | None = None, *,
                 few_variants: bool = False, extend: bool = True) -> list[list[PlannedWave]]:
@@ -360,24 +369,24 @@ def level_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[Lev
         # variants often build the same waves: a variant differing from a traced one only in
         # switches that made no difference there is not run again, and each distinct result
         # is shortened (and timed) once
-        traced: list[tuple[Variant, TracedWaves, list[PlannedWave], float]] = []
+        traced: list[_Traced] = []
         shortened: dict[tuple[PlannedWave, ...], tuple[list[PlannedWave], float]] = {}
         variants = (VARIANTS if num_tuples <= LARGE_LEVEL and not few_variants
                     else LARGE_LEVEL_VARIANTS)
         for variant in variants if extend else without_extension(variants):
-            covering = next((x for x in traced if x[1].covers(variant, x[0])), None)
+            covering = next((x for x in traced if x.trace.covers(variant, x.variant)), None)
             if covering is None:
                 rule, rounding, extension = variant
-                same = traced_wavefront_level(a, curves, num_devices, preds, set(finished),
-                                              sort_rule=rule, rounding=rounding,
-                                              extension=extension, max_ops=max_ops)
-                key = tuple(same.waves)
+                trace = traced_wavefront_level(a, curves, num_devices, preds, set(finished),
+                                               sort_rule=rule, rounding=rounding,
+                                               extension=extension, max_ops=max_ops)
+                key = tuple(trace.waves)
                 if key not in shortened:
-                    short = shorten_waves(same.waves, max_ops)
+                    short = shorten_waves(trace.waves, max_ops)
                     shortened[key] = (short, sum(w.duration_ms for w in short))
-                covering = (variant, same, *shortened[key])
+                covering = _Traced(variant, trace, *shortened[key])
                 traced.append(covering)
-            _, _, trial, trial_ms = covering
+            trial, trial_ms = covering.shortened, covering.shortened_ms
             if best is None or trial_ms < best_ms - 1e-9:
                 best, best_ms = trial, trial_ms
         assert best is not None

@@ -1,10 +1,12 @@
 """The planner's fast paths agree with the plain rules they replace: the row merge of
 `row_flows`, the vectorized `align_fill`, the iteration-only simulation with its give-up
-bound (`simulated_cost`), and `level_waves` reusing traced variants."""
+bound (`simulated_cost`), `level_waves` reusing traced variants, and candidates placing
+their leading waves as earlier candidates did (`placement.PlacedWaves`)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import _sim_fixtures as fx
 from hypothesis import HealthCheck, given, settings
@@ -12,9 +14,12 @@ from hypothesis import strategies as st
 from test_properties import problems
 from test_simulate_properties import plans
 
+from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.artifacts.plan import tp_groups
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner import api
+from spindle_cli.planner import api, placement
+from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import (
     row_flows,
     simulate,
@@ -157,3 +162,40 @@ def test_level_waves_reuse_matches_every_variant(problem):
                 if t.covers(other, v):
                     assert traces[other].waves == t.waves
         finished |= {m.id for m in g.metaops if m.level == a.level}
+
+
+def test_candidates_place_reused_leading_waves_as_they_would_alone(monkeypatch):
+    """multitask-clip 10 tasks on 64 GPUs (candidates share leading waves): every candidate
+    `make_plan` assembles with the placements of earlier candidates is the plan, or the
+    error, it gets assembled on its own; and some candidates did reuse waves."""
+    root = Path(__file__).resolve().parents[2]
+    spec = load(str(root / "models" / "multitask-clip.yaml"), ModelSpec)
+    c = load(str(root / "clusters" / "a800-8x8.yaml"), ClusterSpec)
+    g = build_graph(spec, tasks=list(spec.task_sets["10"]))
+    p = analytic_profile(g, c, hardware="a800", counts=[1, 2, 4, 8, 16, 32, 64])
+    real_assemble, real_leading = api._assemble, placement.PlacedWaves.leading
+    reused = []
+
+    def leading(self, *args, **kwargs):
+        found = real_leading(self, *args, **kwargs)
+        reused.append(len(found))
+        return found
+
+    def outcome(*args, **kwargs):
+        try:
+            return real_assemble(*args, **kwargs)
+        except PlanInfeasible as e:
+            return str(e)
+
+    def assemble(*args, placements=None, **kwargs):
+        alone = outcome(*args, **kwargs)
+        shared = outcome(*args, placements=placements, **kwargs)
+        assert shared == alone
+        if isinstance(shared, str):
+            raise PlanInfeasible(shared)
+        return shared
+
+    monkeypatch.setattr(placement.PlacedWaves, "leading", leading)
+    monkeypatch.setattr(api, "_assemble", assemble)
+    api.make_plan(g, p, c)
+    assert max(reused) > 0
