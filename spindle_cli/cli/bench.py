@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import errno
 import io
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -282,11 +284,11 @@ draw could be made)."""
 @contextlib.contextmanager
 def _staged(out_dir: Path, owned: tuple[str, ...]) -> Iterator[Path]:
     """A hidden directory inside `out_dir` to write a run's files into; once the block ends
-    without an error they replace their namesakes in `out_dir` (renames in one directory),
-    and the files in `owned` that this run did not write are removed from `out_dir` (a chart
-    of an earlier run beside this run's tables); after an error they are removed and
-    `out_dir` keeps the previous run's files. The file system refusing (`out_dir` gone or full
-    meanwhile, a directory where a file goes) is a one-line SpindleError."""
+    without an error they replace their namesakes in `out_dir` and the files in `owned` that
+    this run did not write are removed (a chart of an earlier run beside this run's tables),
+    as one swap (`_swap_in`); after an error they are removed and `out_dir` keeps the previous
+    run's files. The file system refusing (`out_dir` gone or full meanwhile, a directory where
+    a file goes) is a one-line SpindleError, and leaves the previous run's set whole."""
     try:
         out_dir.mkdir(exist_ok=True)
         staging = tempfile.TemporaryDirectory(dir=out_dir, prefix=".staging-")
@@ -294,16 +296,50 @@ def _staged(out_dir: Path, owned: tuple[str, ...]) -> Iterator[Path]:
         raise SpindleError(f"--out {out_dir}: cannot write: {e.strerror or e}") from None
     with staging as tmp:
         yield Path(tmp)
-        written = sorted(Path(tmp).iterdir())
+        written = sorted(f.name for f in Path(tmp).iterdir())
+        _swap_in(Path(tmp), out_dir, written, sorted(set(owned) - set(written)))
+
+
+def _swap_in(staging: Path, out_dir: Path, written: list[str], dropped: list[str]) -> None:
+    """Move the files `written` from `staging` into `out_dir` and remove `dropped` from it, all
+    or nothing: the files they replace are first moved aside into a hidden directory of
+    `out_dir` (renames in one directory), and put back when any rename fails; a directory in
+    the way stops the swap before anything moves. Should putting them back fail too, they stay
+    in that directory, which the error names."""
+
+    def refused(name: str, why: str, kept: Path | None = None) -> SpindleError:
+        where = f"; the previous files are in {kept}" if kept is not None else ""
+        return SpindleError(f"--out {out_dir}: cannot write {name}: {why}{where}")
+
+    for name in written + dropped:
+        if (out_dir / name).is_dir() and not (out_dir / name).is_symlink():
+            raise refused(name, os.strerror(errno.EISDIR))
+    try:
+        aside = Path(tempfile.mkdtemp(dir=out_dir, prefix=".previous-"))
+    except OSError as e:
+        raise SpindleError(f"--out {out_dir}: cannot write: {e.strerror or e}") from None
+    moved_aside: list[str] = []
+    moved_in: list[str] = []
+    try:
+        for name in written + dropped:
+            if os.path.lexists(out_dir / name):
+                os.rename(out_dir / name, aside / name)
+                moved_aside.append(name)
+        for name in written:
+            os.rename(staging / name, out_dir / name)
+            moved_in.append(name)
+    except OSError as e:  # the target's name: rename's second file, or its first
+        name = Path(e.filename2 or e.filename).name
         try:
-            for f in written:
-                os.replace(f, out_dir / f.name)
-            for name in sorted(set(owned) - {f.name for f in written}):
-                (out_dir / name).unlink(missing_ok=True)
-        except OSError as e:  # the target's name: os.replace's second file, unlink's only one
-            name = Path(e.filename2 or e.filename).name
-            raise SpindleError(f"--out {out_dir}: cannot write {name}: {e.strerror or e}"
-                               ) from None
+            for moved in moved_in:
+                os.rename(out_dir / moved, staging / moved)
+            for moved in moved_aside:
+                os.rename(aside / moved, out_dir / moved)
+        except OSError:
+            raise refused(name, e.strerror or str(e), aside) from None
+        shutil.rmtree(aside, ignore_errors=True)
+        raise refused(name, e.strerror or str(e)) from None
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,

@@ -4,8 +4,10 @@ down to one tiny configuration (monkeypatched) so the command runs in seconds.""
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -245,6 +247,94 @@ def test_out_refusing_the_files_meanwhile_is_a_one_line_error(tmp_path):
             (staging / "bench.json").write_text("new")
     assert sorted(f.name for f in out.iterdir()) == ["bench.csv", "bench.json"]
     assert (out / "bench.csv").read_text() == "old"
+
+
+def test_a_directory_in_the_way_stops_the_swap_before_any_file_moves(tmp_path):
+    from spindle_cli.cli import bench as command
+
+    out = tmp_path / "out"
+    (out / "bench.md").mkdir(parents=True)
+    (out / "bench.csv").write_text("old csv")
+    (out / "gantt.png").write_text("old chart")
+    with pytest.raises(SpindleError, match=r"out: cannot write bench.md: Is a directory$"):
+        with command._staged(out, command.MATRIX_FILES) as staging:
+            for name in ("bench.csv", "bench.json", "bench.md"):
+                (staging / name).write_text("new")
+    assert sorted(f.name for f in out.iterdir()) == ["bench.csv", "bench.md", "gantt.png"]
+    assert (out / "bench.csv").read_text() == "old csv"
+    assert (out / "gantt.png").read_text() == "old chart"
+
+
+def test_a_rename_failing_midway_puts_the_previous_files_back(tmp_path, monkeypatch):
+    from spindle_cli.cli import bench as command
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("bench.csv", "bench.json", "bench.md", "gantt.png"):
+        (out / name).write_text(f"old {name}")
+    rename = os.rename
+
+    def failing(src, dst):
+        # the third new file refuses to move in, after two have replaced their namesakes
+        if Path(src).name == "bench.md" and Path(src).parent.name.startswith(".staging-"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src), None, str(dst))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", failing)
+    with pytest.raises(SpindleError, match=r"out: cannot write bench.md: No space left on device$"):
+        with command._staged(out, command.MATRIX_FILES) as staging:
+            for name in ("bench.csv", "bench.json", "bench.md"):
+                (staging / name).write_text(f"new {name}")
+    # every previous file is back, gantt.png (not written this run) included; nothing new
+    # and no hidden directory is left
+    assert sorted(f.name for f in out.iterdir()) == [
+        "bench.csv", "bench.json", "bench.md", "gantt.png"]
+    for name in ("bench.csv", "bench.json", "bench.md", "gantt.png"):
+        assert (out / name).read_text() == f"old {name}"
+
+
+def test_previous_files_that_cannot_be_put_back_stay_where_the_error_says(tmp_path,
+                                                                          monkeypatch):
+    from spindle_cli.cli import bench as command
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "bench.csv").write_text("old csv")
+    rename = os.rename
+
+    def failing(src, dst):
+        src, dst = Path(src), Path(dst)
+        if (src.name == "bench.json" and src.parent.name.startswith(".staging-")) or (
+                dst.parent == out and src.parent.name.startswith(".previous-")):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(src), None, str(dst))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", failing)
+    with pytest.raises(SpindleError) as e:
+        with command._staged(out, command.MATRIX_FILES) as staging:
+            (staging / "bench.csv").write_text("new")
+            (staging / "bench.json").write_text("new")
+    message = str(e.value)
+    assert message.startswith(f"--out {out}: cannot write bench.json: Input/output error; "
+                              "the previous files are in ")
+    kept = Path(message.rsplit(" ", 1)[1])
+    assert kept.parent == out and (kept / "bench.csv").read_text() == "old csv"
+
+
+def test_a_swap_replaces_the_set_and_drops_an_earlier_runs_chart(tmp_path):
+    from spindle_cli.cli import bench as command
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "bench.csv").write_text("old")
+    (out / "gantt.png").write_text("old chart")
+    (out / "notes.txt").write_text("mine")
+    with command._staged(out, command.MATRIX_FILES) as staging:
+        (staging / "bench.csv").write_text("new")
+        (staging / "bench.json").write_text("new")
+    assert sorted(f.name for f in out.iterdir()) == ["bench.csv", "bench.json", "notes.txt"]
+    assert (out / "bench.csv").read_text() == "new"
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 def test_quick_with_dynamic_is_refused():
