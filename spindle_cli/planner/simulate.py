@@ -85,6 +85,7 @@ compute/communication interference, pipelining inside a wave.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -354,8 +355,10 @@ class _Network:
 
     def __init__(self, cluster: ClusterSpec, give_up_s: float = math.inf) -> None:
         self.now_s = 0.0
-        # `finish` raises _GaveUp once the clock passes this
+        # `finish` raises _GaveUp once the clock plus `tail_s` passes this: whoever waits for
+        # a flow sets `tail_s` to the least the iteration lasts past that flow's end
         self.give_up_s = give_up_s
+        self.tail_s = 0.0
         self.num_flows = 0
         # Ports are numbered by kind: NVLink out/in per rank, island out/in per rank, NIC
         # out/in per node.
@@ -463,20 +466,20 @@ class _Network:
                     while math.isnan(self.end_s[last]):
                         self._step()
                         # the clock only advances to the end of a flow someone waits for,
-                        # so the iteration lasts at least until now
-                        if self.now_s > self.give_up_s:
-                            raise _GaveUp(self.now_s * 1e3)
+                        # so the iteration lasts at least until now, plus the tail
+                        if self.now_s + self.tail_s > self.give_up_s:
+                            raise _GaveUp((self.now_s + self.tail_s) * 1e3)
                     open_ = open_[np.isnan(self.end_s[open_])]
         return float(_greatest(self.end_s[index]))
 
     def step(self) -> None:
         """Advance to the next event (`_step`), for a caller waiting on flows it knows are
-        pending; raises _GaveUp once the clock passes `give_up_s`."""
+        pending; raises _GaveUp once the clock plus `tail_s` passes `give_up_s`."""
         assert self._new or self._waiting.size or self._live, "no flow is pending"
         with np.errstate(divide="ignore"):  # the shares of ports that carry no flow (`_step`)
             self._step()
-        if self.now_s > self.give_up_s:
-            raise _GaveUp(self.now_s * 1e3)
+        if self.now_s + self.tail_s > self.give_up_s:
+            raise _GaveUp((self.now_s + self.tail_s) * 1e3)
 
     def _step(self) -> None:
         """Advance to the next event: a flow starts or the first active flow ends. Callers
@@ -653,10 +656,12 @@ def simulated_cost(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Cl
                    give_up_ms: float = math.inf) -> QuickCost:
     """`simulate(...)`'s iteration and transfer wait (with the cluster backend's buckets),
     without building the per-rank, per-slice and per-flow records of the result. Once the
-    simulated clock passes `give_up_ms` (a wave ends, or a flow that a wave or the gradient
-    sync waits for ends, after it) the simulation stops and returns that time, a lower
-    bound of the iteration above `give_up_ms`: a plan that cannot beat `give_up_ms` need
-    not be simulated to the end."""
+    simulated clock plus the least the iteration lasts beyond it passes `give_up_ms` (checked
+    when a wave ends, or a flow that a wave or the gradient sync waits for ends; with waves
+    as barriers the compute of the waves still to run and the longest optimizer step count
+    beyond it) the simulation stops and returns that sum, a lower bound of the iteration
+    above `give_up_ms`: a plan that cannot beat `give_up_ms` need not be simulated to the
+    end."""
     try:
         timeline = _run(plan, graph, profile, cluster, sync=backend_sync(cluster.backend),
                         give_up_ms=give_up_ms, record_flows=False)
@@ -666,7 +671,7 @@ def simulated_cost(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Cl
 
 
 class _GaveUp(Exception):
-    """`_run` passed its `give_up_ms` at `now_ms`."""
+    """`_run` found the iteration lasts at least `now_ms`, past its `give_up_ms`."""
 
     def __init__(self, now_ms: float) -> None:
         super().__init__(now_ms)
@@ -816,6 +821,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     post_gather = 1 <= _zero_stage(plan) <= 2
 
     held = _held(plan, metaops)
+    optimizer_ms = _optimizer_ms(plan, graph, profile, held)
 
     rings_of: dict[tuple[int, ...], list[tuple[float, int, list[list[int]]]]] = {}
 
@@ -1004,7 +1010,24 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         return start_ms
 
     def barrier_loops() -> tuple[list[float], _RankTimes | None]:
-        """Waves as barriers (`Progress` 'wave')."""
+        """Waves as barriers (`Progress` 'wave'). Gives up (`give_up_ms`) as soon as the
+        iteration must outlast it: a wave lasts at least its longest slice, and every rank
+        steps its optimizer after the last backward, so the iteration lasts at least the
+        waves still to compute, and the longest optimizer step, past any wave's start or
+        end."""
+        fwd_ms = [max([costs[s.id].forward_ms for s in w.slices], default=0.0)
+                  for w in plan.waves]
+        bwd_ms = [max([costs[s.id].backward_ms for s in w.slices], default=0.0)
+                  for w in plan.waves]
+        # the least the iteration lasts past the start of wave k's forward (fwd_rest[k]) or
+        # backward (bwd_rest[k]), and past their ends (index k + 1 and k)
+        bwd_rest = list(itertools.accumulate(bwd_ms, initial=max(optimizer_ms, default=0.0)))
+        fwd_rest = list(itertools.accumulate(reversed(fwd_ms), initial=bwd_rest[-1]))[::-1]
+
+        def give_up_past(now_ms: float, rest_ms: float) -> None:
+            if now_ms + rest_ms > give_up_ms:
+                raise _GaveUp(now_ms + rest_ms)
+
         now_ms = 0.0
         ready = [0.0] * plan.num_devices
         prefetched = {0: issue_gathers(0, 0.0)}
@@ -1012,6 +1035,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             inputs = issue_boundary(w.index, False, ready)
             params = (prefetched.pop(w.index)
                       + [i for sl in w.slices for i in prior.get(sl.id, [])])
+            net.tail_s = fwd_rest[w.index] / 1e3
             start_ms = wait_for(now_ms, inputs, params)
             prefetched[w.index + 1] = issue_gathers(w.index + 1, start_ms)
             end_ms = start_ms
@@ -1022,12 +1046,12 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             ready = reached(w, start_ms, 1)
             fwd_timing.append((start_ms, end_ms, start_ms - now_ms))
             now_ms = end_ms
-            if now_ms > give_up_ms:
-                raise _GaveUp(now_ms)
+            give_up_past(now_ms, fwd_rest[w.index + 1])
 
         boundary: list[int] = []
         prefetched = {len(plan.waves) - 1: issue_gathers(len(plan.waves) - 1, now_ms)}
         for w in reversed(plan.waves):
+            net.tail_s = bwd_rest[w.index + 1] / 1e3
             start_ms = wait_for(now_ms, boundary, prefetched.pop(w.index))
             prefetched[w.index - 1] = issue_gathers(w.index - 1, start_ms)
             end_ms = start_ms
@@ -1047,8 +1071,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 issue_sync(b.groups, b.bytes, at, bucket_label(b))
             bwd_timing[w.index] = (start_ms, end_ms, start_ms - now_ms)
             now_ms = end_ms
-            if now_ms > give_up_ms:
-                raise _GaveUp(now_ms)
+            give_up_past(now_ms, bwd_rest[w.index])
         return [now_ms] * plan.num_devices, None
 
     def rank_loops() -> tuple[list[float], _RankTimes]:
@@ -1239,7 +1262,6 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     for gi, g in enumerate(plan.param_groups):
         if gi not in sync_start_ms:
             issue_sync((gi,), g.bytes, max(end_ms[r] for r in g.ranks))
-    optimizer_ms = _optimizer_ms(plan, graph, profile, held)
     groups_of: list[list[int]] = [[] for _ in range(plan.num_devices)]
     for gi, g in enumerate(plan.param_groups):
         for r in g.ranks:
@@ -1250,8 +1272,12 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         reductions are done."""
         return max([end_ms[r], *(reduced_ms[gi] for gi in groups_of[r])]) + optimizer_ms[r]
 
-    reduced_ms = [max(net.finish(sync_ids[gi]) * 1e3, sync_start_ms[gi]) if sync_ids[gi]
-                  else sync_start_ms[gi] for gi in range(len(plan.param_groups))]
+    reduced_ms = []
+    for gi, g in enumerate(plan.param_groups):
+        # each rank of the group steps its optimizer after the group's reduction
+        net.tail_s = max(optimizer_ms[r] for r in g.ranks) / 1e3
+        reduced_ms.append(max(net.finish(sync_ids[gi]) * 1e3, sync_start_ms[gi])
+                          if sync_ids[gi] else sync_start_ms[gi])
     # a rank is through once it has stepped (the all-gathers of ZeRO-1/2 overlap the next
     # forward)
     through_ms = [stepped_ms(r) for r in range(plan.num_devices)]

@@ -6,9 +6,11 @@ their leading waves as earlier candidates did (`placement.PlacedWaves`)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import _sim_fixtures as fx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_properties import problems
@@ -16,11 +18,13 @@ from test_simulate_properties import plans
 
 from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.artifacts.plan import tp_groups
+from spindle_cli.artifacts.profile import OptimizerCost
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api, placement
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import (
+    _Network,
     row_flows,
     simulate,
     simulated_cost,
@@ -117,6 +121,25 @@ def test_iteration_only_simulation_and_its_give_up_bound(plan, batch, num_nodes,
     else:
         # stopped early or not: above the bound it gave up on, never above the truth
         assert give_up_ms < bounded <= full
+
+
+def test_give_up_counts_the_work_left_after_the_clock():
+    # the optimizer step follows the last backward: a bar it alone crosses is given up on at
+    # the end of the backward, before the gradient sync is simulated
+    g, c = fx.graph(), fx.cluster()
+    p = replace(fx.profile(), optimizer=OptimizerCost(ms_per_tensor=40.0,
+                                                      ms_per_million_params=0.0))
+    result = simulate(fx.plan(), g, p, c)
+    assert result.optimizer_ms == 40.0
+    give_up_ms = result.iteration_ms - result.optimizer_ms / 2
+    steps = []
+    step = _Network._step
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_Network, "_step", lambda net: (steps.append(net.now_s), step(net))[1])
+        bounded, transfer_ms = simulated_cost(fx.plan(), g, p, c, give_up_ms=give_up_ms)
+    assert transfer_ms == math.inf and give_up_ms < bounded <= result.iteration_ms
+    # no flow was simulated past the end of the backward
+    assert max(steps) * 1e3 <= result.iteration_ms - result.optimizer_ms - result.sync_ms
 
 
 def level_waves_by_every_variant(g, curves, allocs, num_devices, max_ops):
