@@ -3,9 +3,12 @@
 Model (mixed-precision Adam): each parameter costs 2 B (bf16/fp16 weights) + 2 B (gradients) +
 12 B (fp32 master copy and two Adam moments); an fp32 graph costs 4 + 4 + 8. A rank holds one
 replica of every layer it ever runs, however many tasks use it (tensor-parallel slices of
-degree t hold 1/t of it). Activations: forward waves run first and backward waves in reverse,
-so every slice's stash is alive at the forward/backward turn; the peak is the sum over all
-slices a rank runs of stash_bytes_per_sample * rows on that rank * operators. Under 'tp<t>' a
+degree t hold 1/t of it: the i-th rank of a group holds shard i of t, which is, as the
+simulator's gradient rings count it, the finer shards j = i mod t of a layer split into any
+multiple of t; a rank that runs other shards of a layer in other slices holds their union).
+Activations: forward waves run first and backward waves in reverse, so every slice's stash is
+alive at the forward/backward turn; the peak is the sum over all slices a rank runs of
+stash_bytes_per_sample * rows on that rank * operators. Under 'tp<t>' a
 rank keeps 1/t of the stash except the part Megatron-LM replicates without sequence
 parallelism (`roofline.REPLICATED_ACTIVATION_FRACTION`, the profile's own memory model).
 
@@ -25,6 +28,7 @@ Memory strategies (`MemoryStrategy`), as Megatron/DeepSpeed apply them:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -188,7 +192,12 @@ class Ledger:
         for m in graph.metaops:
             sizes[m.module] = max(sizes.get(m.module, 0), m.first_layer + m.num_layers)
         self.held = {mod: np.zeros((n, num_devices)) for mod, n in sizes.items()}
-        """Fraction of each (layer, rank) replica held: 1 for data parallel, 1/t for tp<t>."""
+        """Fraction of each (layer, rank) replica held: 1 for data parallel, 1/t for tp<t>,
+        the union of the shards held for several tensor-parallel positions."""
+        self._shards_held: dict[str, np.ndarray] = {}
+        """Per module that a tensor-parallel slice ran, which of the layer's `_parts` finer
+        shards each (layer, rank) holds, as a bit mask (`_shard_bits`)."""
+        self._parts = 1
         self.activation = np.zeros(num_devices)
         self.peak = np.zeros(num_devices)
         """The largest one-operator stash a rank recomputes (0 without recomputation)."""
@@ -248,16 +257,30 @@ class Ledger:
         return self.held[metaop.module][lo:hi].sum(axis=0) / (hi - lo)
 
     def commit(self, metaop: MetaOp, first: int, last: int, ranks: tuple[int, ...] | np.ndarray,
-               strategy: str) -> None:
-        """Record that `ranks` (in slice order, a tuple or an integer array) run the slice."""
-        frac = 1.0 / tp_degree(strategy)
+               strategy: str) -> np.ndarray:
+        """Record that `ranks` (in slice order, a tuple or an integer array) run the slice;
+        returns, per rank of the slice, whether it now holds more of some layer than its
+        largest share (other tensor-parallel shards of it, from other slices), which `need`
+        does not foresee."""
+        t = tp_degree(strategy)
+        frac = 1.0 / t
         lo, hi = metaop.first_layer + first, metaop.first_layer + last
         idx = np.asarray(ranks)
         block = self.held[metaop.module][lo:hi, :]
         before = self._shards(block, self._replicas(block)) if self.sharded_b else None
         held = block[:, idx]
-        grown = np.maximum(frac - held, 0.0).sum(axis=0)
-        block[:, idx] = np.maximum(held, frac)
+        largest = np.maximum(held, frac)
+        if t > 1 or metaop.module in self._shards_held:
+            union = self._hold_shards(metaop.module, lo, hi, idx, t,
+                                      tp_group_size(len(idx), strategy))
+            mixed = union > largest
+            if mixed.any():
+                largest = np.where(mixed, union, largest)
+            beyond = mixed.any(axis=0)
+        else:
+            beyond = np.zeros(len(idx), dtype=bool)
+        grown = (largest - held).sum(axis=0)
+        block[:, idx] = largest
         rows = _rows_array(metaop.batch_size, len(ranks), strategy)
         stash = kept_bytes_per_rank_sample(metaop, strategy, self.memory.recompute) * rows * \
             (last - first)
@@ -278,6 +301,31 @@ class Ledger:
                                                                  self.memory))
             self._used[idx] += buffer - self.buffer[idx]
             self.buffer[idx] = buffer
+        return beyond
+
+    def _hold_shards(self, module: str, lo: int, hi: int, idx: np.ndarray, t: int,
+                     size: int) -> np.ndarray:
+        """Mark layers [lo, hi) of `module` held by ranks `idx` (in slice order: the i-th of a
+        group of `size` holds shard i mod size of t), and return the share of each (layer,
+        rank) now held. The finer shards are refined to a multiple of t first; beyond 64 of
+        them (tensor-parallel degrees whose least common multiple exceeds 64) a rank is taken
+        to hold only its largest share, as before positions were kept."""
+        parts = math.lcm(self._parts, t)
+        if parts > 64:
+            return np.zeros((hi - lo, len(idx)))
+        if parts != self._parts:
+            for masks in self._shards_held.values():
+                masks[...] = _refine(masks, self._parts, parts)
+            self._parts = parts
+        if module not in self._shards_held:
+            whole = self.held[module] >= 1.0
+            self._shards_held[module] = np.where(whole, _shard_bits(parts, 1, 0), 0).astype(
+                np.uint64)
+        masks = self._shards_held[module]
+        bits = np.array([_shard_bits(parts, t, i % size) for i in range(len(idx))],
+                        dtype=np.uint64)
+        masks[lo:hi, idx] |= bits
+        return np.bitwise_count(masks[lo:hi, idx]) / parts
 
     def holder_ranges(self) -> list[tuple[str, int, int, tuple[int, ...]]]:
         """(module, first layer, last layer + 1, ranks) for every maximal range of a module's
@@ -328,6 +376,22 @@ class Ledger:
                 _whole_bytes(optimizer * self.opt_b),
                 _whole_bytes(self.activation + self.peak), strict=True))
         )
+
+
+@lru_cache(maxsize=1024)
+def _shard_bits(parts: int, t: int, q: int) -> int:
+    """Shard q of t of a layer split into `parts` finer shards (t divides `parts`): the finer
+    shards j = q mod t, as bits."""
+    return sum(1 << j for j in range(q, parts, t))
+
+
+def _refine(masks: np.ndarray, parts: int, finer: int) -> np.ndarray:
+    """Masks over `parts` shards as masks over `finer` (a multiple of `parts`): finer shard j
+    lies in shard j mod parts."""
+    out = np.zeros_like(masks)
+    for j in range(finer):
+        out |= ((masks >> np.uint64(j % parts)) & np.uint64(1)) << np.uint64(j)
+    return out
 
 
 def _whole_bytes(values: np.ndarray) -> list[int]:

@@ -338,7 +338,12 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
                 return _grouping_failure(wi, s, free, used, need, cap, cluster.island_size,
                                          group)
             free[chosen] = False
-            ledger.commit(s.metaop, s.first, s.last, chosen, s.strategy)
+            before = used[chosen]
+            beyond = ledger.commit(s.metaop, s.first, s.last, chosen, s.strategy)
+            if beyond.any():
+                failure = _shards_failure(wi, s, chosen, beyond, before, ledger.used(), cap)
+                if failure is not None:
+                    return failure
             ranks[i] = chosen
         placed.append(_PlacedWave(order=order, ranks=[r for r in ranks if r is not None]))
         rows.append(placed[-1].ranks)
@@ -436,6 +441,24 @@ def _failure(wi: int, s: SliceSpec, free: np.ndarray, used: np.ndarray, need: np
     )
 
 
+def _shards_failure(wi: int, s: SliceSpec, chosen: np.ndarray, beyond: np.ndarray,
+                    before: np.ndarray, used: np.ndarray, cap: float) -> _Failure | None:
+    """A memory failure when a rank of `chosen` that now holds other tensor-parallel shards
+    of the slice's layers (`beyond`, which `Ledger.need` does not foresee) ends above `cap`;
+    None when they all fit."""
+    over = beyond & (used[chosen] > cap)
+    if not over.any():
+        return None
+    k = int(over.argmax())
+    r = int(chosen[k])
+    return _Failure(
+        wave=wi, memory=True,
+        message=(f"out of memory placing {_describe(s)} in wave {wi}: rank {r} also holds "
+                 f"other tensor-parallel shards of its layers and "
+                 f"{_shortage(used[r] - before[k], cap - before[k], cap)}"),
+    )
+
+
 def _grouping_failure(wi: int, s: SliceSpec, free: np.ndarray, used: np.ndarray,
                       need: np.ndarray, cap: float, island_size: int, group: int) -> _Failure:
     """No island has room for a tensor-parallel group of the slice. When the free ranks alone
@@ -487,7 +510,12 @@ def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster:
                     f"out of memory placing {_describe(s)} in wave {wi} (sequential placement): "
                     f"rank {r} {_shortage(need[r], cap - used[r], cap)}"
                 )
-            ledger.commit(s.metaop, s.first, s.last, chosen, s.strategy)
+            before = ledger.used()[list(chosen)]
+            beyond = ledger.commit(s.metaop, s.first, s.last, chosen, s.strategy)
+            failure = _shards_failure(wi, s, np.array(chosen), beyond, before, ledger.used(),
+                                      cap) if beyond.any() else None
+            if failure is not None:
+                raise PlanInfeasible(f"{failure.message} (sequential placement)")
             row.append(chosen)
         placed.append(row)
     return placed, ledger

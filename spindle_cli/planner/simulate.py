@@ -720,8 +720,11 @@ _UNHELD = (math.inf, 0)
 def _held(plan: Plan, metaops: dict[str, MetaOp]) -> list[dict[int, tuple[int, int]]]:
     """Per parameter group, what each of its ranks holds of its layers' weights, as
     `memory.Ledger` counts it: (t, q) for shard q of t (1/t of each layer), (1, 0) for a rank
-    that runs them data-parallel; the largest share over the rank's slices. A rank no slice
-    runs them on (a group that check_plan lets through without slices) holds them whole."""
+    that runs them data-parallel; the largest share over the rank's slices (a rank that runs
+    shards of a layer that do not nest, such as both halves under tp2, which
+    `memory.Ledger` charges as their union, is counted here with one of them: no plan the
+    planner keeps has been seen to). A rank no slice runs them on (a group that check_plan
+    lets through without slices) holds them whole."""
     held: list[dict[int, tuple[int, int]]] = [{} for _ in plan.param_groups]
     of_module: dict[str, list[int]] = {}
     for gi, g in enumerate(plan.param_groups):

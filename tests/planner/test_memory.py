@@ -249,3 +249,47 @@ def test_tensor_parallel_ranks_keep_their_share_of_the_stash():
     led = Ledger(graph([a]), 2, MemoryStrategy(recompute=True))
     led.commit(a, 0, 1, (0, 1), "tp2")
     assert [m.activation_bytes for m in led.table()] == [32 * 2 + 220 * 2] * 2
+
+
+def test_a_rank_running_two_shards_of_a_layer_holds_both():
+    a = metaop("t1/enc", layers=4, batch=4, module="enc", params=1000, stash=0)
+    b = metaop("t2/enc", layers=4, batch=4, module="enc", params=1000, stash=0)
+    led = Ledger(graph([a, b]), 4)
+    assert not led.commit(a, 0, 4, (0, 1), "tp2").any()
+    # rank 1 held shard 1 of 2; as the first rank of (1, 2) it now runs shard 0 too
+    beyond = led.commit(b, 0, 2, (1, 2), "tp2")
+    assert beyond.tolist() == [True, False]
+    params = [m.param_bytes for m in led.table()]
+    # 2 B per weight: rank 1 the whole of layers 0-1 and half of 2-3, the others half
+    assert params == [4 * 500 * 2, (2 * 1000 + 2 * 500) * 2, 2 * 500 * 2, 0]
+    assert led.used()[1] == pytest.approx(led.table()[1].total_bytes)
+
+
+def test_nested_shards_add_nothing_and_crossing_ones_add_their_union():
+    a = metaop("t1/enc", layers=1, batch=4, module="enc", params=800, stash=0)
+    b = metaop("t2/enc", layers=1, batch=4, module="enc", params=800, stash=0)
+    c = metaop("t3/enc", layers=1, batch=4, module="enc", params=800, stash=0)
+    led = Ledger(graph([a, b, c]), 8)
+    led.commit(a, 0, 1, (0, 1, 2, 3), "tp4")  # rank r: shard r of 4 (the eighths j = r mod 4)
+    # shard 0 of 2 on rank 0 holds its shard 0 of 4; shard 1 of 2 on rank 1 its shard 1 of 4
+    assert not led.commit(b, 0, 1, (0, 1), "tp2").any()
+    # on (1, 2): rank 1 adds shard 0 of 2 to its shard 1 of 2, the whole layer; rank 2 adds
+    # shard 1 of 2 (j odd) to its shard 2 of 4 (j = 2 mod 4), 3/4 of it
+    beyond = led.commit(c, 0, 1, (1, 2), "tp2")
+    assert beyond.tolist() == [True, True]
+    params = [m.param_bytes for m in led.table()]
+    assert params[:4] == [400 * 2, 800 * 2, 600 * 2, 200 * 2]
+    # data parallel afterwards: the whole layer, nothing beyond the largest share
+    assert not led.commit(a, 0, 1, (2, 5), "dp").any()
+    assert [m.param_bytes for m in led.table()][2] == 800 * 2
+
+
+def test_degrees_without_a_common_refinement_in_64_keep_the_largest_share():
+    ops = [metaop(f"t{i}/enc", layers=1, batch=420, module="enc", params=420, stash=0)
+           for i in range(3)]
+    led = Ledger(graph(ops), 16)
+    led.commit(ops[0], 0, 1, tuple(range(7)), "tp7")
+    led.commit(ops[1], 0, 1, tuple(range(5)), "tp5")  # 35 finer shards: positions kept
+    assert led.commit(ops[1], 0, 1, (1, 2, 3, 4, 5), "tp5")[0]  # rank 1: shard 0 of 5 too
+    # tp3 would need 105 finer shards: a rank is charged its largest share, as before
+    assert not led.commit(ops[2], 0, 1, (4, 5, 6), "tp3").any()

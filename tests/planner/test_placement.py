@@ -112,6 +112,24 @@ def test_infeasible_placement_names_the_rank_and_the_bytes():
         place([[spec(a, 0, 1, 1)]], [], g, c, mode="sequential")
 
 
+def test_a_rank_given_a_second_shard_of_its_layers_is_charged_both():
+    # consecutive ranks: the tp2 group (0, 1) in wave 0, then (1, 2) behind a one-rank slice,
+    # so rank 1 runs shard 1 and then shard 0 of the same four layers: all of them
+    a = metaop("t1/enc", layers=4, batch=4, module="enc", params=100, stash=0)
+    b = metaop("t2/enc", layers=4, batch=4, module="enc", params=100, stash=0)
+    o = metaop("t3/other", layers=1, batch=4, module="other", params=0, stash=0)
+    g = graph([a, b, o])
+    waves = [[spec(a, 0, 4, 2, "tp2")], [spec(o, 0, 1, 1), spec(b, 0, 4, 2, "tp2")]]
+    # half of 4 layers of 100 parameters at 16 B each: 3200 B; all of them: 6400 B
+    ranks, ledger = place(waves, [], g, cluster(per_node=4, memory_bytes=6400), mode="sequential")
+    assert ranks == [[(0, 1)], [(0,), (1, 2)]]
+    assert [m.total_bytes for m in ledger.table()] == [3200, 6400, 3200, 0]
+    short = r"needs 3.1 KiB \(3200 bytes\) more but only 1.8 KiB \(1800 bytes\) are available"
+    with pytest.raises(PlanInfeasible, match=r"rank 1 also holds other tensor-parallel shards "
+                                             r"of its layers and " + short):
+        place(waves, [], g, cluster(per_node=4, memory_bytes=5000), mode="sequential")
+
+
 def test_zero_sharding_lets_placement_fit_what_replicas_do_not():
     from spindle_cli.planner.memory import MemoryStrategy
 

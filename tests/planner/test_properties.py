@@ -4,11 +4,16 @@ valid counts, and keeps memory within capacity, or fails with PlanInfeasible."""
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from plan_builders import alpha_beta_curve, cluster, curve, graph, metaop, profile
 from test_api import check_contract
 
+from spindle_cli.artifacts.plan import tp_group_size
+from spindle_cli.artifacts.profile import tp_degree
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import scaling
 from spindle_cli.planner.api import PlanOptions, make_plan
@@ -72,9 +77,34 @@ def test_plans_are_valid_or_infeasible(problem, planner, placement, uneven):
         assert len(s.ranks) <= c.num_devices
     for m in plan.memory:
         assert m.total_bytes <= c.device.memory_bytes
+    # each rank's weights (2 B per parameter, no ZeRO) are every layer it runs, counting the
+    # union of the tensor-parallel shards it runs of a layer: shard q of t is the finer shards
+    # j = q mod t
+    assert [m.param_bytes for m in plan.memory] == weights_held(plan, g)
     levelled = all(g.metaop(s.metaop).level == w.level for w, s in plan.slices())
     if planner == "sequential" or (planner == "spindle" and levelled):
         # level by level, C* bounds any schedule; optimus, distmm and Spindle's fused
         # candidate (api.fused_waves) overlap levels of different tasks or towers, so the sum
         # of per-level C* does not bound them
         assert plan.estimated_iteration_ms >= plan.lower_bound_ms * (1 - 1e-9)
+
+
+def weights_held(plan, g):
+    """Per rank, the bytes of the weights it holds, from the plan's slices alone."""
+    shards = {}
+    for _, s in plan.slices():
+        m = g.metaop(s.metaop)
+        t = tp_degree(s.strategy)
+        size = tp_group_size(len(s.ranks), s.strategy)
+        for i, r in enumerate(s.ranks):
+            for layer in range(m.first_layer + s.first, m.first_layer + s.last):
+                shards.setdefault((m.module, layer, r), set()).add((t, i % size))
+    parts = math.lcm(*(t for held in shards.values() for t, _ in held))
+    per_layer = {}  # a module's layer: the most parameters any of its MetaOps counts
+    for m in g.metaops:
+        per_layer[m.module] = max(per_layer.get(m.module, 0), m.params_per_layer)
+    held = [Fraction(0)] * plan.num_devices
+    for (module, _, r), ways in shards.items():
+        finer = {j for j in range(parts) for t, q in ways if j % t == q}
+        held[r] += Fraction(len(finer), parts) * per_layer[module] * 2
+    return [round(b) for b in held]
