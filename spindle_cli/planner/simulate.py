@@ -835,9 +835,11 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     def shard_rings(groups: tuple[int, ...]) -> list[tuple[float, int, list[list[int]]]]:
         """The rings that reduce the layers of `groups` (one rank set), per way its ranks
-        hold them (`_held`): (share of the groups' bytes, T, rings), where shard j of T is
-        reduced over the ranks holding it, ascending (a data-parallel rank holds every
-        shard, a rank of a tp<t> group shard q of t the shards j = q mod t). A bucket of
+        hold them (`_held`): (share of the groups' bytes, T, rings), where shard j of T (the
+        least common multiple of the ranks' degrees) is reduced over the ranks holding it,
+        ascending (a data-parallel rank holds every shard, a rank of a tp<t> group shard q
+        of t the shards j = q mod t; layers in tp2 on some ranks and tp3 on others are six
+        shards, each held by one rank of each kind). A bucket of
         tensor- and data-parallel groups reduces each part on its own rings. Computed once
         per bucket (`ring` and `ring_steps` both ask)."""
         if groups in rings_of:
@@ -850,7 +852,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         total = sum(parts.values())
         out = []
         for way, num_bytes in parts.items():
-            shards = max(t for t, _ in way)
+            shards = math.lcm(*(t for t, _ in way))
             out.append((num_bytes / total if total else 1.0, shards,
                         [[r for r, (t, q) in zip(ranks, way, strict=True) if j % t == q]
                          for j in range(shards)]))

@@ -527,3 +527,38 @@ def test_a_bucket_of_tensor_and_data_parallel_layers_reduces_each_on_its_rings()
     assert sent == {(0, 2): 200_000_000, (2, 0): 200_000_000, (1, 3): 200_000_000,
                     (3, 1): 200_000_000, (0, 1): 600_000_000, (1, 2): 600_000_000,
                     (2, 3): 600_000_000, (3, 0): 600_000_000}
+
+
+def test_layers_in_tp2_on_some_ranks_and_tp3_on_others_reduce_six_shards():
+    # two tasks' MetaOps of one module, the same 2 layers (1 GB of gradients): t/enc in tp2 on
+    # ranks 0-1, u/enc in tp3 on ranks 2-4. Split into six finer shards, shard j is held by
+    # rank j mod 2 and by rank 2 + j mod 3: six rings of two, each member sending
+    # 2 x 1/2 x 1/6 GB. Ranks 0 and 1 sit in three rings each, ranks 2-4 in two, and every
+    # ring pairs one of 0-1 with one of 2-4, so each flow moves at 100/3 GB/s: 1/6 GB in 5 ms.
+    # (Three shards, the largest degree, reduced half the layer on rings 0-2, 1-3, 0-4 at
+    # 2 x 1/2 x 1/3 GB per member: 6.7 ms, and left rank 1's other shards out.)
+    t_enc = fx._metaop("t/enc", "enc", 2, 0, (), 1_000, fx.BATCH)
+    u_enc = dataclasses.replace(t_enc, id="u/enc", task="u")
+    g = dataclasses.replace(fx.graph(), tasks=("t", "u"), num_levels=1, metaops=(t_enc, u_enc))
+    c = dataclasses.replace(fx.cluster(num_nodes=1), name="toy-1x6", devices_per_node=6,
+                            island_size=6)
+    slices = (Slice(id="w0.0", metaop="t/enc", first=0, last=2, ranks=(0, 1), strategy="tp2",
+                    time_ms=12.0),
+              Slice(id="w0.1", metaop="u/enc", first=0, last=2, ranks=(2, 3, 4),
+                    strategy="tp3", time_ms=12.0))
+    plan = dataclasses.replace(
+        fx.plan(), cluster="toy-1x6", num_devices=6, islands=(tuple(range(6)),),
+        waves=(Wave(index=0, level=0, start_ms=0.0, duration_ms=12.0, slices=slices),),
+        transfers=(),
+        param_groups=(ParamGroup(module="enc", first_layer=0, last_layer=2,
+                                 ranks=(0, 1, 2, 3, 4), bytes=1_000_000_000),),
+        memory=tuple(RankMemory(rank=r, param_bytes=0, grad_bytes=0, optimizer_bytes=0,
+                                activation_bytes=0) for r in range(6)),
+        levels=(LevelBound(level=0, lower_bound_ms=6.0, estimated_ms=12.0),),
+        lower_bound_ms=6.0, estimated_iteration_ms=12.0)
+    r = simulate(plan, g, fx.profile(), c, sync="per-wave")
+    sent = sorted((f.src_rank, f.dst_rank, f.bytes) for f in r.flows if f.kind == "sync")
+    sixth = round(1e9 / 6)
+    assert sent == sorted([(j % 2, 2 + j % 3, sixth) for j in range(6)]
+                          + [(2 + j % 3, j % 2, sixth) for j in range(6)])
+    assert r.sync_ms == pytest.approx(5.0)
