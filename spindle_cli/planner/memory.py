@@ -196,7 +196,7 @@ class Ledger:
         the union of the shards held for several tensor-parallel positions."""
         self._shards_held: dict[str, np.ndarray] = {}
         """Per module that a tensor-parallel slice ran, which of the layer's `_parts` finer
-        shards each (layer, rank) holds, as a bit mask (`_shard_bits`)."""
+        shards each (layer, rank) holds: [layer, rank, shard]."""
         self._parts = 1
         self.activation = np.zeros(num_devices)
         self.peak = np.zeros(num_devices)
@@ -307,25 +307,21 @@ class Ledger:
                      size: int) -> np.ndarray:
         """Mark layers [lo, hi) of `module` held by ranks `idx` (in slice order: the i-th of a
         group of `size` holds shard i mod size of t), and return the share of each (layer,
-        rank) now held. The finer shards are refined to a multiple of t first; beyond 64 of
-        them (tensor-parallel degrees whose least common multiple exceeds 64) a rank is taken
-        to hold only its largest share, as before positions were kept."""
+        rank) now held. The finer shards are refined to a multiple of t first: finer shard j
+        of the refinement lies in shard j mod `_parts`, so each module's array repeats."""
         parts = math.lcm(self._parts, t)
-        if parts > 64:
-            return np.zeros((hi - lo, len(idx)))
         if parts != self._parts:
-            for masks in self._shards_held.values():
-                masks[...] = _refine(masks, self._parts, parts)
+            for mod, shards in self._shards_held.items():
+                self._shards_held[mod] = np.tile(shards, (1, 1, parts // self._parts))
             self._parts = parts
         if module not in self._shards_held:
             whole = self.held[module] >= 1.0
-            self._shards_held[module] = np.where(whole, _shard_bits(parts, 1, 0), 0).astype(
-                np.uint64)
-        masks = self._shards_held[module]
-        bits = np.array([_shard_bits(parts, t, i % size) for i in range(len(idx))],
-                        dtype=np.uint64)
-        masks[lo:hi, idx] |= bits
-        return np.bitwise_count(masks[lo:hi, idx]) / parts
+            self._shards_held[module] = np.repeat(whole[:, :, None], parts, axis=2)
+        shards = self._shards_held[module]
+        mine = np.arange(parts) % t == (np.arange(len(idx)) % size)[:, None]
+        block = shards[lo:hi, idx] | mine
+        shards[lo:hi, idx] = block
+        return np.count_nonzero(block, axis=2) / parts
 
     def holder_ranges(self) -> list[tuple[str, int, int, tuple[int, ...]]]:
         """(module, first layer, last layer + 1, ranks) for every maximal range of a module's
@@ -376,22 +372,6 @@ class Ledger:
                 _whole_bytes(optimizer * self.opt_b),
                 _whole_bytes(self.activation + self.peak), strict=True))
         )
-
-
-@lru_cache(maxsize=1024)
-def _shard_bits(parts: int, t: int, q: int) -> int:
-    """Shard q of t of a layer split into `parts` finer shards (t divides `parts`): the finer
-    shards j = q mod t, as bits."""
-    return sum(1 << j for j in range(q, parts, t))
-
-
-def _refine(masks: np.ndarray, parts: int, finer: int) -> np.ndarray:
-    """Masks over `parts` shards as masks over `finer` (a multiple of `parts`): finer shard j
-    lies in shard j mod parts."""
-    out = np.zeros_like(masks)
-    for j in range(finer):
-        out |= ((masks >> np.uint64(j % parts)) & np.uint64(1)) << np.uint64(j)
-    return out
 
 
 def _whole_bytes(values: np.ndarray) -> list[int]:

@@ -340,10 +340,9 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
             free[chosen] = False
             before = used[chosen]
             beyond = ledger.commit(s.metaop, s.first, s.last, chosen, s.strategy)
-            if beyond.any():
-                failure = _shards_failure(wi, s, chosen, beyond, before, ledger.used(), cap)
-                if failure is not None:
-                    return failure
+            failure = _shards_failure(wi, s, chosen, beyond, before, ledger.used(), cap)
+            if failure is not None:
+                return failure
             ranks[i] = chosen
         placed.append(_PlacedWave(order=order, ranks=[r for r in ranks if r is not None]))
         rows.append(placed[-1].ranks)
@@ -513,7 +512,7 @@ def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster:
             before = ledger.used()[list(chosen)]
             beyond = ledger.commit(s.metaop, s.first, s.last, chosen, s.strategy)
             failure = _shards_failure(wi, s, np.array(chosen), beyond, before, ledger.used(),
-                                      cap) if beyond.any() else None
+                                      cap)
             if failure is not None:
                 raise PlanInfeasible(f"{failure.message} (sequential placement)")
             row.append(chosen)

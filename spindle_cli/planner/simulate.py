@@ -470,10 +470,7 @@ class _Network:
                     last = open_[-1]
                     while math.isnan(self.end_s[last]):
                         self._step()
-                        # the clock only advances to the end of a flow someone waits for,
-                        # so the iteration lasts at least until now, plus the tail
-                        if self.now_s + self.tail_s > self.give_up_s:
-                            raise _GaveUp((self.now_s + self.tail_s) * 1e3)
+                        self._check_give_up()
                     open_ = open_[np.isnan(self.end_s[open_])]
         return float(_greatest(self.end_s[index]))
 
@@ -483,6 +480,12 @@ class _Network:
         assert self._new or self._waiting.size or self._live, "no flow is pending"
         with np.errstate(divide="ignore"):  # the shares of ports that carry no flow (`_step`)
             self._step()
+        self._check_give_up()
+
+    def _check_give_up(self) -> None:
+        """Raise _GaveUp once the clock plus `tail_s` passes `give_up_s`: the clock only
+        advances to the end of a flow someone waits for, so the iteration lasts at least
+        until now, plus the tail."""
         if self.now_s + self.tail_s > self.give_up_s:
             raise _GaveUp((self.now_s + self.tail_s) * 1e3)
 

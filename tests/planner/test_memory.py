@@ -284,12 +284,14 @@ def test_nested_shards_add_nothing_and_crossing_ones_add_their_union():
     assert [m.param_bytes for m in led.table()][2] == 800 * 2
 
 
-def test_degrees_without_a_common_refinement_in_64_keep_the_largest_share():
+def test_shards_of_any_degrees_are_refined_to_their_common_multiple():
     ops = [metaop(f"t{i}/enc", layers=1, batch=420, module="enc", params=420, stash=0)
            for i in range(3)]
     led = Ledger(graph(ops), 16)
     led.commit(ops[0], 0, 1, tuple(range(7)), "tp7")
-    led.commit(ops[1], 0, 1, tuple(range(5)), "tp5")  # 35 finer shards: positions kept
+    led.commit(ops[1], 0, 1, tuple(range(5)), "tp5")  # 35 finer shards
     assert led.commit(ops[1], 0, 1, (1, 2, 3, 4, 5), "tp5")[0]  # rank 1: shard 0 of 5 too
-    # tp3 would need 105 finer shards: a rank is charged its largest share, as before
-    assert not led.commit(ops[2], 0, 1, (4, 5, 6), "tp3").any()
+    # 105 finer shards: rank 4 holds j = 4 mod 7, 4 mod 5, 3 mod 5 and now 0 mod 3
+    assert led.commit(ops[2], 0, 1, (4, 5, 6), "tp3")[0]
+    held = {j for j in range(105) if j % 7 == 4 or j % 5 in (3, 4) or j % 3 == 0}
+    assert led.table()[4].param_bytes == round(len(held) / 105 * 420 * 2)
