@@ -383,12 +383,27 @@ def load(path: str, cls: type[A]) -> A:
     return obj
 
 
+def _places(ref: InputRef, owner_path: str) -> list[Path]:
+    """The files that may be the input `ref` of the artifact read from `owner_path`, in the
+    order `load_recorded_input` looks at them."""
+    above = Path(owner_path).resolve().parents
+    return [p for p in (Path(ref.path), *(d / ref.path for d in above)) if p.is_file()]
+
+
+def _holds(place: Path, ref: InputRef) -> bool:
+    """Whether the file at `place` is a valid artifact with the content `ref` records."""
+    try:
+        return sha256(load_artifact(str(place))) == ref.sha256
+    except ArtifactError:
+        return False
+
+
 def find_recorded_input(ref: InputRef, owner_path: str) -> Path | None:
     """Where the input `ref` of the artifact read from `owner_path` is (`load_recorded_input`
-    says where it looks), or None."""
-    above = Path(owner_path).resolve().parents
-    candidates = (Path(ref.path), *(d / ref.path for d in above))
-    return next((p for p in candidates if p.is_file()), None)
+    says where it looks): the first place holding the recorded content, else the first
+    holding a file of that name; None where there is none."""
+    places = _places(ref, owner_path)
+    return next((p for p in places if _holds(p, ref)), places[0] if places else None)
 
 
 def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -> tuple[str, A]:
@@ -398,26 +413,36 @@ def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -
     Paths are recorded relative to where the command that made `owner` ran, or absolute
     (`cli.common.recorded`): try the path as written, then relative to the directory of
     `owner_path` and each one above it (committed plans record paths relative to the
-    repository root).
+    repository root), and take the first file with the recorded content: a stale file of the
+    same name in the working directory does not hide the input beside the artifact. Where no
+    file has it, the error is the first file's (invalid, or changed since).
     """
     kinds_recorded = [r.kind for r in owner.inputs]
     if cls.KIND not in kinds_recorded:
         raise ArtifactError(owner_path, "inputs", f"no {cls.KIND} input recorded")
     index = kinds_recorded.index(cls.KIND)
     ref = owner.inputs[index]
-    found = find_recorded_input(ref, owner_path)
-    if found is None:
+    places = _places(ref, owner_path)
+    if not places:
         raise ArtifactError(owner_path, f"inputs[{index}].path",
                             f"{cls.KIND} file {ref.path!r} not found")
-    obj = load(str(found), cls)
-    if sha256(obj) != ref.sha256:
-        raise ArtifactError(
+    first_error: ArtifactError | None = None
+    for place in places:
+        try:
+            obj = load(str(place), cls)
+        except ArtifactError as e:
+            first_error = first_error or e
+            continue
+        if sha256(obj) == ref.sha256:
+            return str(place), obj
+        first_error = first_error or ArtifactError(
             owner_path, f"inputs[{index}].sha256",
-            f"{cls.KIND} {ref.path!r} changed since the {owner.kind.replace('_', ' ')} was made "
-            "(sha256 mismatch)",
+            f"{cls.KIND} {str(place)!r} changed since the {owner.kind.replace('_', ' ')} was "
+            "made (sha256 mismatch)",
             hint=f"regenerate {owner_path} from the current inputs",
         )
-    return str(found), obj
+    assert first_error is not None
+    raise first_error
 
 
 def canonical_json(obj: Artifact) -> bytes:

@@ -108,19 +108,48 @@ def test_table_report_goes_to_stdout(tmp_path):
     assert "per MetaOp" in res.stdout and "t/enc" in res.stdout
 
 
-def test_relative_input_paths_resolve_beside_the_plan(tmp_path):
+def test_relative_input_paths_resolve_beside_the_plan(tmp_path, monkeypatch):
+    monkeypatch.chdir(_empty_dir(tmp_path))
     res = _run(["simulate", str(write_case(tmp_path, relative=True)), "--json"])
     assert res.exit_code == 0, res.output + res.stderr
     assert json.loads(res.stdout)["iteration_ms"] == pytest.approx(61.0)
 
 
-def test_relative_input_paths_resolve_above_the_plan(tmp_path):
+def test_relative_input_paths_resolve_above_the_plan(tmp_path, monkeypatch):
+    monkeypatch.chdir(_empty_dir(tmp_path))
     write_case(tmp_path, relative=True)
     (tmp_path / "plans").mkdir()
     (tmp_path / "plan.yaml").rename(tmp_path / "plans" / "plan.yaml")
     res = _run(["simulate", str(tmp_path / "plans" / "plan.yaml"), "--json"])
     assert res.exit_code == 0, res.output + res.stderr
     assert json.loads(res.stdout)["iteration_ms"] == pytest.approx(61.0)
+
+
+def _empty_dir(tmp_path: Path) -> Path:
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    return here
+
+
+def test_a_stale_file_of_the_same_name_here_does_not_hide_the_recorded_input(tmp_path,
+                                                                            monkeypatch):
+    """Relative paths are tried from the working directory first: a file there with the same
+    name but other content (or not an artifact at all) is passed over for the one beside the
+    plan that holds the recorded content."""
+    here = _empty_dir(tmp_path)
+    monkeypatch.chdir(here)
+    write_artifact(fx.cluster(latency_s=1e-3), str(here / "cluster.yaml"))
+    (here / "graph.yaml").write_text("not: [an artifact\n")
+    plan_path = write_case(tmp_path, relative=True)
+    res = _run(["simulate", str(plan_path), "--json"])
+    assert res.exit_code == 0, res.output + res.stderr
+    assert json.loads(res.stdout)["iteration_ms"] == pytest.approx(61.0)
+    # with the one beside the plan changed too, the error names the first file looked at
+    write_artifact(fx.cluster(latency_s=2e-3), str(tmp_path / "cluster.yaml"))
+    res = _run(["simulate", str(plan_path), "--json"])
+    assert res.exit_code == 2 and res.stdout == ""
+    first = res.stderr.splitlines()[0]
+    assert "inputs[2].sha256: cluster 'cluster.yaml' changed since the plan was made" in first
 
 
 def test_changed_input_is_a_one_line_error(tmp_path):
