@@ -687,3 +687,15 @@ def test_times_near_the_bounds_plan_or_fail_cleanly(case, planner):
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: huge.yaml: curve ") and "recomputation" in r.stderr
     assert not Path("x.yaml").exists()
+
+
+@pytest.mark.parametrize("spelled", ["./graph.yaml", "sub/../graph.yaml"])
+def test_check_agrees_however_a_relative_input_is_spelled(case, spelled):
+    """Relative inputs are recorded normalised, so `--check` with './graph.yaml' finds the
+    plan made from 'graph.yaml' up to date (it read 'path graph.yaml -> ./graph.yaml')."""
+    (case / "sub").mkdir()
+    assert invoke(*plan_args("-o", "plan.yaml")).exit_code == 0
+    r = invoke("plan", spelled, "profile.yaml", "--cluster", "cluster.yaml", "-o", "plan.yaml",
+               "--check")
+    assert r.exit_code == 0, r.output
+    assert "up to date" in r.output
