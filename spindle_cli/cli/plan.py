@@ -62,6 +62,10 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
         if memory == "zero3":
             raise SpindleError("--runnable and --memory zero3 contradict each other: `spindle "
                                "run` trains ZeRO-1 and -2 only")
+        given = click.get_current_context().get_parameter_source("tensor_parallel")
+        if tensor_parallel and given == click.core.ParameterSource.COMMANDLINE:
+            raise SpindleError("--runnable and --tensor-parallel contradict each other: "
+                               "`spindle run` trains data-parallel slices only")
         tensor_parallel = False
         ladder = tuple((z, r) for z, r in ladder if z in EXECUTABLE_ZERO_STAGES)
     check_output(output, check=check, inputs=(graph_path, profile_path, cluster_path))

@@ -496,6 +496,15 @@ def test_runnable_plans_only_what_spindle_run_trains(case):
     assert r.returncode == 2 and not Path("bad.yaml").exists()
     assert r.stderr == ("error: --runnable and --memory zero3 contradict each other: `spindle "
                         "run` trains ZeRO-1 and -2 only\n")
+    # --tensor-parallel said outright is refused too, not dropped; --no-tensor-parallel agrees
+    r = subprocess.run(["spindle", *args, "--runnable", "--tensor-parallel", "-o", "bad.yaml"],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 2 and not Path("bad.yaml").exists()
+    assert r.stderr == ("error: --runnable and --tensor-parallel contradict each other: "
+                        "`spindle run` trains data-parallel slices only\n")
+    r = invoke(*args, "--runnable", "--no-tensor-parallel", "-o", "agreed.yaml")
+    assert r.exit_code == 0, r.output
+    assert Path("agreed.yaml").read_bytes() == Path("runnable.yaml").read_bytes()
 
 
 def test_memory_flags_force_a_setting(case):
