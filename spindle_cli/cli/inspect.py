@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect as pyinspect
+import os
 from typing import Any
 
 import click
@@ -109,4 +110,9 @@ def show(path: str, plot: str | None, gantt: str | None, utilization: str | None
     for name in ("plot", "gantt", "utilization"):
         if name in options:
             check_image_path(options[name])
+    if "gantt" in options and "utilization" in options and \
+            os.path.realpath(options["gantt"]) == os.path.realpath(options["utilization"]):
+        raise SpindleError(f"{options['utilization']}: given for both --gantt and "
+                           "--utilization (the second image would replace the first)",
+                           hint="give each image its own name")
     view(obj, path, **options)

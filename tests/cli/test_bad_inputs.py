@@ -325,6 +325,10 @@ def test_end_to_end_exit_code_and_no_traceback(small_model_data, workdir):
     (("show", "p.yaml", "--gantt", "/proc/g.png"), "error: /proc/g.png: cannot write in '/proc'"),
     (("simulate", "p.yaml", "--gantt", "/proc/g.png"),
      "error: /proc/g.png: cannot write in '/proc'"),
+    # two images under one name: the second would replace the first
+    (("show", "p.yaml", "--gantt", "g.svg", "--utilization", "./g.svg"),
+     "error: ./g.svg: given for both --gantt and --utilization (the second image would "
+     "replace the first)"),
 ])
 def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spindle):
     root = Path(__file__).resolve().parents[2]
