@@ -4,7 +4,8 @@ imported only when it runs, so `spindle plan` never pays for (or imports) torch.
 Exit codes (the only place they are decided):
   0  success
   1  `--check`/`diff` found a difference, or a distributed run failed
-  2  bad input: an artifact, option or file the user gave is invalid (one-line error)
+  2  bad input: an artifact, option or file the user gave is invalid (one-line error), or
+     the machine refused to write the output (a full disk)
   123 internal error (a bug)
   130 interrupted (Ctrl-C)
 SPINDLE_DEBUG=1 adds the traceback to an error; the exit code stays the same.
@@ -12,10 +13,12 @@ SPINDLE_DEBUG=1 adds the traceback to an error; the exit code stays the same.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import click
 
@@ -99,12 +102,33 @@ def main(argv: list[str] | None = None) -> Any:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
-    except Exception:
+    except OSError as e:
+        if e.errno not in _FULL_OR_FAILED:
+            raise_internal(e, debug, say)
         if debug:
-            err.print_exception(show_locals=True)
-        else:
-            say(
-                f"internal error: {sys.exc_info()[1]!r} (a bug in spindle; "
-                "rerun with SPINDLE_DEBUG=1 for the traceback)"
-            )
-        sys.exit(123)
+            err.print_exception()
+        # what was left unwritten would fail again as the interpreter exits
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        say(f"error: {e.filename or 'stdout'}: cannot write: {e.strerror}")
+        sys.exit(2)
+    except Exception as e:
+        raise_internal(e, debug, say)
+
+
+_FULL_OR_FAILED = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
+"""errno values of a write the machine refused (a full disk or quota, a file too large, a
+device error, a read-only file system): the output's, not spindle's, failure. Writers of
+files turn theirs into errors naming the file, so one that gets here without a file name was
+a write to stdout (`spindle show PLAN > /dev/full`)."""
+
+
+def raise_internal(e: Exception, debug: bool, say: Callable[[str], None]) -> NoReturn:
+    """Exit 123 for an exception no handler expected: a bug."""
+    from spindle_cli.cli._console import err
+
+    if debug:
+        err.print_exception(show_locals=True)
+    else:
+        say(f"internal error: {e!r} (a bug in spindle; rerun with SPINDLE_DEBUG=1 for the "
+            "traceback)")
+    sys.exit(123)

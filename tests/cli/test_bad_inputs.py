@@ -397,3 +397,17 @@ def test_check_against_a_file_that_is_not_text_says_so(small_model_data, workdir
     assert result.exit_code == 1
     assert result.stderr.splitlines()[:2] == ["g.yaml: out of date (regenerate it)",
                                               "  the file is not UTF-8 text"]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [("show", "plans/tiny-clip-local-cpu.yaml"),
+                                  ("graph", "models/tiny-clip.yaml", "-o", "-")])
+def test_a_full_stdout_is_a_one_line_error_not_a_bug(args):
+    """stdout on a full disk: the machine's failure, said in one line with exit 2 (it was
+    'internal error ... a bug in spindle', exit 123)."""
+    root = Path(__file__).resolve().parents[2]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "spindle_cli", *args], cwd=root,
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "error: stdout: cannot write: No space left on device\n"
