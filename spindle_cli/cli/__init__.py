@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> Any:
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    except _NO_ARGS_HELP as e:  # `spindle` alone: the help, as click 8.1 printed it
+        say(e.format_message())
+        sys.exit(2)
     except click.UsageError as e:
         say(f"error: {e.format_message()}")
         if e.ctx is not None:
@@ -114,6 +117,9 @@ def main(argv: list[str] | None = None) -> Any:
     except Exception as e:
         raise_internal(e, debug, say)
 
+
+_NO_ARGS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+"""What click from 8.2 raises for a group run without a command (8.1 printed the help)."""
 
 _FULL_OR_FAILED = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
 """errno values of a write the machine refused (a full disk or quota, a file too large, a

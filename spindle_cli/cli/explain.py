@@ -76,14 +76,17 @@ def explain(plan_path: str, metaop_id: str) -> None:
     [level] = [a for a in allocate(graph, curves, plan.num_devices) if a.level == m.level]
     a = next(x for x in level.ops if x.metaop == m.id)
     c_star = level.lower_bound_ms
+    between = ("a valid count" if a.n_lo == a.n_hi else
+               f"between valid counts {a.n_lo} and {a.n_hi}" if a.n_lo else
+               f"below the smallest valid count, {a.n_hi}: n_lo = 0, a dummy")
     if math.isclose(level.c_star_ms, c_star, rel_tol=1e-9):
         out.print(f"level {m.level}: C* = {c_star:.3f} ms; n* = {a.n_star:.3f} "
-                  f"(between valid counts {a.n_lo} and {a.n_hi})")
+                  f"({between})")
     else:
         out.print(f"level {m.level}: C* = {c_star:.3f} ms (on the concave envelope of the "
                   "speedup curves, as plan, show and simulate count it); n* = "
                   f"{a.n_star:.3f} where every MetaOp ends at {level.c_star_ms:.3f} ms on the "
-                  f"curves themselves (between valid counts {a.n_lo} and {a.n_hi})")
+                  f"curves themselves ({between})")
     if a.n_lo == a.n_hi:
         lo = " (n* is a valid count: one tuple)"
     else:

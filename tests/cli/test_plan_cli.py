@@ -345,12 +345,23 @@ def test_explain_says_a_baseline_does_not_run_the_allocators_tuples(case):
     assert "the plan is the sequential baseline's, which does not use the allocator" in r.output
 
 
+def test_explain_says_n_lo_is_the_dummy_when_n_star_is_below_one():
+    # an embedding of a 4-task level gets under one device in the relaxed optimum
+    r = invoke("explain", str(REPO / "plans" / "multitask-clip-4-a800-2x8.yaml"),
+               "task2_vision_depth/depth_embed")
+    assert r.exit_code == 0, r.output
+    star = next(ln for ln in r.output.splitlines() if "n* = " in ln)
+    assert float(star.split("n* = ")[1].split()[0]) < 1
+    assert star.endswith("(below the smallest valid count, 1: n_lo = 0, a dummy)")
+    assert ", dummy (n = 0)" in r.output
+
+
 def test_explain_gives_one_tuple_when_n_star_is_a_valid_count():
     # a contrastive loss runs no faster on more devices: n* = 1, a valid count
     r = invoke("explain", str(REPO / "plans" / "multitask-clip-4-a800-2x8.yaml"),
                "task1_text_audio/loss")
     assert r.exit_code == 0, r.output
-    assert "n* = 1.000 (between valid counts 1 and 1)" in r.output
+    assert "n* = 1.000 (a valid count)" in r.output
     assert "tuples before rounding (n, ops): (1, 1.00) (n* is a valid count: one tuple)" in \
         r.output
 

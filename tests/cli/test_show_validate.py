@@ -73,6 +73,17 @@ def test_show_cluster_prints_sizes_and_bandwidths(files):
     assert "16.0 GiB" in text
     assert "100.0 GB/s (800 Gb/s)" in text  # intra-island
     assert "12.5 GB/s (100 Gb/s)" in text  # inter-node
+    one_node = _invoke("show", str(Path(__file__).resolve().parents[2] / "clusters" /
+                                   "local-cpu.yaml"))
+    assert "4 = 1 node x 4" in one_node.stdout
+
+
+def test_spindle_alone_prints_its_help_not_an_error():
+    proc = subprocess.run([sys.executable, "-m", "spindle_cli"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("Usage: spindle [OPTIONS] COMMAND [ARGS]...")
+    assert "error" not in proc.stderr and "Commands:" in proc.stderr
 
 
 def test_show_graph_lists_metaops_by_level(files):

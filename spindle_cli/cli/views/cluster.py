@@ -17,7 +17,8 @@ def show(obj: ClusterSpec, path: str) -> None:
     table.add_column("value")
     rows = [
         ("description", obj.description or "-"),
-        ("devices", f"{obj.num_devices} = {obj.num_nodes} nodes x {obj.devices_per_node}"),
+        ("devices", f"{obj.num_devices} = {obj.num_nodes} node{'s' * (obj.num_nodes > 1)} "
+                    f"x {obj.devices_per_node}"),
         ("NVLink islands", f"{obj.num_devices // obj.island_size} of {obj.island_size} devices"),
         ("device", d.name),
         ("device memory", fmt_bytes(d.memory_bytes)),
