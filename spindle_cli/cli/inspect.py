@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 
-from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_artifact
+from spindle_cli.artifacts import (
+    ClusterSpec,
+    MetaOpGraph,
+    ModelSpec,
+    Plan,
+    Profile,
+    load_artifact,
+)
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact
 from spindle_cli.artifacts.io import find_recorded_input, kinds, load_recorded_input
 from spindle_cli.cli._console import err
@@ -24,6 +31,7 @@ from spindle_cli.planner.consistency import (
     check_profile,
     check_recorded,
 )
+from spindle_cli.planner.graph import check_graph_of_model
 
 
 @click.command()
@@ -44,7 +52,7 @@ def validate(files: tuple[str, ...]) -> None:
 
 def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
     """Check a derived artifact against its recorded inputs (`validate`); returns the recorded
-    paths of those not found."""
+    paths of those not found (a plan's graph is checked against its model as a graph is)."""
     if not isinstance(obj, DerivedArtifact):
         return []
     registry = kinds()
@@ -59,8 +67,14 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
         elif ref.kind not in found:
             found_at[ref.kind], found[ref.kind] = load_recorded_input(obj, path,
                                                                       registry[ref.kind])
+    model = found.get("model")
+    if isinstance(obj, MetaOpGraph) and isinstance(model, ModelSpec):
+        check_graph_of_model(obj, path, model)
     if isinstance(obj, Plan):
         graph, cluster = found.get("metaop_graph"), found.get("cluster")
+        if isinstance(graph, MetaOpGraph):
+            # as `spindle run` does: the plan's graph must be its model's, where that is found
+            _check_against_inputs(graph, found_at["metaop_graph"])
         profile = found.get("profile")
         if isinstance(graph, MetaOpGraph) and isinstance(profile, Profile):
             try:

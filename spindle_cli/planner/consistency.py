@@ -21,12 +21,16 @@ from spindle_cli.planner.memory import (
 
 
 def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[int, ...]]:
-    """PlanError unless: every slice runs operators of a MetaOp of `graph` within its count;
-    every operator of every MetaOp is in exactly one slice; a slice gets its inputs through
-    exactly one transfer from each producer MetaOp (its own MetaOp's earlier slice when it does
-    not start at operator 0), from an earlier wave, between the two slices' ranks; and every
-    layer a slice runs is in exactly one parameter group, whose ranks are all the ranks that
-    run it. Returns those holders: (module, layer) -> sorted ranks."""
+    """PlanError unless: the plan is for the graph's model; every slice runs operators of a
+    MetaOp of `graph` within its count; every operator of every MetaOp is in exactly one
+    slice; a slice gets its inputs through exactly one transfer from each producer MetaOp (its
+    own MetaOp's earlier slice when it does not start at operator 0), from an earlier wave,
+    between the two slices' ranks; and every layer a slice runs is in exactly one parameter
+    group, whose ranks are all the ranks that run it. Returns those holders: (module, layer)
+    -> sorted ranks."""
+    if plan.model != graph.model:
+        raise PlanError(f"model: the plan is for model {plan.model!r}, its graph for "
+                        f"{graph.model!r}")
     ops = {m.id: m for m in graph.metaops}
     by_id: dict[str, tuple[int, Slice]] = {}
     for w in plan.waves:
@@ -150,7 +154,11 @@ def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ..
 
 def check_cluster(plan: Plan, cluster: ClusterSpec) -> None:
     """PlanError unless the plan is for as many devices as its cluster has, in its NVLink
-    islands (the plan keeps every tensor-parallel group inside one of its own islands)."""
+    islands (the plan keeps every tensor-parallel group inside one of its own islands), named
+    as it is."""
+    if plan.cluster != cluster.name:
+        raise PlanError(f"cluster: the plan is for cluster {plan.cluster!r}, its cluster file "
+                        f"is {cluster.name!r}")
     if cluster.num_devices != plan.num_devices:
         raise PlanError(f"the plan is for {plan.num_devices} devices but its cluster has "
                         f"{cluster.num_devices}")

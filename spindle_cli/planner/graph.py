@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
 from spindle_cli.artifacts.base import InputRef
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.artifacts.io import derived_header
+from spindle_cli.artifacts.io import as_written, derived_header
 from spindle_cli.artifacts.model import ModelSpec, ModuleSpec, TaskSpec
 from spindle_cli.artifacts.model_check import Shape, infer_shapes, topo_steps
 from spindle_cli.errors import SpindleError
@@ -249,3 +249,15 @@ def build_graph(
         num_levels=1 + max(levels),
         metaops=tuple(metaops),
     )
+
+
+def check_graph_of_model(graph: MetaOpGraph, graph_path: str, model: ModelSpec) -> None:
+    """SpindleError unless `graph` (read from `graph_path`) is the graph `build_graph` makes of
+    `model` for its tasks and dtype, compared as the file holds it (a large model's FLOPs are
+    rounded when written): a hand-edited graph is neither trained (`spindle run`) nor passed
+    (`spindle validate`) as if it were the model."""
+    made = build_graph(model, tasks=list(graph.tasks), dtype=graph.dtype, inputs=graph.inputs)
+    if as_written(replace(made, producer=graph.producer)) != graph:
+        raise SpindleError(f"{graph_path}: is not the graph its model gives (edited since "
+                           "spindle graph wrote it?)",
+                           hint=f"spindle graph ... --check -o {graph_path} shows the difference")

@@ -7,14 +7,13 @@ torch): `spindle run` calls it before launching workers, and every worker calls 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Plan, load, load_recorded_input
-from spindle_cli.artifacts.io import as_written
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.api import PlanOptions
 from spindle_cli.planner.consistency import check_recorded
-from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.graph import check_graph_of_model
 from spindle_cli.runtime.program import PlanError, Program, build_program
 
 
@@ -36,12 +35,7 @@ def load_run_inputs(plan_path: str) -> RunInputs:
     plan = load(plan_path, Plan)
     graph_path, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
     _, model = load_recorded_input(graph, graph_path, ModelSpec)
-    made = build_graph(model, tasks=list(graph.tasks), dtype=graph.dtype, inputs=graph.inputs)
-    # compared as the file holds it: a large model's FLOPs are rounded when written
-    if as_written(replace(made, producer=graph.producer)) != graph:
-        raise SpindleError(f"{graph_path}: is not the graph its model gives (edited since "
-                           "spindle graph wrote it?)",
-                           hint=f"spindle graph ... --check -o {graph_path} shows the difference")
+    check_graph_of_model(graph, graph_path, model)
     try:
         memory = PlanOptions.of(plan).memory
         program = build_program(plan, graph, model)

@@ -344,3 +344,39 @@ def test_show_profile_compares_a_count_under_the_strategy_its_fit_uses():
                 assert any(r[1].strip() == str(n) and r[2].strip() == claimed
                            and r[3].strip() == f"{point.time_ms:.4g}"
                            and f"fastest profiled: {fastest.strategy}" in r[7] for r in mixed)
+
+
+def test_validate_refuses_what_spindle_run_refuses(tmp_path, monkeypatch, spindle):
+    """A graph that is not its model's (edited by hand), a plan made from such a graph, and a
+    plan whose model or cluster name is not its inputs': validate passed them all, and only
+    `spindle run` refused them."""
+    root = Path(__file__).resolve().parents[2]
+    for d in ("models", "clusters", "graphs", "profiles", "plans"):
+        (tmp_path / d).symlink_to(root / d)
+    monkeypatch.chdir(tmp_path)
+    edited = yaml.safe_load((root / "graphs" / "tiny-clip.yaml").read_text())
+    edited["metaops"][0]["first_layer"] = 5
+    Path("g.yaml").write_text(yaml.safe_dump(edited))
+    for args in (("profile", "g.yaml", "--hardware", "a800", "--cluster",
+                  "clusters/a800-1x8.yaml", "-o", "f.yaml"),
+                 ("plan", "g.yaml", "f.yaml", "--cluster", "clusters/a800-1x8.yaml",
+                  "-o", "p.yaml")):
+        assert _invoke(*args).exit_code == 0
+    for name in ("g.yaml", "p.yaml"):
+        result = spindle("validate", name)
+        assert result.exit_code == 2
+        assert result.stderr.startswith("error: g.yaml: is not the graph its model gives"), \
+            result.stderr
+    shipped = yaml.safe_load((root / "plans" / "tiny-clip-local-cpu-2.yaml").read_text())
+    assert spindle("validate", "plans/tiny-clip-local-cpu-2.yaml").exit_code == 0
+    for field, problem in (("model", "model: the plan is for model 'other', its graph for "
+                                     "'tiny-clip'"),
+                           ("cluster", "cluster: the plan is for cluster 'other', its cluster "
+                                       "file is 'local-cpu-2'")):
+        Path("plans-edited").mkdir(exist_ok=True)
+        Path(f"plans-edited/{field}.yaml").write_text(yaml.safe_dump({**shipped,
+                                                                      field: "other"}))
+        result = spindle("validate", f"plans-edited/{field}.yaml")
+        assert result.exit_code == 2
+        assert result.stderr.splitlines()[0] == (f"error: plans-edited/{field}.yaml: "
+                                                 f"{problem}")
