@@ -273,10 +273,12 @@ def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven:
                                island_size)]
         oc = op_curve(m, curve, num_devices, counts_cache[m.signature], uneven=uneven)
         if len(oc.counts) == 1:
+            low = scaling.count_range(curve)[0]
+            below = f"; its curve starts at {low} devices" if low > num_devices else ""
             raise PlanInfeasible(
                 f"MetaOp {m.id} has no valid device count <= {num_devices} "
                 f"(batch {curve.batch_size}, strategy {scaling.strategy(curve, 1)}"
-                f"{_tp_refusal(curve, tensor_parallel, island_size)})"
+                f"{_tp_refusal(curve, tensor_parallel, island_size)}{below})"
             )
         result[m.id] = oc
     return result

@@ -66,10 +66,12 @@ def count_range(curve: Curve) -> tuple[int, float]:
     data-parallel groups) or where the next profiled count is slower than the best earlier one
     beyond the timing noise tolerance (`curves.helpful_run`): a
     profiled point outside the pieces marks that side as closed. A side without such a point
-    stays open: the first piece extends down, the last piece up."""
+    stays open: the first piece extends down, the last piece up; except below a curve fitted
+    on one count (`--counts 8`), whose flat piece would claim that one device runs as fast as
+    eight: no slope was seen to extend."""
     lo, hi = curve.pieces[0].n_lo, curve.pieces[-1].n_hi
     profiled = [p.num_devices for p in curve.points]
-    low = lo if any(c < lo for c in profiled) else 1
+    low = lo if lo == hi or any(c < lo for c in profiled) else 1
     high: float = hi if any(c > hi for c in profiled) else math.inf
     return low, high
 

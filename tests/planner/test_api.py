@@ -137,6 +137,16 @@ def test_a_metaop_without_a_valid_count_is_infeasible():
         make_plan(g, p, cluster(per_node=2))
 
 
+def test_a_curve_profiled_at_one_count_above_the_cluster_says_where_it_starts():
+    from plan_builders import curve
+
+    g = graph([metaop("t/a", layers=1, batch=8)])
+    p = profile([curve("t/a", 8, [(8, 8, 1.0, 0.0, "dp")])])
+    with pytest.raises(PlanInfeasible, match=r"no valid device count <= 4 \(batch 8, strategy "
+                                             r"dp; its curve starts at 8 devices\)"):
+        make_plan(g, p, cluster(per_node=4))
+
+
 def test_uneven_splits_are_recorded_and_never_worse_here():
     g = graph([metaop("t/a", layers=6, batch=6), metaop("u/b", layers=2, batch=6)])
     p = profile([alpha_beta_curve("t/a", 6, 0.0, 1.0), alpha_beta_curve("u/b", 6, 0.0, 1.0)])

@@ -139,6 +139,17 @@ def test_equal_times_still_help():
     assert scaling.time_ms(curve, 4) == pytest.approx(3.0)
 
 
+def test_a_curve_fitted_on_one_count_is_not_used_below_it():
+    # one point has no slope: its flat piece would say one device runs as fast as eight
+    curve = _curve(_samples([5.0], (8,)), 64)
+    assert scaling.count_range(curve) == (8, math.inf)
+    assert scaling.valid_counts(curve, 16) == [8, 16]
+    # two points give a slope, which extends down as the alpha-beta line
+    curve = _curve(_samples([5.0, 3.0], (8, 16)), 64)
+    assert scaling.count_range(curve) == (1, math.inf)
+    assert scaling.time_ms(curve, 4) == pytest.approx(9.0)
+
+
 def test_a_roofline_kink_inside_a_segment_is_placed_where_the_lines_meet():
     # T(b) = max(0.5 + 0.1 b, 0.2 b) + 0.05 with b = B / n: memory-bound below b = 5,
     # compute-bound above; B = 40 puts the kink at n = 8, between the profiled 4 and 16.
