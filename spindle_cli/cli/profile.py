@@ -236,7 +236,10 @@ def _measured(graph: MetaOpGraph, graph_path: str, output: str, cluster: Cluster
                 point = profiling.measured_point(job, m, links, target.dtype_bytes)
             points.setdefault(job.op.signature, []).append(point)
             bar.advance(task)
-    err.print(f"{measured} point(s) measured, {cached} from the cache")
+    unrunnable = len(jobs) - measured - cached
+    err.print(f"{measured} point(s) measured, {cached} from the cache"
+              + (f", {unrunnable} with fewer samples than data-parallel groups (not run)"
+                 if unrunnable else ""))
     optimizer = measure.measure_optimizer(target, settings)
     device_name = target.device_name
     if any(p.strategy != "dp" for pts in points.values() for p in pts):

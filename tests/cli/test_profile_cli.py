@@ -113,7 +113,10 @@ def test_measured_profile_resumes_from_the_cache(workdir, capsys, torch_threads)
     signatures = {m.signature for m in graph.metaops}
     # contrastive loss runs at every count; the other layers cannot split 8 samples 16 ways
     runnable = 3 * (len(signatures) - 1) + 4
-    assert f"{runnable} point(s) measured, 0 from the cache" in err
+    unrunnable = len(signatures) - 1  # and the points say how many were not run
+    assert (f"{runnable} point(s) measured, 0 from the cache, {unrunnable} with fewer samples "
+            "than data-parallel groups (not run)") in err
+    assert f"profiling {runnable + unrunnable} points" in err
     profile = load("m.yaml", Profile)
     assert profile.source == "measured"
     assert profile.fingerprint.hardware == "local" and profile.fingerprint.torch_version
