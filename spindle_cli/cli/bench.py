@@ -457,12 +457,15 @@ def _checked_out_dir(out_dir: str) -> Path:
               help="Print the rows as one JSON list (with --dynamic, an object: the phases' "
                    "rows and each planner's totals).")
 @click.option("--out", "out_dir", default=None, metavar="DIR",
-              help="Write CSV, JSON, markdown and PNG charts into DIR (created if missing).")
+              help="Write CSV, JSON, markdown and PNG charts into DIR (created if missing, in "
+                   "a directory that exists).")
 @click.option("--quick", is_flag=True, help="Three configurations instead of the whole matrix.")
 @click.option("--dynamic", is_flag=True,
               help="Run the dynamic task-set schedule instead of the matrix.")
-@click.option("--models-dir", default="models", show_default=True, help="Model specs.")
-@click.option("--clusters-dir", default="clusters", show_default=True, help="Cluster specs.")
+@click.option("--models-dir", default="models", show_default=True, metavar="DIR",
+              help="Model specs.")
+@click.option("--clusters-dir", default="clusters", show_default=True, metavar="DIR",
+              help="Cluster specs.")
 def bench(as_json: bool, out_dir: str | None, quick: bool, dynamic: bool, models_dir: str,
           clusters_dir: str) -> None:
     """Reproduce the paper's evaluation on simulated a800 clusters."""
