@@ -156,9 +156,6 @@ def check_cluster(plan: Plan, cluster: ClusterSpec) -> None:
     """PlanError unless the plan is for as many devices as its cluster has, in its NVLink
     islands (the plan keeps every tensor-parallel group inside one of its own islands), named
     as it is."""
-    if plan.cluster != cluster.name:
-        raise PlanError(f"cluster: the plan is for cluster {plan.cluster!r}, its cluster file "
-                        f"is {cluster.name!r}")
     if cluster.num_devices != plan.num_devices:
         raise PlanError(f"the plan is for {plan.num_devices} devices but its cluster has "
                         f"{cluster.num_devices}")
@@ -166,6 +163,9 @@ def check_cluster(plan: Plan, cluster: ClusterSpec) -> None:
         raise PlanError(f"islands: the plan's NVLink islands are not its cluster's (islands of "
                         f"{cluster.island_size} consecutive ranks; edited since spindle plan "
                         "wrote it?)")
+    if plan.cluster != cluster.name:
+        raise PlanError(f"cluster: the plan is for cluster {plan.cluster!r}, its cluster file "
+                        f"is {cluster.name!r}")
 
 
 def _same(field: str, recorded: float, implied: float) -> None:
