@@ -4,7 +4,9 @@ YAML (`.yaml`, `.yml`) or JSON (`.json`) by file extension, with the same conten
 output path means stdout. Reading refuses, as one-line ArtifactErrors, what the parsers would
 accept silently or crash on: a key repeated in a mapping, nesting deeper than MAX_NESTING,
 integers longer than Python converts, and aliases that refer to their own value or expand the
-file past MAX_EXPANDED_NODES values.
+file past MAX_EXPANDED_NODES values. Plain YAML scalars are numbers and booleans as YAML 1.2
+reads them, not as YAML 1.1 (PyYAML's schema) does: `010` is 10, `1:00`, `0b1` and `on` are
+strings.
 """
 
 from __future__ import annotations
@@ -70,11 +72,12 @@ class _UniqueKeys:
         return super().resolve(kind, value, implicit)  # type: ignore[misc,no-any-return]
 
     def construct_int(self, node: yaml.ScalarNode) -> int:
-        """`construct_yaml_int`, without its sign, base and underscore handling for a plain
-        decimal."""
+        """An integer as `_INT` spells it. PyYAML's `construct_yaml_int` reads YAML 1.1's:
+        a leading 0 as octal, `0b` and base 60."""
         if _plain_decimal(node.value):
             return int(node.value)
-        return self.construct_yaml_int(node)  # type: ignore[attr-defined,no-any-return]
+        digits = node.value.replace("_", "")
+        return int(digits, 16 if "x" in digits else 8 if "o" in digits else 10)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
         mapping = super().construct_mapping(node, deep=deep)  # type: ignore[misc]
@@ -92,13 +95,14 @@ class _UniqueKeys:
         return mapping
 
 
+_BOOL_TAG = "tag:yaml.org,2002:bool"
 _INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
 
 
 def _plain_decimal(value: str) -> bool:
-    """Whether a scalar is a decimal without sign, underscore or leading zero (which YAML 1.1
-    reads as octal)."""
-    return value.isascii() and value.isdecimal() and (value[0] != "0" or len(value) == 1)
+    """Whether a scalar is a decimal without sign or underscore, which int() reads as is."""
+    return value.isascii() and value.isdecimal()
 
 
 def _node_path(root: yaml.Node | None, target: yaml.Node, key: object) -> str:
@@ -134,17 +138,45 @@ class _SlowLoader(_UniqueKeys, yaml.SafeLoader):  # type: ignore[misc]
 
 
 class _Dumper(yaml.SafeDumper):
-    """The safe dumper; it quotes the strings `_EXPONENT` would read back as numbers."""
+    """The safe dumper; it quotes the strings that YAML 1.1 or the loaders above would read
+    back as something else (`08` and `0o17` are numbers to the loaders only, `on` and `1:00`
+    not to them), so that other YAML readers read the file alike."""
 
 
 _EXPONENT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 """Numbers with an exponent that YAML 1.1 reads as text (989e12, 1.5e9: it wants a dot and
 a signed exponent), as YAML 1.2 and JSON read them: numbers."""
 
-for _cls in (_FastLoader, _SlowLoader, _Dumper):
-    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+0123456789"))
+_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+"""YAML 1.2's booleans. YAML 1.1 also reads yes/no/on/off, so a module named `on` was True."""
+
+_INT = re.compile(r"^[-+]?(?:[0-9][0-9_]*|0o[0-7_]+|0x[0-9a-fA-F_]+)$")
+"""YAML 1.2's integers (decimal, `0o` octal, `0x` hex), with the sign and digit-grouping
+underscores YAML 1.1 allows in them. YAML 1.1 also reads a leading 0 as octal (`010` was 8,
+here 10), `0b1` as binary and `1:00` in base 60 (60): here `0b1` and `1:00` are strings, which
+an integer field refuses."""
+
+_FLOAT = re.compile(r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?
+                       |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+                       |[-+]?\.(?:inf|Inf|INF)
+                       |\.(?:nan|NaN|NAN))$""", re.X)
+"""YAML 1.1's floats without base 60 (`1:30.5` was 90.5); `_EXPONENT` adds the exponent forms
+YAML 1.1 lacks."""
+
 for _loader in (_FastLoader, _SlowLoader):
+    # YAML 1.1's booleans, integers and floats out, the ones above in
+    _loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers
+                if tag not in (_BOOL_TAG, _INT_TAG, _FLOAT_TAG)]
+        for first, resolvers in _loader.yaml_implicit_resolvers.items()
+    }
+    _loader.add_implicit_resolver(_BOOL_TAG, _BOOL, list("tTfF"))
+    _loader.add_implicit_resolver(_INT_TAG, _INT, list("-+0123456789"))
+    _loader.add_implicit_resolver(_FLOAT_TAG, _FLOAT, list("-+0123456789."))
     _loader.add_constructor(_INT_TAG, _UniqueKeys.construct_int)
+_Dumper.add_implicit_resolver(_INT_TAG, _INT, list("-+0123456789"))
+for _cls in (_FastLoader, _SlowLoader, _Dumper):
+    _cls.add_implicit_resolver(_FLOAT_TAG, _EXPONENT, list("-+0123456789"))
 
 
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -193,17 +193,90 @@ def test_fast_yaml_parser_reads_the_same_data(repo_root):
         assert read_data(str(path)) == yaml.safe_load(path.read_text()), path
 
 
-INTEGER_LIKE = ["0", "7", "4095", "010", "0012", "00", "+5", "-3", "1_000", "0x1f", "0b101",
-                "0o17", "190:20:30", "1.0", "'12'", '"12"', "\uff10", "١٢", "12a", "-1_0", "~"]
+YAML_12_SCALARS = [
+    # decimals, with the sign and underscores YAML 1.1 allows; a leading 0 is not octal
+    ("0", 0), ("7", 7), ("4095", 4095), ("010", 10), ("0012", 12), ("00", 0), ("08", 8),
+    ("+5", 5), ("-3", -3), ("1_000", 1000), ("-1_0", -10),
+    # YAML 1.2's other bases; binary and base 60 are YAML 1.1's only
+    ("0x1f", 31), ("-0x10", -16), ("0o17", 15), ("0b101", "0b101"), ("190:20:30", "190:20:30"),
+    ("1:00", "1:00"), ("1.0", 1.0), ("1:30.5", "1:30.5"), (".5", 0.5),
+    # booleans: true and false in three spellings; yes/no/on/off are YAML 1.1's only
+    ("true", True), ("True", True), ("FALSE", False), ("tRue", "tRue"), ("yes", "yes"),
+    ("No", "No"), ("on", "on"), ("OFF", "OFF"),
+    ("'12'", "12"), ('"12"', "12"), ("\uff10", "\uff10"), ("١٢", "١٢"),
+    ("12a", "12a"), ("~", None),
+]
 
 
 @pytest.mark.parametrize("loader", [_FastLoader, _SlowLoader])
-def test_integer_scalars_read_as_the_reference_loader_reads_them(loader):
+def test_plain_scalars_read_as_yaml_1_2_reads_them(loader):
     # plain decimals take a shortcut past the resolvers; every other spelling goes the long way
-    text = "".join(f"k{i}: {v}\n" for i, v in enumerate(INTEGER_LIKE)) + "r: [0, 1, 010, +2]\n"
-    ours, reference = yaml.load(text, Loader=loader), yaml.safe_load(text)
-    assert ours == reference
-    assert [type(v) for v in ours.values()] == [type(v) for v in reference.values()]
+    text = "".join(f"k{i}: {v}\n" for i, (v, _) in enumerate(YAML_12_SCALARS))
+    read = list(yaml.load(text + "r: [0, 1, 010, +2]\n", Loader=loader).values())
+    expected = [value for _, value in YAML_12_SCALARS] + [[0, 1, 10, 2]]
+    assert read == expected
+    assert [type(v) for v in read] == [type(v) for v in expected]
+
+
+@pytest.mark.parametrize(("spelling", "nodes"), [("010", 10), ("0x10", 16), ("0o17", 15)])
+def test_integer_fields_read_yaml_1_2_integers(repo_root, tmp_path, spelling, nodes):
+    text = (repo_root / "clusters" / "local-cpu-2.yaml").read_text()
+    path = tmp_path / "c.yaml"
+    path.write_text(text.replace("\nnum_nodes: 1\n", f"\nnum_nodes: {spelling}\n"))
+    assert load(str(path), ClusterSpec).num_nodes == nodes
+
+
+@pytest.mark.parametrize("spelling", ["1:00", "0b1"])
+def test_yaml_1_1_integer_forms_are_strings_an_integer_field_refuses(repo_root, tmp_path,
+                                                                     spelling):
+    text = (repo_root / "clusters" / "local-cpu-2.yaml").read_text()
+    path = tmp_path / "c.yaml"
+    path.write_text(text.replace("\nnum_nodes: 1\n", f"\nnum_nodes: {spelling}\n"))
+    with pytest.raises(ArtifactError) as e:
+        load(str(path), ClusterSpec)
+    assert str(e.value) == f"{path}: num_nodes: expected an integer, got a string"
+
+
+def test_names_that_yaml_1_1_reads_as_booleans_are_names(tiny_clip_path, tmp_path):
+    text = tiny_clip_path.read_text().replace("clip_loss", "on").replace("name: loss,", "name: no,")
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    model = load(str(path), ModelSpec)
+    assert "on" in model.modules
+    assert model.tasks[0].steps[-1].name == "no"
+    # written back quoted, so that YAML 1.1 readers read them as names too
+    out = tmp_path / "again.yaml"
+    write_artifact(model, str(out))
+    assert "  'on':" in out.read_text()
+    assert yaml.safe_load(out.read_text())["tasks"][0]["steps"][-1]["name"] == "no"
+    assert load(str(out), ModelSpec) == model
+
+
+@pytest.mark.parametrize(("spelling", "problem"), [
+    ("True", None), ("yes", "expected a boolean, got a string"),
+    ("off", "expected a boolean, got a string"),
+])
+def test_boolean_fields_take_yaml_1_2_booleans(repo_root, tmp_path, spelling, problem):
+    text = (repo_root / "profiles" / "tiny-clip-local-cpu.yaml").read_text()
+    assert "\n    feasible: true\n" in text
+    path = tmp_path / "p.yaml"
+    path.write_text(text.replace("\n    feasible: true\n", f"\n    feasible: {spelling}\n", 1))
+    if problem is None:
+        assert load(str(path), Profile) == load(str(repo_root / "profiles" /
+                                                      "tiny-clip-local-cpu.yaml"), Profile)
+        return
+    with pytest.raises(ArtifactError, match=f": {problem}$") as e:
+        load(str(path), Profile)
+    assert ".feasible: " in str(e.value)
+
+
+def test_strings_only_yaml_1_2_reads_as_integers_are_written_quoted(small_model, tmp_path):
+    for text in ("08", "0o17", "-0_9"):
+        odd = dataclasses.replace(small_model, description=text)
+        out = tmp_path / "m.yaml"
+        write_artifact(odd, str(out))
+        assert f"description: '{text}'" in out.read_text()
+        assert load(str(out), ModelSpec) == odd
 
 
 def test_numbers_with_an_exponent_are_numbers_as_in_json(small_model, tmp_path):
