@@ -19,6 +19,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,7 @@ import click
 from rich.table import Table
 
 from spindle_cli.artifacts import ClusterSpec, ModelSpec
-from spindle_cli.artifacts.io import write_text_atomic
+from spindle_cli.artifacts.io import output_file, write_text_atomic
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import check_can_create, check_parent, load_input
 from spindle_cli.cli.views import print_table
@@ -303,17 +304,25 @@ def _staged(out_dir: Path, owned: tuple[str, ...]) -> Iterator[Path]:
 def _swap_in(staging: Path, out_dir: Path, written: list[str], dropped: list[str]) -> None:
     """Move the files `written` from `staging` into `out_dir` and remove `dropped` from it, all
     or nothing: the files they replace are first moved aside into a hidden directory of
-    `out_dir` (renames in one directory), and put back when any rename fails; a directory in
-    the way stops the swap before anything moves. Should putting them back fail too, they stay
-    in that directory, which the error names."""
+    `out_dir` (renames in one directory), and put back when any rename fails; a directory, or
+    a file `io.output_file` refuses (a read-only one), in the way stops the swap before
+    anything moves. Should putting them back fail too, they stay in that directory, which the
+    error names. A file keeps the permission bits of the one it replaces; a symlink under one
+    of these names is replaced like a file, not written through: the names are bench's own,
+    and one swap cannot rename across directories."""
 
     def refused(name: str, why: str, kept: Path | None = None) -> SpindleError:
         where = f"; the previous files are in {kept}" if kept is not None else ""
         return SpindleError(f"--out {out_dir}: cannot write {name}: {why}{where}")
 
+    modes: dict[str, int] = {}
     for name in written + dropped:
-        if (out_dir / name).is_dir() and not (out_dir / name).is_symlink():
+        entry = out_dir / name
+        if entry.is_symlink() or not entry.exists():
+            continue
+        if entry.is_dir():
             raise refused(name, os.strerror(errno.EISDIR))
+        modes[name] = stat.S_IMODE(output_file(entry).stat().st_mode)
     try:
         aside = Path(tempfile.mkdtemp(dir=out_dir, prefix=".previous-"))
     except OSError as e:
@@ -326,6 +335,8 @@ def _swap_in(staging: Path, out_dir: Path, written: list[str], dropped: list[str
                 os.rename(out_dir / name, aside / name)
                 moved_aside.append(name)
         for name in written:
+            if name in modes:
+                os.chmod(staging / name, modes[name])
             os.rename(staging / name, out_dir / name)
             moved_in.append(name)
     except OSError as e:  # the target's name: rename's second file, or its first

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from spindle_cli.artifacts import Plan, load, rendered_for, write_artifact
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact
-from spindle_cli.artifacts.io import as_written, parse_artifact, parse_text
+from spindle_cli.artifacts.io import as_written, output_file, parse_artifact, parse_text
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views.plan_diff import differences
 from spindle_cli.errors import ArtifactError, FieldError, SpindleError
@@ -59,9 +59,10 @@ def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json
                  inputs: tuple[str | None, ...] = ()) -> None:
     """SpindleError unless `path` ('-': stdout, not with `check`) can be written or compared
     with: one of `suffixes` (else 'unknown <what>'), not a directory, in a directory that
-    exists and (unless `check`) can be written, and not one of the command's `inputs` (None:
-    not given). Commands call it before their work, so a bad name prints nothing else and
-    wastes nothing."""
+    exists and (unless `check`) a file `replace_atomic` may replace or make (through a
+    symlink, in its target's directory), and not one of the command's `inputs` (None: not
+    given). Commands call it before their work, so a bad name prints nothing else and wastes
+    nothing."""
     if path == "-":
         if check:
             raise SpindleError("--check compares with a file: give it as -o FILE, not '-'")
@@ -78,7 +79,7 @@ def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json
         if target.exists() and not target.is_file():
             raise SpindleError(f"{path}: not a regular file")
         return
-    check_can_create(path, parent)
+    check_can_create(path, output_file(path).parent)
     for given in inputs:
         if given is not None and target.exists() and Path(given).exists() and \
                 os.path.samefile(given, target):

@@ -37,7 +37,8 @@ from spindle_cli.artifacts import (
     load_recorded_input,
     sha256,
 )
-from spindle_cli.errors import SpindleError
+from spindle_cli.artifacts.io import output_file
+from spindle_cli.errors import ArtifactError, SpindleError
 from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES
 from spindle_cli.runtime import checkpoint
 from spindle_cli.runtime import dist as rdist
@@ -137,7 +138,7 @@ def check_options(opts: TrainOptions, *, timeout_s: float) -> None:
 
 def _check_trace_path(path: str) -> None:
     """A Chrome trace is one JSON file, written at the end of the run into an existing
-    directory (`trace.write_json`)."""
+    directory (`trace.write_json`), where `io.output_file` lets it be written."""
     target = Path(path)
     if target.is_dir():
         raise SpindleError(f"--trace {path}: is a directory",
@@ -152,6 +153,10 @@ def _check_trace_path(path: str) -> None:
         raise SpindleError(f"--trace {path}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise SpindleError(f"--trace {path}: directory {parent} is not writable")
+    try:
+        output_file(path)
+    except ArtifactError as e:
+        raise SpindleError(f"--trace {e}", hint=e.hint) from None
 
 
 def resume_point(plan: Plan, opts: TrainOptions, world_size: int) -> tuple[Path, int] | None:

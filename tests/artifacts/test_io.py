@@ -6,6 +6,7 @@ import dataclasses
 import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -105,6 +106,77 @@ def test_a_directory_that_refuses_files_is_an_artifact_error(small_model, tmp_pa
     with pytest.raises(ArtifactError, match="m.yaml: cannot write: Read-only file system"):
         write_artifact(small_model, str(tmp_path / "m.yaml"))
     assert _files(tmp_path) == []
+
+
+def test_writing_through_a_symlink_replaces_its_target_and_keeps_the_link(small_model,
+                                                                         tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "m.yaml").write_text("old content\n")
+    link = tmp_path / "m.yaml"
+    link.symlink_to(Path("real") / "m.yaml")
+    write_artifact(small_model, str(link))
+    assert link.is_symlink() and os.readlink(link) == str(Path("real") / "m.yaml")
+    assert (tmp_path / "real" / "m.yaml").read_text() == rendered_for(small_model, str(link))
+    # the temp file went beside the target, and is gone
+    assert _files(tmp_path / "real") == ["m.yaml"]
+    # a dangling link's target is made, as `>` would make it
+    (tmp_path / "new.yaml").symlink_to(Path("real") / "new.yaml")
+    write_artifact(small_model, str(tmp_path / "new.yaml"))
+    assert (tmp_path / "new.yaml").is_symlink()
+    assert load(str(tmp_path / "real" / "new.yaml"), ModelSpec) == small_model
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o664])
+def test_a_replaced_file_keeps_its_permission_bits(small_model, tmp_path, mode):
+    path = tmp_path / "m.yaml"
+    path.write_text("old content\n")
+    path.chmod(mode)
+    write_artifact(small_model, str(path))
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert path.read_text() == rendered_for(small_model, str(path))
+
+
+def test_a_new_file_gets_the_mode_open_would_give_it(small_model, tmp_path):
+    umask = os.umask(0o027)
+    try:
+        write_artifact(small_model, str(tmp_path / "m.yaml"))
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "m.yaml").stat().st_mode) == 0o640
+
+
+@pytest.mark.parametrize("through_a_link", [False, True])
+def test_a_read_only_file_is_refused_not_replaced(small_model, tmp_path, through_a_link):
+    target = tmp_path / "m.yaml"
+    target.write_text("old content\n")
+    target.chmod(0o444)
+    path = target
+    if through_a_link:
+        path = tmp_path / "link.yaml"
+        path.symlink_to(target.name)
+    with pytest.raises(ArtifactError) as e:
+        write_artifact(small_model, str(path))
+    assert str(e.value) == f"{path}: cannot write: read-only file"
+    assert e.value.hint == f"make it writable (chmod u+w {target}) to replace it"
+    assert target.read_text() == "old content\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o444
+    assert path.is_symlink() == through_a_link
+
+
+@pytest.mark.parametrize(("make", "problem"), [
+    (lambda p: p.symlink_to(p.name), "Too many levels of symbolic links"),
+    (lambda p: p.symlink_to("/dev/null"), "not a regular file"),
+    (lambda p: os.mkfifo(p), "not a regular file"),
+    (lambda p: p.symlink_to(p.parent), "Is a directory"),
+], ids=["loop", "device", "fifo", "directory"])
+def test_what_is_no_regular_file_is_not_replaced(small_model, tmp_path, make, problem):
+    path = tmp_path / "m.yaml"
+    make(path)
+    before = os.lstat(path)
+    with pytest.raises(ArtifactError, match=f"^{path}: cannot write: {problem}$"):
+        write_artifact(small_model, str(path))
+    assert os.lstat(path) == before
+    assert _files(tmp_path) == ["m.yaml"]
 
 
 def test_write_to_missing_directory_is_an_error(small_model, tmp_path):

@@ -354,6 +354,13 @@ def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spind
     (("show", "f.yaml", "--plot", "file/c.png"), "error: file/c.png: 'file' is not a directory"),
     (("plan", "g.yaml", "f.yaml", "--cluster", "c.yaml", "-o", "/proc/p.yaml"),
      "error: /proc/p.yaml: cannot write in '/proc'"),
+    # a symlink is written through: its target's directory must take the file
+    (("plan", "g.yaml", "f.yaml", "--cluster", "c.yaml", "-o", "link.yaml"),
+     "error: link.yaml: cannot write in '/proc'"),
+    # a read-only file is not replaced
+    (("plan", "g.yaml", "f.yaml", "--cluster", "c.yaml", "-o", "ro.yaml"),
+     "error: ro.yaml: cannot write: read-only file"),
+    (("simulate", "p.yaml", "--gantt", "ro.svg"), "error: ro.svg: cannot write: read-only file"),
     # an analytic model of other devices than the cluster's
     (("profile", "g.yaml", "--hardware", "h100", "--cluster", "c.yaml", "-o", "p.yaml"),
      "error: --hardware h100 models H100-SXM5-80GB devices, but c.yaml has cpu-core"),
@@ -373,8 +380,9 @@ def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spind
      "error: c.yaml: is also an input of this command (c.yaml)"),
 ])
 def test_an_unwritable_output_fails_before_any_work(args, expected, workdir, spindle):
-    # an output that is a directory, or under a file, is refused up front: one line, the
-    # summary of work done is not printed, and nothing is written
+    # an output that is a directory, under a file, read-only, or where no file can be made, is
+    # refused up front: one line, the summary of work done is not printed, and nothing is
+    # written
     root = Path(__file__).resolve().parents[2]
     sources = {"m.yaml": "models/tiny-clip.yaml", "g.yaml": "graphs/tiny-clip.yaml",
                "f.yaml": "profiles/tiny-clip-local-cpu.yaml", "c.yaml": "clusters/local-cpu.yaml",
@@ -384,6 +392,10 @@ def test_an_unwritable_output_fails_before_any_work(args, expected, workdir, spi
     Path("file").write_text("")
     Path("d.yaml").mkdir()
     Path("d.svg").mkdir()
+    Path("link.yaml").symlink_to("/proc/p.yaml")
+    for name in ("ro.yaml", "ro.svg"):
+        Path(name).write_text("")
+        Path(name).chmod(0o444)
     before = _listing(Path())
     result = spindle(*args)
     _assert_one_line_error(result, expected)

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import click
@@ -263,6 +264,29 @@ def test_a_directory_in_the_way_stops_the_swap_before_any_file_moves(tmp_path):
     assert sorted(f.name for f in out.iterdir()) == ["bench.csv", "bench.md", "gantt.png"]
     assert (out / "bench.csv").read_text() == "old csv"
     assert (out / "gantt.png").read_text() == "old chart"
+
+
+def test_the_swapped_files_keep_their_modes_and_a_read_only_one_stops_the_swap(tmp_path):
+    from spindle_cli.cli import bench as command
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, mode in (("bench.csv", 0o600), ("bench.json", 0o640)):
+        (out / name).write_text(f"old {name}")
+        (out / name).chmod(mode)
+    with command._staged(out, command.MATRIX_FILES) as staging:
+        for name in ("bench.csv", "bench.json", "bench.md"):
+            (staging / name).write_text(f"new {name}")
+    assert stat.S_IMODE((out / "bench.csv").stat().st_mode) == 0o600
+    assert stat.S_IMODE((out / "bench.json").stat().st_mode) == 0o640
+    assert (out / "bench.csv").read_text() == "new bench.csv"
+    (out / "bench.md").chmod(0o444)
+    with pytest.raises(SpindleError, match=r"out/bench.md: cannot write: read-only file$"):
+        with command._staged(out, command.MATRIX_FILES) as staging:
+            for name in ("bench.csv", "bench.json", "bench.md"):
+                (staging / name).write_text("newer")
+    assert sorted(p.name for p in out.iterdir()) == ["bench.csv", "bench.json", "bench.md"]
+    assert all(p.read_text().startswith("new ") for p in out.iterdir())
 
 
 def test_a_rename_failing_midway_puts_the_previous_files_back(tmp_path, monkeypatch):

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from spindle_cli.artifacts import Plan, load
-from spindle_cli.cli.views import gantt
 from spindle_cli.cli.views.gantt import (
     busy_series,
     text_gantt,
@@ -128,6 +127,24 @@ def test_utilization_plot(tmp_path):
     assert path.read_bytes().startswith(b"\x89PNG")
 
 
+def test_an_image_is_written_through_a_symlink_and_keeps_the_mode_it_replaces(tmp_path):
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "g.svg"
+    target.write_text("old")
+    target.chmod(0o600)
+    link = tmp_path / "g.svg"
+    link.symlink_to(target)
+    write_gantt(fx.plan(), str(link))
+    assert link.is_symlink()
+    assert b"<svg" in target.read_bytes()[:2000]
+    assert (target.stat().st_mode & 0o777) == 0o600
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["g.svg"]
+    # refused before drawing, like any output the command cannot write
+    target.chmod(0o444)
+    with pytest.raises(SpindleError, match=f"^{link}: cannot write: read-only file$"):
+        write_gantt(fx.plan(), str(link))
+
+
 def test_bad_image_paths_are_user_errors(tmp_path):
     with pytest.raises(SpindleError, match="unknown image type"):
         write_gantt(fx.plan(), str(tmp_path / "g.jpg"))
@@ -147,7 +164,7 @@ def test_a_full_disk_is_a_user_error_and_leaves_no_temp_file(tmp_path, monkeypat
     if step == "savefig":
         monkeypatch.setattr(matplotlib.figure.Figure, "savefig", _disk_full)
     else:
-        monkeypatch.setattr(gantt.os, "replace", _disk_full)
+        monkeypatch.setattr(os, "replace", _disk_full)
     with pytest.raises(SpindleError, match="u.png: cannot write: No space left on device"):
         write_utilization(fx.plan(), str(tmp_path / "u.png"))
     assert list(tmp_path.iterdir()) == []

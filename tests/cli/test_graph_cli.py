@@ -184,6 +184,21 @@ def test_check_refuses_an_output_it_cannot_compare_with(tmp_path, make, said):
     assert r.stderr.startswith(f"error: {target}: {said}"), r.stderr
 
 
+def test_a_read_only_output_is_refused_before_any_work(model_path, spindle):
+    out = Path("g.yaml")
+    assert spindle("graph", str(model_path), "-o", str(out)).exit_code == 0
+    written = out.read_text()
+    out.chmod(0o444)
+    # --check only reads it
+    assert spindle("graph", str(model_path), "-o", str(out), "--check").exit_code == 0
+    model_path.write_text("kind: model\n")  # the output is refused before the model is read
+    result = spindle("graph", str(model_path), "-o", str(out))
+    assert result.exit_code == 2, result.stderr
+    assert _said(result.stderr) == ("error: g.yaml: cannot write: read-only file hint: make it "
+                                    f"writable (chmod u+w {out.resolve()}) to replace it")
+    assert out.read_text() == written
+
+
 def test_a_graph_that_would_not_load_is_not_written(tmp_path):
     """Sizes a model may hold can multiply into byte counts beyond 64 bits: the graph is
     refused before it is written, not by the next stage."""

@@ -68,6 +68,16 @@ def test_check_options_refuses(tmp_path: Path, changes: dict[str, Any], timeout_
         check_options(TrainOptions(**{"steps": 2, **changes}), timeout_s=timeout_s)
 
 
+def test_check_options_refuses_a_read_only_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    trace.write_text("{}\n")
+    trace.chmod(0o444)
+    with pytest.raises(SpindleError) as e:
+        check_options(TrainOptions(steps=2, trace_path=str(trace)), timeout_s=1.0)
+    assert str(e.value) == f"--trace {trace}: cannot write: read-only file"
+    assert e.value.hint == f"make it writable (chmod u+w {trace}) to replace it"
+
+
 def test_check_options_accepts_a_sound_run(tmp_path: Path) -> None:
     check_options(TrainOptions(steps=2, checkpoint_dir=str(tmp_path / "new" / "ck"),
                                checkpoint_every=1, resume=True,

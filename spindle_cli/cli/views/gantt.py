@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from spindle_cli.artifacts.io import replace_atomic
 from spindle_cli.artifacts.plan import Plan
 from spindle_cli.cli.common import check_output
 from spindle_cli.errors import SpindleError
@@ -122,32 +121,21 @@ def _colors(keys: list[str]) -> dict[str, Any]:
 
 
 def save_figure(fig: Any, path: str) -> None:
-    """Save a matplotlib figure atomically and reproducibly (PNG or SVG by extension)."""
+    """Save a matplotlib figure atomically and reproducibly (PNG or SVG by extension), as an
+    artifact is written (`replace_atomic`)."""
     import matplotlib
 
-    # Written like an artifact: to a temp file beside the target, then renamed into place.
     check_image_path(path)
     suffix = Path(path).suffix.lower()
-    try:
-        fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.",
-                                   suffix=suffix)
-    except OSError as e:
-        raise SpindleError(f"{path}: cannot write: {e.strerror}") from None
-    os.close(fd)
-    try:
-        # No creation date in the metadata, so the same plan draws the same bytes.
-        meta = {"Date": None} if suffix == ".svg" else {"Software": None}
+    # No creation date in the metadata, so the same plan draws the same bytes.
+    meta = {"Date": None} if suffix == ".svg" else {"Software": None}
+
+    def draw(tmp: str) -> None:
         # A fixed salt makes the SVG's element ids (random by default) reproducible.
         with matplotlib.rc_context({"svg.hashsalt": "spindle"}):
             fig.savefig(tmp, format=suffix[1:], dpi=110, bbox_inches="tight", metadata=meta)
-        os.chmod(tmp, 0o644)  # mkstemp makes the file private; a picture is for sharing
-        os.replace(tmp, path)
-    except OSError as e:  # a full disk, a directory gone meanwhile
-        Path(tmp).unlink(missing_ok=True)
-        raise SpindleError(f"{path}: cannot write: {e.strerror or e}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    replace_atomic(path, draw, suffix=suffix)
 
 
 def check_image_path(path: str) -> None:
