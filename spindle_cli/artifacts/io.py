@@ -279,6 +279,10 @@ def kinds() -> dict[str, type[Artifact]]:
 
 
 def _format(path: str) -> str:
+    if path == "-":
+        # an input's path is recorded in what is made from it, and stdin names no file
+        raise ArtifactError(path, "", "inputs are read from files, not stdin",
+                            hint="write it to a file first (-o FILE) and give that")
     suffix = Path(path).suffix.lower()
     if suffix in (".yaml", ".yml"):
         return "yaml"
@@ -298,7 +302,8 @@ def read_data(path: str) -> Any:
         if info.st_size > MAX_FILE_BYTES:
             raise ArtifactError(path, "", f"{info.st_size} bytes: larger than any artifact "
                                           f"({MAX_FILE_BYTES} bytes at most)")
-        text = Path(path).read_text(encoding="utf-8")
+        # a byte order mark (editors on Windows write one) is no part of the JSON or YAML
+        text = Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise ArtifactError(path, "", "no such file") from None
     except IsADirectoryError:

@@ -7,6 +7,7 @@ Files are written into a temporary working directory and named relatively, as a 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -174,6 +175,9 @@ FILE_CASES: dict[str, tuple[dict[str, str], list[str], str]] = {
                           "error: d.yaml: is a directory, expected a file"),
     "bad-extension": ({"m.txt": "kind: model\n"}, ["validate", "m.txt"],
                       "error: m.txt: unknown file extension"),
+    # stdin names no file to record in what is made from it
+    "stdin-as-input": ({}, ["graph", "-", "-o", "g.yaml"],
+                       "error: -: inputs are read from files, not stdin"),
 }
 
 
@@ -423,3 +427,14 @@ def test_a_full_stdout_is_a_one_line_error_not_a_bug(args):
                               stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == "error: stdout: cannot write: No space left on device\n"
+
+
+def test_a_byte_order_mark_is_read_past_in_json_as_in_yaml(workdir, spindle):
+    root = Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((root / "clusters" / "local-cpu.yaml").read_text())
+    Path("c.json").write_text("\ufeff" + json.dumps(data), encoding="utf-8")
+    Path("c.yaml").write_text("\ufeff" + yaml.safe_dump(data), encoding="utf-8")
+    for name in ("c.json", "c.yaml"):
+        result = spindle("validate", name)
+        assert result.exit_code == 0, result.stderr
+        assert result.stderr == f"ok {name} (cluster)\n"
