@@ -55,6 +55,7 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
          runnable: bool, allow_device_mismatch: bool, output: str, check: bool) -> None:
     """Plan the waves of GRAPH on a cluster using PROFILE's scaling curves."""
     from spindle_cli.planner.api import PlanOptions, fitting_plan_with_cost, memory_ladder
+    from spindle_cli.planner.consistency import check_profile
     from spindle_cli.runtime.program import EXECUTABLE_ZERO_STAGES, PlanError, check_executable
 
     ladder = memory_ladder(memory, recompute)
@@ -73,6 +74,10 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
     profile = load_input(profile_path, Profile)
     cluster = load_input(cluster_path, ClusterSpec)
     check_device(profile, profile_path, cluster, cluster_path, allow=allow_device_mismatch)
+    try:
+        check_profile(graph, profile)
+    except SpindleError as e:
+        raise type(e)(f"{profile_path}: {e}", hint=e.hint) from None
     options = PlanOptions(planner=planner, placement=placement, uneven_splits=uneven_splits,
                           tensor_parallel=tensor_parallel)
     inputs = (input_ref(graph, recorded(graph_path, output)),

@@ -156,6 +156,24 @@ def test_bad_input_is_one_line_exit_2_and_no_output(case, args, message):
     assert not Path("p.yaml").exists() and not Path("p.txt").exists()
 
 
+def test_a_curve_for_another_batch_is_refused(case):
+    """T(n) = alpha + beta * B / n reads B from the curve: one edited to another batch than
+    its MetaOp runs would be planned at the wrong time, silently."""
+    data = yaml.safe_load(Path("profile.yaml").read_text())
+    curve = data["curves"][0]
+    curve["batch_size"] += 1
+    Path("edited.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    r = subprocess.run(["spindle", "plan", "graph.yaml", "edited.yaml", "--cluster",
+                        "cluster.yaml", "-o", "p.yaml"], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 2, r.stderr
+    first = r.stderr.splitlines()[0]
+    assert first.startswith(f"error: edited.yaml: curve {curve['signature']!r}: batch_size "
+                            f"{curve['batch_size']}, but MetaOp "), first
+    assert first.endswith(f"runs a batch of {curve['batch_size'] - 1}")
+    assert not Path("p.yaml").exists()
+
+
 def _other_device_cluster() -> None:
     text = Path("cluster.yaml").read_text()
     Path("h100.yaml").write_text(text.replace("  name: test\n", "  name: H100-SXM5-80GB\n"))
