@@ -29,7 +29,7 @@ from spindle_cli import __version__
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact, InputRef
 from spindle_cli.artifacts.codec import describe_value, field_path, from_data, to_data
 from spindle_cli.artifacts.limits import MAX_EXPANDED_NODES, MAX_FILE_BYTES, MAX_NESTING
-from spindle_cli.errors import ArtifactError, FieldError
+from spindle_cli.errors import ArtifactError, FieldError, SpindleError
 
 A = TypeVar("A", bound=Artifact)
 
@@ -518,6 +518,20 @@ def write_artifact(obj: Artifact, path: str) -> None:
     if not parent.is_dir():
         raise ArtifactError(path, "", f"output directory {str(parent)!r} does not exist")
     write_text_atomic(path, text)
+
+
+def check_can_create(name: str, directory: Path) -> None:
+    """SpindleError ('<name>: cannot write in <directory>: <why>') unless a file can be created
+    in `directory`: one is made there and removed at once, as `write_text_atomic` makes its
+    temp file. os.access cannot tell: it says yes to root where the file system refuses every
+    new file (/proc, /sys, a root-squashed NFS export)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".spindle-probe-")
+    except OSError as e:
+        raise SpindleError(f"{name}: cannot write in {str(directory)!r}: {e.strerror or e}"
+                           ) from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -29,9 +29,9 @@ import click
 from rich.table import Table
 
 from spindle_cli.artifacts import ClusterSpec, ModelSpec
-from spindle_cli.artifacts.io import output_file, write_text_atomic
+from spindle_cli.artifacts.io import check_can_create, output_file, write_text_atomic
 from spindle_cli.cli._console import err, out
-from spindle_cli.cli.common import check_can_create, check_parent, load_input
+from spindle_cli.cli.common import check_parent, load_input
 from spindle_cli.cli.views import print_table
 from spindle_cli.errors import ArtifactError, SpindleError
 from spindle_cli.planner import bench as lib

@@ -6,13 +6,18 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import TypeVar
 
 from spindle_cli.artifacts import Plan, load, rendered_for, write_artifact
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact
-from spindle_cli.artifacts.io import as_written, output_file, parse_artifact, parse_text
+from spindle_cli.artifacts.io import (
+    as_written,
+    check_can_create,
+    output_file,
+    parse_artifact,
+    parse_text,
+)
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views.plan_diff import differences
 from spindle_cli.errors import ArtifactError, FieldError, SpindleError
@@ -94,19 +99,6 @@ def check_parent(name: str, parent: Path) -> None:
         raise SpindleError(f"{name}: output directory {str(parent)!r} does not exist")
     if not parent.is_dir():
         raise SpindleError(f"{name}: {str(parent)!r} is not a directory")
-
-
-def check_can_create(name: str, directory: Path) -> None:
-    """SpindleError ('<name>: cannot write in <directory>: <why>') unless a file can be created
-    in `directory`: one is made there and removed at once. os.access cannot tell: it says yes
-    to root where the file system refuses every new file (/proc)."""
-    try:
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=".spindle-probe-")
-    except OSError as e:
-        raise SpindleError(f"{name}: cannot write in {str(directory)!r}: {e.strerror or e}"
-                           ) from None
-    os.close(fd)
-    os.unlink(probe)
 
 
 def _one_of(suffixes: tuple[str, ...]) -> str:

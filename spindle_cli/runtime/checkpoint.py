@@ -8,8 +8,9 @@ anywhere before the rename leaves only the hidden directory, which `latest` igno
 checkpoint directory without a hidden prefix is always complete. The checkpoint directory must
 be shared by all nodes.
 
-`check_dir` and `resume_point` read the file system only, so `spindle run` calls them before
-launching (and `--dry-run` reports what a resume would start from).
+`check_dir` and `resume_point` use the file system only (`check_dir` makes and removes one
+probe file), so `spindle run` calls them before launching (and `--dry-run` reports what a
+resume would start from).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from spindle_cli.artifacts.io import check_can_create
 from spindle_cli.errors import SpindleError
 
 MANIFEST = "manifest.json"
@@ -73,7 +75,9 @@ def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[s
 def check_dir(directory: str) -> None:
     """SpindleError unless `save` can write under `directory`: it is a directory, or it is
     missing and `save` can make it (with its missing parents), so nothing on its path is a
-    file and the nearest existing directory is writable. Writes nothing."""
+    file and a file can be created in the nearest existing directory (`check_can_create`;
+    os.access says yes to root where the file system refuses, and the run would fail at its
+    first save, after training). Leaves nothing behind."""
     existing = Path(directory).absolute()
     # lexists: a dangling symlink exists for mkdir, which then fails
     while not os.path.lexists(existing):
@@ -83,8 +87,7 @@ def check_dir(directory: str) -> None:
                    else f"{existing} is not a directory")
         raise SpindleError(f"--checkpoint-dir {directory}: {problem}",
                            hint="give a directory, or a path where one can be made")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise SpindleError(f"--checkpoint-dir {directory}: {existing} is not writable")
+    check_can_create(f"--checkpoint-dir {directory}", existing)
 
 
 def _step_dirs(directory: str) -> list[Path]:

@@ -37,7 +37,7 @@ from spindle_cli.artifacts import (
     load_recorded_input,
     sha256,
 )
-from spindle_cli.artifacts.io import output_file
+from spindle_cli.artifacts.io import check_can_create, output_file
 from spindle_cli.errors import ArtifactError, SpindleError
 from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES
 from spindle_cli.runtime import checkpoint
@@ -108,7 +108,8 @@ def _meta(plan: Plan, opts: TrainOptions) -> dict[str, Any]:
 
 def check_options(opts: TrainOptions, *, timeout_s: float) -> None:
     """Refuse (SpindleError) options that would fail only later in the run, or do nothing.
-    Reads the file system, writes nothing, uses no process group."""
+    Reads the file system, leaves nothing on it (a probe file, `check_can_create`, is removed
+    at once), uses no process group."""
     if opts.steps < 1:
         raise SpindleError(f"--steps {opts.steps}: expected at least 1")
     if not (math.isfinite(opts.lr) and opts.lr > 0):
@@ -138,7 +139,8 @@ def check_options(opts: TrainOptions, *, timeout_s: float) -> None:
 
 def _check_trace_path(path: str) -> None:
     """A Chrome trace is one JSON file, written at the end of the run into an existing
-    directory (`trace.write_json`), where `io.output_file` lets it be written."""
+    directory (`trace.write_json`), where `io.output_file` lets it be written and a file can
+    be created (`check_can_create`, in the directory of a symlink's target)."""
     target = Path(path)
     if target.is_dir():
         raise SpindleError(f"--trace {path}: is a directory",
@@ -151,12 +153,11 @@ def _check_trace_path(path: str) -> None:
         raise SpindleError(f"--trace {path}: directory does not exist")
     if not parent.is_dir():
         raise SpindleError(f"--trace {path}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise SpindleError(f"--trace {path}: directory {parent} is not writable")
     try:
-        output_file(path)
+        target_file = output_file(path)
     except ArtifactError as e:
         raise SpindleError(f"--trace {e}", hint=e.hint) from None
+    check_can_create(f"--trace {path}", target_file.parent)
 
 
 def resume_point(plan: Plan, opts: TrainOptions, world_size: int) -> tuple[Path, int] | None:

@@ -290,6 +290,11 @@ def test_hanging_rank_fails_the_run_within_the_timeout(tmp_path: Path) -> None:
     (["--trace", "{tmp}"], "is a directory"),
     (["--trace", "{tmp}/trace.txt"], "a Chrome trace is a .json file"),
     (["--trace", "{tmp}/file/trace.json"], "/file is not a directory"),
+    # directories that refuse new files even where os.access says yes (to root): the run
+    # trained every step, then failed to save
+    (["--checkpoint-dir", "/proc/ck"], "--checkpoint-dir /proc/ck: cannot write in '/proc'"),
+    (["--checkpoint-dir", "/proc/ck", "--resume"], "cannot write in '/proc'"),
+    (["--trace", "/sys/t.json"], "--trace /sys/t.json: cannot write in '/sys'"),
     (["--lr", "nan"], "nan is not a finite number"),
     (["--lr", "inf"], "inf is not a finite number"),
     (["--timeout-s", "nan"], "nan is not a finite number"),

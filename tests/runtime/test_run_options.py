@@ -22,8 +22,15 @@ META = {"plan_sha256": "ab" * 32, "seed": 0, "dtype": "fp32", "dataset": "synthe
 def test_check_dir_accepts_a_directory_or_a_path_it_can_make(tmp_path: Path) -> None:
     checkpoint.check_dir(str(tmp_path))
     checkpoint.check_dir(str(tmp_path / "a" / "b"))
-    # the check writes nothing: `save` makes the directory when it first saves
+    # the check leaves nothing behind: `save` makes the directory when it first saves
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("target", ["/proc/ck", "/proc/a/b", "/sys"])
+def test_check_dir_refuses_where_no_file_can_be_created(target: str) -> None:
+    """os.access says yes to root here: the run trained every step, then failed to save."""
+    with pytest.raises(SpindleError, match=f"^--checkpoint-dir {target}: cannot write in '/"):
+        checkpoint.check_dir(target)
 
 
 @pytest.mark.parametrize(("target", "said"), [
@@ -58,6 +65,7 @@ def test_check_dir_refuses_a_file_on_the_path(tmp_path: Path, target: str, said:
     ({"trace_path": "{tmp}/trace"}, 300.0, "a Chrome trace is a .json file"),
     ({"trace_path": "{tmp}/nowhere/trace.json"}, 300.0, "directory does not exist"),
     ({"trace_path": "{tmp}/file/trace.json"}, 300.0, "/file is not a directory"),
+    ({"trace_path": "/sys/t.json"}, 300.0, "--trace /sys/t.json: cannot write in '/sys'"),
 ])
 def test_check_options_refuses(tmp_path: Path, changes: dict[str, Any], timeout_s: float,
                                said: str) -> None:
