@@ -38,10 +38,15 @@ class FiniteFloatRange(click.FloatRange):
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
+        # finite first: inf is not a number out of range but no number at all
+        number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{number} is not a finite number.", param, ctx)
-        return number
+        return super().convert(number, param, ctx)
+
+
+MAX_TIMEOUT_S = 604800.0
+"""--timeout-s at most: `runtime.dist.MAX_TIMEOUT_S` (which says why), here without torch."""
 
 
 def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -103,8 +108,10 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--resume", is_flag=True,
               help="Continue from the newest complete checkpoint in --checkpoint-dir; start "
                    "from step 0 when it holds none yet (--dry-run says which).")
-@click.option("--timeout-s", type=FiniteFloatRange(min=1), default=300.0, show_default=True,
-              help="Collective/P2P timeout: a silent rank fails the run after this long.")
+@click.option("--timeout-s", type=FiniteFloatRange(min=1, max=MAX_TIMEOUT_S), default=300.0,
+              show_default=True,
+              help="Collective/P2P timeout: a silent rank fails the run after this long (at "
+                   "most 7 days, past which torch's rendezvous fails).")
 @click.option("--dry-run", is_flag=True,
               help="Check everything, print what each rank would do, launch nothing.")
 def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,

@@ -116,6 +116,9 @@ def check_options(opts: TrainOptions, *, timeout_s: float) -> None:
         raise SpindleError(f"--lr {opts.lr}: expected a finite number > 0")
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise SpindleError(f"--timeout-s {timeout_s}: expected a finite number of seconds > 0")
+    if timeout_s > rdist.MAX_TIMEOUT_S:
+        raise SpindleError(f"--timeout-s {timeout_s:g}: at most {rdist.MAX_TIMEOUT_S:g} seconds "
+                           "(7 days): torch's rendezvous and collectives fail on longer ones")
     if opts.checkpoint_every < 0:
         raise SpindleError(f"--checkpoint-every {opts.checkpoint_every}: expected at least 1 "
                            "(or 0: only after the last step)")

@@ -299,7 +299,10 @@ def test_hanging_rank_fails_the_run_within_the_timeout(tmp_path: Path) -> None:
     (["--lr", "inf"], "inf is not a finite number"),
     (["--timeout-s", "nan"], "nan is not a finite number"),
     (["--timeout-s", "inf"], "inf is not a finite number"),
-    (["--timeout-s", "0"], "not in the range x>=1"),
+    (["--timeout-s", "0"], "0.0 is not in the range 1<=x<=604800.0"),
+    # past torch's limits: every rank failed (OverflowError), or the rendezvous at once
+    (["--timeout-s", "1e16"], "1e+16 is not in the range 1<=x<=604800.0"),
+    (["--timeout-s", "1e10"], "10000000000.0 is not in the range 1<=x<=604800.0"),
     (["--nnodes", "2", "--nproc-per-node", "2"], "the run has 4"),
     (["--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint", "h:29500"],
      "--node-rank 5 with --nnodes 2: node ranks run from 0 to 1"),

@@ -54,6 +54,7 @@ def test_check_dir_refuses_a_file_on_the_path(tmp_path: Path, target: str, said:
     ({}, float("nan"), "--timeout-s nan: expected a finite number of seconds > 0"),
     ({}, float("inf"), "--timeout-s inf: expected a finite number of seconds > 0"),
     ({}, 0.0, "--timeout-s 0.0: expected a finite number of seconds > 0"),
+    ({}, 1e16, "--timeout-s 1e+16: at most 604800 seconds (7 days)"),
     ({"steps": 0}, 300.0, "--steps 0: expected at least 1"),
     ({"checkpoint_every": -1}, 300.0,
      "--checkpoint-every -1: expected at least 1 (or 0: only after the last step)"),
@@ -84,6 +85,15 @@ def test_check_options_refuses_a_read_only_trace(tmp_path: Path) -> None:
         check_options(TrainOptions(steps=2, trace_path=str(trace)), timeout_s=1.0)
     assert str(e.value) == f"--trace {trace}: cannot write: read-only file"
     assert e.value.hint == f"make it writable (chmod u+w {trace}) to replace it"
+
+
+def test_the_cli_bounds_the_timeout_as_the_workers_do() -> None:
+    """`spindle run` parses --timeout-s without torch, so it repeats the workers' bound."""
+    from spindle_cli.cli.run import MAX_TIMEOUT_S
+    from spindle_cli.runtime.dist import MAX_TIMEOUT_S as WORKER_MAX_TIMEOUT_S
+
+    assert MAX_TIMEOUT_S == WORKER_MAX_TIMEOUT_S
+    check_options(TrainOptions(steps=2), timeout_s=MAX_TIMEOUT_S)
 
 
 def test_check_options_accepts_a_sound_run(tmp_path: Path) -> None:
