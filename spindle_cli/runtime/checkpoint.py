@@ -5,8 +5,9 @@ Layout: `DIR/step-000004/{rank-00000.pt, ..., manifest.json}`. Ranks write into 
 `DIR/.step-000004.tmp/`; after a barrier (every rank's file is complete) rank 0 writes the
 manifest and renames the directory, and a second barrier makes every rank wait for it. A crash
 anywhere before the rename leaves only the hidden directory, which `latest` ignores, so a
-checkpoint directory without a hidden prefix is always complete. The checkpoint directory must
-be shared by all nodes.
+checkpoint directory without a hidden prefix is always complete, unless damaged from outside (a
+rank file lost, or cut short by a full disk or a stopped copy): `latest` then passes it over
+for the one before it. The checkpoint directory must be shared by all nodes.
 
 `check_dir` and `resume_point` use the file system only (`check_dir` makes and removes one
 probe file), so `spindle run` calls them before launching (and `--dry-run` reports what a
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -100,24 +102,70 @@ def _step_dirs(directory: str) -> list[Path]:
     return sorted(found, key=lambda p: (int(p.name[5:]), p.name), reverse=True)
 
 
-def _complete(path: Path) -> bool:
-    """Whether `path` holds a readable manifest and the file of every rank it names."""
+def _whole(path: Path) -> bool:
+    """Whether `path` is a whole file of `torch.save`: a zip archive holding a pickle. Its
+    directory comes last, so a file cut short (a full disk, a copy stopped midway) has none.
+    Reads that directory, not the tensors."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("/data.pkl") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def _rank_files_problem(path: Path, world_size: int) -> str | None:
+    """What is wrong with the rank files of the checkpoint at `path`: some missing, or not
+    whole (`_whole`); None when every rank's file is there and whole."""
+    names = [rank_file(r) for r in range(world_size)]
+    missing = [name for name in names if not (path / name).is_file()]
+    if missing:
+        return f"checkpoint lacks {_listed(missing)}"
+    damaged = [name for name in names if not _whole(path / name)]
+    if damaged:
+        return (f"checkpoint has damaged {_listed(damaged)} (cut short, or not written by "
+                "torch.save)")
+    return None
+
+
+def _listed(names: list[str]) -> str:
+    """The first three of `names`, and how many more."""
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return f"{', '.join(names[:3])}{more}"
+
+
+def _problem(path: Path) -> str | None:
+    """What makes the checkpoint at `path` unusable: no readable manifest, or a rank file
+    missing or damaged (`_rank_files_problem`); None when it is complete."""
     try:
         world_size = int(json.loads((path / MANIFEST).read_text())["world_size"])
     except (OSError, ValueError, TypeError, KeyError):
-        return False
-    return all((path / rank_file(r)).is_file() for r in range(world_size))
+        return f"no readable {MANIFEST}"
+    return _rank_files_problem(path, world_size)
 
 
 def latest(directory: str) -> Path | None:
-    """The complete checkpoint of the most steps under `directory` (`_complete`), or None. A
-    damaged one (a lost rank file) is passed over for the one before it."""
-    return next((p for p in _step_dirs(directory) if _complete(p)), None)
+    """The complete checkpoint of the most steps under `directory` (`_problem`), or None. A
+    damaged one (a rank file lost or cut short) is passed over for the one before it
+    (`passed_over` says which and why)."""
+    return next((p for p in _step_dirs(directory) if _problem(p) is None), None)
+
+
+def passed_over(directory: str) -> list[tuple[Path, str]]:
+    """The damaged checkpoints `latest` passes over under `directory`, newest first, each with
+    what is wrong with it."""
+    damaged: list[tuple[Path, str]] = []
+    for path in _step_dirs(directory):
+        problem = _problem(path)
+        if problem is None:
+            break
+        damaged.append((path, problem))
+    return damaged
 
 
 def read_manifest(path: Path, *, world_size: int, meta: dict[str, Any]) -> int:
     """The completed steps of the checkpoint at `path`; SpindleError when it was taken by a
-    different run configuration or lacks a rank's file. Reads no tensors."""
+    different run configuration, or a rank's file is missing or damaged (`_whole`). Reads no
+    tensors."""
     manifest_path = path / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -133,19 +181,18 @@ def read_manifest(path: Path, *, world_size: int, meta: dict[str, Any]) -> int:
                                f"this run has {value!r}",
                                hint="resume with the plan and options it was taken with, or "
                                     "give this run another --checkpoint-dir")
-    missing = [rank_file(r) for r in range(world_size) if not (path / rank_file(r)).is_file()]
-    if missing:
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise SpindleError(f"{path}: checkpoint lacks {', '.join(missing[:3])}{more}")
+    problem = _rank_files_problem(path, world_size)
+    if problem is not None:
+        raise SpindleError(f"{path}: {problem}")
     return step
 
 
 def resume_point(directory: str, *, world_size: int,
                  meta: dict[str, Any]) -> tuple[Path, int] | None:
     """(newest complete checkpoint, its completed steps) under `directory`, checked against
-    this run (`read_manifest`); None when there is none yet. SpindleError, naming what is
-    wrong with the newest, when there are checkpoints but none is complete: starting over
-    would replace them."""
+    this run (`read_manifest`); None when there is none yet. Newer damaged ones are passed
+    over (`passed_over`). SpindleError, naming what is wrong with the newest, when there are
+    checkpoints but none is complete: starting over would replace them."""
     found = latest(directory)
     if found is None:
         damaged = _step_dirs(directory)

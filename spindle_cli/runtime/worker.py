@@ -173,9 +173,11 @@ def resume_point(plan: Plan, opts: TrainOptions, world_size: int) -> tuple[Path,
 
 
 def resume_note(found: tuple[Path, int] | None, opts: TrainOptions) -> str:
-    """What a run with `opts.resume` says about where it starts."""
+    """What a run with `opts.resume` says about where it starts: a line for each newer,
+    damaged checkpoint it passes over (`checkpoint.passed_over`), then where it resumes."""
     if found is None:
         return f"no checkpoint in {opts.checkpoint_dir} yet: starting from step 0"
+    assert opts.checkpoint_dir is not None
     path, start = found
     if start >= opts.steps:
         left = f"nothing left to train (--steps {opts.steps})"
@@ -183,7 +185,9 @@ def resume_note(found: tuple[Path, int] | None, opts: TrainOptions) -> str:
         left = f"training step {opts.steps}"
     else:
         left = f"training steps {start + 1}-{opts.steps}"
-    return f"resuming from {path} at step {start}: {left}"
+    skipped = [f"note: passing over {newer}: {problem}"
+               for newer, problem in checkpoint.passed_over(opts.checkpoint_dir)]
+    return "\n".join([*skipped, f"resuming from {path} at step {start}: {left}"])
 
 
 def _say(line: str) -> None:

@@ -529,6 +529,48 @@ def test_resume_is_checked_against_the_checkpoint_before_launch(
         assert len(launched) == 1
 
 
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
+def test_a_cut_rank_file_is_passed_over_before_launch(tmp_path: Path, monkeypatch,
+                                                      dry_run: bool) -> None:
+    """A rank file cut short (`head -c 100`) made the dry run promise a resume from its
+    checkpoint, and the real run fail after launch in torch.load, naming no file. Checkpoints
+    of 2 ranks are made here without a process group: rank 0's state under both names."""
+    from spindle_cli.runtime import checkpoint, worker
+
+    plan_path = write_plan_files(tmp_path)
+    plan = load(str(plan_path), Plan)
+    ckpt = tmp_path / "ckpt"
+    meta = worker._meta(plan, worker.TrainOptions(steps=1, overlap_sync=False))
+    for step in (1, 2):
+        checkpoint.save(str(ckpt), step, rank=0, world_size=1, state={"step": step}, meta=meta)
+        saved = checkpoint.step_dir(str(ckpt), step)
+        manifest = saved / checkpoint.MANIFEST
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "world_size": 2}))
+        (saved / "rank-00001.pt").write_bytes((saved / "rank-00000.pt").read_bytes())
+    cut = ckpt / "step-000002" / "rank-00001.pt"
+    cut.write_bytes(cut.read_bytes()[:100])
+    launched: list[list[str]] = []
+    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    result = invoke("run", str(plan_path), "--steps", "3", "--checkpoint-dir", str(ckpt),
+                    "--resume", *["--dry-run"] * dry_run)
+    assert result.exit_code == 0, getattr(result, "stderr", "")
+    if dry_run:
+        assert result.stdout.splitlines()[-2:] == [
+            f"note: passing over {ckpt / 'step-000002'}: checkpoint has damaged rank-00001.pt "
+            "(cut short, or not written by torch.save)",
+            f"resuming from {ckpt / 'step-000001'} at step 1: training steps 2-3"]
+    else:
+        assert len(launched) == 1
+    # with no whole checkpoint left, the run is refused before launch, naming the file
+    (ckpt / "step-000001" / "rank-00001.pt").write_bytes(b"")
+    result = invoke("run", str(plan_path), "--steps", "3", "--checkpoint-dir", str(ckpt),
+                    "--resume", *["--dry-run"] * dry_run)
+    assert result.exit_code == 2, getattr(result, "stderr", "")
+    assert _one_line_error(result) == (f"error: {ckpt / 'step-000002'}: checkpoint has damaged "
+                                       "rank-00001.pt (cut short, or not written by torch.save)")
+    assert len(launched) == (0 if dry_run else 1)
+
+
 @pytest.mark.parametrize("ranks", [["--nproc-per-node", "2"], []])
 def test_dry_run_prints_every_rank_and_launches_nothing(tmp_path: Path,
                                                         ranks: list[str]) -> None:

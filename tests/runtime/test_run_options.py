@@ -190,6 +190,44 @@ def test_resume_takes_the_complete_checkpoint_of_the_most_steps(tmp_path: Path) 
     assert checkpoint.latest(ck) == tmp_path / "step-1000000"
     assert checkpoint.resume_point(ck, world_size=1, meta=META) == \
         (tmp_path / "step-1000000", 1_000_000)
+    assert checkpoint.passed_over(ck) == [(tmp_path / "step-1000001",
+                                           "checkpoint lacks rank-00000.pt")]
+
+
+def _cut(path: Path, size: int = 100) -> None:
+    """`head -c SIZE`: a rank file cut short, as a full disk or a stopped copy leaves it."""
+    path.write_bytes(path.read_bytes()[:size])
+
+
+def test_resume_passes_over_a_checkpoint_with_a_cut_rank_file_and_says_so(
+        tmp_path: Path) -> None:
+    """As over one that lost a rank file: the run failed after launch, in torch.load, with
+    a message that named no file."""
+    ck = str(tmp_path)
+    for step in (1, 2):
+        checkpoint.save(ck, step, rank=0, world_size=1, state={"step": step}, meta=META)
+    _cut(tmp_path / "step-000002" / "rank-00000.pt")
+    assert checkpoint.latest(ck) == tmp_path / "step-000001"
+    assert checkpoint.resume_point(ck, world_size=1, meta=META) == (tmp_path / "step-000001", 1)
+    note = resume_note((tmp_path / "step-000001", 1),
+                       TrainOptions(steps=3, checkpoint_dir=ck, resume=True))
+    assert note.splitlines() == [
+        f"note: passing over {tmp_path / 'step-000002'}: checkpoint has damaged rank-00000.pt "
+        "(cut short, or not written by torch.save)",
+        f"resuming from {tmp_path / 'step-000001'} at step 1: training steps 2-3"]
+
+
+@pytest.mark.parametrize("size", [0, 100, -22])
+def test_resume_refuses_when_the_only_checkpoint_has_a_cut_rank_file(tmp_path: Path,
+                                                                     size: int) -> None:
+    ck = str(tmp_path)
+    checkpoint.save(ck, 2, rank=0, world_size=1, state={"w": list(range(1000))}, meta=META)
+    rank_path = tmp_path / "step-000002" / "rank-00000.pt"
+    # -22: all but the zip archive's end record
+    _cut(rank_path, size if size >= 0 else rank_path.stat().st_size + size)
+    with pytest.raises(SpindleError, match=re.escape(
+            f"{tmp_path / 'step-000002'}: checkpoint has damaged rank-00000.pt (cut short")):
+        checkpoint.resume_point(ck, world_size=1, meta=META)
 
 
 def test_saving_a_step_again_replaces_it_whole(tmp_path: Path) -> None:
