@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import zipfile
 from pathlib import Path
@@ -207,5 +208,15 @@ def load(path: Path, *, rank: int, world_size: int,
     """(completed steps, this rank's state) of a checkpoint; SpindleError when it was taken by
     a different run configuration."""
     step = read_manifest(path, world_size=world_size, meta=meta)
-    state: dict[str, Any] = torch.load(path / rank_file(rank), weights_only=True)
+    file = path / rank_file(rank)
+    try:
+        state: dict[str, Any] = torch.load(file, weights_only=True)
+    except (RuntimeError, OSError, pickle.UnpicklingError) as e:
+        # damage inside a whole archive, which the check before launch (its directory) misses;
+        # torch's unpickling message advises weights_only=False, which is no cure for damage
+        problem = ("its state does not unpickle (damaged?)"
+                   if isinstance(e, pickle.UnpicklingError) or not str(e)
+                   else str(e).splitlines()[0])
+        raise SpindleError(f"{file}: cannot load the checkpoint: {problem}",
+                           hint=f"remove {path} to resume from the checkpoint before it") from None
     return step, state

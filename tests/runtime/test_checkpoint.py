@@ -45,3 +45,23 @@ def test_load_refuses_another_configuration(tmp_path: Path) -> None:
         checkpoint.load(found, rank=0, world_size=1, meta={**META, "seed": 1})
     with pytest.raises(SpindleError, match="checkpoint of 1 ranks"):
         checkpoint.load(found, rank=0, world_size=2, meta=META)
+
+
+def test_damage_inside_a_whole_rank_file_names_the_file(tmp_path: Path) -> None:
+    """Bytes changed inside the archive leave its directory whole, so the check before launch
+    lets the file through; loading it then says which file, not only torch's message."""
+    checkpoint.save(str(tmp_path), 1, rank=0, world_size=1,
+                    state={"step": 1, "params": {"w": torch.arange(4.0)}}, meta=META)
+    found = checkpoint.latest(str(tmp_path))
+    assert found is not None
+    file = found / "rank-00000.pt"
+    data = bytearray(file.read_bytes())
+    start = data.index(b"data.pkl") + len(b"data.pkl")
+    pickled = data.index(b"\x80", start)  # the pickle's protocol opcode
+    data[pickled : pickled + 16] = b"\xff" * 16
+    file.write_bytes(bytes(data))
+    assert checkpoint.read_manifest(found, world_size=1, meta=META) == 1
+    with pytest.raises(SpindleError, match=rf"^{file}: cannot load the checkpoint: its state "
+                                           r"does not unpickle \(damaged\?\)$") as e:
+        checkpoint.load(found, rank=0, world_size=1, meta=META)
+    assert e.value.hint == f"remove {found} to resume from the checkpoint before it"
