@@ -37,17 +37,30 @@ from spindle_cli.planner.graph import check_graph_of_model
 @click.command()
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
 def validate(files: tuple[str, ...]) -> None:
-    """Validate artifact files of any kind; stop at the first invalid one.
+    """Validate artifact files of any kind: each is reported, valid or not, so a CI log of
+    `spindle validate plans/*.yaml` names every invalid file (exit 2 when there is one).
 
     A graph, profile or plan is also checked against the inputs it records, where they are
     found: that they still hash to the recorded sha256, and that a plan schedules its graph
     consistently on its cluster (what simulate and run check before they start)."""
+    invalid = 0
     for path in files:
-        obj = load_artifact(path)
-        missing = _check_against_inputs(obj, path)
+        try:
+            obj = load_artifact(path)
+            missing = _check_against_inputs(obj, path)
+        except SpindleError as e:
+            if len(files) == 1:
+                raise
+            invalid += 1
+            # one unwrapped line per file, like the ok lines, so scripts can grep them
+            err.print(f"error: {e}", soft_wrap=True)
+            if e.hint:
+                err.print(f"hint: {e.hint}", soft_wrap=True)
+            continue
         note = (f"; not checked against {', '.join(missing)}: not found" if missing else "")
-        # one unwrapped line per file, like the error lines, so scripts can grep them
         err.print(f"ok {path} ({obj.kind}{note})", soft_wrap=True)
+    if invalid:
+        raise SpindleError(f"{invalid} of {len(files)} files are invalid (named above)")
 
 
 def _check_against_inputs(obj: Artifact, path: str) -> list[str]:

@@ -280,13 +280,22 @@ def test_long_errors_stay_on_one_line(small_model_data, workdir, spindle):
     _assert_one_line_error(result, "unknown module 'a_module_name_that_does_not_exist_anywhere'")
 
 
-def test_validate_stops_at_the_first_invalid_file(small_model_data, workdir, spindle):
+def test_validate_names_every_invalid_file_not_only_the_first(small_model_data, workdir,
+                                                               spindle):
+    # a CI log of `spindle validate plans/*.yaml` names each file that needs work
     Path("good.yaml").write_text(yaml.safe_dump(small_model_data, sort_keys=False))
     Path("bad.yaml").write_text("kind: model\nversion: 1\n")
-    result = spindle("validate", "good.yaml", "bad.yaml", "good.yaml")
+    Path("worse.json").write_text("{")
+    result = spindle("validate", "good.yaml", "bad.yaml", "worse.json", "good.yaml")
     assert result.exit_code == 2
-    assert result.stderr.splitlines() == ["ok good.yaml (model)",
-                                          "error: bad.yaml: name: missing required field"]
+    assert result.stderr.splitlines() == [
+        "ok good.yaml (model)",
+        "error: bad.yaml: name: missing required field",
+        "error: worse.json: invalid JSON at line 1: Expecting property name enclosed in double "
+        "quotes",
+        "ok good.yaml (model)",
+        "error: 2 of 4 files are invalid (named above)",
+    ]
 
 
 def test_end_to_end_exit_code_and_no_traceback(small_model_data, workdir):

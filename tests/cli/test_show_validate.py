@@ -380,3 +380,4 @@ def test_validate_refuses_what_spindle_run_refuses(tmp_path, monkeypatch, spindl
         assert result.exit_code == 2
         assert result.stderr.splitlines()[0] == (f"error: plans-edited/{field}.yaml: "
                                                  f"{problem}")
+
