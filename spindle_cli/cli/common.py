@@ -37,12 +37,12 @@ def recorded(path: str, output: str) -> str:
     file made in a checkout names its inputs the same however they were spelled (`--check`
     agrees) and finds them once the checkout moves. When `output` lies elsewhere, absolute:
     a relative path names the input from here only, and the file is read from elsewhere. To
-    stdout, as given. Either way normalised ('./models/x.yaml' and 'models/../models/x.yaml'
+    stdout, as given. Always normalised ('./models/x.yaml' and 'models/../models/x.yaml'
     are 'models/x.yaml'). The working directory is the physical one or, where the shell
     reached it through a symlink, $PWD's spelling of it."""
+    path = os.path.normpath(path)
     if output == "-":
         return path
-    path = os.path.normpath(path)
     heres = [Path.cwd()]
     logical = os.environ.get("PWD", "")
     if os.path.isabs(logical) and os.path.isdir(logical) and os.path.samefile(logical, heres[0]):

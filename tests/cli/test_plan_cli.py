@@ -737,3 +737,7 @@ def test_check_agrees_however_a_relative_input_is_spelled(case, spelled):
                "--check")
     assert r.exit_code == 0, r.output
     assert "up to date" in r.output
+    # and to stdout alike
+    r = invoke("plan", spelled, "profile.yaml", "--cluster", "cluster.yaml", "-o", "-")
+    assert r.exit_code == 0
+    assert r.stdout == Path("plan.yaml").read_text()
