@@ -286,6 +286,23 @@ def test_sparkline_and_names():
     assert short_name("opaque") == "opaque"
 
 
+def test_show_profile_on_a_stdout_that_cannot_encode_the_bars():
+    """An ASCII stdout (PYTHONIOENCODING=ascii, a C locale in CI) gets ASCII sparklines, as it
+    gets rich's ASCII borders: the block characters were an internal error (exit 123)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "spindle_cli", "show",
+                           "profiles/multitask-clip-a800-8x8.yaml"], cwd=root,
+                          capture_output=True, env={**os.environ, "PYTHONIOENCODING": "ascii"},
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.decode("ascii").splitlines() if "  speedup " in ln]
+    assert lines and all(ln.split()[1].strip("_.-:=+*#") == "" for ln in lines)
+    assert any(ln.split()[1] != "_" * len(ln.split()[1]) for ln in lines)
+
+
 @pytest.mark.parametrize(("counts", "said"), [
     ("1", "no held-out count lies between the profiled counts"),
     ("1,4", "at held-out counts"),

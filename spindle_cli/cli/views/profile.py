@@ -15,19 +15,23 @@ from spindle_cli.planner import scaling
 from spindle_cli.units import fmt_bytes
 
 BARS = "▁▂▃▄▅▆▇█"
+ASCII_BARS = "_.-:=+*#"
+"""The sparkline's levels where stdout cannot encode the block characters (LC_ALL=C, a
+PYTHONIOENCODING=ascii CI log), as rich falls back to ASCII borders there."""
 
 
-def sparkline(values: list[float], lo: float | None = None, hi: float | None = None) -> str:
-    """One block character per value, scaled from `lo` to `hi` (default: the smallest and the
-    largest value); values outside are clipped."""
+def sparkline(values: list[float], lo: float | None = None, hi: float | None = None, *,
+              bars: str = BARS) -> str:
+    """One character of `bars` per value, scaled from `lo` to `hi` (default: the smallest and
+    the largest value); values outside are clipped."""
     if not values:
         return ""
     lo = min(values) if lo is None else lo
     hi = max(values) if hi is None else hi
     if hi - lo <= 1e-12 * max(abs(hi), 1.0):
-        return BARS[0] * len(values)
-    top = len(BARS) - 1
-    return "".join(BARS[round(min(max((v - lo) / (hi - lo), 0.0), 1.0) * top)] for v in values)
+        return bars[0] * len(values)
+    top = len(bars) - 1
+    return "".join(bars[round(min(max((v - lo) / (hi - lo), 0.0), 1.0) * top)] for v in values)
 
 
 def short_name(signature: str) -> str:
@@ -111,7 +115,8 @@ def show(obj: Profile, path: str, plot: str | None = None) -> None:
         speedups = [t1 / scaling.time_ms(curve, n) for n in valid]
         # Bars from 0 to the largest count: linear scaling climbs to the top bar, a curve
         # that does not scale stays flat and low.
-        bars = sparkline(speedups, 0.0, float(valid[-1])) if valid else ""
+        levels = BARS if out.encoding.lower().startswith("utf") else ASCII_BARS
+        bars = sparkline(speedups, 0.0, float(valid[-1]), bars=levels) if valid else ""
         out.print(
             f"  speedup {bars} {speedups[-1]:.2f}x at {valid[-1]}  "
             f"floor {scaling.floor_ms(curve):.4g} ms  fit error {_pct(curve.max_rel_error)}"
