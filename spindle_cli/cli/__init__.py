@@ -7,7 +7,7 @@ Exit codes (the only place they are decided):
   2  bad input: an artifact, option or file the user gave is invalid (one-line error), or
      the machine refused to write the output (a full disk)
   123 internal error (a bug)
-  130 interrupted (Ctrl-C)
+  130 interrupted (Ctrl-C); 143 stopped by SIGTERM (128 + the signal)
 SPINDLE_DEBUG=1 adds the traceback to an error; the exit code stays the same.
 """
 
@@ -16,7 +16,9 @@ from __future__ import annotations
 import errno
 import importlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -70,7 +72,24 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> Any:
-    """Entry point: run the CLI and map errors to one line and an exit code."""
+    """Entry point: run the CLI and map errors to one line and an exit code. SIGTERM (a CI
+    job cancelled, `timeout`) ends it as Ctrl-C does, through the cleanup on the way out, so
+    no temp file of a write in progress is left beside its output; it exits 143. `spindle
+    run`'s launcher installs its own handler, which stops the ranks."""
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    before = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _terminated(signum: int, frame: object) -> NoReturn:
+    raise SystemExit(128 + signum)
+
+
+def _main(argv: list[str] | None) -> Any:
     from spindle_cli.cli._console import err
 
     def say(line: str) -> None:

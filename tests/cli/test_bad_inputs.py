@@ -447,3 +447,25 @@ def test_a_byte_order_mark_is_read_past_in_json_as_in_yaml(workdir, spindle):
         result = spindle("validate", name)
         assert result.exit_code == 0, result.stderr
         assert result.stderr == f"ok {name} (cluster)\n"
+
+
+def test_sigterm_during_a_write_exits_143_and_leaves_no_temp_file(workdir, monkeypatch):
+    """A cancelled CI job's SIGTERM ends a command as Ctrl-C does: the write in progress is
+    cleaned up (its temp file was left beside the output), and the handler is put back."""
+    import signal
+
+    from spindle_cli.cli import main
+
+    root = Path(__file__).resolve().parents[2]
+    Path("m.yaml").write_text((root / "models" / "tiny-clip.yaml").read_text())
+    before = signal.getsignal(signal.SIGTERM)
+
+    def terminated_while_syncing(fd: int) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(os, "fsync", terminated_while_syncing)
+    with pytest.raises(SystemExit) as e:
+        main(["graph", "m.yaml", "-o", "g.yaml"])
+    assert e.value.code == 143
+    assert sorted(p.name for p in Path().iterdir()) == ["m.yaml"]
+    assert signal.getsignal(signal.SIGTERM) is before
