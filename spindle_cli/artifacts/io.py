@@ -598,6 +598,8 @@ def output_file(path: str | Path) -> Path:
         raise ArtifactError(str(path), "", f"cannot write: {os.strerror(errno.EISDIR)}")
     if not stat.S_ISREG(info.st_mode):
         raise ArtifactError(str(path), "", "cannot write: not a regular file")
+    if os.statvfs(target.parent).f_flag & os.ST_RDONLY:
+        raise ArtifactError(str(path), "", f"cannot write: {os.strerror(errno.EROFS)}")
     if not info.st_mode & stat.S_IWUSR or not os.access(target, os.W_OK):
         raise ArtifactError(str(path), "", "cannot write: read-only file",
                             hint=f"make it writable (chmod u+w {target}) to replace it")

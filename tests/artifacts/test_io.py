@@ -163,6 +163,25 @@ def test_a_read_only_file_is_refused_not_replaced(small_model, tmp_path, through
     assert path.is_symlink() == through_a_link
 
 
+def test_a_file_on_a_read_only_file_system_says_so_without_a_chmod_hint(small_model, tmp_path,
+                                                                         monkeypatch):
+    # a read-only mount (a CI checkout bind-mounted ro): chmod cannot help there
+    target = tmp_path / "m.yaml"
+    target.write_text("old content\n")
+    statvfs = os.statvfs
+
+    def read_only(path):
+        got = statvfs(path)
+        return os.statvfs_result((*got[:8], got.f_flag | os.ST_RDONLY, got.f_namemax))
+
+    monkeypatch.setattr(os, "statvfs", read_only)
+    with pytest.raises(ArtifactError) as e:
+        write_artifact(small_model, str(target))
+    assert str(e.value) == f"{target}: cannot write: Read-only file system"
+    assert e.value.hint is None
+    assert target.read_text() == "old content\n"
+
+
 @pytest.mark.parametrize(("make", "problem"), [
     (lambda p: p.symlink_to(p.name), "Too many levels of symbolic links"),
     (lambda p: p.symlink_to("/dev/null"), "not a regular file"),
