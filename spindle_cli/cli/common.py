@@ -136,10 +136,22 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
             return 1
         err.print(f"{output}: up to date", soft_wrap=True)
         return 0
+    if output != "-" and _holds_already(output, rendered_for(obj, output)):
+        # its modification time stays, so make rules and file watchers downstream see no change
+        err.print(f"{output}: unchanged (not rewritten)", soft_wrap=True)
+        return 0
     write_artifact(obj, output)
     if output != "-":
         err.print(f"wrote {output}", soft_wrap=True)
     return 0
+
+
+def _holds_already(output: str, text: str) -> bool:
+    """Whether the file `output` (a regular file, through its symlinks) holds exactly `text`."""
+    try:
+        return Path(output).is_file() and Path(output).read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 STALE_TEXT_LINES = 8
