@@ -2,8 +2,10 @@
 # PYTHON may point at a virtual environment's interpreter: `make test PYTHON=.venv/bin/python`.
 PYTHON ?= python3
 SPINDLE := $(PYTHON) -m spindle_cli
-# one install stamp per interpreter, so switching PYTHON installs into the new one
-STAMP := .make/installed-$(subst /,_,$(PYTHON))
+# one install stamp per interpreter, so switching PYTHON installs into the new one (a PYTHON
+# with spaces, `uv run python`, is one name too)
+space := $(subst ,, )
+STAMP := .make/installed-$(subst $(space),_,$(subst /,_,$(strip $(PYTHON))))
 # the demo's files (`make demo OUT=dir`; not taken from the environment, where OUT may name
 # anything, since `make clean` removes it)
 OUT := out
@@ -149,5 +151,6 @@ schemas: install
 	$(PYTHON) -m spindle_cli.artifacts.schema schemas/
 
 clean:
+	$(if $(strip $(OUT)),,$(error OUT is empty: make clean would remove /demo))
 	rm -rf $(OUT)/demo .make .spindle-cache
 	@rmdir $(OUT) 2>/dev/null || true

@@ -69,3 +69,20 @@ def test_a_plan_target_first_makes_the_files_it_reads(plan):
                             and writes(c) == profile)
         reads = re.search(r"profile (\S+) ", before[made_profile]).group(1)
         assert any(writes(c) == reads for c in before[:made_profile] if " -o " in c)
+
+
+def test_a_python_with_spaces_gets_one_install_stamp():
+    # `uv run python`: the stamp's name was three words, so make touched run and python too
+    text = subprocess.run(["make", "--no-print-directory", "-n", "-B", "install",
+                           "PYTHON=uv run python"], cwd=REPO, capture_output=True, text=True,
+                          check=True, timeout=60).stdout
+    touches = [line for line in text.splitlines() if "touch" in line]
+    assert touches == ["mkdir -p .make/ && touch .make/installed-uv_run_python"]
+
+
+def test_clean_refuses_an_empty_out():
+    r = subprocess.run(["make", "--no-print-directory", "-n", "clean", "OUT="], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "OUT is empty: make clean would remove /demo" in r.stderr
+    assert "rm -rf" not in r.stdout
