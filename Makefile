@@ -1,4 +1,5 @@
-# Spindle: every user-facing target installs what it needs first (see `install`).
+# Spindle: every user-facing target installs what it needs first (see `install`; the artifact
+# targets need only the planner: `core`).
 # PYTHON may point at a virtual environment's interpreter: `make test PYTHON=.venv/bin/python`.
 PYTHON ?= python3
 SPINDLE := $(PYTHON) -m spindle_cli
@@ -6,6 +7,9 @@ SPINDLE := $(PYTHON) -m spindle_cli
 # with spaces, `uv run python`, is one name too)
 space := $(subst ,, )
 STAMP := .make/installed-$(subst $(space),_,$(subst /,_,$(strip $(PYTHON))))
+# the planner alone (no torch, no test tools): what the artifact targets need, so a CI job that
+# only runs plans-check installs no torch
+CORE_STAMP := $(subst installed-,planner-,$(STAMP))
 # the demo's files (`make demo OUT=dir`; not taken from the environment, where OUT may name
 # anything, since `make clean` removes it)
 OUT := out
@@ -17,14 +21,19 @@ A800_64 := --hardware a800 --cluster clusters/a800-8x8.yaml --validate
 A800_256 := --hardware a800 --cluster clusters/a800-32x8.yaml --validate \
 	--counts 1,2,4,8,16,32,64,128,256
 
-.PHONY: install demo test check graphs profiles measure plans plans-check bench schemas clean
+.PHONY: install core demo test check graphs profiles measure plans plans-check bench schemas clean
 
 install: $(STAMP)
+core: $(CORE_STAMP)
 
 # torch is pinned to the CPU wheel that lies on this machine's disk (never a multi-GB CUDA build).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m pip install --quiet "torch==2.13.0"
 	$(PYTHON) -m pip install --quiet -e ".[runtime,test]"
+	@mkdir -p $(dir $@) && touch $@
+
+$(CORE_STAMP): pyproject.toml
+	$(if $(wildcard $(STAMP)),,$(PYTHON) -m pip install --quiet -e .)
 	@mkdir -p $(dir $@) && touch $@
 
 # The committed artifacts must be what the code makes now; then the whole suite.
@@ -108,17 +117,17 @@ graphs: $(GRAPHS:%=graph/%)
 profiles: $(PROFILES:%=profile/%) profile/tiny-clip-local-cpu
 plans: $(PLANS:%=plan/%)
 
-$(GRAPHS:%=graph/%): graph/%: install
+$(GRAPHS:%=graph/%): graph/%: core
 	$(SPINDLE) graph $(graph_$*) $(CHECK) -o graphs/$*.yaml
 
-$(PROFILES:%=profile/%): profile/%: install $$(call after,graph/$$(firstword $$(profile_$$*)))
+$(PROFILES:%=profile/%): profile/%: core $$(call after,graph/$$(firstword $$(profile_$$*)))
 	$(SPINDLE) profile graphs/$(firstword $(profile_$*)).yaml $(wordlist 2,99,$(profile_$*)) \
 		$(CHECK) -o profiles/$*.yaml
 
 # The measured tiny-clip profile is made once on purpose, never here: a measurement cannot be
 # reproduced byte for byte. Here it is only checked against its graph; remake it with
 # `make measure` when that changed.
-profile/tiny-clip-local-cpu: install $(call after,graph/tiny-clip)
+profile/tiny-clip-local-cpu: core $(call after,graph/tiny-clip)
 	@$(SPINDLE) validate profiles/tiny-clip-local-cpu.yaml || { echo "profiles/tiny-clip-local-cpu.yaml \
 	is measured, not regenerated: remake it with 'make measure'" >&2; exit 1; }
 
@@ -127,7 +136,7 @@ measure: install graph/tiny-clip
 		--validate --repeats 20 --no-cache -o profiles/tiny-clip-local-cpu.yaml
 	$(MAKE) --no-print-directory plan/tiny-clip-local-cpu plan/tiny-clip-local-cpu-2
 
-$(PLANS:%=plan/%): plan/%: install \
+$(PLANS:%=plan/%): plan/%: core \
 		$$(call after,graph/$$(word 1,$$(plan_$$*)) profile/$$(word 2,$$(plan_$$*)))
 	$(SPINDLE) plan graphs/$(word 1,$(plan_$*)).yaml profiles/$(word 2,$(plan_$*)).yaml \
 		--cluster clusters/$(word 3,$(plan_$*)).yaml $(wordlist 4,99,$(plan_$*)) $(CHECK) \

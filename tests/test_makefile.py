@@ -86,3 +86,13 @@ def test_clean_refuses_an_empty_out():
     assert r.returncode != 0
     assert "OUT is empty: make clean would remove /demo" in r.stderr
     assert "rm -rf" not in r.stdout
+
+
+def test_artifact_targets_install_the_planner_without_torch():
+    # a CI job that only runs plans-check needs the planner, which never imports torch
+    text = subprocess.run(["make", "--no-print-directory", "-n", "graph/tiny-clip",
+                           "PYTHON=fresh-python"], cwd=REPO, capture_output=True, text=True,
+                          check=True, timeout=60).stdout
+    installs = [line for line in text.splitlines() if "pip install" in line]
+    assert installs == ["fresh-python -m pip install --quiet -e ."]
+    assert "fresh-python -m spindle_cli graph models/tiny-clip.yaml" in text
