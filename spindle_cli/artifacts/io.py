@@ -449,12 +449,13 @@ def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -
     """Load the input of kind `cls.KIND` that `owner` (read from `owner_path`) records, and check
     it still hashes to the recorded sha256. Returns the path it was found at and the artifact.
 
-    Paths are recorded relative to where the command that made `owner` ran, or absolute
-    (`cli.common.recorded`): try the path as written, then relative to the directory of
-    `owner_path` and each one above it (committed plans record paths relative to the
-    repository root), and take the first file with the recorded content: a stale file of the
-    same name in the working directory does not hide the input beside the artifact. Where no
-    file has it, the error is the first file's (invalid, or changed since).
+    Paths are recorded relative to the top of the git checkout holding both files, to where the
+    command that made `owner` ran, or absolute (`cli.common.recorded`): try the path as
+    written, then relative to the directory of `owner_path` and each one above it (committed
+    plans record paths relative to the repository root), and take the first file with the
+    recorded content: a stale file of the same name in the working directory does not hide the
+    input beside the artifact. Where no file has it, the error is the first file's (invalid, or
+    changed since).
     """
     kinds_recorded = [r.kind for r in owner.inputs]
     if cls.KIND not in kinds_recorded:

@@ -32,14 +32,17 @@ def load_input(path: str, cls: type[A]) -> A:
 
 def recorded(path: str, output: str) -> str:
     """How an input given as `path` is recorded in a file written to `output` (inputs are
-    looked for as recorded, then above the file: `find_recorded_input`). When `output` lies in
-    the working directory, relative to it: an absolute path inside it is made relative, so a
-    file made in a checkout names its inputs the same however they were spelled (`--check`
-    agrees) and finds them once the checkout moves. When `output` lies elsewhere, absolute:
-    a relative path names the input from here only, and the file is read from elsewhere. To
-    stdout, as given. Always normalised ('./models/x.yaml' and 'models/../models/x.yaml'
-    are 'models/x.yaml'). The working directory is the physical one or, where the shell
-    reached it through a symlink, $PWD's spelling of it."""
+    looked for as recorded, then above the file: `find_recorded_input`). When both lie in one
+    git work tree (a checkout: the nearest directory above `output` holding `.git`), relative
+    to its top, wherever the command runs: `make -C`, a CI step in another directory and the
+    repository root record the same (`--check` agrees), and the checkout can move. Otherwise,
+    when `output` lies in the working directory, relative to it: an absolute path inside it is
+    made relative, so a file made in a checkout names its inputs the same however they were
+    spelled (`--check` agrees) and finds them once the checkout moves. When `output` lies
+    elsewhere, absolute: a relative path names the input from here only, and the file is read
+    from elsewhere. To stdout, as given. Always normalised ('./models/x.yaml' and
+    'models/../models/x.yaml' are 'models/x.yaml'). The working directory is the physical one
+    or, where the shell reached it through a symlink, $PWD's spelling of it."""
     path = os.path.normpath(path)
     if output == "-":
         return path
@@ -49,6 +52,14 @@ def recorded(path: str, output: str) -> str:
         heres.append(Path(logical))
     given = Path(path)
     for here in heres:
+        out, inp = Path(os.path.normpath(here / output)), Path(os.path.normpath(here / given))
+        # as spelled, then with symlinks resolved (realpath: a loop does not raise)
+        for out_at, in_at in ((out, inp), (Path(os.path.realpath(out)),
+                                           Path(os.path.realpath(inp)))):
+            top = _work_tree(out_at)
+            if top is not None and in_at.is_relative_to(top):
+                return in_at.relative_to(top).as_posix()
+    for here in heres:
         out = Path(os.path.normpath(here / output))
         # realpath, unlike resolve(), does not raise on a symlink loop (check_output refuses it)
         if any(p.is_relative_to(here) for p in (out, Path(os.path.realpath(out)))):
@@ -57,6 +68,12 @@ def recorded(path: str, output: str) -> str:
             if given.is_relative_to(here):
                 return given.relative_to(here).as_posix()
     return path if given.is_absolute() else os.path.normpath(heres[-1] / given)
+
+
+def _work_tree(path: Path) -> Path | None:
+    """The top of the git work tree `path` lies in (the nearest directory above it holding
+    `.git`, a directory or, in a worktree or submodule, a file), or None."""
+    return next((d for d in path.parents if (d / ".git").exists()), None)
 
 
 def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json"),

@@ -755,3 +755,30 @@ def test_an_output_that_would_not_change_is_not_rewritten(case):
     r = invoke(*plan_args("--planner", "sequential", "-o", "plan.yaml"))
     assert r.exit_code == 0 and "wrote plan.yaml" in r.output
     assert Path("plan.yaml").stat().st_mtime_ns != 1_000_000_000
+
+
+def test_inputs_in_a_checkout_are_recorded_from_its_top_wherever_the_command_runs(
+        tmp_path, monkeypatch):
+    """CI steps and `make -C` run from other directories than the checkout's top: the same
+    file records the same paths (before, 'checkout/graphs/g.yaml' from above it and an
+    absolute path from beside it, so --check failed on unchanged files)."""
+    from spindle_cli.cli.common import recorded
+
+    top = tmp_path / "checkout"
+    (top / ".git").mkdir(parents=True)
+    (top / "plans").mkdir()
+    (top / "graphs").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    for here, graph, plan in ((top, "graphs/g.yaml", "plans/p.yaml"),
+                              (tmp_path, "checkout/graphs/g.yaml", "checkout/plans/p.yaml"),
+                              (top / "plans", "../graphs/g.yaml", "p.yaml"),
+                              (tmp_path / "elsewhere", str(top / "graphs" / "g.yaml"),
+                               str(top / "plans" / "p.yaml"))):
+        monkeypatch.chdir(here)
+        monkeypatch.setenv("PWD", str(here))
+        assert recorded(graph, plan) == "graphs/g.yaml", here
+    # an input outside the checkout keeps the rules for elsewhere: absolute
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.setenv("PWD", str(tmp_path / "elsewhere"))
+    assert recorded(str(tmp_path / "g.yaml"), str(top / "plans" / "p.yaml")) == \
+        str(tmp_path / "g.yaml")
