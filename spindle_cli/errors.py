@@ -31,6 +31,11 @@ class ArtifactError(SpindleError):
         self.problem = problem
 
 
+class InputNotFound(ArtifactError):
+    """A derived artifact's recorded input found nowhere it is looked for
+    (`io.load_recorded_input`)."""
+
+
 class PlanError(SpindleError):
     """A plan that does not schedule its graph consistently, or that the executor cannot run."""
 

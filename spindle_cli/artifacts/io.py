@@ -29,7 +29,7 @@ from spindle_cli import __version__
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact, InputRef
 from spindle_cli.artifacts.codec import describe_value, field_path, from_data, to_data
 from spindle_cli.artifacts.limits import MAX_EXPANDED_NODES, MAX_FILE_BYTES, MAX_NESTING
-from spindle_cli.errors import ArtifactError, FieldError, SpindleError
+from spindle_cli.errors import ArtifactError, FieldError, InputNotFound, SpindleError
 
 A = TypeVar("A", bound=Artifact)
 
@@ -429,20 +429,26 @@ def _places(ref: InputRef, owner_path: str) -> list[Path]:
     return [p for p in (Path(ref.path), *(d / ref.path for d in above)) if p.is_file()]
 
 
-def _holds(place: Path, ref: InputRef) -> bool:
-    """Whether the file at `place` is a valid artifact with the content `ref` records."""
-    try:
-        return sha256(load_artifact(str(place))) == ref.sha256
-    except ArtifactError:
-        return False
+def _find(ref: InputRef, owner_path: str) -> tuple[Path, Artifact | None] | None:
+    """The first of `_places` holding a valid artifact with the content `ref` records, with that
+    artifact; else the first place, with None; None where there is no place."""
+    places = _places(ref, owner_path)
+    for place in places:
+        try:
+            obj = load_artifact(str(place))
+        except ArtifactError:
+            continue
+        if sha256(obj) == ref.sha256:
+            return place, obj
+    return (places[0], None) if places else None
 
 
 def find_recorded_input(ref: InputRef, owner_path: str) -> Path | None:
     """Where the input `ref` of the artifact read from `owner_path` is (`load_recorded_input`
     says where it looks): the first place holding the recorded content, else the first
     holding a file of that name; None where there is none."""
-    places = _places(ref, owner_path)
-    return next((p for p in places if _holds(p, ref)), places[0] if places else None)
+    found = _find(ref, owner_path)
+    return None if found is None else found[0]
 
 
 def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -> tuple[str, A]:
@@ -462,27 +468,21 @@ def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -
         raise ArtifactError(owner_path, "inputs", f"no {cls.KIND} input recorded")
     index = kinds_recorded.index(cls.KIND)
     ref = owner.inputs[index]
-    places = _places(ref, owner_path)
-    if not places:
-        raise ArtifactError(owner_path, f"inputs[{index}].path",
+    found = _find(ref, owner_path)
+    if found is None:
+        raise InputNotFound(owner_path, f"inputs[{index}].path",
                             f"{cls.KIND} file {ref.path!r} not found")
-    first_error: ArtifactError | None = None
-    for place in places:
-        try:
-            obj = load(str(place), cls)
-        except ArtifactError as e:
-            first_error = first_error or e
-            continue
-        if sha256(obj) == ref.sha256:
-            return str(place), obj
-        first_error = first_error or ArtifactError(
+    place, obj = found
+    if obj is None:
+        load(str(place), cls)  # the first file's error where it is invalid or of another kind
+        raise ArtifactError(
             owner_path, f"inputs[{index}].sha256",
             f"{cls.KIND} {str(place)!r} changed since the {owner.kind.replace('_', ' ')} was "
             "made (sha256 mismatch)",
             hint=f"regenerate {owner_path} from the current inputs",
         )
-    assert first_error is not None
-    raise first_error
+    assert isinstance(obj, cls)  # the recorded content, kind included
+    return str(place), obj
 
 
 def canonical_json(obj: Artifact) -> bytes:
@@ -510,11 +510,15 @@ def render(obj: Artifact, fmt: str) -> str:
 
 def write_artifact(obj: Artifact, path: str) -> None:
     """Write atomically (temp file in the target directory + rename); `-` writes YAML to stdout."""
+    write_rendered(rendered_for(obj, path), path)
+
+
+def write_rendered(text: str, path: str) -> None:
+    """`write_artifact` for an artifact already rendered for `path` (`rendered_for`)."""
     if path == "-":
-        sys.stdout.write(render(obj, "yaml"))
+        sys.stdout.write(text)
         sys.stdout.flush()
         return
-    text = render(obj, _format(path))
     parent = Path(path).parent
     if not parent.is_dir():
         raise ArtifactError(path, "", f"output directory {str(parent)!r} does not exist")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TypeVar
 
-from spindle_cli.artifacts import Plan, load, rendered_for, write_artifact
+from spindle_cli.artifacts import Plan, load, rendered_for
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact
 from spindle_cli.artifacts.io import (
     as_written,
@@ -17,6 +17,7 @@ from spindle_cli.artifacts.io import (
     output_file,
     parse_artifact,
     parse_text,
+    write_rendered,
 )
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views.plan_diff import differences
@@ -133,8 +134,8 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
         raise ArtifactError(output, e.field, f"{e.problem}; the file would not load",
                             hint="the inputs hold sizes beyond any real model or cluster"
                             ) from None
+    new = rendered_for(obj, output)
     if check:
-        new = rendered_for(obj, output)
         try:
             old = Path(output).read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -153,11 +154,11 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
             return 1
         err.print(f"{output}: up to date", soft_wrap=True)
         return 0
-    if output != "-" and _holds_already(output, rendered_for(obj, output)):
+    if output != "-" and _holds_already(output, new):
         # its modification time stays, so make rules and file watchers downstream see no change
         err.print(f"{output}: unchanged (not rewritten)", soft_wrap=True)
         return 0
-    write_artifact(obj, output)
+    write_rendered(new, output)
     if output != "-":
         err.print(f"wrote {output}", soft_wrap=True)
     return 0

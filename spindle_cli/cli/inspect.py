@@ -19,11 +19,11 @@ from spindle_cli.artifacts import (
     load_artifact,
 )
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact
-from spindle_cli.artifacts.io import find_recorded_input, kinds, load_recorded_input
+from spindle_cli.artifacts.io import kinds, load_recorded_input
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views import VIEW_MODULES
 from spindle_cli.cli.views.gantt import check_image_path
-from spindle_cli.errors import ArtifactError, SpindleError
+from spindle_cli.errors import ArtifactError, InputNotFound, SpindleError
 from spindle_cli.planner.api import PlanOptions
 from spindle_cli.planner.consistency import (
     check_cluster,
@@ -75,11 +75,13 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
     for i, ref in enumerate(obj.inputs):
         if ref.kind not in registry:
             raise ArtifactError(path, f"inputs[{i}].kind", f"unknown kind {ref.kind!r}")
-        if find_recorded_input(ref, path) is None:
-            missing.append(ref.path)
-        elif ref.kind not in found:
+        if ref.kind in found:
+            continue
+        try:
             found_at[ref.kind], found[ref.kind] = load_recorded_input(obj, path,
                                                                       registry[ref.kind])
+        except InputNotFound:
+            missing.append(ref.path)
     model = found.get("model")
     if isinstance(obj, MetaOpGraph) and isinstance(model, ModelSpec):
         check_graph_of_model(obj, path, model)
@@ -90,10 +92,7 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
             _check_against_inputs(graph, found_at["metaop_graph"])
         profile = found.get("profile")
         if isinstance(graph, MetaOpGraph) and isinstance(profile, Profile):
-            try:
-                check_profile(graph, profile)
-            except SpindleError as e:
-                raise type(e)(f"{found_at['profile']}: {e}", hint=e.hint) from None
+            check_profile(graph, profile, found_at["profile"])
         try:
             memory = PlanOptions.of(obj).memory
             if isinstance(graph, MetaOpGraph):

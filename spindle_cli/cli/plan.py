@@ -74,10 +74,7 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
     profile = load_input(profile_path, Profile)
     cluster = load_input(cluster_path, ClusterSpec)
     check_device(profile, profile_path, cluster, cluster_path, allow=allow_device_mismatch)
-    try:
-        check_profile(graph, profile)
-    except SpindleError as e:
-        raise type(e)(f"{profile_path}: {e}", hint=e.hint) from None
+    check_profile(graph, profile, profile_path)
     options = PlanOptions(planner=planner, placement=placement, uneven_splits=uneven_splits,
                           tensor_parallel=tensor_parallel)
     inputs = (input_ref(graph, recorded(graph_path, output)),

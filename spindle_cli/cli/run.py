@@ -26,6 +26,7 @@ from spindle_cli.cli._console import err
 from spindle_cli.cli.common import memory_text
 from spindle_cli.errors import Interrupted, PlanError, RuntimeFailure, SpindleError
 from spindle_cli.planner.consistency import check_cluster
+from spindle_cli.runtime.timeouts import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 
 if TYPE_CHECKING:
     from spindle_cli.runtime.program import Program
@@ -43,10 +44,6 @@ class FiniteFloatRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{number} is not a finite number.", param, ctx)
         return super().convert(number, param, ctx)
-
-
-MAX_TIMEOUT_S = 604800.0
-"""--timeout-s at most: `runtime.dist.MAX_TIMEOUT_S` (which says why), here without torch."""
 
 
 def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -108,7 +105,8 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--resume", is_flag=True,
               help="Continue from the newest complete checkpoint in --checkpoint-dir; start "
                    "from step 0 when it holds none yet (--dry-run says which).")
-@click.option("--timeout-s", type=FiniteFloatRange(min=1, max=MAX_TIMEOUT_S), default=300.0,
+@click.option("--timeout-s", type=FiniteFloatRange(min=1, max=MAX_TIMEOUT_S),
+              default=DEFAULT_TIMEOUT_S,
               show_default=True,
               help="Collective/P2P timeout: a silent rank fails the run after this long (at "
                    "most 7 days, past which torch's rendezvous fails).")

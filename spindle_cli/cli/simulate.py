@@ -41,10 +41,7 @@ def load_plan_inputs(plan: Plan, plan_path: str) -> tuple[MetaOpGraph, Profile, 
     _, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
     profile_path, profile = load_recorded_input(plan, plan_path, Profile)
     _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
-    try:
-        check_profile(graph, profile)
-    except SpindleError as e:
-        raise type(e)(f"{profile_path}: {e}", hint=e.hint) from None
+    check_profile(graph, profile, profile_path)
     return graph, profile, cluster
 
 

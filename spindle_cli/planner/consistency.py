@@ -82,22 +82,24 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
     return frozen
 
 
-def check_profile(graph: MetaOpGraph, profile: Profile) -> None:
-    """PlanError naming the first MetaOp of `graph` that `profile` has no curve for (a plan's
-    recorded profile made for another graph), or whose curve is for another batch than the
-    MetaOp runs (T(n) = alpha + beta * B / n reads B from the curve: an edited batch_size)."""
+def check_profile(graph: MetaOpGraph, profile: Profile, profile_path: str) -> None:
+    """PlanError ('<profile_path>: ...') naming the first MetaOp of `graph` that `profile` has
+    no curve for (a plan's recorded profile made for another graph), or whose curve is for
+    another batch than the MetaOp runs (T(n) = alpha + beta * B / n reads B from the curve: an
+    edited batch_size)."""
     have = {c.signature: c for c in profile.curves}
     missing = [m for m in graph.metaops if m.signature not in have]
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise PlanError(f"no curve for MetaOp {missing[0].id} (signature "
+        raise PlanError(f"{profile_path}: no curve for MetaOp {missing[0].id} (signature "
                         f"{missing[0].signature!r}){more}: not a profile of graph "
                         f"{graph.model!r}", hint="profile the plan's graph (spindle profile)")
     for m in graph.metaops:
         curve = have[m.signature]
         if curve.batch_size != m.batch_size:
-            raise PlanError(f"curve {m.signature!r}: batch_size {curve.batch_size}, but MetaOp "
-                            f"{m.id} runs a batch of {m.batch_size}",
+            raise PlanError(f"{profile_path}: curve {m.signature!r}: batch_size "
+                            f"{curve.batch_size}, but MetaOp {m.id} runs a batch of "
+                            f"{m.batch_size}",
                             hint="profile the graph again (spindle profile)")
 
 

@@ -148,19 +148,24 @@ def latest(directory: str) -> Path | None:
     """The complete checkpoint of the most steps under `directory` (`_problem`), or None. A
     damaged one (a rank file lost or cut short) is passed over for the one before it
     (`passed_over` says which and why)."""
-    return next((p for p in _step_dirs(directory) if _problem(p) is None), None)
+    return _newest_complete(directory)[0]
 
 
 def passed_over(directory: str) -> list[tuple[Path, str]]:
     """The damaged checkpoints `latest` passes over under `directory`, newest first, each with
     what is wrong with it."""
+    return _newest_complete(directory)[1]
+
+
+def _newest_complete(directory: str) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """`latest` and `passed_over`: one look at the checkpoints, newest first."""
     damaged: list[tuple[Path, str]] = []
     for path in _step_dirs(directory):
         problem = _problem(path)
         if problem is None:
-            break
+            return path, damaged
         damaged.append((path, problem))
-    return damaged
+    return None, damaged
 
 
 def read_manifest(path: Path, *, world_size: int, meta: dict[str, Any]) -> int:

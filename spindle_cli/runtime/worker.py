@@ -47,6 +47,7 @@ from spindle_cli.runtime.executor import Executor, PeerLost, overlap_for
 from spindle_cli.runtime.groups import make_groups
 from spindle_cli.runtime.inputs import check_world, load_run_inputs
 from spindle_cli.runtime.program import Program
+from spindle_cli.runtime.timeouts import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 from spindle_cli.runtime.trace import (
     Tracer,
     breakdown_ms,
@@ -116,8 +117,8 @@ def check_options(opts: TrainOptions, *, timeout_s: float) -> None:
         raise SpindleError(f"--lr {opts.lr}: expected a finite number > 0")
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise SpindleError(f"--timeout-s {timeout_s}: expected a finite number of seconds > 0")
-    if timeout_s > rdist.MAX_TIMEOUT_S:
-        raise SpindleError(f"--timeout-s {timeout_s:g}: at most {rdist.MAX_TIMEOUT_S:g} seconds "
+    if timeout_s > MAX_TIMEOUT_S:
+        raise SpindleError(f"--timeout-s {timeout_s:g}: at most {MAX_TIMEOUT_S:g} seconds "
                            "(7 days): torch's rendezvous and collectives fail on longer ones")
     if opts.checkpoint_every < 0:
         raise SpindleError(f"--checkpoint-every {opts.checkpoint_every}: expected at least 1 "
@@ -314,7 +315,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--sync", choices=["auto", "chunked", "per-set"], default="auto")
-    p.add_argument("--timeout-s", type=float, default=rdist.DEFAULT_TIMEOUT_S)
+    p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S)
     p.add_argument("--dataset", default=None)
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-every", type=int, default=0)

@@ -107,6 +107,7 @@ def show(obj: Profile, path: str, plot: str | None = None) -> None:
         out.print(f"optimizer step: {obj.optimizer.ms_per_tensor:.3g} ms per tensor + "
                   f"{obj.optimizer.ms_per_million_params:.3g} ms per million parameters")
     fitted = set(obj.counts)
+    levels = BARS if out.encoding.lower().startswith("utf") else ASCII_BARS
     for curve in obj.curves:
         out.print(f"{curve.signature} (B={curve.batch_size})")
         print_table(_curve_table(curve, fitted))
@@ -115,7 +116,6 @@ def show(obj: Profile, path: str, plot: str | None = None) -> None:
         speedups = [t1 / scaling.time_ms(curve, n) for n in valid]
         # Bars from 0 to the largest count: linear scaling climbs to the top bar, a curve
         # that does not scale stays flat and low.
-        levels = BARS if out.encoding.lower().startswith("utf") else ASCII_BARS
         bars = sparkline(speedups, 0.0, float(valid[-1]), bars=levels) if valid else ""
         out.print(
             f"  speedup {bars} {speedups[-1]:.2f}x at {valid[-1]}  "
