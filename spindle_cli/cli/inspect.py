@@ -87,13 +87,14 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
         check_graph_of_model(obj, path, model)
     if isinstance(obj, Plan):
         graph, cluster = found.get("metaop_graph"), found.get("cluster")
-        if isinstance(graph, MetaOpGraph):
-            # as `spindle run` does: the plan's graph must be its model's, where that is found
-            _check_against_inputs(graph, found_at["metaop_graph"])
         profile = found.get("profile")
-        if isinstance(graph, MetaOpGraph) and isinstance(profile, Profile):
-            check_profile(graph, profile, found_at["profile"])
+        # errors name the plan first: a stale graph is reported for each plan made from it
         try:
+            if isinstance(graph, MetaOpGraph):
+                # as `spindle run` does: the plan's graph must be its model's, where found
+                _check_against_inputs(graph, found_at["metaop_graph"])
+            if isinstance(graph, MetaOpGraph) and isinstance(profile, Profile):
+                check_profile(graph, profile, found_at["profile"])
             memory = PlanOptions.of(obj).memory
             if isinstance(graph, MetaOpGraph):
                 check_plan(obj, graph)

@@ -439,10 +439,11 @@ def test_explain_names_the_profile_without_a_curve(case, spindle):
 
 def test_simulate_and_validate_name_the_profile_without_a_curve(case, spindle):
     _plan_with_fewer_curves()
-    for command in ("simulate", "validate"):
+    # validate reports file by file, so its line names the plan first
+    for command, named in (("simulate", "fewer.yaml"), ("validate", "plan.yaml: fewer.yaml")):
         r = spindle(command, "plan.yaml")
         assert r.exit_code == 2, r.stderr
-        assert r.stderr.startswith("error: fewer.yaml: no curve for MetaOp "), r.stderr
+        assert r.stderr.startswith(f"error: {named}: no curve for MetaOp "), r.stderr
         error, hint = r.stderr.splitlines()
         assert error.endswith("not a profile of graph 'test'") and hint.startswith("hint: ")
 
