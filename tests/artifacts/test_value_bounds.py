@@ -298,7 +298,8 @@ PLAN_CASES: dict[str, tuple[Edit, str]] = {
     "group-ranks-repeated": (_set("param_groups.0.ranks", [2, 2]),
                              "param_groups[0].ranks: ranks must be ascending and distinct"),
     # the tensor-parallel groups of a slice are runs of t of its ranks (CONTRACTS.md)
-    "tp-degree-not-dividing": (_set("waves.0.slices.0.strategy", "tp2"),
+    "tp-degree-not-dividing": (lambda d: d["waves"][0]["slices"][0].update(ranks=[0],
+                                                                          strategy="tp2"),
                                "waves[0].slices[0].strategy: tp2 needs a rank count divisible "
                                "by 2, the slice has 1"),
     "duration-huge": (_set("waves.0.duration_ms", 1.7e308),

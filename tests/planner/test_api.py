@@ -14,11 +14,21 @@ from pathlib import Path
 import pytest
 from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
-from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load, rendered_for
+from spindle_cli.artifacts import (
+    ClusterSpec,
+    MetaOpGraph,
+    ModelSpec,
+    Plan,
+    Profile,
+    load,
+    rendered_for,
+)
 from spindle_cli.artifacts.io import input_ref, render, write_artifact
 from spindle_cli.errors import FieldError, PlanInfeasible, SpindleError
 from spindle_cli.planner import placement
 from spindle_cli.planner.api import PlanOptions, make_plan, place_again
+from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import simulate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -277,6 +287,20 @@ def _write_inputs(case: str, g, p, c) -> None:
         write_artifact(obj, str(d / f"{name}.yaml"))
 
 
+def tiny_clip():
+    """tiny-clip's graph as `spindle graph` makes it from the shipped model, the shipped
+    local-cpu cluster and an analytic a800 profile at 1, 2 and 4 devices, each recording the
+    case's own files (so `spindle validate` checks the case as it checks the shipped ones)."""
+    rel = "tests/data/plan-tiny-clip-local-cpu"
+    model = load(str(REPO / "models" / "tiny-clip.yaml"), ModelSpec)
+    g = build_graph(model, inputs=[input_ref(model, "models/tiny-clip.yaml")])
+    c = load(str(REPO / "clusters" / "local-cpu.yaml"), ClusterSpec)
+    p = analytic_profile(g, c, hardware="a800", counts=(1, 2, 4),
+                         inputs=(input_ref(g, f"{rel}/graph.yaml"),
+                                 input_ref(c, f"{rel}/cluster.yaml")))
+    return g, p, c
+
+
 def regenerate() -> None:
     """Rewrite the hand-built golden inputs and every expected plan."""
     from test_allocation import worked_example
@@ -284,6 +308,7 @@ def regenerate() -> None:
     g, p = worked_example()
     _write_inputs("plan-worked-example", g, p, cluster(per_node=4, name="n4"))
     _write_inputs("plan-two-node-multitask", *multitask())
+    _write_inputs("plan-tiny-clip-local-cpu", *tiny_clip())
     for case in sorted(p.name for p in DATA.glob("plan-*")):
         _, plan = _case_plan(case)
         write_artifact(plan, str(DATA / case / "expected_plan.yaml"))
