@@ -78,7 +78,8 @@ class TrainOptions:
     """Continue from the newest complete checkpoint in `checkpoint_dir`, if there is one."""
     trace_path: str | None = None
     predicted_ms: float | None = None
-    """Predicted iteration time for the trace summary (default: the plan's estimate)."""
+    """Predicted iteration time for the run's time line and the trace summary (default: the
+    plan's estimate)."""
     overlap_sync: bool | None = None
     """Bucket shared layers by the wave that completes them, in chunks issued during its
     backward (Executor); None: on NCCL only."""
@@ -241,11 +242,16 @@ def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
                 opts.checkpoint_every and done % opts.checkpoint_every == 0)):
             checkpoint.save(opts.checkpoint_dir, done, rank=world.rank,
                             world_size=world.world_size, state=ex.state(done), meta=meta)
-    if opts.trace_path is not None:
-        if result.step_ms:
-            _write_trace(tracer, result, plan, world, opts)
-        elif world.rank == 0:
-            _say(f"trace: no step ran, so nothing was traced ({opts.trace_path} not written)")
+    if result.step_ms:
+        gathered = _gather_timings(tracer, result, world)
+        predicted = (opts.predicted_ms if opts.predicted_ms is not None
+                     else plan.estimated_iteration_ms)
+        if world.rank == 0 and log:
+            _say(timing_line(result.start_step, [ms for _, ms, _ in gathered], predicted))
+        if opts.trace_path is not None and world.rank == 0:
+            _write_trace(gathered, result, plan, world, opts, predicted)
+    elif opts.trace_path is not None and world.rank == 0:
+        _say(f"trace: no step ran, so nothing was traced ({opts.trace_path} not written)")
     result.params = ex.parameters()
     return result
 
@@ -256,18 +262,37 @@ def measured_iteration_ms(step_ms: list[float]) -> float:
     return statistics.median(times) if times else 0.0
 
 
-def _write_trace(tracer: Tracer, result: TrainResult, plan: Plan, world: rdist.World,
-                 opts: TrainOptions) -> None:
+_Timings = list[tuple[list[Any], list[float], int]]
+"""Per rank: its trace events (none without --trace), step times (ms) and clock origin."""
+
+
+def _gather_timings(tracer: Tracer, result: TrainResult, world: rdist.World) -> _Timings:
+    """Every rank's `_Timings` entry, on every rank (one collective after the last step)."""
+    mine = (tracer.events, result.step_ms, tracer.origin_wall_ns)
+    if world.world_size == 1:
+        return [mine]
     gathered: list[Any] = [None] * world.world_size
-    if world.world_size > 1:
-        dist.all_gather_object(gathered, (tracer.events, result.step_ms, tracer.origin_wall_ns))
-    else:
-        gathered = [(tracer.events, result.step_ms, tracer.origin_wall_ns)]
-    if world.rank != 0:
-        return
+    dist.all_gather_object(gathered, mine)
+    return gathered
+
+
+def timing_line(start_step: int, step_ms: list[list[float]], predicted_ms: float) -> str:
+    """How long a step took, for the run's log: the slowest rank's median
+    (`measured_iteration_ms`: the first step of the run warms up and is left out when there
+    are others), beside the predicted iteration."""
+    measured = max(measured_iteration_ms(ms) for ms in step_ms)
+    first, last = start_step + 1, start_step + len(step_ms[0])
+    which = (f"step {first} alone, warm-up included" if first == last else
+             f"step {last} alone, after step {first}'s warm-up" if last == first + 1 else
+             f"median of steps {first + 1}-{last} on the slowest rank, after step {first}'s "
+             f"warm-up")
+    return f"time: {measured:.2f} ms/step ({which}), predicted {predicted_ms:.2f} ms"
+
+
+def _write_trace(gathered: _Timings, result: TrainResult, plan: Plan, world: rdist.World,
+                 opts: TrainOptions, predicted: float) -> None:
     # the iteration ends when the slowest rank ends it: take the slowest rank's median
     measured = max(measured_iteration_ms(ms) for _, ms, _ in gathered)
-    predicted = opts.predicted_ms if opts.predicted_ms is not None else plan.estimated_iteration_ms
     summary = {"planner": plan.planner, "num_ranks": world.world_size, "backend": world.backend,
                "steps": len(result.step_ms), "measured_iteration_ms": measured,
                "predicted_iteration_ms": predicted,
@@ -278,8 +303,7 @@ def _write_trace(tracer: Tracer, result: TrainResult, plan: Plan, world: rdist.W
     assert opts.trace_path is not None
     write_json(trace_document([evs for evs, _, _ in gathered],
                               [origin for _, _, origin in gathered], summary), opts.trace_path)
-    _say(f"trace: {opts.trace_path}  measured {measured:.2f} ms/iteration, predicted "
-         f"{predicted:.2f} ms")
+    _say(f"trace: {opts.trace_path}")
     for line in drift_lines(summary["slices"], predicted):
         _say(line)
 
@@ -363,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             overlap = overlap_for(args.sync, world.backend)
             predicted = (predicted_iteration_ms(args.plan, inputs.plan, inputs.graph,
                                                 overlap_sync=overlap)
-                         if args.trace and world.rank == 0 else None)
+                         if world.rank == 0 else None)
             opts = replace(opts, predicted_ms=predicted, overlap_sync=overlap)
             log = (lambda line: print(line, flush=True)) if world.rank == 0 else None
             train(inputs.plan, inputs.graph, inputs.model, inputs.program, world, opts, log)

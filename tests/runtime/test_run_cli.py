@@ -90,6 +90,10 @@ def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
         assert min(e["ts"] + e["dur"] for e in syncs) >= forward_end - 100
     summary = doc["otherData"]
     assert summary["measured_iteration_ms"] > 0
+    # the run's time line says what the trace's summary holds
+    assert (f"time: {summary['measured_iteration_ms']:.2f} ms/step (step 2 alone, after step "
+            f"1's warm-up), predicted {summary['predicted_iteration_ms']:.2f} ms"
+            in r.stderr.splitlines()), r.stderr
     assert set(summary["breakdown_ms_per_step"]) == {"0", "1"}
     assert all(parts["compute"] > 0 for parts in summary["breakdown_ms_per_step"].values())
     # every slice's measured compute beside its planned time, and the run says how they compare

@@ -144,6 +144,22 @@ class _Writes(io.StringIO):
         return super().write(s)
 
 
+def test_timing_line_takes_the_slowest_rank_after_the_warm_up() -> None:
+    """The run's time line: the slowest rank's median step past the run's first step (which
+    warms up), numbered as the run numbers its steps (from the checkpoint when resumed)."""
+    # rank 1 is slower past the warm-up though rank 0's warm-up step is the longest
+    fast, slow = [900.0, 10.0, 11.0, 12.0], [50.0, 20.0, 21.0, 40.0]
+    assert worker.timing_line(0, [fast, slow], 17.0) == (
+        "time: 21.00 ms/step (median of steps 2-4 on the slowest rank, after step 1's "
+        "warm-up), predicted 17.00 ms")
+    assert worker.timing_line(3, [fast, slow], 17.0).startswith(
+        "time: 21.00 ms/step (median of steps 5-7 on the slowest rank, after step 4's ")
+    assert worker.timing_line(3, [[900.0, 10.0], [50.0, 20.0]], 5.5) == (
+        "time: 20.00 ms/step (step 5 alone, after step 4's warm-up), predicted 5.50 ms")
+    assert worker.timing_line(0, [[900.0], [50.0]], 5.5) == (
+        "time: 900.00 ms/step (step 1 alone, warm-up included), predicted 5.50 ms")
+
+
 def test_a_failing_rank_writes_its_line_and_newline_at_once(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The ranks share one stderr: `print` writes the text and the newline separately, so two
