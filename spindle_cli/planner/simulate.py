@@ -1303,15 +1303,17 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                        + sum(wait for _, _, wait in bwd_timing.values()) - param_wait_ms[0])
         # the step: how long the last rank steps past the last reduction; the sync: the rest,
         # and the waves' waits for parameter all-gathers
+        # (the sync is the reductions past the last backward, taken as that difference: one
+        # rank without groups syncs exactly nothing, not a rounding of the step's)
         step_ms = max(0.0, max(through_ms) - reduced_all_ms)
         parts = (forward_ms, backward_ms, transfer_ms,
-                 iteration_ms - backward_end_ms - step_ms + param_wait_ms[0], step_ms)
+                 reduced_all_ms - backward_end_ms + param_wait_ms[0], step_ms)
     else:
         # the rank that ends the iteration: its own time is compute, waiting, sync, step
         r = max(range(plan.num_devices), key=lambda q: (through_ms[q], -q))
+        reduced_r = max([end_ms[r], *(reduced_ms[gi] for gi in groups_of[r])])
         parts = (rank_times.forward_ms[r], rank_times.backward_ms[r],
-                 rank_times.waiting_ms[r], through_ms[r] - end_ms[r] - optimizer_ms[r],
-                 optimizer_ms[r])
+                 rank_times.waiting_ms[r], reduced_r - end_ms[r], optimizer_ms[r])
 
     return _Timeline(costs=costs, starts=starts, net=net, flow_meta=flow_meta,
                      fwd_timing=fwd_timing, bwd_timing=bwd_timing, sync_start_ms=sync_start_ms,

@@ -199,6 +199,22 @@ def test_breakdown_adds_up_to_iteration():
     assert r.compute_ms + r.transfer_ms + r.sync_ms == pytest.approx(r.iteration_ms)
 
 
+@pytest.mark.parametrize("model", ["tiny-clip", "ofasys"])
+@pytest.mark.parametrize("progress", ["wave", "rank"])
+def test_one_device_syncs_exactly_nothing(model, progress):
+    """A one-device cluster has no gradient to reduce: the sync is exactly 0, not the rounding
+    left by taking the step and the backward off the iteration (-1e-13 ms was printed as
+    '-0.00 ms, -0.0%' for OFASys with each rank on its own)."""
+    root = Path(__file__).resolve().parents[2]
+    graph = build_graph(load(str(root / "models" / f"{model}.yaml"), ModelSpec))
+    one = pb.cluster(per_node=1, memory_bytes=1 << 40)  # OFASys whole on one device
+    profile = profile_for(graph, one)
+    plan = make_plan(graph, profile, one)
+    r = simulate(plan, graph, profile, one, progress=progress)
+    assert r.sync_ms == 0.0
+    assert r.compute_ms + r.transfer_ms + r.optimizer_ms == pytest.approx(r.iteration_ms)
+
+
 def test_transfer_bytes_are_split_by_rows_and_counted_both_ways():
     r = run()
     acts = [f for f in r.flows if f.kind == "activation"]
