@@ -44,6 +44,11 @@ class PlanInfeasible(SpindleError):
     """The planner cannot fit the model on the cluster (e.g. out of device memory)."""
 
 
+class NoValidCount(PlanInfeasible):
+    """A MetaOp has no device count its curve allows on the cluster, whatever the memory
+    setting (its batch, the profile's feasible counts, tensor parallelism, islands)."""
+
+
 class RuntimeFailure(SpindleError):
     """A distributed run failed (a rank crashed, timed out or disagreed about shapes)."""
 

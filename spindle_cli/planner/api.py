@@ -28,7 +28,7 @@ from spindle_cli.artifacts.plan import (
     Wave,
 )
 from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
-from spindle_cli.errors import FieldError, PlanInfeasible, SpindleError
+from spindle_cli.errors import FieldError, NoValidCount, PlanInfeasible, SpindleError
 from spindle_cli.planner import baselines, scaling
 from spindle_cli.planner.allocation import (
     LevelAllocation,
@@ -198,6 +198,8 @@ def fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Cluste
             best = (iteration_ms, plan)
     if best is None:
         assert error is not None
+        if isinstance(error, NoValidCount):
+            raise error  # no memory setting changes the counts a curve allows
         last = memory_setting(*ladder[-1])
         raise PlanInfeasible(
             f"{error} (with {last}, the last of {len(ladder)} memory settings tried)"
@@ -273,15 +275,48 @@ def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven:
                                island_size)]
         oc = op_curve(m, curve, num_devices, counts_cache[m.signature], uneven=uneven)
         if len(oc.counts) == 1:
-            low = scaling.count_range(curve)[0]
-            below = f"; its curve starts at {low} devices" if low > num_devices else ""
-            raise PlanInfeasible(
+            below, hint = _count_refusal(curve, num_devices, uneven=uneven,
+                                         tensor_parallel=tensor_parallel,
+                                         island_size=island_size)
+            raise NoValidCount(
                 f"MetaOp {m.id} has no valid device count <= {num_devices} "
                 f"(batch {curve.batch_size}, strategy {scaling.strategy(curve, 1)}"
-                f"{_tp_refusal(curve, tensor_parallel, island_size)}{below})"
-            )
+                f"{_tp_refusal(curve, tensor_parallel, island_size)}){below}", hint=hint)
         result[m.id] = oc
     return result
+
+
+def _count_refusal(curve: Curve, num_devices: int, *, uneven: bool, tensor_parallel: bool,
+                   island_size: int | None) -> tuple[str, str | None]:
+    """Why no count up to `num_devices` is valid for the curve's own reasons (`op_curves`'
+    infeasibility message, after a colon: '' when there are none of them), and a hint when
+    --uneven-splits would give a count: where the curve starts above 1, the profile's reasons
+    for the counts below it (it judges a layer's weights, gradients, optimizer state and
+    activations whole, so no memory setting of the planner brings those counts back); the
+    counts on the curve that do not divide the batch."""
+    low, high = scaling.count_range(curve)
+    parts = []
+    if low > 1:
+        why: dict[int, str] = {}
+        for p in sorted(curve.points, key=lambda p: (p.num_devices, p.strategy)):
+            if p.num_devices < low and not p.feasible and p.note:
+                why.setdefault(p.num_devices, p.note)
+        found = ", ".join(f"{n} device{'s' if n > 1 else ''} {note}"
+                          for n, note in why.items())
+        parts.append(f"its curve starts at {low} devices" + (
+            f", the profile finding {found} (a layer's weights, gradients, optimizer state and "
+            "activations whole: no ZeRO or recomputation)" if why else ""))
+    uneven_only = [] if uneven else [
+        n for n in range(low, int(min(high, num_devices)) + 1)
+        if scaling.is_valid(curve, n, uneven=True) and not scaling.is_valid(curve, n)
+        and _tp_allowed(tp_degree(scaling.strategy(curve, n)), tensor_parallel, island_size)]
+    counts = ", ".join(map(str, uneven_only))
+    if uneven_only:
+        parts.append(f"{counts} {'does' if len(uneven_only) == 1 else 'do'} not divide the "
+                     f"batch")
+    hint = (f"--uneven-splits plans counts that do not divide the batch (here {counts})"
+            if uneven_only else None)
+    return (": " + "; ".join(parts) if parts else ""), hint
 
 
 def _tp_refusal(curve: Curve, tensor_parallel: bool, island_size: int | None) -> str:

@@ -24,9 +24,10 @@ from spindle_cli.artifacts import (
     rendered_for,
 )
 from spindle_cli.artifacts.io import input_ref, render, write_artifact
-from spindle_cli.errors import FieldError, PlanInfeasible, SpindleError
+from spindle_cli.artifacts.profile import ProfilePoint
+from spindle_cli.errors import FieldError, NoValidCount, PlanInfeasible, SpindleError
 from spindle_cli.planner import placement
-from spindle_cli.planner.api import PlanOptions, make_plan, place_again
+from spindle_cli.planner.api import PlanOptions, fitting_plan_with_cost, make_plan, place_again
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import simulate
@@ -153,8 +154,34 @@ def test_a_curve_profiled_at_one_count_above_the_cluster_says_where_it_starts():
     g = graph([metaop("t/a", layers=1, batch=8)])
     p = profile([curve("t/a", 8, [(8, 8, 1.0, 0.0, "dp")])])
     with pytest.raises(PlanInfeasible, match=r"no valid device count <= 4 \(batch 8, strategy "
-                                             r"dp; its curve starts at 8 devices\)"):
+                                             r"dp\): its curve starts at 8 devices$"):
         make_plan(g, p, cluster(per_node=4))
+
+
+def test_no_count_says_why_and_that_no_memory_setting_helps():
+    """Counts 1 and 2 out of memory as profiled, 3 not dividing the batch of 64: the error
+    names both reasons, leaves out the memory setting (no ZeRO stage or recomputation brings
+    those counts back), and hints at --uneven-splits, which plans the count."""
+    from plan_builders import curve
+
+    oom = [ProfilePoint(num_devices=n, strategy="dp", feasible=False, time_ms=0.0,
+                        peak_memory_bytes=0, note=f"out of memory: needs {900 // n} of 400 bytes")
+           for n in (1, 2)]
+    fits = ProfilePoint(num_devices=3, strategy="dp", feasible=True, time_ms=1.0,
+                        peak_memory_bytes=300)
+    c = replace(curve("t/a", 64, [(3, 1 << 20, 0.5, 1.0, "dp")]), points=(*oom, fits))
+    g, p = graph([metaop("t/a", layers=2, batch=64)]), profile([c])
+    with pytest.raises(NoValidCount) as e:
+        fitting_plan_with_cost(g, p, cluster(per_node=3))
+    assert str(e.value) == (
+        "MetaOp t/a has no valid device count <= 3 (batch 64, strategy dp): its curve starts at "
+        "3 devices, the profile finding 1 device out of memory: needs 900 of 400 bytes, 2 "
+        "devices out of memory: needs 450 of 400 bytes (a layer's weights, gradients, optimizer "
+        "state and activations whole: no ZeRO or recomputation); 3 does not divide the batch")
+    assert e.value.hint == "--uneven-splits plans counts that do not divide the batch (here 3)"
+    plan, _ = fitting_plan_with_cost(g, p, cluster(per_node=3),
+                                     options=PlanOptions(uneven_splits=True))
+    assert {len(s.ranks) for _, s in plan.slices()} == {3}
 
 
 def test_uneven_splits_are_recorded_and_never_worse_here():
