@@ -183,16 +183,24 @@ def build_curve(
     best = _best(points, op.batch_size)
     samples = fitted_run(counts, best)
     if not samples:
-        notes = sorted({p.note for p in points if p.note})
+        # each count's reasons, counts ascending and its strategies in order
+        by_count: dict[int, list[str]] = {}
+        for p in sorted(points, key=lambda p: (p.num_devices, p.strategy)):
+            if p.note and f"{p.strategy}: {p.note}" not in by_count.get(p.num_devices, []):
+                by_count.setdefault(p.num_devices, []).append(f"{p.strategy}: {p.note}")
+        notes = {p.note for p in points if p.note}
         # 'out of memory: needs N of M bytes' is the cluster's limit; a bare 'out of memory'
         # the device a measurement ran on
         limit = any(n.startswith("out of memory: needs") for n in notes)
         device = "out of memory" in notes
+        reasons = "; ".join(f"{n} device{'s' if n > 1 else ''}: {', '.join(why)}"
+                            for n, why in by_count.items())
         raise SpindleError(
             f"signature {op.signature!r} (MetaOp {op.id}): no feasible strategy at any "
-            "profiled count" + (f" ({'; '.join(notes)})" if notes else ""),
-            hint=("one layer does not fit a device: check device.memory_bytes of the --cluster "
-                  "file (bytes: 85899345920 is 80 GiB)" if limit else
+            "profiled count" + (f" ({reasons})" if reasons else ""),
+            hint=("one layer does not fit a device at any profiled count: check "
+                  "device.memory_bytes of the --cluster file (in bytes), or profile more "
+                  "devices (--counts), a smaller model or batch" if limit else
                   "one layer does not fit the device it was measured on: profile a smaller "
                   "model or batch, or on a larger device" if device else None))
     try:

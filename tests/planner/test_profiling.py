@@ -3,6 +3,7 @@ how the planner sees them through scaling.is_valid, held-out validation, determi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -154,6 +155,9 @@ def test_no_feasible_count_is_an_error(three_tasks):
         analytic_profile(three_tasks, tiny, hardware="a800", counts=COUNTS)
     # every point ran out of memory: the hint points at the cluster's memory
     assert e.value.hint is not None and "device.memory_bytes" in e.value.hint
+    # each profiled count's reasons, by count (sorted as text, 16 came before 2)
+    said = [int(n) for n in re.findall(r"(\d+) devices?: dp: out of memory", str(e.value))]
+    assert said == sorted(said) == sorted(set(COUNTS)), str(e.value)
 
 
 def test_validate_profiles_heldout_counts(three_tasks):
