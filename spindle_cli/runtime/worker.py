@@ -312,15 +312,18 @@ def predicted_iteration_ms(plan_path: str, plan: Plan, graph: MetaOpGraph,
                            overlap_sync: bool) -> float:
     """The simulator's iteration time for the plan as the executor runs it (each rank on its
     own, with its gradient buckets: chunked with `overlap_sync`, else per rank set), when
-    its profile and cluster files are at hand, else the plan's own estimate."""
+    its profile and cluster files are at hand and simulate it, else the plan's own
+    estimate."""
     from spindle_cli.planner.simulate import simulate
     try:
         _, profile = load_recorded_input(plan, plan_path, Profile)
         _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
+        return simulate(plan, graph, profile, cluster,
+                        sync="chunked" if overlap_sync else "per-set",
+                        progress="rank").iteration_ms
     except SpindleError:
+        # every run predicts its step: a profile that cannot simulate the plan does not stop it
         return plan.estimated_iteration_ms
-    return simulate(plan, graph, profile, cluster, sync="chunked" if overlap_sync else "per-set",
-                    progress="rank").iteration_ms
 
 
 def _device_memory_bytes(world: rdist.World) -> int:

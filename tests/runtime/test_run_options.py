@@ -160,6 +160,26 @@ def test_timing_line_takes_the_slowest_rank_after_the_warm_up() -> None:
         "time: 900.00 ms/step (step 1 alone, warm-up included), predicted 5.50 ms")
 
 
+def test_the_prediction_falls_back_to_the_plans_estimate() -> None:
+    """Every run predicts its step (the time line): by simulating the plan as the executor
+    runs it when its profile and cluster simulate it, else with the plan's own estimate, so
+    a profile that cannot time the plan does not stop the run."""
+    from dataclasses import replace
+
+    from spindle_cli.artifacts import MetaOpGraph, Plan, load
+
+    repo = Path(__file__).resolve().parents[2]
+    path = str(repo / "plans" / "tiny-clip-local-cpu-2.yaml")
+    plan, graph = load(path, Plan), load(str(repo / "graphs" / "tiny-clip.yaml"), MetaOpGraph)
+    simulated = worker.predicted_iteration_ms(path, plan, graph, overlap_sync=False)
+    assert simulated > 0 and simulated != plan.estimated_iteration_ms
+    # a MetaOp the profile has no curve for: simulate refuses the plan
+    m = graph.metaops[0]
+    unknown = replace(graph, metaops=(replace(m, signature="other"), *graph.metaops[1:]))
+    assert worker.predicted_iteration_ms(path, plan, unknown, overlap_sync=False) == \
+        plan.estimated_iteration_ms
+
+
 def test_a_failing_rank_writes_its_line_and_newline_at_once(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The ranks share one stderr: `print` writes the text and the newline separately, so two
