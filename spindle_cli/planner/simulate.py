@@ -1301,10 +1301,10 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         backward_ms = sum(end - start for start, end, _ in bwd_timing.values())
         transfer_ms = (sum(wait for _, _, wait in fwd_timing)
                        + sum(wait for _, _, wait in bwd_timing.values()) - param_wait_ms[0])
-        # the step: how long the last rank steps past the last reduction; the sync: the rest,
-        # and the waves' waits for parameter all-gathers
-        # (the sync is the reductions past the last backward, taken as that difference: one
-        # rank without groups syncs exactly nothing, not a rounding of the step's)
+        # the step: how long the last rank steps past the last reduction; the sync: the
+        # reductions past the last backward (taken directly: a rank without groups syncs
+        # exactly nothing, not the rounding left by subtracting the step), and the waves'
+        # waits for parameter all-gathers
         step_ms = max(0.0, max(through_ms) - reduced_all_ms)
         parts = (forward_ms, backward_ms, transfer_ms,
                  reduced_all_ms - backward_end_ms + param_wait_ms[0], step_ms)
