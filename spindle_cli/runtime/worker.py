@@ -18,6 +18,7 @@ import math
 import os
 import statistics
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -407,7 +408,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+LAUNCHER_POLL_S = 1.0
+"""How often a rank looks whether its launcher is still there (`leave_with_launcher`)."""
+
+
+def leave_with_launcher() -> None:
+    """Stop this rank (exit 1, with a line saying why) once the process that launched it is
+    gone: a launcher killed by SIGKILL (the OOM killer, a scheduler) or by a signal torch's
+    agent does not handle (SIGUSR1) cannot stop its ranks, which went on training and
+    writing checkpoints under init. A rank re-parented to another process has lost it."""
+    launcher = os.getppid()
+    rank = os.environ.get("RANK", "?")
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(LAUNCHER_POLL_S)
+        _say(f"error: rank {rank}: its launcher (pid {launcher}) is gone; stopping")
+        os._exit(1)
+
+    threading.Thread(target=watch, name="spindle-launcher-watch", daemon=True).start()
+
+
 if __name__ == "__main__":
+    leave_with_launcher()
     code = main()
     # a rank leaves at once, its lines and files written, without interpreter shutdown: that
     # destroys torch's objects late, and gloo's threads abort the process ('terminate called

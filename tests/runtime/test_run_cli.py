@@ -112,6 +112,53 @@ def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
         simulate(*args, sync="per-set", progress="rank").iteration_ms)
 
 
+def _workers_of(plan: Path) -> list[int]:
+    """The pids of the ranks running `plan` (their command lines name the worker and it)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"spindle_cli.runtime.worker" in cmdline and str(plan).encode() in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ranks_stop_when_their_launcher_is_killed(tmp_path: Path) -> None:
+    """A launcher killed with SIGKILL cannot stop its ranks: they stop themselves (they went
+    on training, printing steps and writing checkpoints, re-parented to init)."""
+    import signal
+    import time
+
+    plan = write_plan_files(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    launcher = subprocess.Popen([sys.executable, "-m", "spindle_cli", "run", str(plan),
+                                 "--steps", "1000000"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert launcher.stdout is not None
+        first = launcher.stdout.readline()
+        assert first.startswith("step 1/"), first + launcher.stderr.read()
+        assert len(_workers_of(plan)) == 2
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while _workers_of(plan) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _workers_of(plan)
+        _, err = launcher.communicate()
+        assert "its launcher (pid " in err and "is gone; stopping" in err, err
+    finally:
+        for pid in _workers_of(plan):
+            os.kill(pid, signal.SIGKILL)
+        launcher.kill()
+        launcher.communicate()  # closes the pipes
+
+
 @pytest.mark.dist
 @pytest.mark.slow
 @pytest.mark.timeout(300)
