@@ -129,8 +129,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
 
     inputs = load_run_inputs(plan_path)
     _check_cluster(inputs.plan, plan_path)
-    if trace_path is not None and Path(trace_path).exists() and \
-            os.path.samefile(trace_path, plan_path):
+    if trace_path and Path(trace_path).exists() and os.path.samefile(trace_path, plan_path):
         raise SpindleError(f"--trace {trace_path}: is the plan; writing the trace would "
                            "replace it", hint="give the trace another name, e.g. trace.json")
     if nproc_per_node is None:

@@ -113,6 +113,11 @@ def check_options(opts: TrainOptions, *, timeout_s: float) -> None:
     """Refuse (SpindleError) options that would fail only later in the run, or do nothing.
     Reads the file system, leaves nothing on it (a probe file, `check_can_create`, is removed
     at once), uses no process group."""
+    for flag, path in (("--checkpoint-dir", opts.checkpoint_dir), ("--trace", opts.trace_path)):
+        if path == "":
+            # (an empty --checkpoint-dir read as none: the run saved nothing, silently)
+            raise SpindleError(f"{flag}: an empty path", hint=f"give {flag} a path, or leave "
+                               "it out")
     if opts.steps < 1:
         raise SpindleError(f"--steps {opts.steps}: expected at least 1")
     if not (math.isfinite(opts.lr) and opts.lr > 0):

@@ -208,6 +208,17 @@ def _one_line_error(result: object) -> str:
     return errors[0]
 
 
+@pytest.mark.parametrize("flag", ["--trace", "--checkpoint-dir"])
+def test_an_empty_path_is_refused_before_launch(tmp_path: Path, flag: str) -> None:
+    """`--trace ''` was an internal error (the plan compared with '', the current directory);
+    `--checkpoint-dir ''` ran and saved nothing."""
+    plan_path = write_plan_files(tmp_path)
+    for dry in ([], ["--dry-run"]):
+        r = invoke("run", str(plan_path), flag, "", *dry)
+        assert getattr(r, "exit_code", None) == 2
+        assert _one_line_error(r) == f"error: {flag}: an empty path"
+
+
 def test_tensor_parallel_plan_is_refused_before_launch(tmp_path: Path) -> None:
     # the sequential baseline runs every slice on both ranks, so tp2 makes one group of them
     plan_path = write_plan_files(tmp_path, options=PlanOptions(planner="sequential"))

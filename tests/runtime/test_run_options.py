@@ -67,6 +67,11 @@ def test_check_dir_refuses_a_file_on_the_path(tmp_path: Path, target: str, said:
     ({"trace_path": "{tmp}/nowhere/trace.json"}, 300.0, "directory does not exist"),
     ({"trace_path": "{tmp}/file/trace.json"}, 300.0, "/file is not a directory"),
     ({"trace_path": "/sys/t.json"}, 300.0, "--trace /sys/t.json: cannot write in '/sys'"),
+    # an empty --checkpoint-dir was read as none (the run saved nothing); an empty --trace
+    # was an internal error in the launcher
+    ({"checkpoint_dir": ""}, 300.0, "--checkpoint-dir: an empty path"),
+    ({"checkpoint_dir": "", "resume": True}, 300.0, "--checkpoint-dir: an empty path"),
+    ({"trace_path": ""}, 300.0, "--trace: an empty path"),
 ])
 def test_check_options_refuses(tmp_path: Path, changes: dict[str, Any], timeout_s: float,
                                said: str) -> None:
