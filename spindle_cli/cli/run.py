@@ -266,7 +266,8 @@ def _launch(argv: list[str]) -> None:
     try:
         torchrun(parse_args(argv))
     except ChildFailedError as e:
-        raise RuntimeFailure(f"run failed: {_root_cause(e)}") from None
+        cause = _root_cause(e)
+        raise RuntimeFailure(f"run failed: {cause}", hint=_hint_of(e, cause)) from None
     except (DistError, RendezvousError) as e:
         # the message's first line; torch appends a C++ backtrace
         endpoint = argv[argv.index("--rdzv-endpoint") + 1] if "--rdzv-endpoint" in argv else ""
@@ -280,6 +281,17 @@ def _launch(argv: list[str]) -> None:
         # the launcher stopped every rank; checkpoints already written stay whole
         raise Interrupted(f"interrupted by {e.sigval.name}: every rank was stopped",
                           int(e.sigval)) from None
+
+
+def _hint_of(e: object, cause: str) -> str | None:
+    """The hint that the rank whose line `cause` reports wrote beside it (its error file)."""
+    for f in getattr(e, "failures", {}).values():
+        data = f.error_file_data
+        if isinstance(f.message, str) and f.message and cause.startswith(f.message) \
+                and isinstance(data, dict):
+            hint = data.get("spindle", {}).get("hint")
+            return hint if isinstance(hint, str) else None
+    return None
 
 
 def _root_cause(e: object) -> str:

@@ -358,8 +358,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _report_failure(rank: int, e: BaseException) -> int:
+    """The rank's error line on stderr and in torch's error file, whose `spindle` entry the
+    launcher reads (`cli.run`): whether the line is secondary, and the error's hint (printed
+    once, by the launcher, under the run's line)."""
+    hint = None
     if isinstance(e, SpindleError):
-        cause, code = str(e), e.exit_code
+        cause, code, hint = str(e), e.exit_code, e.hint
     else:
         cause, code = f"{type(e).__name__}: {e}", 1
     # a rank that lost a peer is rarely the root cause; the launcher prefers other ranks' lines
@@ -372,7 +376,7 @@ def _report_failure(rank: int, e: BaseException) -> int:
     if error_file:
         with open(error_file, "w") as f:
             json.dump({"message": line, "timestamp": int(time.time()),
-                       "spindle": {"rank": rank, "secondary": secondary}}, f)
+                       "spindle": {"rank": rank, "secondary": secondary, "hint": hint}}, f)
     return code
 
 

@@ -729,14 +729,15 @@ def test_a_resume_with_nothing_left_writes_no_trace(one_step_checkpoint: tuple[P
 
 
 def _failure(exitcode: int, timestamp: int, message: str = "",
-             secondary: bool = False) -> object:
+             secondary: bool = False, hint: str | None = None) -> object:
     """A torchrun ProcessFailure as `_root_cause` reads it."""
     import signal
     from types import SimpleNamespace
 
     return SimpleNamespace(
         message=message, exitcode=exitcode, timestamp=timestamp,
-        error_file_data={"spindle": {"secondary": secondary}} if message else {},
+        error_file_data=({"spindle": {"secondary": secondary, "hint": hint}} if message
+                         else {}),
         signal_name=lambda: signal.Signals(-exitcode).name if exitcode < 0 else "")
 
 
@@ -761,6 +762,25 @@ def test_a_failed_run_names_the_rank_that_failed_first(failures: dict[int, objec
     from spindle_cli.cli.run import _root_cause
 
     assert _root_cause(SimpleNamespace(failures=failures)) == said
+
+
+def test_a_failed_run_gives_the_hint_of_the_rank_it_names() -> None:
+    """A rank's error hint (a damaged checkpoint: remove it) reached only the rank's error
+    file; the run's error line now carries it, from the rank that line names."""
+    from types import SimpleNamespace
+
+    from spindle_cli.cli.run import _hint_of, _root_cause
+
+    damaged = _failure(1, 1, "rank 0: ck/rank-00000.pt: cannot load the checkpoint",
+                       hint="remove ck/step-000003 to resume from the checkpoint before it")
+    lost = _failure(1, 2, "rank 1: lost contact with rank(s) 0", secondary=True,
+                    hint="other")
+    for failures in ({0: damaged, 1: lost}, {0: damaged, 1: _failure(-15, 3)}):
+        e = SimpleNamespace(failures=failures)
+        assert _hint_of(e, _root_cause(e)) == \
+            "remove ck/step-000003 to resume from the checkpoint before it"
+    e = SimpleNamespace(failures={0: _failure(-15, 2), 1: _failure(-9, 3)})
+    assert _hint_of(e, _root_cause(e)) is None
 
 
 def _free_port() -> int:
