@@ -261,8 +261,13 @@ def _launch(argv: list[str]) -> None:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # torchrun warns when it sets this default itself
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # the elastic agent logs every worker's exit; the workers print their own one-line errors
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # the elastic agent logs every worker's exit, and a signal that stops the run; the workers
+    # print their own one-line errors, the launcher the run's. torch gives some of its loggers
+    # their own level (the agent's: WARNING), which the parent's does not override
+    for name in ("torch.distributed.elastic", *(
+            n for n in logging.root.manager.loggerDict
+            if n.startswith("torch.distributed.elastic."))):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         torchrun(parse_args(argv))
     except ChildFailedError as e:

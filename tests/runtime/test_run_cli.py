@@ -161,6 +161,35 @@ def test_ranks_stop_when_their_launcher_is_killed(tmp_path: Path) -> None:
 
 @pytest.mark.dist
 @pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_sigterm_stops_the_run_with_its_line_alone(tmp_path: Path) -> None:
+    """A scheduler's SIGTERM: exit 143, every rank stopped, and on stderr the run's line only
+    (torch's agent logged 'Received 15 death signal, shutting down workers' above it)."""
+    import signal
+
+    plan = write_plan_files(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    launcher = subprocess.Popen([sys.executable, "-m", "spindle_cli", "run", str(plan),
+                                 "--steps", "1000000"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert launcher.stdout is not None
+        assert launcher.stdout.readline().startswith("step 1/")
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 143
+        assert [ln for ln in err.splitlines() if not ln.startswith("spindle run: ")] == [
+            "error: interrupted by SIGTERM: every rank was stopped"], err
+        assert not _workers_of(plan)
+    finally:
+        for pid in _workers_of(plan):
+            os.kill(pid, signal.SIGKILL)
+        launcher.kill()
+        launcher.communicate()
+
+
+@pytest.mark.dist
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sync_flag_chooses_the_gradient_buckets(tmp_path: Path) -> None:
     """--sync chunked on gloo: the same losses as the default per-set buckets (two ranks sum
