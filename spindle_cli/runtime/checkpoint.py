@@ -39,8 +39,18 @@ def step_dir(directory: str, step: int) -> Path:
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
+    """torch.save through a hidden temporary file; a failed write (a full disk: torch says
+    only 'unexpected pos N vs M') is a SpindleError naming the file, the checkpoints before
+    it left whole."""
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
+    try:
+        torch.save(obj, tmp)
+    except (RuntimeError, OSError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else \
+            (str(e).splitlines() or [type(e).__name__])[0]
+        raise SpindleError(f"{path}: cannot write the checkpoint (a full disk?): {reason}",
+                           hint="free space where --checkpoint-dir lies, then --resume: the "
+                                "checkpoints before this one are whole") from None
     os.replace(tmp, path)
 
 

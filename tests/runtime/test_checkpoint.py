@@ -65,3 +65,26 @@ def test_damage_inside_a_whole_rank_file_names_the_file(tmp_path: Path) -> None:
                                            r"does not unpickle \(damaged\?\)$") as e:
         checkpoint.load(found, rank=0, world_size=1, meta=META)
     assert e.value.hint == f"remove {found} to resume from the checkpoint before it"
+
+
+def test_a_failed_write_names_the_file_and_keeps_the_checkpoints_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk that fills up during torch.save: torch says only 'unexpected pos', which the
+    run printed as a RuntimeError; now the file, a likely cause and what to do."""
+    checkpoint.save(str(tmp_path), 1, rank=0, world_size=1, state={"w": torch.ones(2)},
+                    meta=META)
+
+    def full(obj: object, f: object) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 224256 "
+                           "vs 224144")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(SpindleError) as e:
+        checkpoint.save(str(tmp_path), 2, rank=0, world_size=1, state={"w": torch.ones(2)},
+                        meta=META)
+    assert str(e.value) == (f"{tmp_path / '.step-000002.tmp' / 'rank-00000.pt'}: cannot write "
+                            "the checkpoint (a full disk?): [enforce fail at "
+                            "inline_container.cc:672] . unexpected pos 224256 vs 224144")
+    assert e.value.hint is not None and "--resume" in e.value.hint
+    monkeypatch.undo()
+    assert checkpoint.latest(str(tmp_path)) == checkpoint.step_dir(str(tmp_path), 1)
