@@ -16,11 +16,14 @@ resume would start from).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import pickle
 import shutil
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,48 @@ from spindle_cli.artifacts.io import check_can_create
 from spindle_cli.errors import SpindleError
 
 MANIFEST = "manifest.json"
+
+
+@contextlib.contextmanager
+def hold(directory: str) -> Iterator[None]:
+    """Lock `directory` (made if missing) for the run whose rank 0 checkpoints there, while
+    the context lasts or the process lives; SpindleError when another run holds it. Two runs
+    given one directory at once both passed the check before launch (no checkpoint there
+    yet) and replaced each other's checkpoints, one reporting success with none of its own
+    kept. The lock is a flock on the directory itself, which leaves no file behind (some
+    network file systems do not honour it across nodes)."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SpindleError(_in_use(directory), hint=_IN_USE_HINT) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_free(directory: str) -> None:
+    """SpindleError when a run holds `directory` (`hold`) now; takes nothing (the check
+    before launch)."""
+    if not os.path.isdir(directory):
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        raise SpindleError(_in_use(directory), hint=_IN_USE_HINT) from None
+    finally:
+        os.close(fd)
+
+
+def _in_use(directory: str) -> str:
+    return f"--checkpoint-dir {directory}: another run is writing checkpoints there"
+
+
+_IN_USE_HINT = "give this run another --checkpoint-dir, or wait until the other run ends"
 
 
 def step_dir(directory: str, step: int) -> Path:

@@ -13,6 +13,7 @@ the process-group timeout expires).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -137,6 +138,7 @@ def check_options(opts: TrainOptions, *, timeout_s: float) -> None:
                 raise SpindleError(f"{flag} needs --checkpoint-dir")
     else:
         checkpoint.check_dir(opts.checkpoint_dir)
+        checkpoint.check_free(opts.checkpoint_dir)
         found = None if opts.resume else checkpoint.latest(opts.checkpoint_dir)
         if found is not None:
             # a new run would replace some of them and leave the rest to a later --resume
@@ -209,7 +211,16 @@ def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
           world: rdist.World, opts: TrainOptions,
           log: Callable[[str], None] | None = None) -> TrainResult:
     """Train on this rank (the default process group is initialized). `log` receives each
-    step's loss line (data: rank 0 prints it on stdout)."""
+    step's loss line (data: rank 0 prints it on stdout). Rank 0 holds the checkpoint
+    directory for the run (`checkpoint.hold`)."""
+    with (checkpoint.hold(opts.checkpoint_dir)
+          if opts.checkpoint_dir is not None and world.rank == 0 else contextlib.nullcontext()):
+        return _train(plan, graph, model, program, world, opts, log)
+
+
+def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
+           world: rdist.World, opts: TrainOptions,
+           log: Callable[[str], None] | None) -> TrainResult:
     dtype = DTYPES[opts.dtype]
     groups = make_groups(program, world.rank)
     data = load_data_source(opts.dataset, model, opts.seed, dtype)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,24 @@ def test_a_failed_write_names_the_file_and_keeps_the_checkpoints_before(
     assert e.value.hint is not None and "--resume" in e.value.hint
     monkeypatch.undo()
     assert checkpoint.latest(str(tmp_path)) == checkpoint.step_dir(str(tmp_path), 1)
+
+
+def test_one_run_at_a_time_writes_into_a_directory(tmp_path: Path) -> None:
+    """Two runs given one --checkpoint-dir at once replaced each other's checkpoints, one
+    reporting success with none of its own kept: rank 0 of a run holds the directory, and
+    another run is refused, before launch (`check_free`) or, started at the same moment, by
+    its rank 0 (`hold`)."""
+    said = f"--checkpoint-dir {tmp_path / 'ck'}: another run is writing checkpoints there"
+    with checkpoint.hold(str(tmp_path / "ck")):
+        with pytest.raises(SpindleError, match=re.escape(said)):
+            checkpoint.check_free(str(tmp_path / "ck"))
+        with pytest.raises(SpindleError, match=re.escape(said)), \
+                checkpoint.hold(str(tmp_path / "ck")):
+            pass
+    # the run ended (or its process did): the directory is free, and nothing was left in it
+    checkpoint.check_free(str(tmp_path / "ck"))
+    with checkpoint.hold(str(tmp_path / "ck")):
+        pass
+    assert list((tmp_path / "ck").iterdir()) == []
+    checkpoint.check_free(str(tmp_path / "never-made"))
+    assert not (tmp_path / "never-made").exists()

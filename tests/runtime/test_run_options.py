@@ -82,6 +82,15 @@ def test_check_options_refuses(tmp_path: Path, changes: dict[str, Any], timeout_
         check_options(TrainOptions(**{"steps": 2, **changes}), timeout_s=timeout_s)
 
 
+def test_check_options_refuses_a_directory_another_run_writes_into(tmp_path: Path) -> None:
+    with checkpoint.hold(str(tmp_path)):
+        for resume in (False, True):
+            with pytest.raises(SpindleError, match="another run is writing checkpoints there"):
+                check_options(TrainOptions(steps=2, checkpoint_dir=str(tmp_path),
+                                           resume=resume), timeout_s=300.0)
+    check_options(TrainOptions(steps=2, checkpoint_dir=str(tmp_path)), timeout_s=300.0)
+
+
 def test_check_options_refuses_a_read_only_trace(tmp_path: Path) -> None:
     trace = tmp_path / "trace.json"
     trace.write_text("{}\n")
