@@ -223,6 +223,10 @@ def _newest_complete(directory: str) -> tuple[Path | None, list[tuple[Path, str]
     return None, damaged
 
 
+_OTHER_RUN_HINT = ("resume with the plan and options it was taken with, or give this run "
+                   "another --checkpoint-dir")
+
+
 def read_manifest(path: Path, *, world_size: int, meta: dict[str, Any]) -> int:
     """The completed steps of the checkpoint at `path`; SpindleError when it was taken by a
     different run configuration, or a rank's file is missing or damaged (`_whole`). Reads no
@@ -235,13 +239,11 @@ def read_manifest(path: Path, *, world_size: int, meta: dict[str, Any]) -> int:
         raise SpindleError(f"{manifest_path}: not a spindle checkpoint manifest ({e})") from None
     if saved_ranks != world_size:
         raise SpindleError(f"{path}: checkpoint of {saved_ranks} ranks, this run has "
-                           f"{world_size}")
+                           f"{world_size}", hint=_OTHER_RUN_HINT)
     for key, value in meta.items():
         if manifest.get(key) != value:
             raise SpindleError(f"{path}: checkpoint was taken with {key}={manifest.get(key)!r}, "
-                               f"this run has {value!r}",
-                               hint="resume with the plan and options it was taken with, or "
-                                    "give this run another --checkpoint-dir")
+                               f"this run has {value!r}", hint=_OTHER_RUN_HINT)
     problem = _rank_files_problem(path, world_size)
     if problem is not None:
         raise SpindleError(f"{path}: {problem}")

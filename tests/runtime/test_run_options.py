@@ -125,8 +125,10 @@ def test_resume_point_checks_the_newest_checkpoint_without_loading_it(tmp_path: 
             as e:
         checkpoint.resume_point(ck, world_size=1, meta={**META, "seed": 1})
     assert e.value.hint is not None and "another --checkpoint-dir" in e.value.hint
-    with pytest.raises(SpindleError, match="checkpoint of 1 ranks, this run has 2"):
+    e_seed_hint = e.value.hint  # another world size: the same advice
+    with pytest.raises(SpindleError, match="checkpoint of 1 ranks, this run has 2") as e:
         checkpoint.resume_point(ck, world_size=2, meta=META)
+    assert e.value.hint == e_seed_hint
     (tmp_path / "step-000003" / "rank-00000.pt").unlink()
     with pytest.raises(SpindleError, match="checkpoint lacks rank-00000.pt"):
         checkpoint.resume_point(ck, world_size=1, meta=META)
