@@ -50,7 +50,10 @@ def hold(directory: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise SpindleError(_in_use(directory), hint=_IN_USE_HINT) from None
+            raise SpindleError(
+                f"--checkpoint-dir {directory}: another run is writing checkpoints there",
+                hint="give this run another --checkpoint-dir, or wait until the other run "
+                     "ends") from None
         yield
     finally:
         os.close(fd)
@@ -58,24 +61,10 @@ def hold(directory: str) -> Iterator[None]:
 
 def check_free(directory: str) -> None:
     """SpindleError when a run holds `directory` (`hold`) now; takes nothing (the check
-    before launch)."""
-    if not os.path.isdir(directory):
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    except BlockingIOError:
-        raise SpindleError(_in_use(directory), hint=_IN_USE_HINT) from None
-    finally:
-        os.close(fd)
-
-
-def _in_use(directory: str) -> str:
-    return f"--checkpoint-dir {directory}: another run is writing checkpoints there"
-
-
-_IN_USE_HINT = "give this run another --checkpoint-dir, or wait until the other run ends"
+    before launch): the lock is taken and let go at once."""
+    if os.path.isdir(directory):
+        with hold(directory):
+            pass
 
 
 def step_dir(directory: str, step: int) -> Path:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -125,16 +128,10 @@ def _workers_of(plan: Path) -> list[int]:
     return pids
 
 
-@pytest.mark.dist
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_ranks_stop_when_their_launcher_is_killed(tmp_path: Path) -> None:
-    """A launcher killed with SIGKILL cannot stop its ranks: they stop themselves (they went
-    on training, printing steps and writing checkpoints, re-parented to init)."""
-    import signal
-    import time
-
-    plan = write_plan_files(tmp_path)
+@contextlib.contextmanager
+def _training(plan: Path) -> Iterator[subprocess.Popen[str]]:
+    """`spindle run PLAN` for ever, once it has printed its first step; afterwards no rank of
+    it is left and its pipes are closed, however the test ended."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     launcher = subprocess.Popen([sys.executable, "-m", "spindle_cli", "run", str(plan),
                                  "--steps", "1000000"], stdout=subprocess.PIPE,
@@ -142,7 +139,23 @@ def test_ranks_stop_when_their_launcher_is_killed(tmp_path: Path) -> None:
     try:
         assert launcher.stdout is not None
         first = launcher.stdout.readline()
-        assert first.startswith("step 1/"), first + launcher.stderr.read()
+        assert first.startswith("step 1/"), first
+        yield launcher
+    finally:
+        for pid in _workers_of(plan):
+            os.kill(pid, signal.SIGKILL)
+        launcher.kill()
+        launcher.communicate()
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ranks_stop_when_their_launcher_is_killed(tmp_path: Path) -> None:
+    """A launcher killed with SIGKILL cannot stop its ranks: they stop themselves (they went
+    on training, printing steps and writing checkpoints, re-parented to init)."""
+    plan = write_plan_files(tmp_path)
+    with _training(plan) as launcher:
         assert len(_workers_of(plan)) == 2
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
@@ -152,11 +165,6 @@ def test_ranks_stop_when_their_launcher_is_killed(tmp_path: Path) -> None:
         assert not _workers_of(plan)
         _, err = launcher.communicate()
         assert "its launcher (pid " in err and "is gone; stopping" in err, err
-    finally:
-        for pid in _workers_of(plan):
-            os.kill(pid, signal.SIGKILL)
-        launcher.kill()
-        launcher.communicate()  # closes the pipes
 
 
 @pytest.mark.dist
@@ -165,27 +173,14 @@ def test_ranks_stop_when_their_launcher_is_killed(tmp_path: Path) -> None:
 def test_a_sigterm_stops_the_run_with_its_line_alone(tmp_path: Path) -> None:
     """A scheduler's SIGTERM: exit 143, every rank stopped, and on stderr the run's line only
     (torch's agent logged 'Received 15 death signal, shutting down workers' above it)."""
-    import signal
-
     plan = write_plan_files(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    launcher = subprocess.Popen([sys.executable, "-m", "spindle_cli", "run", str(plan),
-                                 "--steps", "1000000"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert launcher.stdout is not None
-        assert launcher.stdout.readline().startswith("step 1/")
+    with _training(plan) as launcher:
         launcher.send_signal(signal.SIGTERM)
         _, err = launcher.communicate(timeout=60)
         assert launcher.returncode == 143
         assert [ln for ln in err.splitlines() if not ln.startswith("spindle run: ")] == [
             "error: interrupted by SIGTERM: every rank was stopped"], err
         assert not _workers_of(plan)
-    finally:
-        for pid in _workers_of(plan):
-            os.kill(pid, signal.SIGKILL)
-        launcher.kill()
-        launcher.communicate()
 
 
 @pytest.mark.dist
@@ -726,8 +721,6 @@ def test_an_interrupted_run_exits_with_the_signal_not_as_a_bug(tmp_path: Path, m
                                                               signum: int, code: int) -> None:
     """Ctrl-C, or a scheduler's SIGTERM, reaches the launcher as torchrun's SignalException:
     one line and 128 + the signal, not an internal error."""
-    import signal
-
     import torch.distributed.run
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -760,7 +753,6 @@ def test_a_resume_with_nothing_left_writes_no_trace(one_step_checkpoint: tuple[P
 def _failure(exitcode: int, timestamp: int, message: str = "",
              secondary: bool = False, hint: str | None = None) -> object:
     """A torchrun ProcessFailure as `_root_cause` reads it."""
-    import signal
     from types import SimpleNamespace
 
     return SimpleNamespace(
