@@ -62,6 +62,19 @@ from spindle_cli.runtime.trace import (
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """The iteration time a run is compared with, and why it is not the simulator's, if not."""
+
+    ms: float
+    fallback: str | None = None
+    """Why the plan's own estimate stands in for a simulation (None: simulated)."""
+
+    def describe(self) -> str:
+        why = f" (the plan's estimate: not simulated, {self.fallback})" if self.fallback else ""
+        return f"predicted {self.ms:.2f} ms{why}"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainOptions:
     """How to train (what `spindle run` passes on)."""
@@ -79,7 +92,7 @@ class TrainOptions:
     resume: bool = False
     """Continue from the newest complete checkpoint in `checkpoint_dir`, if there is one."""
     trace_path: str | None = None
-    predicted_ms: float | None = None
+    prediction: Prediction | None = None
     """Predicted iteration time for the run's time line and the trace summary (default: the
     plan's estimate)."""
     overlap_sync: bool | None = None
@@ -261,8 +274,8 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
                             world_size=world.world_size, state=ex.state(done), meta=meta)
     if result.step_ms:
         gathered = _gather_timings(tracer, result, world)
-        predicted = (opts.predicted_ms if opts.predicted_ms is not None
-                     else plan.estimated_iteration_ms)
+        predicted = (opts.prediction if opts.prediction is not None
+                     else Prediction(plan.estimated_iteration_ms, "no prediction was given"))
         if world.rank == 0 and log:
             _say(timing_line(result.start_step, [ms for _, ms, _ in gathered], predicted))
         if opts.trace_path is not None and world.rank == 0:
@@ -293,7 +306,7 @@ def _gather_timings(tracer: Tracer, result: TrainResult, world: rdist.World) -> 
     return gathered
 
 
-def timing_line(start_step: int, step_ms: list[list[float]], predicted_ms: float) -> str:
+def timing_line(start_step: int, step_ms: list[list[float]], predicted: Prediction) -> str:
     """How long a step took, for the run's log: the slowest rank's median
     (`measured_iteration_ms`: the first step of the run warms up and is left out when there
     are others), beside the predicted iteration."""
@@ -303,17 +316,18 @@ def timing_line(start_step: int, step_ms: list[list[float]], predicted_ms: float
              f"step {last} alone, after step {first}'s warm-up" if last == first + 1 else
              f"median of steps {first + 1}-{last} on the slowest rank, after step {first}'s "
              f"warm-up")
-    return f"time: {measured:.2f} ms/step ({which}), predicted {predicted_ms:.2f} ms"
+    return f"time: {measured:.2f} ms/step ({which}), {predicted.describe()}"
 
 
 def _write_trace(gathered: _Timings, result: TrainResult, plan: Plan, world: rdist.World,
-                 opts: TrainOptions, predicted: float) -> None:
+                 opts: TrainOptions, predicted: Prediction) -> None:
     # the iteration ends when the slowest rank ends it: take the slowest rank's median
     measured = max(measured_iteration_ms(ms) for _, ms, _ in gathered)
     summary = {"planner": plan.planner, "num_ranks": world.world_size, "backend": world.backend,
                "steps": len(result.step_ms), "measured_iteration_ms": measured,
-               "predicted_iteration_ms": predicted,
-               "measured_over_predicted": measured / predicted if predicted > 0 else None,
+               "predicted_iteration_ms": predicted.ms,
+               "predicted_by": "plan estimate" if predicted.fallback else "simulator",
+               "measured_over_predicted": measured / predicted.ms if predicted.ms > 0 else None,
                "breakdown_ms_per_step": {str(r): breakdown_ms(evs, len(ms))
                                          for r, (evs, ms, _) in enumerate(gathered)},
                "slices": slice_compute(plan, [evs for evs, _, _ in gathered])}
@@ -321,12 +335,12 @@ def _write_trace(gathered: _Timings, result: TrainResult, plan: Plan, world: rdi
     write_json(trace_document([evs for evs, _, _ in gathered],
                               [origin for _, _, origin in gathered], summary), opts.trace_path)
     _say(f"trace: {opts.trace_path}")
-    for line in drift_lines(summary["slices"], predicted):
+    for line in drift_lines(summary["slices"], predicted.ms):
         _say(line)
 
 
-def predicted_iteration_ms(plan_path: str, plan: Plan, graph: MetaOpGraph,
-                           overlap_sync: bool) -> float:
+def predicted_iteration(plan_path: str, plan: Plan, graph: MetaOpGraph,
+                        overlap_sync: bool) -> Prediction:
     """The simulator's iteration time for the plan as the executor runs it (each rank on its
     own, with its gradient buckets: chunked with `overlap_sync`, else per rank set), when
     its profile and cluster files are at hand and simulate it, else the plan's own
@@ -335,12 +349,12 @@ def predicted_iteration_ms(plan_path: str, plan: Plan, graph: MetaOpGraph,
     try:
         _, profile = load_recorded_input(plan, plan_path, Profile)
         _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
-        return simulate(plan, graph, profile, cluster,
-                        sync="chunked" if overlap_sync else "per-set",
-                        progress="rank").iteration_ms
-    except SpindleError:
+        return Prediction(simulate(plan, graph, profile, cluster,
+                                   sync="chunked" if overlap_sync else "per-set",
+                                   progress="rank").iteration_ms)
+    except SpindleError as e:
         # every run predicts its step: a profile that cannot simulate the plan does not stop it
-        return plan.estimated_iteration_ms
+        return Prediction(plan.estimated_iteration_ms, str(e))
 
 
 def _device_memory_bytes(world: rdist.World) -> int:
@@ -409,10 +423,10 @@ def main(argv: list[str] | None = None) -> int:
             check_world(inputs.plan, world.world_size, rank=world.rank,
                         memory_bytes=_device_memory_bytes(world))
             overlap = overlap_for(args.sync, world.backend)
-            predicted = (predicted_iteration_ms(args.plan, inputs.plan, inputs.graph,
-                                                overlap_sync=overlap)
+            predicted = (predicted_iteration(args.plan, inputs.plan, inputs.graph,
+                                             overlap_sync=overlap)
                          if world.rank == 0 else None)
-            opts = replace(opts, predicted_ms=predicted, overlap_sync=overlap)
+            opts = replace(opts, prediction=predicted, overlap_sync=overlap)
             log = (lambda line: print(line, flush=True)) if world.rank == 0 else None
             train(inputs.plan, inputs.graph, inputs.model, inputs.program, world, opts, log)
         except BaseException:

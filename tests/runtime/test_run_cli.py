@@ -113,6 +113,7 @@ def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
             load(str(REPO / "clusters" / "local-cpu-2.yaml"), ClusterSpec))
     assert summary["predicted_iteration_ms"] == pytest.approx(
         simulate(*args, sync="per-set", progress="rank").iteration_ms)
+    assert summary["predicted_by"] == "simulator"
 
 
 def _workers_of(plan: Path) -> list[int]:

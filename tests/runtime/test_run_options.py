@@ -165,21 +165,23 @@ def test_timing_line_takes_the_slowest_rank_after_the_warm_up() -> None:
     warms up), numbered as the run numbers its steps (from the checkpoint when resumed)."""
     # rank 1 is slower past the warm-up though rank 0's warm-up step is the longest
     fast, slow = [900.0, 10.0, 11.0, 12.0], [50.0, 20.0, 21.0, 40.0]
-    assert worker.timing_line(0, [fast, slow], 17.0) == (
+    simulated = worker.Prediction(17.0)
+    assert worker.timing_line(0, [fast, slow], simulated) == (
         "time: 21.00 ms/step (median of steps 2-4 on the slowest rank, after step 1's "
         "warm-up), predicted 17.00 ms")
-    assert worker.timing_line(3, [fast, slow], 17.0).startswith(
+    assert worker.timing_line(3, [fast, slow], simulated).startswith(
         "time: 21.00 ms/step (median of steps 5-7 on the slowest rank, after step 4's ")
-    assert worker.timing_line(3, [[900.0, 10.0], [50.0, 20.0]], 5.5) == (
+    assert worker.timing_line(3, [[900.0, 10.0], [50.0, 20.0]], worker.Prediction(5.5)) == (
         "time: 20.00 ms/step (step 5 alone, after step 4's warm-up), predicted 5.50 ms")
-    assert worker.timing_line(0, [[900.0], [50.0]], 5.5) == (
+    assert worker.timing_line(0, [[900.0], [50.0]], worker.Prediction(5.5)) == (
         "time: 900.00 ms/step (step 1 alone, warm-up included), predicted 5.50 ms")
 
 
-def test_the_prediction_falls_back_to_the_plans_estimate() -> None:
+def test_the_prediction_falls_back_to_the_plans_estimate_and_says_so() -> None:
     """Every run predicts its step (the time line): by simulating the plan as the executor
     runs it when its profile and cluster simulate it, else with the plan's own estimate, so
-    a profile that cannot time the plan does not stop the run."""
+    a profile that cannot time the plan does not stop the run; the line then says which
+    prediction it is and why."""
     from dataclasses import replace
 
     from spindle_cli.artifacts import MetaOpGraph, Plan, load
@@ -187,13 +189,21 @@ def test_the_prediction_falls_back_to_the_plans_estimate() -> None:
     repo = Path(__file__).resolve().parents[2]
     path = str(repo / "plans" / "tiny-clip-local-cpu-2.yaml")
     plan, graph = load(path, Plan), load(str(repo / "graphs" / "tiny-clip.yaml"), MetaOpGraph)
-    simulated = worker.predicted_iteration_ms(path, plan, graph, overlap_sync=False)
-    assert simulated > 0 and simulated != plan.estimated_iteration_ms
+    simulated = worker.predicted_iteration(path, plan, graph, overlap_sync=False)
+    assert simulated.fallback is None
+    assert simulated.ms > 0 and simulated.ms != plan.estimated_iteration_ms
+    assert worker.timing_line(0, [[30.0, 20.0]], simulated).endswith(
+        f"predicted {simulated.ms:.2f} ms")
     # a MetaOp the profile has no curve for: simulate refuses the plan
     m = graph.metaops[0]
     unknown = replace(graph, metaops=(replace(m, signature="other"), *graph.metaops[1:]))
-    assert worker.predicted_iteration_ms(path, plan, unknown, overlap_sync=False) == \
-        plan.estimated_iteration_ms
+    fallback = worker.predicted_iteration(path, plan, unknown, overlap_sync=False)
+    assert fallback.ms == plan.estimated_iteration_ms
+    line = worker.timing_line(0, [[30.0, 20.0]], fallback)
+    assert line.startswith(f"time: 20.00 ms/step (step 2 alone, after step 1's warm-up), "
+                           f"predicted {plan.estimated_iteration_ms:.2f} ms (the plan's "
+                           "estimate: not simulated, ")
+    assert line.endswith(f"no curve for MetaOp {m.id!r})")
 
 
 def test_a_failing_rank_writes_its_line_and_newline_at_once(tmp_path: Path,
