@@ -36,6 +36,11 @@ class InputNotFound(ArtifactError):
     (`io.load_recorded_input`)."""
 
 
+class CurveError(SpindleError):
+    """An operator signature whose profiled points give no valid scaling curve (no feasible
+    count, or sizes that fit no curve); the CLI names the graph it came from."""
+
+
 class PlanError(SpindleError):
     """A plan that does not schedule its graph consistently, or that the executor cannot run."""
 

@@ -31,7 +31,7 @@ from spindle_cli.cli.common import (
     load_input,
     recorded,
 )
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import CurveError, SpindleError
 
 DEFAULT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -119,14 +119,17 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
     inputs = [input_ref(graph, recorded(graph_path, output))]
     if cluster is not None:
         inputs.append(input_ref(cluster, recorded(cluster_path or "", output)))
-    if hardware == "local":
-        result = _measured(graph, graph_path, output, cluster, fit_counts, validate, repeats,
-                           no_cache, inputs)
-    else:
-        from spindle_cli.planner.profiling import analytic_profile
+    try:
+        if hardware == "local":
+            result = _measured(graph, graph_path, output, cluster, fit_counts, validate,
+                               repeats, no_cache, inputs)
+        else:
+            from spindle_cli.planner.profiling import analytic_profile
 
-        result = analytic_profile(graph, cluster, hardware=hardware, counts=fit_counts,
-                                  validate=validate, inputs=inputs)
+            result = analytic_profile(graph, cluster, hardware=hardware, counts=fit_counts,
+                                      validate=validate, inputs=inputs)
+    except CurveError as e:
+        raise CurveError(f"{graph_path}: {e}", hint=e.hint) from None
     _summary(result, validate)
     exit_with(emit(result, output, check=check))
 

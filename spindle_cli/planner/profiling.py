@@ -38,7 +38,7 @@ from spindle_cli.artifacts.profile import (
     ProfilePoint,
     tp_degree,
 )
-from spindle_cli.errors import FieldError, SpindleError
+from spindle_cli.errors import CurveError, FieldError, SpindleError
 from spindle_cli.planner import roofline, scaling
 from spindle_cli.planner.curves import MEASURED_NOISE_REL, Sample, fit_curve
 
@@ -195,7 +195,7 @@ def build_curve(
         device = "out of memory" in notes
         reasons = "; ".join(f"{n} device{'s' if n > 1 else ''}: {', '.join(why)}"
                             for n, why in by_count.items())
-        raise SpindleError(
+        raise CurveError(
             f"signature {op.signature!r} (MetaOp {op.id}): no feasible strategy at any "
             "profiled count" + (f" ({reasons})" if reasons else ""),
             hint=("one layer does not fit a device at any profiled count: check "
@@ -214,7 +214,7 @@ def build_curve(
             flat=not _work_splits(op, samples),
         )
     except FieldError as e:
-        raise SpindleError(f"signature {op.signature!r} (MetaOp {op.id}): its fitted curve is "
+        raise CurveError(f"signature {op.signature!r} (MetaOp {op.id}): its fitted curve is "
                            f"not a valid one: {e}",
                            hint="check the graph's sizes (flops_per_layer, bytes) of this "
                                 "MetaOp") from None

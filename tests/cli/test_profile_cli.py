@@ -230,6 +230,22 @@ def test_bad_graph_files(workdir, capsys):
         assert not Path("p.yaml").exists()
 
 
+def test_a_layer_that_fits_no_device_names_the_graph(workdir, repo_root, capsys):
+    """A signature with no feasible count: one line naming the graph file it came from, the
+    MetaOp, each count's reason, and a hint at the cluster's memory; nothing written."""
+    small = Path("small.yaml")
+    small.write_text((repo_root / "clusters" / "a800-8x8.yaml").read_text()
+                     .replace("memory_bytes: 79456894976", "memory_bytes: 1024"))
+    code, out, err = _run(["profile", "graph.yaml", "--hardware", "a800", "--cluster",
+                           str(small), "--counts", "1,2", "-o", "p.yaml"], capsys)
+    assert code == 2 and out == ""
+    line, hint = err.strip().splitlines()
+    assert line.startswith("error: graph.yaml: signature "), err
+    assert "no feasible strategy at any profiled count (1 device: dp: out of memory" in line
+    assert "device.memory_bytes" in hint
+    assert not Path("p.yaml").exists()
+
+
 def test_subprocess_error_has_no_traceback(workdir):
     import subprocess
     import sys
