@@ -299,11 +299,19 @@ def _hint_of(e: object, cause: str) -> str | None:
     return None
 
 
+KILLED_BY_LAUNCHER_S = 10
+"""A rank SIGKILLed this long after a peer lost contact with it was killed by the launcher,
+not from outside: torch's launcher sends SIGTERM and kills a rank still there 30 s later (a
+hung or stopped rank), and it sees a rank killed from outside within its 0.1 s poll."""
+
+
 def _root_cause(e: object) -> str:
     """One line for a failed run: the earliest rank error that is not just a lost peer; else
     the earliest rank that died without a line and not by the launcher's SIGTERM (killed from
-    outside, say by the OOM killer, or exited on its own); else the earliest lost-peer line
-    (it names the suspects), plus the ranks the launcher stopped."""
+    outside, say by the OOM killer, or exited on its own) unless it was a rank its peers had
+    lost that the launcher killed when it did not stop (hung, or stopped by SIGSTOP); else
+    the earliest lost-peer line (it names the suspects), plus the ranks the launcher
+    stopped."""
     failures = getattr(e, "failures", {})
     if not failures:
         return "a worker failed"
@@ -316,8 +324,20 @@ def _root_cause(e: object) -> str:
         data = failures[rank].error_file_data
         return bool(isinstance(data, dict) and data.get("spindle", {}).get("secondary"))
 
+    def lost_by(rank: int) -> list[int]:
+        """The ranks whose lines say they lost contact with `rank`, earliest first."""
+        return sorted((r for r in failures if line(r) and secondary(r)
+                       and rank in failures[r].error_file_data["spindle"].get("peers", ())),
+                      key=when)
+
+    def killed_hung(rank: int) -> bool:
+        lost = lost_by(rank)
+        return (failures[rank].exitcode == -signal.SIGKILL and bool(lost)
+                and failures[rank].timestamp - failures[lost[0]].timestamp
+                >= KILLED_BY_LAUNCHER_S)
+
     def stopped_by_launcher(rank: int) -> bool:
-        return failures[rank].exitcode == -signal.SIGTERM
+        return failures[rank].exitcode == -signal.SIGTERM or killed_hung(rank)
 
     def died(rank: int) -> str:
         f = failures[rank]
@@ -337,7 +357,15 @@ def _root_cause(e: object) -> str:
         return died(own[0])
     if reported:
         text = line(reported[0])
-        if silent:
-            text += f"; the launcher then stopped rank(s) {', '.join(map(str, sorted(silent)))}"
+        hung = sorted(r for r in silent if killed_hung(r))
+        if hung:
+            who = (f"rank {hung[0]}", "it") if len(hung) == 1 else (
+                f"ranks {', '.join(map(str, hung))}", "them")
+            text += (f"; {who[0]} then did not stop when asked and the launcher killed {who[1]} "
+                     "(SIGKILL): hung, or stopped (SIGSTOP)")
+        if set(silent) - set(hung):
+            others = sorted(set(silent) - set(hung))
+            text += (f"; the launcher {'also ' if hung else 'then '}stopped rank(s) "
+                     f"{', '.join(map(str, others))}")
         return text
     return died(min(silent, key=when))

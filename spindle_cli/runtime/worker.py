@@ -384,8 +384,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _report_failure(rank: int, e: BaseException) -> int:
     """The rank's error line on stderr and in torch's error file, whose `spindle` entry the
-    launcher reads (`cli.run`): whether the line is secondary, and the error's hint (printed
-    once, by the launcher, under the run's line)."""
+    launcher reads (`cli.run`): whether the line is secondary (and the peers it lost), and
+    the error's hint (printed once, by the launcher, under the run's line)."""
     hint = None
     if isinstance(e, SpindleError):
         cause, code, hint = str(e), e.exit_code, e.hint
@@ -393,6 +393,7 @@ def _report_failure(rank: int, e: BaseException) -> int:
         cause, code = f"{type(e).__name__}: {e}", 1
     # a rank that lost a peer is rarely the root cause; the launcher prefers other ranks' lines
     secondary = isinstance(e, PeerLost)
+    peers = e.peers if isinstance(e, PeerLost) else []
     line = f"rank {rank}: {cause}"
     _say(f"error: {line}")
     if os.environ.get("SPINDLE_DEBUG") == "1":
@@ -401,7 +402,8 @@ def _report_failure(rank: int, e: BaseException) -> int:
     if error_file:
         with open(error_file, "w") as f:
             json.dump({"message": line, "timestamp": int(time.time()),
-                       "spindle": {"rank": rank, "secondary": secondary, "hint": hint}}, f)
+                       "spindle": {"rank": rank, "secondary": secondary, "peers": peers,
+                                   "hint": hint}}, f)
     return code
 
 

@@ -752,14 +752,15 @@ def test_a_resume_with_nothing_left_writes_no_trace(one_step_checkpoint: tuple[P
 
 
 def _failure(exitcode: int, timestamp: int, message: str = "",
-             secondary: bool = False, hint: str | None = None) -> object:
+             secondary: bool = False, hint: str | None = None,
+             peers: tuple[int, ...] = ()) -> object:
     """A torchrun ProcessFailure as `_root_cause` reads it."""
     from types import SimpleNamespace
 
     return SimpleNamespace(
         message=message, exitcode=exitcode, timestamp=timestamp,
-        error_file_data=({"spindle": {"secondary": secondary, "hint": hint}} if message
-                         else {}),
+        error_file_data=({"spindle": {"secondary": secondary, "peers": list(peers),
+                                      "hint": hint}} if message else {}),
         signal_name=lambda: signal.Signals(-exitcode).name if exitcode < 0 else "")
 
 
@@ -767,8 +768,18 @@ def _failure(exitcode: int, timestamp: int, message: str = "",
     # rank 1 killed from outside; the launcher then stopped rank 0
     ({0: _failure(-15, 2), 1: _failure(-9, 3)}, "rank 1 was killed by signal 9 (SIGKILL)"),
     # rank 0 saw its peer go first; rank 1 was killed from outside, not by the launcher
-    ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1", secondary=True),
+    ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1", secondary=True, peers=(1,)),
       1: _failure(-9, 2)}, "rank 1 was killed by signal 9 (SIGKILL)"),
+    # rank 1 hung (or was stopped): rank 0 lost contact with it, and the launcher killed it
+    # once its SIGTERM went unanswered for 30 s; rank 2 stopped when asked
+    ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1", secondary=True, peers=(1,)),
+      1: _failure(-9, 31), 2: _failure(-15, 31)},
+     "rank 0: lost contact with rank(s) 1; rank 1 then did not stop when asked and the "
+     "launcher killed it (SIGKILL): hung, or stopped (SIGSTOP); the launcher also stopped "
+     "rank(s) 2"),
+    # killed late, but no rank lost contact with it: not the launcher's kill of a hung rank
+    ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 2", secondary=True, peers=(2,)),
+      1: _failure(-9, 31), 2: _failure(-15, 31)}, "rank 1 was killed by signal 9 (SIGKILL)"),
     ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1", secondary=True),
       1: _failure(-15, 2)},
      "rank 0: lost contact with rank(s) 1; the launcher then stopped rank(s) 1"),

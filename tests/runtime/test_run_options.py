@@ -222,6 +222,23 @@ def test_a_failing_rank_writes_its_line_and_newline_at_once(tmp_path: Path,
     assert json.loads(error_file.read_text())["message"] == line[len("error: "):-1]
 
 
+def test_a_rank_that_lost_peers_names_them_to_the_launcher(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The error file marks a lost-peer line secondary and lists the peers, so the launcher
+    can tell a peer it killed for hanging from one killed from outside (`cli.run`)."""
+    from spindle_cli.runtime.executor import PeerLost
+
+    monkeypatch.setattr("sys.stderr", _Writes())
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    worker._report_failure(0, PeerLost("the gradient sync", [1, 3], RuntimeError("timed out")))
+    data = json.loads(error_file.read_text())["spindle"]
+    assert (data["secondary"], data["peers"]) == (True, [1, 3])
+    worker._report_failure(0, RuntimeError("disk read failed"))
+    data = json.loads(error_file.read_text())["spindle"]
+    assert (data["secondary"], data["peers"]) == (False, [])
+
+
 def test_synthetic_data_is_the_same_samples_in_every_dtype() -> None:
     """A function of (seed, task, item, step) only: a run in fp64 or bf16 trains on the fp32
     run's samples, at its own precision."""
