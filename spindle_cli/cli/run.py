@@ -4,17 +4,21 @@ Checks the plan, its graph and model (sha256), the world size, the node layout a
 option (`worker.check_options`: paths, numbers, a checkpoint to resume from) here, before
 launching, so bad input is a one-line error with exit code 2 and no process starts; `--dry-run`
 runs the same checks. Then starts the workers
-(`python -m spindle_cli.runtime.worker`) through torch's elastic launcher with torchrun's
+(`python -m spindle_cli.runtime.rank`) through torch's elastic launcher with torchrun's
 semantics; on a cluster, the same worker runs under a plain `torchrun` on every node.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import re
 import signal
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -177,7 +181,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
                   "static", "--rdzv-endpoint", str(rdzv_endpoint), "--rdzv-conf",
                   f"timeout={math.ceil(timeout_s)}"]
     argv = [*launch, "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0",
-            "-m", "spindle_cli.runtime.worker", *worker_args]
+            "-m", "spindle_cli.runtime.rank", *worker_args]
     err.print(f"spindle run: {inputs.plan.planner} plan, {len(inputs.plan.waves)} waves, "
               f"{inputs.plan.num_devices} ranks{memory_text(inputs.plan)}, {steps} step"
               f"{'s' * (steps > 1)}")
@@ -269,7 +273,8 @@ def _launch(argv: list[str]) -> None:
             if n.startswith("torch.distributed.elastic."))):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
-        torchrun(parse_args(argv))
+        with _stops_before_ranks():
+            torchrun(parse_args(argv))
     except ChildFailedError as e:
         cause = _root_cause(e)
         raise RuntimeFailure(f"run failed: {cause}", hint=_hint_of(e, cause)) from None
@@ -286,6 +291,48 @@ def _launch(argv: list[str]) -> None:
         # the launcher stopped every rank; checkpoints already written stay whole
         raise Interrupted(f"interrupted by {e.sigval.name}: every rank was stopped",
                           int(e.sigval)) from None
+
+
+@contextlib.contextmanager
+def _stops_before_ranks() -> Iterator[None]:
+    """Ctrl-C (SIGINT) or SIGTERM before torch's launcher has started the ranks ends the run
+    at once. Till then the launcher may wait in C++ for the other nodes (the static
+    rendezvous, up to --timeout-s), where no Python signal handler runs: a node stopped while
+    it waited exited only when the wait timed out (300 s by default). A thread of ours learns
+    of the signal (`signal.set_wakeup_fd`) and exits while the handler is still the one from
+    before the launch; torch's agent installs its own as it starts the ranks, and forwards
+    later signals to them. SIGINT is also blocked in this thread, so the ranks start with it
+    blocked (a mask is inherited across exec) until they can take it quietly
+    (`runtime.rank`: it arrived during a rank's interpreter start-up, 'Fatal Python error'),
+    and the thread of ours takes it meanwhile."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+
+    def watch() -> None:
+        while data := os.read(read, 1):
+            signum = data[0]
+            if signum in before and signal.getsignal(signum) is before[signum]:
+                sys.stderr.write(f"error: interrupted by {signal.Signals(signum).name} before "
+                                 "any rank started\n")
+                sys.stderr.flush()
+                os._exit(128 + signum)
+
+    thread = threading.Thread(target=watch, name="spindle-early-stop", daemon=True)
+    thread.start()
+    wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.set_wakeup_fd(wakeup)
+        os.close(write)  # the thread reads the end of the pipe and returns
+        thread.join()
+        os.close(read)
 
 
 def _hint_of(e: object, cause: str) -> str | None:

@@ -1,5 +1,5 @@
-"""The per-rank entry point: `python -m spindle_cli.runtime.worker PLAN [options]`, started by
-`spindle run` through torch's elastic launcher or directly by `torchrun`.
+"""What each rank runs (`main`), from its process's entry point `spindle_cli.runtime.rank`,
+started by `spindle run` through torch's elastic launcher or directly by `torchrun`.
 
 Every rank loads and checks the plan against the world before the first collective, trains
 with the wave executor, prints each step's loss on rank 0 (stdout), checkpoints and writes the
@@ -19,7 +19,6 @@ import math
 import os
 import statistics
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -365,7 +364,7 @@ def _device_memory_bytes(world: rdist.World) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m spindle_cli.runtime.worker")
+    p = argparse.ArgumentParser(prog="python -m spindle_cli.runtime.rank")
     p.add_argument("plan")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
@@ -442,36 +441,3 @@ def main(argv: list[str] | None = None) -> int:
             return 130  # Ctrl-C reaches every rank; the launcher says it once
         return _report_failure(rank, e)
     return 0
-
-
-LAUNCHER_POLL_S = 1.0
-"""How often a rank looks whether its launcher is still there (`leave_with_launcher`)."""
-
-
-def leave_with_launcher() -> None:
-    """Stop this rank (exit 1, with a line saying why) once the process that launched it is
-    gone: a launcher killed by SIGKILL (the OOM killer, a scheduler) or by a signal torch's
-    agent does not handle (SIGUSR1) cannot stop its ranks, which went on training and
-    writing checkpoints under init. A rank re-parented to another process has lost it."""
-    launcher = os.getppid()
-    rank = os.environ.get("RANK", "?")
-
-    def watch() -> None:
-        while os.getppid() == launcher:
-            time.sleep(LAUNCHER_POLL_S)
-        _say(f"error: rank {rank}: its launcher (pid {launcher}) is gone; stopping")
-        os._exit(1)
-
-    threading.Thread(target=watch, name="spindle-launcher-watch", daemon=True).start()
-
-
-if __name__ == "__main__":
-    leave_with_launcher()
-    code = main()
-    # a rank leaves at once, its lines and files written, without interpreter shutdown: that
-    # destroys torch's objects late, and gloo's threads abort the process ('terminate called
-    # without an active exception', SIGABRT) when still waiting on a lost peer after a failure,
-    # and, with every group destroyed, after 1 in 40 successful 2-rank runs on a loaded machine
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

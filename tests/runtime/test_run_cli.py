@@ -124,7 +124,7 @@ def _workers_of(plan: Path) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"spindle_cli.runtime.worker" in cmdline and str(plan).encode() in cmdline:
+        if b"spindle_cli.runtime.rank" in cmdline and str(plan).encode() in cmdline:
             pids.append(int(entry.name))
     return pids
 
@@ -863,6 +863,45 @@ def test_a_node_that_cannot_reach_the_rendezvous_prints_no_cpp_log(tmp_path: Pat
     assert lines[0].startswith("spindle run: ") and lines[2].startswith("hint: "), r.stderr
     assert lines[1].startswith(f"error: the nodes did not meet at {endpoint}: ")
     assert len(lines) == 3, r.stderr
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_node_waiting_for_its_peers_stops_at_once(tmp_path: Path, monkeypatch,
+                                                    signum: int) -> None:
+    """Ctrl-C or SIGTERM while node 0 waits in torch's C++ rendezvous for a node that never
+    comes: it stopped only when the wait timed out (here 90 s; 300 by default)."""
+    import socket
+
+    plan = write_plan_files(tmp_path)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])}
+    node = subprocess.Popen(
+        [sys.executable, "-m", "spindle_cli", "run", str(plan), "--steps", "1", "--nnodes",
+         "2", "--nproc-per-node", "1", "--node-rank", "0", "--rdzv-endpoint",
+         f"127.0.0.1:{port}", "--timeout-s", "90"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        # waiting: its store listens for the other node
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert node.poll() is None and time.monotonic() < deadline, node.communicate()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        node.send_signal(signum)
+        out, err = node.communicate(timeout=15)
+    finally:
+        node.kill()
+        node.communicate()
+    name = signal.Signals(signum).name
+    assert node.returncode == 128 + signum, err
+    assert err.splitlines()[-1] == f"error: interrupted by {name} before any rank started", err
+    assert out == ""
 
 
 @pytest.mark.dist

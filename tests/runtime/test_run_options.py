@@ -239,6 +239,54 @@ def test_a_rank_that_lost_peers_names_them_to_the_launcher(tmp_path: Path,
     assert (data["secondary"], data["peers"]) == (False, [])
 
 
+def test_a_rank_stopped_while_it_starts_leaves_quietly() -> None:
+    """The launcher forwards Ctrl-C to every rank, often while one still imports torch or
+    starts its interpreter (tracebacks, 'Fatal Python error'): ranks start with SIGINT
+    blocked (`cli.run`), take it once the worker is imported, and exit 130 without a word."""
+    import subprocess
+    import sys
+
+    # SIGINT arrives, blocked, during the start-up
+    during_startup = ("import os, signal, sys\n"
+                      "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
+                      "os.kill(os.getpid(), signal.SIGINT)\n"
+                      "from spindle_cli.runtime import rank\n"
+                      "sys.exit(rank.start())\n")
+    # SIGINT arrives while the worker's modules load
+    during_import = ("import importlib.abc, sys\n"
+                     "class Stop(importlib.abc.MetaPathFinder):\n"
+                     "    def find_spec(self, name, path, target=None):\n"
+                     "        if name == 'spindle_cli.runtime.worker':\n"
+                     "            raise KeyboardInterrupt\n"
+                     "sys.meta_path.insert(0, Stop())\n"
+                     "from spindle_cli.runtime import rank\n"
+                     "sys.exit(rank.start())\n")
+    for code in (during_startup, during_import):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)
+        assert (r.returncode, r.stdout, r.stderr) == (130, "", "")
+
+
+def test_ranks_start_with_sigint_blocked_and_the_launcher_keeps_it() -> None:
+    """While `spindle run` launches, a process it starts has SIGINT blocked, and the launcher's
+    own mask is as before once the launch is over."""
+    import signal
+    import subprocess
+    import sys
+
+    from spindle_cli.cli.run import _stops_before_ranks
+
+    show = ("import signal\n"
+            "print(int(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ())))")
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    with _stops_before_ranks():
+        child = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True,
+                               timeout=60)
+    assert child.stdout == "1\n"
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, ()) == before
+    assert signal.SIGINT not in before
+
+
 def test_synthetic_data_is_the_same_samples_in_every_dtype() -> None:
     """A function of (seed, task, item, step) only: a run in fp64 or bf16 trains on the fp32
     run's samples, at its own precision."""
