@@ -180,6 +180,19 @@ _Dumper.add_implicit_resolver(_INT_TAG, _INT, list("-+0123456789"))
 for _cls in (_FastLoader, _SlowLoader, _Dumper):
     _cls.add_implicit_resolver(_FLOAT_TAG, _EXPONENT, list("-+0123456789"))
 
+_LIBYAML_DUMPER = getattr(yaml, "CSafeDumper", None)
+
+
+class _FastDumper(_LIBYAML_DUMPER or yaml.SafeDumper):  # type: ignore[misc]
+    """`_Dumper` with libyaml's emitter, 3-4x faster on large plans. It writes the same bytes
+    as the Python emitter where every string is printable ASCII and not empty; it escapes and
+    wraps other strings (a newline, a tab, an accent) differently and writes an empty key
+    otherwise, so those go to `_Dumper` (`_dump`)."""
+
+
+_FastDumper.yaml_implicit_resolvers = {
+    first: list(resolvers) for first, resolvers in _Dumper.yaml_implicit_resolvers.items()}
+
 
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
@@ -505,7 +518,29 @@ def render(obj: Artifact, fmt: str) -> str:
     data = to_data(obj)
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
+    return _dump(data)
+
+
+def _dump(data: Any) -> str:
+    """Canonical YAML of plain data: the same bytes from either emitter (`_FastDumper`)."""
+    dumper = _FastDumper if _LIBYAML_DUMPER and _printable_ascii(data) else _Dumper
+    return yaml.dump(data, Dumper=dumper, sort_keys=False, default_flow_style=False, width=100)
+
+
+def _printable_ascii(data: Any) -> bool:
+    """Whether every string in `data` (keys included) is printable ASCII, and not empty."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not (item and item.isascii() and item.isprintable()):
+                return False
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return True
 
 
 def write_artifact(obj: Artifact, path: str) -> None:
