@@ -93,11 +93,14 @@ class PeerLost(RuntimeFailure):
 
 @contextmanager
 def _with_peers(where: str, peers: list[int]) -> Iterator[None]:
-    """Turn a failed communication into PeerLost naming where it happened and with whom."""
+    """Turn a failed communication into PeerLost naming where it happened and with whom. Out
+    of memory is this rank's own failure, not a lost peer: torch raises it as a RuntimeError
+    (torch.OutOfMemoryError) from the buffers a collective allocates (NCCL's, lazily), and
+    as PeerLost it was a secondary line the launcher put behind its peers' lines."""
     try:
         yield
     except (RuntimeError, dist.DistError) as e:
-        if isinstance(e, RuntimeFailure):
+        if isinstance(e, RuntimeFailure | torch.OutOfMemoryError):
             raise
         raise PeerLost(where, sorted(set(peers)), e) from e
 

@@ -222,6 +222,22 @@ def test_a_failing_rank_writes_its_line_and_newline_at_once(tmp_path: Path,
     assert json.loads(error_file.read_text())["message"] == line[len("error: "):-1]
 
 
+def test_out_of_memory_in_a_collective_is_the_ranks_own_failure() -> None:
+    """A collective that runs out of memory (NCCL allocates its buffers lazily) fails this
+    rank, named as such; any other failure of a collective is a lost peer, which the launcher
+    puts behind its peers' lines."""
+    import torch
+
+    from spindle_cli.runtime.executor import PeerLost, _with_peers
+
+    with pytest.raises(torch.OutOfMemoryError):
+        with _with_peers("the parameter all-gather", [1]):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with pytest.raises(PeerLost, match=r"lost contact with rank\(s\) 1 in the gradient sync"):
+        with _with_peers("the gradient sync", [1]):
+            raise RuntimeError("Connection closed by peer")
+
+
 def test_a_rank_that_lost_peers_names_them_to_the_launcher(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The error file marks a lost-peer line secondary and lists the peers, so the launcher
