@@ -254,14 +254,16 @@ def resume_point(directory: str, *, world_size: int,
     return found, read_manifest(found, world_size=world_size, meta=meta)
 
 
-def load(path: Path, *, rank: int, world_size: int,
-         meta: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """(completed steps, this rank's state) of a checkpoint; SpindleError when it was taken by
-    a different run configuration."""
+def load(path: Path, *, rank: int, world_size: int, meta: dict[str, Any],
+         device: torch.device | str = "cpu") -> tuple[int, dict[str, Any]]:
+    """(completed steps, this rank's state, its tensors on `device`) of a checkpoint;
+    SpindleError when it was taken by a different run configuration. The tensors go to the
+    rank's device, not the one they were saved from: a resumed run may lay its ranks out on
+    other nodes (rank 5 saved on cuda:5 may resume where nodes have 4 GPUs)."""
     step = read_manifest(path, world_size=world_size, meta=meta)
     file = path / rank_file(rank)
     try:
-        state: dict[str, Any] = torch.load(file, weights_only=True)
+        state: dict[str, Any] = torch.load(file, map_location=device, weights_only=True)
     except (RuntimeError, OSError, pickle.UnpicklingError) as e:
         # damage inside a whole archive, which the check before launch (its directory) misses;
         # torch's unpickling message advises weights_only=False, which is no cure for damage

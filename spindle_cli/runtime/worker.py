@@ -251,7 +251,8 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
                                         meta=meta)
         if found is not None:
             start, state = checkpoint.load(found[0], rank=world.rank,
-                                           world_size=world.world_size, meta=meta)
+                                           world_size=world.world_size, meta=meta,
+                                           device=world.device)
             ex.load_state(state)
         if world.rank == 0:
             _say(resume_note(found, opts))

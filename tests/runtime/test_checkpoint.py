@@ -25,6 +25,17 @@ def test_save_then_load_round_trips(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*"))  # nothing hidden left behind
 
 
+def test_load_puts_the_tensors_on_the_ranks_device(tmp_path: Path) -> None:
+    """A rank resumed elsewhere (another node layout) gets its tensors on its own device, not
+    on the device they were saved from ('meta' stands in for another GPU here)."""
+    state = {"step": 3, "params": {"w": torch.arange(4.0)}, "optimizer": {}}
+    checkpoint.save(str(tmp_path), 3, rank=0, world_size=1, state=state, meta=META)
+    found = checkpoint.latest(str(tmp_path))
+    _, loaded = checkpoint.load(found, rank=0, world_size=1, meta=META,
+                                device=torch.device("meta"))
+    assert loaded["params"]["w"].device == torch.device("meta")
+
+
 def test_latest_ignores_uncommitted_directories(tmp_path: Path) -> None:
     checkpoint.save(str(tmp_path), 1, rank=0, world_size=1, state={"step": 1}, meta=META)
     # a crash during the save of step 2 leaves only the hidden directory
