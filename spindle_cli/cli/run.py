@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from spindle_cli.runtime.worker import TrainOptions
 
 
+RUN_DTYPE_BYTES = {"fp32": 4, "fp64": 8}
+"""What `spindle run --dtype` trains in, and its bytes per element."""
+
+
 class FiniteFloatRange(click.FloatRange):
     """click.FloatRange that also refuses nan and inf: a range check lets nan through (every
     comparison with it is false), and neither is a learning rate or a timeout."""
@@ -85,7 +89,7 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
               help="Seed of the initialization and the synthetic data.")
 @click.option("--lr", type=FiniteFloatRange(min=0, min_open=True), default=1e-3,
               show_default=True, help="AdamW learning rate.")
-@click.option("--dtype", type=click.Choice(["fp32", "fp64"]), default="fp32",
+@click.option("--dtype", type=click.Choice(sorted(RUN_DTYPE_BYTES)), default="fp32",
               show_default=True, help="Parameter and activation dtype.")
 @click.option("--sync", type=click.Choice(["auto", "chunked", "per-set"]), default="auto",
               show_default=True,
@@ -139,6 +143,13 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     if nproc_per_node is None:
         nproc_per_node = _ranks_per_node(inputs.plan.num_devices, nnodes)
     check_world(inputs.plan, nproc_per_node * nnodes)
+    if inputs.graph.dtype != dtype:
+        # a plan sized for bf16 (the graphs' default) trains in fp32 here: twice its bytes
+        err.print(f"note: the plan sizes its memory and transfers in {inputs.graph.dtype} (its "
+                  f"graph's dtype), but this run trains in {dtype}: they take "
+                  f"{RUN_DTYPE_BYTES[dtype] / inputs.graph.dtype_bytes:g}x the plan's bytes"
+                  + (f"; plan from a graph made with --dtype {dtype}" if dtype == "fp32"
+                     else ""), soft_wrap=True)
     resolved = resolve_backend(backend)
     if dataset is not None:
         from spindle_cli.runtime.data import check_data_source

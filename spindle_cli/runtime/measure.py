@@ -94,9 +94,10 @@ class Target:
 
 
 def local_target(*, cpu_threads: int = 1) -> Target:
-    """CUDA device 0 in bf16 when present, else the CPU in fp32 (bf16 matmuls on a CPU are
-    emulated and would not represent training speed) with `cpu_threads` intra-op threads (this
-    sets torch's process-wide thread count). One thread by default: a CPU rank of the
+    """CUDA device 0 when present, else the CPU, in fp32: what `spindle run` trains in (it has
+    no bf16), so that a plan from the profile times and sizes what runs. On the CPU with
+    `cpu_threads` intra-op threads (this sets torch's process-wide thread count). One thread
+    by default: a CPU rank of the
     `local-cpu` cluster is one process per core, and an OpenMP pool that spins on a core shared
     with another process makes small-op timings swing by 50x."""
     if torch.cuda.is_available():
@@ -104,8 +105,8 @@ def local_target(*, cpu_threads: int = 1) -> Target:
         return Target(
             device=dev,
             device_name=torch.cuda.get_device_name(dev),
-            dtype=torch.bfloat16,
-            dtype_name="bf16",
+            dtype=torch.float32,
+            dtype_name="fp32",
         )
     torch.set_num_threads(cpu_threads)
     return Target(

@@ -293,6 +293,18 @@ def test_options_the_planner_does_not_write_are_refused_before_launch(tmp_path: 
     assert _one_line_error(result).startswith(f"error: {plan}: options.{key}: ")
 
 
+def test_a_run_in_another_dtype_than_its_plan_says_what_that_costs(tmp_path: Path) -> None:
+    """A plan counts bytes in its graph's dtype (bf16 by default): a run in another one says
+    how many times the plan's bytes it moves and holds (before launch, in the dry run too)."""
+    plan = write_plan_files(tmp_path)  # an fp32 graph
+    note = ("note: the plan sizes its memory and transfers in fp32 (its graph's dtype), but "
+            "this run trains in fp64: they take 2x the plan's bytes")
+    result = invoke("run", str(plan), "--dry-run", "--dtype", "fp64")
+    assert result.exit_code == 0 and note in " ".join(result.stderr.split()), result.stderr
+    result = invoke("run", str(plan), "--dry-run", "--dtype", "fp32")
+    assert result.exit_code == 0 and "note: the plan sizes" not in result.stderr
+
+
 def test_world_size_mismatch_is_refused(tmp_path: Path) -> None:
     plan_path = write_plan_files(tmp_path)
     result = invoke("run", str(plan_path), "--nproc-per-node", "3")
