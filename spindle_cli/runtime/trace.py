@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -30,11 +30,15 @@ DRIFT_NAMED = 3
 
 
 class Tracer:
-    """Collects complete ("X") events of one rank; a no-op when disabled."""
+    """Collects complete ("X") events of one rank; a no-op when disabled. `synchronize` waits
+    for the rank's device before each clock read (CUDA runs kernels asynchronously: without
+    it a compute span times only the kernels' launch, and the next blocking call the rest)."""
 
-    def __init__(self, *, enabled: bool, rank: int) -> None:
+    def __init__(self, *, enabled: bool, rank: int,
+                 synchronize: Callable[[], None] | None = None) -> None:
         self.enabled = enabled
         self.rank = rank
+        self._synchronize = synchronize
         self.events: list[dict[str, Any]] = []
         self._origin_ns = time.perf_counter_ns()
         # wall-clock time of the origin of `ts`: `trace_document` aligns the ranks' timelines
@@ -47,10 +51,14 @@ class Tracer:
         if not self.enabled:
             yield
             return
+        if self._synchronize is not None:
+            self._synchronize()
         start = time.perf_counter_ns()
         try:
             yield
         finally:
+            if self._synchronize is not None:
+                self._synchronize()
             end = time.perf_counter_ns()
             label = name if "wave" not in args else f"{name} w{args['wave']}"
             if "phase" in args:

@@ -236,7 +236,9 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
     dtype = DTYPES[opts.dtype]
     groups = make_groups(program, world.rank)
     data = load_data_source(opts.dataset, model, opts.seed, dtype)
-    tracer = Tracer(enabled=opts.trace_path is not None, rank=world.rank)
+    synchronize = device_synchronizer(world.device)
+    tracer = Tracer(enabled=opts.trace_path is not None, rank=world.rank,
+                    synchronize=synchronize)
     ex = Executor(plan, program, model, world, groups, data, seed=opts.seed, lr=opts.lr,
                   dtype=dtype, tracer=tracer, overlap_sync=opts.overlap_sync,
                   sync_chunk_bytes=opts.sync_chunk_bytes)
@@ -258,8 +260,12 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
             _say(resume_note(found, opts))
     result = TrainResult(start_step=start)
     for step in range(start, opts.steps):
+        if synchronize is not None:
+            synchronize()
         t0 = time.perf_counter()
         losses = ex.train_step(step)
+        if synchronize is not None:
+            synchronize()  # the step's optimizer kernels too, not the next step
         result.step_ms.append((time.perf_counter() - t0) * 1e3)
         result.losses.append(losses)
         if log:
@@ -284,6 +290,14 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
         _say(f"trace: no step ran, so nothing was traced ({opts.trace_path} not written)")
     result.params = ex.parameters()
     return result
+
+
+def device_synchronizer(device: torch.device) -> Callable[[], None] | None:
+    """What waits for `device`'s queued work before a clock is read: CUDA runs kernels
+    asynchronously (None on the CPU, whose work is done when a call returns)."""
+    if device.type != "cuda":
+        return None
+    return lambda: torch.cuda.synchronize(device)
 
 
 def measured_iteration_ms(step_ms: list[float]) -> float:

@@ -87,3 +87,31 @@ def test_breakdown_leaves_out_the_first_traced_step_after_a_resume() -> None:
     per_step = sum(1.0 for w in plan.waves for s in w.slices if 0 in s.ranks)
     assert breakdown_ms(events, 3) == pytest.approx(
         {"compute": per_step, "optimizer": 5000.0 / 2, "sync": 5000.0 / 2})
+
+
+def test_a_span_waits_for_the_device_before_each_clock_read() -> None:
+    """On CUDA a span must time the kernels, not their launch: the tracer waits for the
+    device (`synchronize`) right before it reads the clock at the span's start and end, so
+    the work queued inside the span falls inside it."""
+    import time
+
+    from spindle_cli.runtime.trace import Tracer
+    from spindle_cli.runtime.worker import device_synchronizer
+
+    calls: list[str] = []
+
+    def synchronize() -> None:
+        calls.append("sync")
+        time.sleep(0.002)  # a device still busy with the span's queued work
+
+    tracer = Tracer(enabled=True, rank=0, synchronize=synchronize)
+    with tracer.span("compute", "compute"):
+        calls.append("work")
+    assert calls == ["sync", "work", "sync"]
+    # the device's wait at the end is inside the span
+    assert tracer.events[0]["dur"] >= 2000
+    # the CPU's work is done when a call returns: nothing to wait for there
+    import torch
+
+    assert device_synchronizer(torch.device("cpu")) is None
+    assert device_synchronizer(torch.device("cuda", 0)) is not None
