@@ -193,7 +193,10 @@ def _estimate_bytes(op: MetaOp, batch: int, t: int, dtype_name: str) -> int:
 
 
 def _is_oom(e: BaseException) -> bool:
-    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(e)
+    """torch's out-of-memory errors, and cuBLAS's failure to allocate its workspace, which
+    torch raises as a plain RuntimeError without the words 'out of memory'."""
+    return (isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(e)
+            or "CUBLAS_STATUS_ALLOC_FAILED" in str(e))
 
 
 def measure(

@@ -81,6 +81,16 @@ def test_an_oom_inside_torch_is_a_point_not_a_crash(tiny, monkeypatch):
                         settings=FAST)
     assert not m.feasible and m.note == "out of memory"
 
+    def cublas(*args, **kwargs):
+        # cuBLAS out of workspace memory: a RuntimeError that does not say 'out of memory'
+        raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
+                           "`cublasCreate(handle)`")
+
+    monkeypatch.setattr(measure, "_run", cublas)
+    m = measure.measure(model.modules[op.module], op, 4, "dp", target=measure.local_target(),
+                        settings=FAST)
+    assert not m.feasible and m.note == "out of memory"
+
     def bug(*args, **kwargs):
         raise RuntimeError("shape mismatch")
 
