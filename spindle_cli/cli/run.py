@@ -130,7 +130,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     # the one-line errors say (a node that cannot reach the rendezvous prints a 50-line
     # c10d backtrace per retry); TORCH_CPP_LOG_LEVEL set by the user is kept
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    from spindle_cli.runtime.dist import resolve_backend
+    from spindle_cli.runtime.dist import check_gpus, resolve_backend
     from spindle_cli.runtime.executor import overlap_for
     from spindle_cli.runtime.inputs import check_world, load_run_inputs
     from spindle_cli.runtime.worker import TrainOptions, check_options, resume_point
@@ -151,6 +151,8 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
                   + (f"; plan from a graph made with --dtype {dtype}" if dtype == "fp32"
                      else ""), soft_wrap=True)
     resolved = resolve_backend(backend)
+    if resolved == "nccl":
+        check_gpus(nproc_per_node)
     if dataset is not None:
         from spindle_cli.runtime.data import check_data_source
 

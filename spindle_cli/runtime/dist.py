@@ -41,6 +41,19 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
+def check_gpus(ranks_per_node: int) -> None:
+    """Refuse more nccl ranks on a node than it has visible GPUs: nccl runs one rank per GPU
+    (torch fails on a device index out of range, NCCL on two ranks of one GPU, 'Duplicate GPU
+    detected'), by each rank's LOCAL_RANK."""
+    visible = torch.cuda.device_count()
+    if ranks_per_node > visible:
+        raise SpindleError(
+            f"{ranks_per_node} nccl ranks per node need as many GPUs, and this node has "
+            f"{visible} visible",
+            hint="use --nproc-per-node <= the GPUs per node (and --nnodes for the rest), or "
+                 "make them visible (CUDA_VISIBLE_DEVICES)")
+
+
 def init(backend: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
          store: dist.Store | None = None, rank: int | None = None,
          world_size: int | None = None) -> World:
@@ -55,6 +68,7 @@ def init(backend: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "nccl":
+        check_gpus(local_world)
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", timeout=timeout, device_id=device, store=store,

@@ -305,6 +305,26 @@ def test_a_run_in_another_dtype_than_its_plan_says_what_that_costs(tmp_path: Pat
     assert result.exit_code == 0 and "note: the plan sizes" not in result.stderr
 
 
+def test_more_nccl_ranks_than_gpus_are_refused_before_launch(tmp_path: Path,
+                                                             monkeypatch) -> None:
+    """nccl runs one rank per GPU: more ranks on a node than it has visible GPUs is one line
+    before launch (torch failed with a device index out of range, NCCL with 'Duplicate GPU
+    detected'). A machine with one visible GPU stands in (this one has none)."""
+    import torch
+
+    plan = write_plan_files(tmp_path)  # 2 ranks
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    result = invoke("run", str(plan), "--backend", "nccl", "--dry-run")
+    assert result.exit_code == 2
+    assert _one_line_error(result) == ("error: 2 nccl ranks per node need as many GPUs, and "
+                                       "this node has 1 visible")
+    # two nodes of one rank each fit
+    result = invoke("run", str(plan), "--backend", "nccl", "--dry-run", "--nnodes", "2",
+                    "--rdzv-endpoint", "127.0.0.1:29500")
+    assert result.exit_code == 0, result.stderr
+
+
 def test_world_size_mismatch_is_refused(tmp_path: Path) -> None:
     plan_path = write_plan_files(tmp_path)
     result = invoke("run", str(plan_path), "--nproc-per-node", "3")
