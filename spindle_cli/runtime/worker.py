@@ -446,7 +446,11 @@ def main(argv: list[str] | None = None) -> int:
             log = (lambda line: print(line, flush=True)) if world.rank == 0 else None
             train(inputs.plan, inputs.graph, inputs.model, inputs.program, world, opts, log)
         except BaseException:
-            rdist.teardown()
+            # on nccl, destroying the group waits for the collectives in flight, which a failed
+            # run may never complete: the rank would hang there, its error unreported, until
+            # the watchdog kills it; it leaves without (`runtime.rank` exits at once)
+            if world.backend != "nccl":
+                rdist.teardown()
             raise
         rdist.teardown(synchronize=True)
     except BaseException as e:  # noqa: BLE001 - every failure becomes one line and an exit code

@@ -206,6 +206,36 @@ def test_the_prediction_falls_back_to_the_plans_estimate_and_says_so() -> None:
     assert line.endswith(f"no curve for MetaOp {m.id!r})")
 
 
+@pytest.mark.parametrize(("backend", "torn_down"), [("gloo", True), ("nccl", False)])
+def test_a_failed_nccl_rank_reports_without_destroying_its_group(
+        backend: str, torn_down: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On nccl, destroying the process group waits for the collectives in flight, which a
+    failed run may never complete: the rank reports and leaves without it (gloo ranks close
+    their groups first, as before). The world is faked: this machine has no GPU."""
+    import torch
+
+    from spindle_cli.runtime import dist as rdist
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    monkeypatch.setattr("sys.stderr", _Writes())
+    monkeypatch.setattr(rdist, "init", lambda *a, **k: rdist.World(
+        rank=0, world_size=2, local_rank=0, local_world_size=2, backend=backend,
+        device=torch.device("cpu")))
+    teardowns: list[bool] = []
+    monkeypatch.setattr(rdist, "teardown", lambda **k: teardowns.append(True))
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(worker, "train", fail)
+    code = worker.main([str(repo / "plans" / "tiny-clip-local-cpu-2.yaml"), "--steps", "1"])
+    assert code == 1
+    assert teardowns == ([True] if torn_down else [])
+
+
 def test_a_failing_rank_writes_its_line_and_newline_at_once(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The ranks share one stderr: `print` writes the text and the newline separately, so two
