@@ -202,7 +202,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     if resolved == "gloo" and nproc_per_node > cores:
         err.print(f"note: {nproc_per_node} CPU ranks share {cores} core{'s' * (cores > 1)} here, "
                   "so they take turns and a step takes longer than the plan's prediction")
-    _launch(argv)
+    _launch(argv, backend=resolved)
 
 
 def _ranks_per_node(num_ranks: int, nnodes: int) -> int:
@@ -261,7 +261,7 @@ def _print_ranks(program: Program, num_ranks: int) -> None:
     out.print(table)
 
 
-def _launch(argv: list[str]) -> None:
+def _launch(argv: list[str], *, backend: str) -> None:
     """torchrun with `argv`; a failed worker becomes a RuntimeFailure naming its rank, nodes
     that do not meet one saying where they waited."""
     from torch.distributed import DistError
@@ -290,7 +290,8 @@ def _launch(argv: list[str]) -> None:
             torchrun(parse_args(argv))
     except ChildFailedError as e:
         cause = _root_cause(e)
-        raise RuntimeFailure(f"run failed: {cause}", hint=_hint_of(e, cause)) from None
+        raise RuntimeFailure(f"run failed: {cause}",
+                             hint=_hint_of(e, cause) or _abort_hint(cause, backend)) from None
     except (DistError, RendezvousError) as e:
         # the message's first line; torch appends a C++ backtrace
         endpoint = argv[argv.index("--rdzv-endpoint") + 1] if "--rdzv-endpoint" in argv else ""
@@ -346,6 +347,17 @@ def _stops_before_ranks() -> Iterator[None]:
         os.close(write)  # the thread reads the end of the pipe and returns
         thread.join()
         os.close(read)
+
+
+def _abort_hint(cause: str, backend: str) -> str | None:
+    """What an aborted rank (SIGABRT, no line of its own) most likely means on nccl: NCCL's
+    watchdog tears a rank down when a collective or transfer does not complete within the
+    timeout, where gloo raises an error the rank reports ('lost contact with rank(s)')."""
+    if backend != "nccl" or "(SIGABRT)" not in cause:
+        return None
+    return ("on nccl, a collective or transfer that does not complete within --timeout-s makes "
+            "NCCL's watchdog abort the rank: a peer crashed, hung or disagreed; "
+            "TORCH_CPP_LOG_LEVEL=ERROR shows the watchdog's message")
 
 
 def _hint_of(e: object, cause: str) -> str | None:

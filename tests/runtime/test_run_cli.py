@@ -848,6 +848,19 @@ def test_a_failed_run_gives_the_hint_of_the_rank_it_names() -> None:
     assert _hint_of(e, _root_cause(e)) is None
 
 
+def test_an_aborted_nccl_rank_is_explained() -> None:
+    """On nccl a collective that times out does not raise in the rank: NCCL's watchdog aborts
+    it (SIGABRT, no line of its own), so the run's error says what that most likely means;
+    gloo ranks report a lost peer themselves, and other signals are other causes."""
+    from spindle_cli.cli.run import _abort_hint
+
+    aborted = "rank 1 was killed by signal 6 (SIGABRT)"
+    hint = _abort_hint(aborted, "nccl")
+    assert hint is not None and "--timeout-s" in hint and "watchdog" in hint
+    assert _abort_hint(aborted, "gloo") is None
+    assert _abort_hint("rank 1 was killed by signal 9 (SIGKILL)", "nccl") is None
+
+
 def _free_port() -> int:
     import socket
 
