@@ -158,8 +158,10 @@ class StepState:
     """Slice id -> gradient of its output, summed over its consumers."""
     loss: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = field(default_factory=dict)
     """Loss slice id -> (scaled loss, gathered leaves for a contrastive loss)."""
-    task_loss: dict[str, float] = field(default_factory=dict)
-    """This rank's share of each task's loss."""
+    task_loss: dict[str, torch.Tensor] = field(default_factory=dict)
+    """This rank's share of each task's loss, in fp64 on the rank's device: read on the host
+    once per step (`_sync`), not per loss slice, which would wait for the device mid-forward
+    (CUDA)."""
     segments: dict[str, list[tuple[torch.Tensor | None, torch.Tensor, int]]] = field(
         default_factory=dict)
     """Slice id -> its forward cut where buckets become complete, bottom first: (input leaf,
@@ -443,12 +445,18 @@ class Executor:
         return (b.after is None or st.wave < b.ready_wave
                 or st.passed.get(b.after[0], 0) >= b.after[1])
 
+    @staticmethod
+    def _add_loss(st: StepState, task: str, loss: torch.Tensor) -> None:
+        """Add a loss slice's value to its task's, in fp64 (as a Python float summed)."""
+        value = loss.detach().to(torch.float64)
+        st.task_loss[task] = st.task_loss[task] + value if task in st.task_loss else value
+
     def _reduce_losses(self, st: StepState) -> tuple[torch.Tensor, Any]:
         """Start the all-reduce of the task losses over the world (they are known once the
         forward pass has run, so it overlaps the backward pass); returns the vector and its
         work (None on one rank)."""
-        vec = torch.tensor([st.task_loss.get(t, 0.0) for t in self.program.tasks],
-                           dtype=torch.float64, device=self.world.device)
+        zero = torch.zeros((), dtype=torch.float64, device=self.world.device)
+        vec = torch.stack([st.task_loss.get(t, zero) for t in self.program.tasks])
         if self.world.world_size == 1:
             return vec, None
         others = [r for r in range(self.world.world_size) if r != self.rank]
@@ -494,14 +502,14 @@ class Executor:
             loss = first(*full)
             st.loss[sp.slice.id] = (loss, full)
             if self.rank == sp.slice.ranks[0]:
-                st.task_loss[m.task] = st.task_loss.get(m.task, 0.0) + loss.item()
+                self._add_loss(st, m.task, loss)
             return
         if sp.kind == "lm_loss":
             if hi > lo:
                 targets = self._load(sp, targets_name(m.step), step, lo, hi)
                 loss = first(ins[0], targets) * ((hi - lo) / m.batch_size)
                 st.loss[sp.slice.id] = (loss, [])
-                st.task_loss[m.task] = st.task_loss.get(m.task, 0.0) + loss.item()
+                self._add_loss(st, m.task, loss)
             return
         if hi == lo:
             out = torch.empty((0, *sp.out_shape), dtype=self.dtype, device=self.world.device)
