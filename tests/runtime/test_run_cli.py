@@ -438,7 +438,8 @@ def test_bad_run_options_are_refused_before_launch(tmp_path: Path, monkeypatch,
     plan_path = write_plan_files(tmp_path)
     (tmp_path / "file").write_text("x")
     launched: list[list[str]] = []
-    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    monkeypatch.setattr("spindle_cli.cli.run._launch",
+                        lambda argv, **_: launched.append(argv))
     args = [a.format(tmp=tmp_path) for a in args]
     result = invoke("run", str(plan_path), *args, *["--dry-run"] * dry_run)
     assert result.exit_code == 2, getattr(result, "stderr", "")
@@ -452,7 +453,8 @@ def test_a_trace_over_the_plan_is_refused(tmp_path: Path, monkeypatch, dry_run: 
     as_json = tmp_path / "plan.json"
     as_json.write_text(json.dumps(yaml.safe_load(plan.read_text())))
     launched: list[list[str]] = []
-    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    monkeypatch.setattr("spindle_cli.cli.run._launch",
+                        lambda argv, **_: launched.append(argv))
     before = as_json.read_text()
     result = invoke("run", str(as_json), "--trace", str(as_json), *["--dry-run"] * dry_run)
     assert result.exit_code == 2
@@ -474,7 +476,8 @@ def test_a_graph_that_is_not_its_models_is_refused(tmp_path: Path, monkeypatch,
     # planned from consistently, so every recorded sha256 matches: only the model can tell
     plan = write_plan_files(tmp_path, edit=_wider_batch)
     launched: list[list[str]] = []
-    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    monkeypatch.setattr("spindle_cli.cli.run._launch",
+                        lambda argv, **_: launched.append(argv))
     result = invoke("run", str(plan), *["--dry-run"] * dry_run)
     assert result.exit_code == 2
     assert _one_line_error(result).startswith(
@@ -539,7 +542,8 @@ def test_sound_run_options_are_passed_on_and_create_nothing(tmp_path: Path,
                                                             monkeypatch) -> None:
     plan_path = write_plan_files(tmp_path)
     launched: list[list[str]] = []
-    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    monkeypatch.setattr("spindle_cli.cli.run._launch",
+                        lambda argv, **_: launched.append(argv))
     ckpt, trace = tmp_path / "new" / "ckpt", tmp_path / "trace.json"
     result = invoke("run", str(plan_path), "--checkpoint-dir", str(ckpt), "--resume",
                     "--trace", str(trace), "--rdzv-endpoint", "[::1]:29500", "--lr", "0.01")
@@ -631,7 +635,8 @@ def test_resume_is_checked_against_the_checkpoint_before_launch(
         dry_run: bool) -> None:
     plan, ckpt = one_step_checkpoint
     launched: list[list[str]] = []
-    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    monkeypatch.setattr("spindle_cli.cli.run._launch",
+                        lambda argv, **_: launched.append(argv))
     said = said.format(ckpt=ckpt)
     result = invoke("run", str(plan), "--checkpoint-dir", str(ckpt), "--resume", *args,
                     *["--dry-run"] * dry_run)
@@ -669,7 +674,8 @@ def test_a_cut_rank_file_is_passed_over_before_launch(tmp_path: Path, monkeypatc
     cut = ckpt / "step-000002" / "rank-00001.pt"
     cut.write_bytes(cut.read_bytes()[:100])
     launched: list[list[str]] = []
-    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    monkeypatch.setattr("spindle_cli.cli.run._launch",
+                        lambda argv, **_: launched.append(argv))
     result = invoke("run", str(plan_path), "--steps", "3", "--checkpoint-dir", str(ckpt),
                     "--resume", *["--dry-run"] * dry_run)
     assert result.exit_code == 0, getattr(result, "stderr", "")
@@ -706,7 +712,8 @@ def test_ranks_per_node_default_to_the_plans_over_the_nodes(
         tmp_path: Path, monkeypatch, nnodes: str, launched_ranks: str) -> None:
     plan_path = write_plan_files(tmp_path)
     launched: list[list[str]] = []
-    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    monkeypatch.setattr("spindle_cli.cli.run._launch",
+                        lambda argv, **_: launched.append(argv))
     result = invoke("run", str(plan_path), "--nnodes", nnodes, "--rdzv-endpoint", "h:29500")
     assert result.exit_code == 0, getattr(result, "stderr", "")
     argv = launched[0]
@@ -721,7 +728,7 @@ def test_the_launch_line_names_the_memory_strategies(tmp_path: Path, monkeypatch
                                                      options: dict[str, str], said: str) -> None:
     saving = write_plan_files(tmp_path, options=PlanOptions(
         zero=int(options.get("zero", "0")), recompute=options.get("recompute") == "true"))
-    monkeypatch.setattr("spindle_cli.cli.run._launch", lambda argv: None)
+    monkeypatch.setattr("spindle_cli.cli.run._launch", lambda argv, **_: None)
     result = invoke("run", str(saving), "--steps", "3")
     assert result.exit_code == 0, getattr(result, "stderr", "")
     waves = len(load(str(saving), Plan).waves)
@@ -740,7 +747,8 @@ def test_more_cpu_ranks_than_cores_are_noted_at_launch(tmp_path: Path, monkeypat
                                                        cores: int, noted: bool) -> None:
     plan_path = write_plan_files(tmp_path)
     launched: list[list[str]] = []
-    monkeypatch.setattr("spindle_cli.cli.run._launch", launched.append)
+    monkeypatch.setattr("spindle_cli.cli.run._launch",
+                        lambda argv, **_: launched.append(argv))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     result = invoke("run", str(plan_path), "--nproc-per-node", "2", "--backend", "gloo")
     assert result.exit_code == 0, getattr(result, "stderr", "")
