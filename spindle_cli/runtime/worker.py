@@ -460,3 +460,10 @@ def main(argv: list[str] | None = None) -> int:
             return 130  # Ctrl-C reaches every rank; the launcher says it once
         return _report_failure(rank, e)
     return 0
+
+
+if __name__ == "__main__":
+    # the entry point was this module until the ranks' own (it imports torch before a rank can
+    # take Ctrl-C): a torchrun line still naming it would start ranks that train nothing
+    sys.exit("error: the ranks' entry point is `python -m spindle_cli.runtime.rank`, not "
+             "spindle_cli.runtime.worker")

@@ -313,6 +313,19 @@ def test_a_rank_stopped_while_it_starts_leaves_quietly() -> None:
         assert (r.returncode, r.stdout, r.stderr) == (130, "", "")
 
 
+def test_the_old_entry_point_says_which_one_to_use() -> None:
+    """A torchrun line still naming the worker module would start ranks that train nothing and
+    exit 0; it fails with one line naming the ranks' entry point."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "spindle_cli.runtime.worker", "plan.yaml"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert r.stderr == ("error: the ranks' entry point is `python -m spindle_cli.runtime.rank`, "
+                        "not spindle_cli.runtime.worker\n")
+
+
 def test_ranks_start_with_sigint_blocked_and_the_launcher_keeps_it() -> None:
     """While `spindle run` launches, a process it starts has SIGINT blocked, and the launcher's
     own mask is as before once the launch is over."""
