@@ -32,7 +32,6 @@ from spindle_cli.planner.tasks import (
     chain_ms,
     concurrent,
     list_scheduled,
-    task_counts,
 )
 from spindle_cli.planner.waves import MaxOps, PlannedWave, Slot
 
@@ -63,7 +62,7 @@ def optimus(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,
             max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Task-level allocation by largest marginal gain; tasks run concurrently."""
     tasks = [ms for ms in by_task(graph) if ms]
-    counts = [task_counts(ms, curves, num_devices) for ms in tasks]
+    counts = [_chain_counts(ms, curves, num_devices) for ms in tasks]
     if len(tasks) > num_devices or sum(c[0] for c in counts) > num_devices:
         return _list_scheduled(tasks, curves, num_devices, max(c[0] for c in counts), graph,
                                max_ops)
@@ -88,6 +87,16 @@ def optimus(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,
                    key=lambda i: (-chain_ms(tasks[i], curves, alloc[i]), tasks[i][0].task))
     return concurrent([chain(tasks[i], curves, alloc[i]) for i in order], curves, graph,
                       max_ops)
+
+
+def _chain_counts(ms: list[MetaOp], curves: dict[str, OpCurve], num_devices: int) -> list[int]:
+    """The group sizes Optimus steps a task through: from the least on which every MetaOp of
+    the task has a valid count, each size where one of them gets a new one (`chain` runs each
+    on its largest valid count within the group). Not only the counts valid for all of them:
+    a MetaOp valid on one device only (a contrastive loss, which gains nothing from more,
+    under --uneven-splits with a prime batch) held its whole task on one device."""
+    lowest = max(curves[m.id].counts[1] for m in ms)
+    return sorted({n for m in ms for n in curves[m.id].counts[1:] if lowest <= n <= num_devices})
 
 
 def _list_scheduled(tasks: list[list[MetaOp]], curves: dict[str, OpCurve], num_devices: int,

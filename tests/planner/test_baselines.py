@@ -108,3 +108,24 @@ def test_every_planner_reports_the_same_relaxed_bound(planner):
     # both MetaOps scale linearly: C* = total work / N = (32 + 8) / 4
     assert plan.lower_bound_ms == pytest.approx(10.0, rel=1e-9)
     assert plan.estimated_iteration_ms >= plan.lower_bound_ms - 1e-9
+
+
+def test_optimus_grows_a_task_past_a_member_valid_on_one_device_only():
+    """Under --uneven-splits with a prime batch, a MetaOp that gains nothing from more devices
+    (a flat curve, as a contrastive loss's) is valid on one device only; Optimus stepped its
+    task through the counts valid for every member, so the whole task stayed on one device
+    (145.4 ms against 57.7 for the other planners in the case a quality sweep found). It now
+    grows the task as long as a member gains, the flat one staying on one device."""
+    from spindle_cli.planner.api import options_curves
+
+    ms = [metaop("t0/enc", layers=8, batch=7),
+          metaop("t0/loss", level=1, layers=1, batch=7, preds=("t0/enc",))]
+    g, c = graph(ms), cluster(per_node=3)
+    p = profile([alpha_beta_curve("t0/enc", 7, 0.05, 1.0),
+                 alpha_beta_curve("t0/loss", 7, 0.1, 0.0)])
+    options = PlanOptions(planner="optimus", uneven_splits=True)
+    curves = options_curves(g, p, c, options)
+    assert curves["t0/loss"].counts[1:] == (1,)  # the flat loss: one device only
+    plan = make_plan(g, p, c, options=options)
+    counts = {s.metaop: len(s.ranks) for _, s in plan.slices()}
+    assert counts == {"t0/enc": 3, "t0/loss": 1}
