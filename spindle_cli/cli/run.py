@@ -37,10 +37,6 @@ if TYPE_CHECKING:
     from spindle_cli.runtime.worker import TrainOptions
 
 
-RUN_DTYPE_BYTES = {"fp32": 4, "fp64": 8}
-"""What `spindle run --dtype` trains in, and its bytes per element."""
-
-
 class FiniteFloatRange(click.FloatRange):
     """click.FloatRange that also refuses nan and inf: a range check lets nan through (every
     comparison with it is false), and neither is a learning rate or a timeout."""
@@ -89,7 +85,7 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
               help="Seed of the initialization and the synthetic data.")
 @click.option("--lr", type=FiniteFloatRange(min=0, min_open=True), default=1e-3,
               show_default=True, help="AdamW learning rate.")
-@click.option("--dtype", type=click.Choice(sorted(RUN_DTYPE_BYTES)), default="fp32",
+@click.option("--dtype", type=click.Choice(["fp32", "fp64"]), default="fp32",
               show_default=True, help="Parameter and activation dtype.")
 @click.option("--sync", type=click.Choice(["auto", "chunked", "per-set"]), default="auto",
               show_default=True,
@@ -133,7 +129,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     from spindle_cli.runtime.dist import check_gpus, resolve_backend
     from spindle_cli.runtime.executor import overlap_for
     from spindle_cli.runtime.inputs import check_world, load_run_inputs
-    from spindle_cli.runtime.worker import TrainOptions, check_options, resume_point
+    from spindle_cli.runtime.worker import DTYPES, TrainOptions, check_options, resume_point
 
     inputs = load_run_inputs(plan_path)
     _check_cluster(inputs.plan, plan_path)
@@ -147,7 +143,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
         # a plan sized for bf16 (the graphs' default) trains in fp32 here: twice its bytes
         err.print(f"note: the plan sizes its memory and transfers in {inputs.graph.dtype} (its "
                   f"graph's dtype), but this run trains in {dtype}: they take "
-                  f"{RUN_DTYPE_BYTES[dtype] / inputs.graph.dtype_bytes:g}x the plan's bytes"
+                  f"{DTYPES[dtype].itemsize / inputs.graph.dtype_bytes:g}x the plan's bytes"
                   + (f"; plan from a graph made with --dtype {dtype}" if dtype == "fp32"
                      else ""), soft_wrap=True)
     resolved = resolve_backend(backend)
@@ -435,8 +431,8 @@ def _root_cause(e: object) -> str:
                 f"ranks {', '.join(map(str, hung))}", "them")
             text += (f"; {who[0]} then did not stop when asked and the launcher killed {who[1]} "
                      "(SIGKILL): hung, or stopped (SIGSTOP)")
-        if set(silent) - set(hung):
-            others = sorted(set(silent) - set(hung))
+        others = [r for r in sorted(silent) if r not in hung]
+        if others:
             text += (f"; the launcher {'also ' if hung else 'then '}stopped rank(s) "
                      f"{', '.join(map(str, others))}")
         return text

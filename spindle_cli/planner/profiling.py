@@ -215,9 +215,9 @@ def build_curve(
         )
     except FieldError as e:
         raise CurveError(f"signature {op.signature!r} (MetaOp {op.id}): its fitted curve is "
-                           f"not a valid one: {e}",
-                           hint="check the graph's sizes (flops_per_layer, bytes) of this "
-                                "MetaOp") from None
+                         f"not a valid one: {e}",
+                         hint="check the graph's sizes (flops_per_layer, bytes) of this "
+                              "MetaOp") from None
     if not validate:
         return curve
     errors = [e.rel_error for e in heldout_errors(curve, counts)]
