@@ -32,6 +32,7 @@ A = TypeVar("A", bound=Artifact)
 def explain(plan_path: str, metaop_id: str) -> None:
     """Explain the allocation and the waves of one MetaOp of PLAN."""
     from spindle_cli.planner import scaling
+    from spindle_cli.planner.allocation import MIN_GAIN
     from spindle_cli.planner.api import PlanOptions, allocate, options_curves
     from spindle_cli.planner.exact import exact_packing_ms
 
@@ -87,6 +88,13 @@ def explain(plan_path: str, metaop_id: str) -> None:
                   "speedup curves, as plan, show and simulate count it); n* = "
                   f"{a.n_star:.3f} where every MetaOp ends at {level.c_star_ms:.3f} ms on the "
                   f"curves themselves ({between})")
+    [spread] = [x for lvl in allocate(graph, curves, plan.num_devices, spread=True)
+                if lvl.level == m.level for x in lvl.ops if x.metaop == m.id]
+    if not math.isclose(spread.n_star, a.n_star, rel_tol=1e-9):
+        out.print(f"the relaxed optimum (sum n* = N) gives it {spread.n_star:.3f} devices, the "
+                  f"level's spare ones with them; on {a.n_star:.0f} it already ends within "
+                  f"{MIN_GAIN:.1%} of C*, so Spindle allocates that (and plans the spread "
+                  "allocation too)")
     if a.n_lo == a.n_hi:
         lo = " (n* is a valid count: one tuple)"
     else:

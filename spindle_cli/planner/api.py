@@ -31,6 +31,7 @@ from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
 from spindle_cli.errors import FieldError, NoValidCount, PlanInfeasible, SpindleError
 from spindle_cli.planner import baselines, scaling
 from spindle_cli.planner.allocation import (
+    AslTuple,
     LevelAllocation,
     OpCurve,
     allocate_level,
@@ -349,11 +350,13 @@ def options_curves(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                      island_size=cluster.island_size, profile_name=profile_name)
 
 
-def allocate(graph: MetaOpGraph, curves: dict[str, OpCurve],
-             num_devices: int) -> list[LevelAllocation]:
-    """The allocator's result for every MetaLevel, in level order."""
+def allocate(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int, *,
+             spread: bool = False) -> list[LevelAllocation]:
+    """The allocator's result for every MetaLevel, in level order (`spread`:
+    `allocate_level`'s)."""
     return [
-        allocate_level(lvl, [curves[m.id] for m in graph.metaops if m.level == lvl], num_devices)
+        allocate_level(lvl, [curves[m.id] for m in graph.metaops if m.level == lvl], num_devices,
+                       spread=spread)
         for lvl in range(graph.num_levels)
         if any(m.level == lvl for m in graph.metaops)
     ]
@@ -533,8 +536,8 @@ class Schedules:
         profile_name = next((r.path for r in inputs if r.kind == "profile"), "the profile")
         self.curves = options_curves(graph, profile, cluster, options, profile_name=profile_name)
         self.allocs = allocate(graph, self.curves, cluster.num_devices)
-        self._capped: dict[int, tuple[dict[str, OpCurve], list[LevelAllocation]]] = {
-            cluster.num_devices: (self.curves, self.allocs)}
+        self._capped: dict[tuple[int, bool], tuple[dict[str, OpCurve], list[LevelAllocation]]] = {
+            (cluster.num_devices, False): (self.curves, self.allocs)}
         self._made: dict[tuple[Any, ...], list[tuple[dict[tuple[str, int], int], Any]]] = {}
 
     def serves(self, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
@@ -543,13 +546,15 @@ class Schedules:
         return (graph is self.graph and profile is self.profile and cluster is self.cluster
                 and _curve_flags(options) == self.flags)
 
-    def capped(self, cap: int) -> tuple[dict[str, OpCurve], list[LevelAllocation]]:
-        """The curves and allocation under a device bound (PlanInfeasible when some MetaOp
-        has no valid count under it)."""
-        if cap not in self._capped:
-            capped = capped_curves(self.curves, cap)
-            self._capped[cap] = (capped, allocate(self.graph, capped, self.cluster.num_devices))
-        return self._capped[cap]
+    def capped(self, cap: int, spread: bool = False,
+               ) -> tuple[dict[str, OpCurve], list[LevelAllocation]]:
+        """The curves and allocation under a device bound (`spread`: `allocate`'s;
+        PlanInfeasible when some MetaOp has no valid count under it)."""
+        if (cap, spread) not in self._capped:
+            capped = (self.capped(cap)[0] if spread else capped_curves(self.curves, cap))
+            self._capped[(cap, spread)] = (capped, allocate(
+                self.graph, capped, self.cluster.num_devices, spread=spread))
+        return self._capped[(cap, spread)]
 
     def made(self, key: tuple[Any, ...], max_ops: MaxOps | None, make: Callable[..., _T],
              *args: Any, **kwargs: Any) -> _T:
@@ -596,6 +601,8 @@ class _Kept(NamedTuple):
     """The ranks its MetaOps preferred in placement (`consider`'s `home`)."""
     label: str
     """What it is, after its device bounds (`consider`'s `label`)."""
+    spread: bool
+    """Whether its levels' allocations spread spare devices (`allocation.allocate_level`)."""
     transfer_ms: float
     """Its simulated wait for transfers (`simulated_cost`)."""
 
@@ -623,9 +630,13 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
 
     Spindle schedules every level once per device bound of `device_caps` and keeps the plan
     whose simulated iteration (compute, inter-wave transfers, gradient sync:
-    planner/simulate.py) is shortest, the first on ties: one bound for all levels, then the
-    longest level alone under each other bound (multitask-clip 4 tasks on 32 devices: the
-    encoders on the whole cluster, the short levels inside islands), then all levels fused
+    planner/simulate.py) is shortest, the first on ties: one bound for all levels, each also
+    from the allocation that spreads a level's spare devices over its flat MetaOps
+    (`allocation.allocate_level`'s `spread`) when the plan without simulated within
+    NEAR_BEST of the best (or when no plan fits: spread, a flat module's state is sharded by
+    ZeRO), then the longest level alone under each other bound (multitask-clip 4 tasks on 32
+    devices: the encoders on the whole cluster, the short levels inside islands; spread or
+    not as the kept plan, the other way too where that does not fit), then all levels fused
     into one schedule under the smallest bound (`fused_waves`; OFASys 4 tasks on 32
     devices: each task's chain inside one node, no level barriers) when that computes
     faster than its level-by-level schedule, then the kept plan rebuilt to move fewer rows
@@ -666,7 +677,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         else:
             planned = baselines.distmm(graph, curves, n_dev, max_ops)
         return _assemble(graph, curves, cluster, options, inputs, allocs, planned), None
-    by_cap: dict[int, list[list[PlannedWave]]] = {}
+    by_cap: dict[tuple[int, bool], list[list[PlannedWave]]] = {}
+    """Each level's schedule under a device bound, by (bound, spread)."""
     best: _Kept | None = None
     error: PlanInfeasible | None = None
     bounds = device_caps(cluster)
@@ -679,20 +691,36 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     last_ms = math.inf
     """The simulated iteration of the last candidate `consider` simulated (inf when it was
     not), up to the point where the simulation gave up."""
+    last_failed = False
+    """Whether the last candidate `consider` assembled did not fit (PlanInfeasible)."""
+
+    def levels(cap: int, spread: bool) -> list[list[PlannedWave]]:
+        """Each level's schedule under a device bound, from `spread` allocations or not (made
+        once; PlanInfeasible when some MetaOp has no valid count under the bound)."""
+        if (cap, spread) not in by_cap:
+            capped, capped_allocs = schedules.capped(cap, spread)
+            if spread and _tuples(capped_allocs) == _tuples(schedules.capped(cap)[1]):
+                by_cap[(cap, spread)] = levels(cap, False)  # no spare devices to spread
+            else:
+                by_cap[(cap, spread)] = schedules.made(
+                    ("levels", cap, True, False, spread), max_ops, level_waves, graph, capped,
+                    capped_allocs, n_dev, few_variants=cap != n_dev)
+        return by_cap[(cap, spread)]
 
     def consider(caps: tuple[int, ...], planned: list[PlannedWave] | None = None, *,
-                 fused: bool = False, home: dict[str, Ranks] | None = None,
-                 label: str = "", slack: float = 0.0, reserve: bool = False,
-                 consecutive: bool = False) -> bool:
-        """Assemble and simulate a candidate (placed with `home`, and with `reserve`: ranks
+                 spread: bool = False, fused: bool = False,
+                 home: dict[str, Ranks] | None = None, label: str = "", slack: float = 0.0,
+                 reserve: bool = False, consecutive: bool = False) -> bool:
+        """Assemble and simulate a candidate (its levels' schedules under `caps` with
+        `spread` allocations unless `planned`; placed with `home`, and with `reserve`: ranks
         reserved for their rows, `placement.place`, or with `consecutive`: on consecutive
         ranks; `label`: what it is, after its device bounds, in Plan.candidate; simulated
         until it is `slack` above the best, so `last_ms` tells how close it came); whether it
         is now the best."""
-        nonlocal best, error, last_ms
-        last_ms = math.inf
+        nonlocal best, error, last_ms, last_failed
+        last_ms, last_failed = math.inf, False
         if planned is None:
-            planned = [w for level, cap in enumerate(caps) for w in by_cap[cap][level]]
+            planned = [w for level, cap in enumerate(caps) for w in levels(cap, spread)[level]]
         # bounds that change nothing give the same waves, hence (placed alike) the same plan
         # and iteration; and a plan whose waves alone outlast the best iteration cannot beat it
         key = (tuple(planned), home is not None, reserve, consecutive)
@@ -702,13 +730,14 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         tried.add(key)
         bounds_text = "/".join(map(str, caps)) if len(set(caps)) > 1 else str(caps[0])
         candidate = ", ".join(x for x in ("fused" if fused else "level by level",
-                                          f"device bound {bounds_text}", label) if x)
+                                          f"device bound {bounds_text}",
+                                          "spare devices spread" if spread else "", label) if x)
         try:
             plan = _assemble(graph, curves, cluster, options, inputs, allocs, planned, home,
                              reserve=reserve, consecutive=consecutive, candidate=candidate,
                              placements=placements)
         except PlanInfeasible as e:
-            error = error or e
+            error, last_failed = error or e, True
             return False
         if reserve and best is not None and plan.waves == best.plan.waves:
             return False  # nothing was reserved: the kept plan again
@@ -720,7 +749,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         last_ms = cost.iteration_ms
         if best is None or cost.iteration_ms < best.iteration_ms - 1e-9:
             best = _Kept(iteration_ms=cost.iteration_ms, plan=plan, caps=caps, fused=fused,
-                         transfer_ms=cost.transfer_ms, planned=planned, home=home, label=label)
+                         transfer_ms=cost.transfer_ms, planned=planned, home=home, label=label,
+                         spread=spread)
             return True
         return False
 
@@ -730,43 +760,44 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         its barrier idles the others' devices (`fused_waves`). Simulated only when it
         computes faster than level by level under the same bound (or, when that schedule
         was pruned, than the best plan's whole iteration)."""
-        bar_ms = (sum(w.duration_ms for level in by_cap[cap] for w in level) if cap in by_cap
+        bar_ms = (sum(w.duration_ms for level in by_cap[(cap, False)] for w in level)
+                  if (cap, False) in by_cap
                   else best.iteration_ms if best is not None else math.inf)
         try:
             capped, capped_allocs = schedules.capped(cap)
         except PlanInfeasible:
             return
-        fused = schedules.made(("fused", cap, True, False), max_ops, fused_waves,
+        fused = schedules.made(("fused", cap, True, False, False), max_ops, fused_waves,
                                graph, capped, capped_allocs, n_dev)
         if sum(w.duration_ms for w in fused) < bar_ms - 1e-9:
             consider((cap,) * len(allocs), fused, fused=True)
 
-    def consider_lighter(caps: tuple[int, ...], fused: bool) -> None:
-        """The kept plan's schedule rebuilt to move fewer rows between ranks: with idle devices
-        left idle (an extension gives a MetaOp more devices for one wave, re-splitting its
-        rows into and out of it), and with each MetaOp on one device count per level
-        (`allocation.single_count`: the bi-point split re-splits them once). Each computes
-        slower and may simulate faster."""
+    def consider_lighter(caps: tuple[int, ...], fused: bool, spread: bool) -> None:
+        """The kept plan's schedule rebuilt, from allocations as `spread` as its own, to move
+        fewer rows between ranks: with idle devices left idle (an extension gives a MetaOp
+        more devices for one wave, re-splitting its rows into and out of it), and with each
+        MetaOp on one device count per level (`allocation.single_count`: the bi-point split
+        re-splits them once). Each computes slower and may simulate faster."""
         for extend, one_count in ((False, False), (True, True)):
             label = "one count per MetaOp" if one_count else "no extension"
             levels: dict[int, list[list[PlannedWave]]] = {}
             for cap in sorted(set(caps)):
-                capped, capped_allocs = schedules.capped(cap)
+                capped, capped_allocs = schedules.capped(cap, spread)
                 if one_count:
                     capped_allocs = [single_count(a) for a in capped_allocs]
                 if fused:
                     consider(caps, schedules.made(
-                        ("fused", cap, extend, one_count), max_ops, fused_waves,
+                        ("fused", cap, extend, one_count, spread), max_ops, fused_waves,
                         graph, capped, capped_allocs, n_dev, extend=extend),
-                        fused=True, label=label)
+                        spread=spread, fused=True, label=label)
                 else:
                     levels[cap] = schedules.made(
-                        ("levels", cap, extend, one_count), max_ops, level_waves,
+                        ("levels", cap, extend, one_count, spread), max_ops, level_waves,
                         graph, capped, capped_allocs, n_dev, few_variants=cap != n_dev,
                         extend=extend)
             if not fused:
                 consider(caps, [w for level, cap in enumerate(caps) for w in levels[cap][level]],
-                         label=label)
+                         spread=spread, label=label)
 
     def consider_task_stable() -> None:
         """Each task on one device group through all its levels (`tasks.task_stable`), the
@@ -839,23 +870,30 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         if best is not None and sum(a.lower_bound_ms for a in capped_allocs) >= best.iteration_ms:
             # its compute alone (>= its C*) would outlast the best plan's whole iteration
             continue
-        by_cap[cap] = schedules.made(("levels", cap, True, False), max_ops, level_waves,
-                                     graph, capped, capped_allocs, n_dev,
-                                     few_variants=cap != n_dev)
-        consider((cap,) * len(allocs))
-    if best is not None and len(by_cap) > 1:
+        consider((cap,) * len(allocs), slack=NEAR_BEST)
+        if best is not None and last_ms <= best.iteration_ms * (1 + NEAR_BEST):
+            consider((cap,) * len(allocs), spread=True)
+    if best is None:
+        # nothing fits: spare devices spread a flat MetaOp's memory (and ZeRO shards it)
+        for cap in dict.fromkeys(cap for cap, _ in by_cap):
+            consider((cap,) * len(allocs), spread=True)
+    made_caps = list(dict.fromkeys(cap for cap, _ in by_cap))
+    if best is not None and len(made_caps) > 1:
         # the longest level under the kept bound may do better under another bound while the
         # others keep theirs (long encoders computing on more than an island, the rest inside)
-        caps = best.caps
+        caps, spread = best.caps, best.spread
         longest = max(range(len(allocs)),
-                      key=lambda i: sum(w.duration_ms for w in by_cap[caps[i]][i]))
-        for cap in by_cap:
+                      key=lambda i: sum(w.duration_ms for w in levels(caps[i], spread)[i]))
+        for cap in made_caps:
             if cap != caps[longest]:
-                consider(caps[:longest] + (cap,) + caps[longest + 1:])
+                mixed = caps[:longest] + (cap,) + caps[longest + 1:]
+                consider(mixed, spread=spread)
+                if last_failed:
+                    consider(mixed, spread=not spread)
     if len(allocs) > 1 and simulated:
         consider_fused(bounds[-1])
     if best is not None and simulated:
-        consider_lighter(best.caps, best.fused)
+        consider_lighter(best.caps, best.fused, best.spread)
     if best is not None and simulated and len(graph.tasks) > 1:
         consider_task_stable()
         consider_lanes()
@@ -867,16 +905,21 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
             consider((n_dev,) * len(allocs), planned, fused=True, label=f"{name}'s schedule")
     if best is not None and simulated:
         kept = best
-        consider(kept.caps, kept.planned, fused=kept.fused, home=kept.home,
+        consider(kept.caps, kept.planned, spread=kept.spread, fused=kept.fused, home=kept.home,
                  label=", ".join(x for x in (kept.label, "reserved ranks") if x), reserve=True)
         if options.placement == "island":
-            consider(kept.caps, kept.planned, fused=kept.fused,
+            consider(kept.caps, kept.planned, spread=kept.spread, fused=kept.fused,
                      label=", ".join(x for x in (kept.label, "consecutive ranks") if x),
                      consecutive=True)
     if best is None:
         assert error is not None
         raise error
     return best.plan, best.iteration_ms if simulated else None
+
+
+def _tuples(allocs: list[LevelAllocation]) -> list[tuple[AslTuple, ...]]:
+    """The ASL-tuples of every MetaOp of the levels: what their schedules are made from."""
+    return [o.tuples for a in allocs for o in a.ops]
 
 
 def _assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpec,

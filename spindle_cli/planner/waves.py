@@ -540,8 +540,9 @@ def _extend(admitted: list[_Pending], counts: dict[str, int],
     """Give idle devices to the admitted MetaOps with the most remaining time (at the wave's
     counts, with their other tuples left pending, from `tuples_of`; rule 'remaining', the
     paper's) or the longest tuple in this wave ('scheduled'), one valid step at a time, or
-    to none (rule 'none'); returns the devices still idle. A MetaOp whose next step does not
-    fit never will (free devices only shrink), so it leaves the heap."""
+    to none (rule 'none'); returns the devices still idle. A step goes to the next count that
+    runs faster (a flat curve's embedding on more devices only syncs across more), and a
+    MetaOp whose step does not fit never will (free devices only shrink): it leaves the heap."""
     if rule == "none" or free == 0:
         return free
     rest: dict[str, float] = {}
@@ -560,7 +561,7 @@ def _extend(admitted: list[_Pending], counts: dict[str, int],
     while free > 0 and heap:
         _, m = heapq.heappop(heap)
         cur = counts[m]
-        nxt = curves[m].next_count(cur)
+        nxt = curves[m].faster_count(cur)
         if nxt is not None and nxt - cur <= free:
             counts[m] = nxt
             free -= nxt - cur

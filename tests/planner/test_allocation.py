@@ -17,7 +17,14 @@ from plan_builders import (
 
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import scaling
-from spindle_cli.planner.allocation import n_lin, op_curve, op_time_ms, single_count, split
+from spindle_cli.planner.allocation import (
+    MIN_GAIN,
+    n_lin,
+    op_curve,
+    op_time_ms,
+    single_count,
+    split,
+)
 from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves
 
 C_MS = 100.0
@@ -197,6 +204,33 @@ def test_uneven_splits_do_not_stall_the_allocation_on_flat_counts():
     assert uneven.c_star_ms <= even.c_star_ms * (1 + 1e-9)
     for a in uneven.ops:
         assert {t.n for t in a.tuples} == {8, 16}
+
+
+def flat_and_steep(embed_params: int = 1000, enc: str = "b/enc"):
+    """A level where C* is a flat MetaOp's time (a/embed: 1 ms on any count, 0.008% faster
+    on 8 devices than on 1) and `enc` needs less than one device to finish by then."""
+    g = graph([metaop("a/embed", layers=1, batch=8, params=embed_params),
+               metaop(enc, layers=1, batch=8)])
+    p = profile([alpha_beta_curve("a/embed", 8, 1.0, 1e-5),
+                 alpha_beta_curve(enc, 8, 0.0, 0.1)])
+    return g, p
+
+
+def test_spare_devices_are_not_spent_on_a_flat_curve():
+    g, p = flat_and_steep()
+    curves = op_curves(g, p, 8)
+    [fewest] = allocate(g, curves, 8)
+    [spread] = allocate(g, curves, 8, spread=True)
+    assert fewest.c_star_ms == spread.c_star_ms < curves["a/embed"].time_at(1)
+    embed, enc = fewest.ops
+    # one device finishes within MIN_GAIN of C*: the level's 7 spare devices stay idle
+    assert [(t.n, t.num_ops) for t in embed.tuples] == [(1, 1)]
+    assert curves["a/embed"].time_at(1) <= fewest.c_star_ms * (1 + MIN_GAIN)
+    # the relaxed optimum itself gives them to the flat MetaOp (sum n* = N), as asked
+    assert sum(a.n_star for a in spread.ops) == pytest.approx(8.0, rel=1e-6)
+    assert all(t.n >= 4 for t in spread.ops[0].tuples)
+    # a MetaOp that needs its devices gets the same either way
+    assert spread.ops[1] == enc and enc.n_star < 1
 
 
 def test_tensor_parallel_counts_must_be_multiples_of_the_degree():

@@ -95,6 +95,20 @@ def test_extension_gives_idle_devices_to_the_longest_remaining_work():
     assert sum(s.num_ops for w in waves for s in w.slots if s.metaop == "a/big") == 8
 
 
+def test_extension_spends_no_devices_on_a_flat_curve():
+    # b/small's curve is flat (0.01% faster on 8 devices than on 2): in the same level the
+    # devices a/big cannot use stay idle instead of syncing b/small's gradients over 6 ranks
+    curves, alloc = big_and_small()
+    flat = profile([alpha_beta_curve("a/big", 8, 0.0, 1.0),
+                    alpha_beta_curve("b/small", 8, 1.0, 1e-5)])
+    g = graph([metaop("a/big", layers=8, batch=8), metaop("b/small", layers=1, batch=8)])
+    curves = op_curves(g, flat, 8)
+    assert curves["b/small"].faster_count(2) is None
+    assert curves["a/big"].faster_count(2) == 4
+    waves = schedule_level(alloc, curves, 8, {"a/big": (), "b/small": ()}, set())
+    assert {s.metaop: s.n for s in waves[0].slots} == {"a/big": 4, "b/small": 2}
+
+
 def test_without_extension_idle_devices_stay_idle():
     curves, alloc = big_and_small()
     waves = schedule_level(alloc, curves, 8, {"a/big": (), "b/small": ()}, set(),
