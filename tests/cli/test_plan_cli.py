@@ -385,6 +385,18 @@ def test_explain_gives_one_tuple_when_n_star_is_a_valid_count():
         r.output
 
 
+def test_explain_gives_both_n_star_of_a_flat_metaop_at_the_levels_c_star():
+    # level 0's C* is the text embedding's time, which more devices barely shorten: the
+    # relaxed optimum gives it the level's spare devices, the allocator the one that suffices
+    r = invoke("explain", str(REPO / "plans" / "multitask-clip-4-a800-2x8.yaml"),
+               "task1_text_audio/text_embed")
+    assert r.exit_code == 0, r.output
+    assert "n* = 1.000 (a valid count)" in r.output
+    said = next(ln for ln in r.output.splitlines() if "the relaxed optimum (sum n* = N)" in ln)
+    assert float(said.split("gives it ")[1].split()[0]) > 1
+    assert "on 1 it already ends within 0.1% of C*" in said
+
+
 @pytest.mark.parametrize("uneven", [False, True])
 def test_explain_says_which_counts_do_not_divide_the_batch(case, uneven):
     # t1/img's batch of 6 on counts 1, 2, 4: 4 devices cannot split it evenly
