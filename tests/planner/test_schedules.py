@@ -66,22 +66,34 @@ def test_every_memory_setting_gets_the_plan_it_gets_alone():
     assert any(limits[0](m.id, n) != limits[1](m.id, n)
                for m in g.metaops for n in curves[m.id].counts[1:])
     shared: dict[bool, Schedules] = {}
-    fitted = 0
+    fitted = []
     for zero, recompute in memory_ladder():
         options = PlanOptions(zero=zero, recompute=recompute)
         schedules = shared.setdefault(recompute, Schedules(g, p, c, options))
         try:
-            alone = make_plan(g, p, c, options=options)
+            alone = make_plan_with_cost(g, p, c, options=options)
         except PlanInfeasible:
             with pytest.raises(PlanInfeasible):
                 make_plan_with_cost(g, p, c, options=options, schedules=schedules)
             continue
         plan, iteration_ms = make_plan_with_cost(g, p, c, options=options,
                                                  schedules=schedules)
-        assert plan == alone
+        assert (plan, iteration_ms) == alone
         assert iteration_ms == simulated_cost(plan, g, p, c).iteration_ms
-        fitted += 1
-    assert 1 < fitted < len(memory_ladder())
+        fitted.append(alone)
+    assert 1 < len(fitted) < len(memory_ladder())
+    # the search simulates a later setting's candidates only up to a margin above the best
+    # plan so far (`api.SEED_MARGIN`), and still keeps the fastest of the plans made alone
+    assert fitting_plan_with_cost(g, p, c) == min(fitted, key=lambda x: x[1])
+
+
+def test_no_candidate_is_simulated_beyond_the_callers_iteration():
+    g, p, c = _tiny()
+    plan, iteration_ms = make_plan_with_cost(g, p, c)
+    # nothing beats half of it: the iteration returned is only where the simulations stopped
+    _, bound = make_plan_with_cost(g, p, c, give_up_ms=iteration_ms / 2)
+    assert iteration_ms / 2 <= bound != iteration_ms
+    assert make_plan_with_cost(g, p, c, give_up_ms=iteration_ms * 2) == (plan, iteration_ms)
 
 
 def test_the_search_keeps_the_fastest_settings_plan():
