@@ -74,7 +74,10 @@ def explain(plan_path: str, metaop_id: str) -> None:
                   "device(s), where the profile has no point this MetaOp can use (out of "
                   "memory, a tensor-parallel degree that does not fit, or slower than fewer "
                   "devices)")
-    [level] = [a for a in allocate(graph, curves, plan.num_devices) if a.level == m.level]
+    # a plan kept from the allocation that spreads spare devices is explained by it
+    spread = "spare devices spread" in plan.candidate
+    [level] = [a for a in allocate(graph, curves, plan.num_devices, spread=spread)
+               if a.level == m.level]
     a = next(x for x in level.ops if x.metaop == m.id)
     c_star = level.lower_bound_ms
     between = ("a valid count" if a.n_lo == a.n_hi else
@@ -88,13 +91,17 @@ def explain(plan_path: str, metaop_id: str) -> None:
                   "speedup curves, as plan, show and simulate count it); n* = "
                   f"{a.n_star:.3f} where every MetaOp ends at {level.c_star_ms:.3f} ms on the "
                   f"curves themselves ({between})")
-    [spread] = [x for lvl in allocate(graph, curves, plan.num_devices, spread=True)
-                if lvl.level == m.level for x in lvl.ops if x.metaop == m.id]
-    if not math.isclose(spread.n_star, a.n_star, rel_tol=1e-9):
-        out.print(f"the relaxed optimum (sum n* = N) gives it {spread.n_star:.3f} devices, the "
-                  f"level's spare ones with them; on {a.n_star:.0f} it already ends within "
-                  f"{MIN_GAIN:.1%} of C*, so Spindle allocates that (and plans the spread "
-                  "allocation too)")
+    [other] = [x for lvl in allocate(graph, curves, plan.num_devices, spread=not spread)
+               if lvl.level == m.level for x in lvl.ops if x.metaop == m.id]
+    if not math.isclose(other.n_star, a.n_star, rel_tol=1e-9):
+        fewest, spare = (other, a) if spread else (a, other)
+        said = (f"the relaxed optimum (sum n* = N) gives it {spare.n_star:.3f} devices, the "
+                f"level's spare ones with them; on {fewest.n_star:.0f} it already ends within "
+                f"{MIN_GAIN:.1%} of C*")
+        out.print(f"{said}: this plan was made from the relaxed optimum's allocation, spare "
+                  "devices spread (Spindle allocates the fewest first)" if spread else
+                  f"{said}, so Spindle allocates that (and the spread allocation where the "
+                  "plan without it simulates within 2% of the best, or does not fit)")
     if a.n_lo == a.n_hi:
         lo = " (n* is a valid count: one tuple)"
     else:

@@ -4,8 +4,11 @@ Every MetaOp m of a level gets the continuous device count n*_m at which all Met
 together at C*, with sum n*_m = N (Theorem 1, eqs. 8-9). C* is found by bisection on the
 speedup curve linearly interpolated between *valid* device counts (the public code's `n_lin`
 form), which makes the two-point split below conserve the level's device-time area N * C*
-exactly. Each n*_m is then replaced by two ASL-tuples on the nearest valid counts
-n_lo <= n* <= n_hi (n_lo = 0 is a dummy), split in time as
+exactly. Where C* is the time of a MetaOp that more devices barely speed up, the devices the
+others leave over would all go to it; it gets the fewest that finish by C* instead, and the
+area is then not all used (`allocate_level`; `spread=True` keeps the paper's). Each n*_m is
+then replaced by two ASL-tuples on the nearest valid counts n_lo <= n* <= n_hi (n_lo = 0 is
+a dummy), split in time as
     t_hi = (n* - n_lo) / (n_hi - n_lo) * C*,  t_lo = C* - t_hi,
     l_hi = t_hi / T(n_hi),                    l_lo = t_lo / T(n_lo),
 and the operator counts are rounded to integers that still sum to L_m.

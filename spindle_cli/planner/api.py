@@ -488,7 +488,8 @@ may beat that plan; one simulated only up to that plan seeds them from a mere lo
 
 NEAR_BEST = 0.02
 """A task-stable schedule of the balanced group sizes within this share of the best plan's
-simulated iteration has its neighbours tried (`make_plan`'s `consider_task_stable`)."""
+simulated iteration has its neighbours tried (`make_plan`'s `consider_task_stable`), and a
+device bound's plan within it is planned again from the spread allocation."""
 
 SIMULATED_CHOICE_MAX_DEVICES = 1024
 """Largest cluster on which Spindle chooses among device bounds by simulation (a 4096-device,
@@ -796,7 +797,7 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         re-splits them once). Each computes slower and may simulate faster."""
         for extend, one_count in ((False, False), (True, True)):
             label = "one count per MetaOp" if one_count else "no extension"
-            levels: dict[int, list[list[PlannedWave]]] = {}
+            rebuilt: dict[int, list[list[PlannedWave]]] = {}
             for cap in sorted(set(caps)):
                 capped, capped_allocs = schedules.capped(cap, spread)
                 if one_count:
@@ -807,13 +808,13 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                         graph, capped, capped_allocs, n_dev, extend=extend),
                         spread=spread, fused=True, label=label)
                 else:
-                    levels[cap] = schedules.made(
+                    rebuilt[cap] = schedules.made(
                         ("levels", cap, extend, one_count, spread), max_ops, level_waves,
                         graph, capped, capped_allocs, n_dev, few_variants=cap != n_dev,
                         extend=extend)
             if not fused:
-                consider(caps, [w for level, cap in enumerate(caps) for w in levels[cap][level]],
-                         spread=spread, label=label)
+                consider(caps, [w for level, cap in enumerate(caps)
+                                for w in rebuilt[cap][level]], spread=spread, label=label)
 
     def consider_task_stable() -> None:
         """Each task on one device group through all its levels (`tasks.task_stable`), the
@@ -887,7 +888,7 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
             # its compute alone (>= its C*) would outlast the best plan's whole iteration
             continue
         consider((cap,) * len(allocs), slack=NEAR_BEST)
-        if best is not None and last_ms <= best.iteration_ms * (1 + NEAR_BEST):
+        if best is not None and (last_failed or last_ms <= best.iteration_ms * (1 + NEAR_BEST)):
             consider((cap,) * len(allocs), spread=True)
     if best is None:
         # nothing fits: spare devices spread a flat MetaOp's memory (and ZeRO shards it)

@@ -385,16 +385,25 @@ def test_explain_gives_one_tuple_when_n_star_is_a_valid_count():
         r.output
 
 
-def test_explain_gives_both_n_star_of_a_flat_metaop_at_the_levels_c_star():
+@pytest.mark.parametrize(("name", "metaop", "spread"), [
+    ("qwen-val-a800-8x8", "vision_language/text_embed", False),
+    ("multitask-clip-4-a800-2x8", "task1_text_audio/text_embed", True),
+])
+def test_explain_gives_both_n_star_of_a_flat_metaop_at_the_levels_c_star(name, metaop, spread):
     # level 0's C* is the text embedding's time, which more devices barely shorten: the
-    # relaxed optimum gives it the level's spare devices, the allocator the one that suffices
-    r = invoke("explain", str(REPO / "plans" / "multitask-clip-4-a800-2x8.yaml"),
-               "task1_text_audio/text_embed")
+    # relaxed optimum gives it the level's spare devices, the allocator the one that suffices;
+    # a plan kept from the spread allocation is explained by that one
+    plan = REPO / "plans" / f"{name}.yaml"
+    assert ("spare devices spread" in load(str(plan), Plan).candidate) == spread
+    r = invoke("explain", str(plan), metaop)
     assert r.exit_code == 0, r.output
-    assert "n* = 1.000 (a valid count)" in r.output
     said = next(ln for ln in r.output.splitlines() if "the relaxed optimum (sum n* = N)" in ln)
-    assert float(said.split("gives it ")[1].split()[0]) > 1
-    assert "on 1 it already ends within 0.1% of C*" in said
+    spare = float(said.split("gives it ")[1].split()[0])
+    assert spare > 1 and "on 1 it already ends within 0.1% of C*" in said
+    star = next(ln for ln in r.output.splitlines() if "n* = " in ln and "level 0" in ln)
+    assert float(star.split("n* = ")[1].split()[0]) == pytest.approx(spare if spread else 1.0,
+                                                                     abs=1e-3)
+    assert ("this plan was made from the relaxed optimum's allocation" in said) == spread
 
 
 @pytest.mark.parametrize("uneven", [False, True])

@@ -98,7 +98,7 @@ def test_extension_gives_idle_devices_to_the_longest_remaining_work():
 def test_extension_spends_no_devices_on_a_flat_curve():
     # b/small's curve is flat (0.01% faster on 8 devices than on 2): in the same level the
     # devices a/big cannot use stay idle instead of syncing b/small's gradients over 6 ranks
-    curves, alloc = big_and_small()
+    _, alloc = big_and_small()
     flat = profile([alpha_beta_curve("a/big", 8, 0.0, 1.0),
                     alpha_beta_curve("b/small", 8, 1.0, 1e-5)])
     g = graph([metaop("a/big", layers=8, batch=8), metaop("b/small", layers=1, batch=8)])
