@@ -701,7 +701,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     bounds = device_caps(cluster)
     simulated = n_dev <= SIMULATED_CHOICE_MAX_DEVICES
 
-    tried: set[tuple[tuple[PlannedWave, ...], bool, bool]] = set()
+    tried: dict[tuple[tuple[PlannedWave, ...], bool, bool, bool], bool] = {}
+    """The candidates `consider` assembled, and whether each did not fit."""
     # candidates that begin with the same waves place them alike (`placement.PlacedWaves`)
     placements = PlacedWaves(graph, cluster)
 
@@ -741,10 +742,12 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         # bounds that change nothing give the same waves, hence (placed alike) the same plan
         # and iteration; and a plan whose waves alone outlast the best iteration cannot beat it
         key = (tuple(planned), home is not None, reserve, consecutive)
-        if key in tried or (
-                best is not None and sum(w.duration_ms for w in planned) >= best.iteration_ms):
+        if key in tried:
+            last_failed = tried[key]  # as it did before: other bounds, the same waves
             return False
-        tried.add(key)
+        if best is not None and sum(w.duration_ms for w in planned) >= best.iteration_ms:
+            return False
+        tried[key] = False
         bounds_text = "/".join(map(str, caps)) if len(set(caps)) > 1 else str(caps[0])
         candidate = ", ".join(x for x in ("fused" if fused else "level by level",
                                           f"device bound {bounds_text}",
@@ -754,7 +757,7 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                              reserve=reserve, consecutive=consecutive, candidate=candidate,
                              placements=placements)
         except PlanInfeasible as e:
-            error, last_failed = error or e, True
+            error, last_failed, tried[key] = error or e, True, True
             return False
         if reserve and best is not None and plan.waves == best.plan.waves:
             return False  # nothing was reserved: the kept plan again

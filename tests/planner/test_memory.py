@@ -14,6 +14,7 @@ from test_allocation import flat_and_steep
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load
 from spindle_cli.artifacts.profile import OptimizerCost
 from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner import api
 from spindle_cli.planner.api import (
     PLANNERS,
     PlanOptions,
@@ -197,6 +198,39 @@ def test_a_flat_module_too_big_for_one_device_gets_spare_devices():
     plan = make_plan(g, p, c, options=PlanOptions(zero=1))
     assert min(len(s.ranks) for _, s in plan.slices() if s.metaop == "a/embed") >= 2
     assert all(m.total_bytes <= c.device.memory_bytes for m in plan.memory)
+
+
+def test_a_mixed_bound_candidate_that_does_not_fit_is_tried_spread(monkeypatch):
+    # the embedding (flat, 0.5 B parameters: 7.5 GiB of state on its one device under ZeRO-1)
+    # fits beside a/big's layers while a/big stays inside a node (bound 4), not when a/big
+    # spans both nodes (bound 8: the first candidate, out of memory). The kept bound 4 with
+    # a/big's level under bound 8 has the same waves as that first candidate, so it is not
+    # assembled again; it is retried from the spread allocation, where ZeRO-1 shards the
+    # embedding's optimizer state over the spare devices, and that fits
+    assembled: list[tuple[str, bool]] = []
+    assemble = api._assemble
+
+    def recorded(*args, **kwargs):
+        try:
+            plan = assemble(*args, **kwargs)
+        except PlanInfeasible:
+            assembled.append((kwargs["candidate"], False))
+            raise
+        assembled.append((kwargs["candidate"], True))
+        return plan
+
+    monkeypatch.setattr(api, "_assemble", recorded)
+    g = graph([metaop("a/embed", layers=1, batch=8, params=5 * 10**8),
+               metaop("a/enc", layers=1, batch=8),
+               metaop("a/big", level=1, layers=16, batch=8, preds=("a/embed", "a/enc"),
+                      params=5 * 10**7)])
+    p = profile([alpha_beta_curve("a/embed", 8, 1.0, 1e-5),
+                 alpha_beta_curve("a/enc", 8, 0.0, 0.1), alpha_beta_curve("a/big", 8, 0.0, 1.0)])
+    c = cluster(num_nodes=2, per_node=4, memory_bytes=10 * GIB)
+    api.make_plan(g, p, c, options=PlanOptions(zero=1))
+    assert assembled[:2] == [("level by level, device bound 8", False),
+                             ("level by level, device bound 4", True)]
+    assert ("level by level, device bound 4/8, spare devices spread", True) in assembled
 
 
 QWEN = [("qwen-val", "qwen-val-a800-8x8", "a800-4x8", planner) for planner in PLANNERS] + [
