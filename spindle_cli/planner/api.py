@@ -728,20 +728,21 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     def consider(caps: tuple[int, ...], planned: list[PlannedWave] | None = None, *,
                  spread: bool = False, fused: bool = False,
                  home: dict[str, Ranks] | None = None, label: str = "", slack: float = 0.0,
-                 reserve: bool = False, consecutive: bool = False) -> bool:
+                 reserve: Plan | None = None, consecutive: bool = False) -> bool:
         """Assemble and simulate a candidate (its levels' schedules under `caps` with
-        `spread` allocations unless `planned`; placed with `home`, and with `reserve`: ranks
-        reserved for their rows, `placement.place`, or with `consecutive`: on consecutive
-        ranks; `label`: what it is, after its device bounds, in Plan.candidate; simulated
-        until it is `slack` above the best, so `last_ms` tells how close it came); whether it
-        is now the best."""
+        `spread` allocations unless `planned`; placed with `home`, and with `reserve`: the
+        plan these waves were placed as, placed again with ranks reserved for their rows,
+        `placement.place`, skipped where that changes nothing, or with `consecutive`: on
+        consecutive ranks; `label`: what it is, after its device bounds, in Plan.candidate;
+        simulated until it is `slack` above the best, so `last_ms` tells how close it came);
+        whether it is now the best."""
         nonlocal best, error, last_ms, last_failed
         last_ms, last_failed = math.inf, False
         if planned is None:
             planned = [w for level, cap in enumerate(caps) for w in levels(cap, spread)[level]]
         # bounds that change nothing give the same waves, hence (placed alike) the same plan
         # and iteration; and a plan whose waves alone outlast the best iteration cannot beat it
-        key = (tuple(planned), home is not None, reserve, consecutive)
+        key = (tuple(planned), home is not None, reserve is not None, consecutive)
         if key in tried:
             last_failed = tried[key]  # as it did before: other bounds, the same waves
             return False
@@ -754,13 +755,13 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                                           "spare devices spread" if spread else "", label) if x)
         try:
             plan = _assemble(graph, curves, cluster, options, inputs, allocs, planned, home,
-                             reserve=reserve, consecutive=consecutive, candidate=candidate,
-                             placements=placements)
+                             reserve=reserve is not None, consecutive=consecutive,
+                             candidate=candidate, placements=placements)
         except PlanInfeasible as e:
             error, last_failed, tried[key] = error or e, True, True
             return False
-        if reserve and best is not None and plan.waves == best.plan.waves:
-            return False  # nothing was reserved: the kept plan again
+        if reserve is not None and plan.waves == reserve.waves:
+            return False  # nothing was reserved: that plan again
         # above SIMULATED_CHOICE_MAX_DEVICES one simulation would take longer than the
         # planning target: the first candidate is the plan
         cost = (simulated_cost(plan, graph, profile, cluster, give_up_ms=min(
@@ -929,7 +930,7 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         assert own is not None
         for kept in (best,) if best is own else (best, own):
             consider(kept.caps, kept.planned, spread=kept.spread, fused=kept.fused,
-                     home=kept.home, reserve=True,
+                     home=kept.home, reserve=kept.plan,
                      label=", ".join(x for x in (kept.label, "reserved ranks") if x))
             if options.placement == "island":
                 consider(kept.caps, kept.planned, spread=kept.spread, fused=kept.fused,
