@@ -153,6 +153,7 @@ bench: install
 	$(SPINDLE) bench --dynamic --out docs/bench
 	$(PYTHON) benchmarks/bench_profile.py
 	$(PYTHON) benchmarks/bench_planner.py
+	$(PYTHON) benchmarks/bench_sweep.py
 	$(PYTHON) benchmarks/bench_simulator.py
 	$(PYTHON) benchmarks/bench_runtime.py
 
