@@ -915,6 +915,12 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         consider_fused(bounds[-1])
     if best is not None and simulated:
         consider_lighter(best.caps, best.fused, best.spread)
+    if best is not None and simulated and 1 <= options.zero <= 2:
+        kept = best
+        split = _split_first_long_wave(kept.planned)
+        if split is not None:
+            consider(kept.caps, split, spread=kept.spread, fused=kept.fused, home=kept.home,
+                     label=", ".join(x for x in (kept.label, "first wave split") if x))
     if best is not None and simulated and len(graph.tasks) > 1:
         consider_task_stable()
         consider_lanes()
@@ -940,6 +946,32 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         assert error is not None
         raise error
     return best.plan, best.iteration_ms if simulated else None
+
+
+SPLIT_SHARE = 0.1
+
+
+def _split_first_long_wave(planned: list[PlannedWave]) -> list[PlannedWave] | None:
+    """The waves with the first one that takes SPLIT_SHARE of the compute or more split in
+    two: a short wave of each slot's first operators up to SPLIT_SHARE of its span, then the
+    rest (None when that leaves either empty)."""
+    total = sum(w.duration_ms for w in planned)
+    i = next((i for i, w in enumerate(planned) if w.duration_ms >= SPLIT_SHARE * total), None)
+    if i is None:
+        return None
+    wave = planned[i]
+    span = SPLIT_SHARE * wave.duration_ms
+    first, rest = [], []
+    for s in wave.slots:
+        k = min(s.num_ops, int(span // s.op_time_ms)) if s.op_time_ms > 0 else s.num_ops
+        if k:
+            first.append(replace(s, num_ops=k))
+        if s.num_ops > k:
+            rest.append(replace(s, num_ops=s.num_ops - k))
+    if not first or not rest:
+        return None
+    return [*planned[:i], PlannedWave(level=wave.level, slots=tuple(first)),
+            PlannedWave(level=wave.level, slots=tuple(rest)), *planned[i + 1:]]
 
 
 def _tuples(allocs: list[LevelAllocation]) -> list[tuple[AslTuple, ...]]:
