@@ -657,7 +657,10 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     faster than its level-by-level schedule, then the kept plan rebuilt to move fewer rows
     between ranks (`consider_lighter`: no extension, or one device count per MetaOp; in the
     bench before the ZeRO all-gather was simulated, multitask-clip 4 tasks on 32 devices:
-    49.5 ms instead of 53.1, qwen-val on 64: 813.0 instead of 862.5), then each task on one
+    49.5 ms instead of 53.1, qwen-val on 64: 813.0 instead of 862.5), under ZeRO-1/2 the kept
+    plan with its first long wave split in two (`_split_first_long_wave`: a short wave waits
+    for fewer of the previous step's all-gathers; qwen-val on 32 GPUs 826.2 ms instead of
+    841.9), then each task on one
     device group through all its levels (`consider_task_stable`), then, where tasks
     outnumber the groups, tasks one after another on lanes of equal groups
     (`consider_lanes`), then the three baselines' schedules, so that Spindle never simulates
