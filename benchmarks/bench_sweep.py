@@ -15,37 +15,32 @@ from __future__ import annotations
 import argparse
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.artifacts.io import as_written
-from spindle_cli.cli.profile import default_counts
+from spindle_cli.cli.plan import plan_settings
 from spindle_cli.errors import SpindleError
-from spindle_cli.planner.api import PlanOptions, fitting_plan_with_cost, memory_ladder
+from spindle_cli.planner.api import fitting_plan_with_cost
+from spindle_cli.planner.bench import profile_for
 from spindle_cli.planner.graph import build_graph
-from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import simulate
-from spindle_cli.runtime.program import EXECUTABLE_ZERO_STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = REPO / "benchmarks" / "sweep"
 PLANNERS = ("spindle", "sequential", "optimus", "distmm")
 
 
-def options_of(extra: list[str]) -> tuple[PlanOptions, tuple[tuple[int, bool], ...]]:
-    """The PlanOptions and memory ladder `spindle plan` makes of these flags."""
+def flags(extra: list[str]) -> dict[str, Any]:
+    """`plan_settings`' arguments from a case's `spindle plan` flags."""
     def value(flag: str, default: str) -> str:
         return extra[extra.index(flag) + 1] if flag in extra else default
 
-    options = PlanOptions(placement=value("--placement", "island"),
-                          uneven_splits="--uneven-splits" in extra,
-                          tensor_parallel="--no-tensor-parallel" not in extra
-                          and "--runnable" not in extra)
-    ladder = memory_ladder(value("--memory", "auto"), value("--recompute", "auto"))
-    if "--runnable" in extra:
-        ladder = tuple((z, r) for z, r in ladder if z in EXECUTABLE_ZERO_STAGES)
-    return options, ladder
+    return {"placement": value("--placement", "island"), "memory": value("--memory", "auto"),
+            "recompute": value("--recompute", "auto"),
+            "uneven_splits": "--uneven-splits" in extra, "runnable": "--runnable" in extra,
+            "tensor_parallel": "--no-tensor-parallel" not in extra}
 
 
 def run_case(case: list[str]) -> tuple[str, dict[str, tuple[float | None, float, str]]]:
@@ -59,15 +54,13 @@ def run_case(case: list[str]) -> tuple[str, dict[str, tuple[float | None, float,
     chosen = (None if tasks == "all" else list(model.task_sets[tasks[4:]])
               if tasks.startswith("set:") else tasks.split(","))
     graph = as_written(build_graph(model, tasks=chosen))
-    profile = as_written(analytic_profile(graph, cluster, hardware="a800",
-                                          counts=default_counts(cluster)))
-    options, ladder = options_of(extra.split())
+    profile = profile_for(graph, cluster)
     results = {}
     for planner in PLANNERS:
         start = time.perf_counter()
         try:
-            plan, _ = fitting_plan_with_cost(graph, profile, cluster,
-                                             options=replace(options, planner=planner),
+            options, ladder = plan_settings(planner=planner, **flags(extra.split()))
+            plan, _ = fitting_plan_with_cost(graph, profile, cluster, options=options,
                                              ladder=ladder)
         except SpindleError as e:
             results[planner] = (None, 0.0, type(e).__name__)

@@ -33,7 +33,7 @@ def explain(plan_path: str, metaop_id: str) -> None:
     """Explain the allocation and the waves of one MetaOp of PLAN."""
     from spindle_cli.planner import scaling
     from spindle_cli.planner.allocation import MIN_GAIN
-    from spindle_cli.planner.api import PlanOptions, allocate, options_curves
+    from spindle_cli.planner.api import NEAR_BEST, PlanOptions, allocate, options_curves
     from spindle_cli.planner.exact import exact_packing_ms
 
     plan = load_input(plan_path, Plan)
@@ -101,7 +101,8 @@ def explain(plan_path: str, metaop_id: str) -> None:
         out.print(f"{said}: this plan was made from the relaxed optimum's allocation, spare "
                   "devices spread (Spindle allocates the fewest first)" if spread else
                   f"{said}, so Spindle allocates that (and the spread allocation where the "
-                  "plan without it simulates within 2% of the best, or does not fit)")
+                  f"plan without it simulates within {NEAR_BEST:.0%} of the best, or does not "
+                  "fit)")
     if a.n_lo == a.n_hi:
         lo = " (n* is a valid count: one tuple)"
     else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, input_ref
@@ -16,6 +18,9 @@ from spindle_cli.cli.common import (
     recorded,
 )
 from spindle_cli.errors import ArtifactError, SpindleError
+
+if TYPE_CHECKING:
+    from spindle_cli.planner.api import PlanOptions
 
 
 @click.command()
@@ -54,29 +59,21 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
          uneven_splits: bool, memory: str, recompute: str, tensor_parallel: bool,
          runnable: bool, allow_device_mismatch: bool, output: str, check: bool) -> None:
     """Plan the waves of GRAPH on a cluster using PROFILE's scaling curves."""
-    from spindle_cli.planner.api import PlanOptions, fitting_plan_with_cost, memory_ladder
+    from spindle_cli.planner.api import fitting_plan_with_cost
     from spindle_cli.planner.consistency import check_profile
-    from spindle_cli.runtime.program import EXECUTABLE_ZERO_STAGES, PlanError, check_executable
+    from spindle_cli.runtime.program import PlanError, check_executable
 
-    ladder = memory_ladder(memory, recompute)
-    if runnable:
-        if memory == "zero3":
-            raise SpindleError("--runnable and --memory zero3 contradict each other: `spindle "
-                               "run` trains ZeRO-1 and -2 only")
-        given = click.get_current_context().get_parameter_source("tensor_parallel")
-        if tensor_parallel and given == click.core.ParameterSource.COMMANDLINE:
-            raise SpindleError("--runnable and --tensor-parallel contradict each other: "
-                               "`spindle run` trains data-parallel slices only")
-        tensor_parallel = False
-        ladder = tuple((z, r) for z, r in ladder if z in EXECUTABLE_ZERO_STAGES)
+    given = click.get_current_context().get_parameter_source("tensor_parallel")
+    options, ladder = plan_settings(
+        planner=planner, placement=placement, uneven_splits=uneven_splits, memory=memory,
+        recompute=recompute, tensor_parallel=tensor_parallel, runnable=runnable,
+        tensor_parallel_given=given == click.core.ParameterSource.COMMANDLINE)
     check_output(output, check=check, inputs=(graph_path, profile_path, cluster_path))
     graph = load_input(graph_path, MetaOpGraph)
     profile = load_input(profile_path, Profile)
     cluster = load_input(cluster_path, ClusterSpec)
     check_device(profile, profile_path, cluster, cluster_path, allow=allow_device_mismatch)
     check_profile(graph, profile, profile_path)
-    options = PlanOptions(planner=planner, placement=placement, uneven_splits=uneven_splits,
-                          tensor_parallel=tensor_parallel)
     inputs = (input_ref(graph, recorded(graph_path, output)),
               input_ref(profile, recorded(profile_path, output)),
               input_ref(cluster, recorded(cluster_path, output)))
@@ -95,6 +92,30 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
         except PlanError as e:
             err.print(f"note: `spindle run` cannot train this plan: {e}; {e.hint}", soft_wrap=True)
     exit_with(emit(result, output, check=check))
+
+
+def plan_settings(*, planner: str = "spindle", placement: str = "island",
+                  uneven_splits: bool = False, memory: str = "auto", recompute: str = "auto",
+                  tensor_parallel: bool = True, runnable: bool = False,
+                  tensor_parallel_given: bool = False,
+                  ) -> tuple[PlanOptions, tuple[tuple[int, bool], ...]]:
+    """The planner options and memory ladder `spindle plan` plans with, from its flags;
+    SpindleError where --runnable contradicts --memory zero3 or a --tensor-parallel given."""
+    from spindle_cli.planner.api import PlanOptions, memory_ladder
+    from spindle_cli.runtime.program import EXECUTABLE_ZERO_STAGES
+
+    ladder = memory_ladder(memory, recompute)
+    if runnable:
+        if memory == "zero3":
+            raise SpindleError("--runnable and --memory zero3 contradict each other: `spindle "
+                               "run` trains ZeRO-1 and -2 only")
+        if tensor_parallel and tensor_parallel_given:
+            raise SpindleError("--runnable and --tensor-parallel contradict each other: "
+                               "`spindle run` trains data-parallel slices only")
+        tensor_parallel = False
+        ladder = tuple((z, r) for z, r in ladder if z in EXECUTABLE_ZERO_STAGES)
+    return PlanOptions(planner=planner, placement=placement, uneven_splits=uneven_splits,
+                       tensor_parallel=tensor_parallel), ladder
 
 
 def check_device(profile: Profile, profile_path: str, cluster: ClusterSpec, cluster_path: str,

@@ -897,11 +897,11 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         consider((cap,) * len(allocs), slack=NEAR_BEST)
         if best is not None and (last_failed or last_ms <= best.iteration_ms * (1 + NEAR_BEST)):
             consider((cap,) * len(allocs), spread=True)
+    made_caps = list(dict.fromkeys(cap for cap, _ in by_cap))
     if best is None:
         # nothing fits: spare devices spread a flat MetaOp's memory (and ZeRO shards it)
-        for cap in dict.fromkeys(cap for cap, _ in by_cap):
+        for cap in made_caps:
             consider((cap,) * len(allocs), spread=True)
-    made_caps = list(dict.fromkeys(cap for cap, _ in by_cap))
     if best is not None and len(made_caps) > 1:
         # the longest level under the kept bound may do better under another bound while the
         # others keep theirs (long encoders computing on more than an island, the rest inside)
@@ -923,7 +923,7 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         split = _split_first_long_wave(kept.planned)
         if split is not None:
             consider(kept.caps, split, spread=kept.spread, fused=kept.fused, home=kept.home,
-                     label=", ".join(x for x in (kept.label, "first wave split") if x))
+                     label=_labelled(kept.label, "first wave split"))
     if best is not None and simulated and len(graph.tasks) > 1:
         consider_task_stable()
         consider_lanes()
@@ -940,11 +940,10 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         for kept in (best,) if best is own else (best, own):
             consider(kept.caps, kept.planned, spread=kept.spread, fused=kept.fused,
                      home=kept.home, reserve=kept.plan,
-                     label=", ".join(x for x in (kept.label, "reserved ranks") if x))
+                     label=_labelled(kept.label, "reserved ranks"))
             if options.placement == "island":
                 consider(kept.caps, kept.planned, spread=kept.spread, fused=kept.fused,
-                         label=", ".join(x for x in (kept.label, "consecutive ranks") if x),
-                         consecutive=True)
+                         label=_labelled(kept.label, "consecutive ranks"), consecutive=True)
     if best is None:
         assert error is not None
         raise error
@@ -952,6 +951,13 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
 
 
 SPLIT_SHARE = 0.1
+"""The share of the compute from which a wave is long (`_split_first_long_wave`), and of its
+span that the short wave split off it takes."""
+
+
+def _labelled(label: str, more: str) -> str:
+    """A kept candidate's label with what was done to it added."""
+    return f"{label}, {more}" if label else more
 
 
 def _split_first_long_wave(planned: list[PlannedWave]) -> list[PlannedWave] | None:

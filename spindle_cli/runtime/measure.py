@@ -97,24 +97,17 @@ def local_target(*, cpu_threads: int = 1) -> Target:
     """CUDA device 0 when present, else the CPU, in fp32: what `spindle run` trains in (it has
     no bf16), so that a plan from the profile times and sizes what runs. On the CPU with
     `cpu_threads` intra-op threads (this sets torch's process-wide thread count). One thread
-    by default: a CPU rank of the
-    `local-cpu` cluster is one process per core, and an OpenMP pool that spins on a core shared
-    with another process makes small-op timings swing by 50x."""
+    by default: a CPU rank of the `local-cpu` cluster is one process per core, and an OpenMP
+    pool that spins on a core shared with another process makes small-op timings swing by
+    50x."""
     if torch.cuda.is_available():
-        dev = torch.device("cuda", 0)
-        return Target(
-            device=dev,
-            device_name=torch.cuda.get_device_name(dev),
-            dtype=torch.float32,
-            dtype_name="fp32",
-        )
-    torch.set_num_threads(cpu_threads)
-    return Target(
-        device=torch.device("cpu"),
-        device_name=f"cpu ({cpu_threads} thread{'' if cpu_threads == 1 else 's'})",
-        dtype=torch.float32,
-        dtype_name="fp32",
-    )
+        device = torch.device("cuda", 0)
+        name = torch.cuda.get_device_name(device)
+    else:
+        torch.set_num_threads(cpu_threads)
+        device = torch.device("cpu")
+        name = f"cpu ({cpu_threads} thread{'' if cpu_threads == 1 else 's'})"
+    return Target(device=device, device_name=name, dtype=torch.float32, dtype_name="fp32")
 
 
 class ShardedTransformerLayer(nn.Module):

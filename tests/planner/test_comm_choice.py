@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
-from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Profile, load
+from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
+from spindle_cli.artifacts.io import as_written
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api
+from spindle_cli.planner.bench import profile_for
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import simulate
@@ -152,11 +154,13 @@ def test_spindle_places_its_own_schedule_again_when_a_baseline_schedule_wins():
     """A baseline's schedule that simulates faster than Spindle's own best is not the end of
     the search: Spindle's own, placed on reserved or consecutive ranks, can beat it (a case of
     the quality sweep: OFASys-small's audio_asr and region_caption on a node of 16-GiB
-    A800s, optimus's schedule on consecutive ranks 18.78 ms, Spindle's own 18.02)."""
-    case = ROOT / "tests" / "data" / "plan-own-schedule-placed-again"
-    g = load(str(case / "graph.yaml"), MetaOpGraph)
-    p = load(str(case / "profile.yaml"), Profile)
-    c = load(str(case / "cluster.yaml"), ClusterSpec)
+    A800s, optimus's schedule on consecutive ranks 18.78 ms, Spindle's own 18.02; its model
+    and cluster are the sweep's, benchmarks/sweep)."""
+    sweep = ROOT / "benchmarks" / "sweep"
+    spec = load(str(sweep / "models" / "ofasys-small.yaml"), ModelSpec)
+    c = load(str(sweep / "clusters" / "1x8m16.yaml"), ClusterSpec)
+    g = as_written(build_graph(spec, tasks=["audio_asr", "region_caption"]))
+    p = profile_for(g, c)
     plan, ms = api.fitting_plan_with_cost(g, p, c)
     assert "'s schedule" not in plan.candidate
     baselines = [simulate(api.fitting_plan_with_cost(
