@@ -24,9 +24,10 @@ steps the buckets' flat parameters. Under ZeRO-1 and -2 (Plan.options `zero` 1, 
 several ranks is padded to equal shards: it is reduce-scattered instead, each rank's AdamW
 steps (and keeps state for) its own shard, a view of the flat parameter, and after the step the
 buckets' all-gathers start, in bucket order; they overlap the next step's forward, which waits
-for a bucket's only before the first slice using its layers (and checkpoints and parameter
-reads wait for all). Under ZeRO-2 a sharded bucket's full gradient also has storage only from
-the backward wave that first adds to it until its reduce-scatter has completed (found done at
+for a bucket's only before the first operator of its layers, inside the slice (Megatron's
+overlapped parameter gather; checkpoints and parameter reads wait for all). Under ZeRO-2 a
+sharded bucket's full gradient also has storage only from the backward wave that first adds to
+it until its reduce-scatter has completed (found done at
 the next chance to issue buckets on NCCL; gloo's works do not report completion, so there at
 the end of the backward); between steps a rank keeps only the reduce-scattered shards. The task
 losses are all-reduced over the world (for the log) asynchronously from the end of the forward
@@ -239,13 +240,13 @@ class Executor:
         for b in self.buckets:
             if b.after is not None:
                 self.cuts.setdefault(b.after[0], set()).add(b.after[1])
-        # ZeRO-1/2: the sharded buckets each wave's forward needs gathered (`_start_gathers`)
+        # ZeRO-1/2: the all-gathers in flight (`_start_gathers`), and the sharded bucket of
+        # each layer, whose all-gather the forward waits for before the layer's first operator
         self.gathering: dict[int, Any] = {}
+        self.gathered_in = {key: i for i, b in enumerate(self.buckets) if b.shard is not None
+                            for key in b.layers}
         used = [{(sp.metaop.module, i) for sp in self.my_slices[w] for i in sp.layers}
                 for w in range(program.num_waves)]
-        self.gathers_before = [[i for i, b in enumerate(self.buckets)
-                                if b.shard is not None and used[w] & set(b.layers)]
-                               for w in range(program.num_waves)]
         # ZeRO-2: a sharded bucket's gradient storage comes with the highest wave using its
         # layers (the first backward adding to them) and goes once it is reduce-scattered
         self.releasing: list[tuple[Any, Bucket]] = []
@@ -347,9 +348,6 @@ class Executor:
         for w in range(self.program.num_waves):
             with self.tracer.span("send/recv", "comm", step=step, wave=w, phase="forward"):
                 self._forward_boundary(w, st)
-            if any(i in self.gathering for i in self.gathers_before[w]):
-                with self.tracer.span("all-gather", "sync", step=step, wave=w):
-                    self._await_gathers(self.gathers_before[w])
             with self.tracer.span("compute", "compute", step=step, wave=w, phase="forward"):
                 for sp in self.my_slices[w]:
                     self._forward_slice(sp, st, step)
@@ -381,7 +379,7 @@ class Executor:
         a bucket is due in the lowest wave running its layers, where the forward first uses
         them: reversed, that is the order the next step's forward needs them in, and a group
         runs its collectives one after another (NCCL). They overlap that forward, which waits
-        for a bucket's before the first slice using its layers (`gathers_before`); whatever
+        for a bucket's before the first operator of its layers (`_await_layer`); whatever
         reads the parameters waits for all of them (`_await_gathers`)."""
         peers = [r for b in self.buckets if b.shard is not None for r in b.ranks
                  if r != self.rank]
@@ -391,6 +389,14 @@ class Executor:
                     lo, hi = b.shard
                     self.gathering[i] = dist.all_gather_single(
                         b.param.data, b.param.data[lo:hi].clone(), group=b.group, async_op=True)
+
+    def _await_layer(self, key: LayerKey, step: int, wave: int) -> None:
+        """ZeRO-1/2: wait for the all-gather of the bucket holding layer `key`, if still in
+        flight, before the layer's operator runs (taken out of the forward's compute span)."""
+        i = self.gathered_in.get(key)
+        if i is not None and i in self.gathering:
+            with self.tracer.gap("all-gather", "sync", step=step, wave=wave):
+                self._await_gathers([i])
 
     def _await_gathers(self, indices: list[int]) -> None:
         """Wait for the all-gathers of those buckets still in flight."""
@@ -497,6 +503,7 @@ class Executor:
         else:
             ins = [st.recv[ti] for ti in sp.in_transfers]
         first = self.layers[(m.module, sp.layers[0])]
+        self._await_layer((m.module, sp.layers[0]), step, sp.wave)
         if sp.kind == "contrastive_loss":
             full = [self._gather(x, sp) for x in ins]
             loss = first(*full)
@@ -526,6 +533,7 @@ class Executor:
                     segments.append((leaf, out, ops))
                     leaf = out.detach().requires_grad_(True)
                     out, ops = leaf, 0
+                self._await_layer((m.module, i), step, sp.wave)
                 out, ops = self._operator(self.layers[(m.module, i)], out), ops + 1
             if segments:
                 st.segments[sp.slice.id] = [*segments, (leaf, out, ops)]

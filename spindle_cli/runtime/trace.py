@@ -44,29 +44,56 @@ class Tracer:
         # wall-clock time of the origin of `ts`: `trace_document` aligns the ranks' timelines
         # on it (exactly on one host; across hosts as well as their clocks agree)
         self.origin_wall_ns = time.time_ns()
+        # the spans open now, innermost last: name, category, args, start of the part to come
+        self._open: list[tuple[str, str, dict[str, Any], list[int]]] = []
+
+    def _now_ns(self) -> int:
+        if self._synchronize is not None:
+            self._synchronize()
+        return time.perf_counter_ns()
 
     @contextmanager
     def span(self, name: str, category: str, **args: Any) -> Iterator[None]:
-        """Record the enclosed block as one span."""
+        """Record the enclosed block as one span (as several where `gap`s cut it)."""
         if not self.enabled:
             yield
             return
-        if self._synchronize is not None:
-            self._synchronize()
-        start = time.perf_counter_ns()
+        opened = (name, category, args, [self._now_ns()])
+        self._open.append(opened)
         try:
             yield
         finally:
-            if self._synchronize is not None:
-                self._synchronize()
-            end = time.perf_counter_ns()
-            label = name if "wave" not in args else f"{name} w{args['wave']}"
-            if "phase" in args:
-                label += " fwd" if args["phase"] == "forward" else " bwd"
-            self.events.append({
-                "name": label, "cat": category, "ph": "X", "pid": self.rank, "tid": 0,
-                "ts": (start - self._origin_ns) / 1e3, "dur": (end - start) / 1e3, "args": args,
-            })
+            self._open.pop()
+            self._record(name, category, args, opened[3][0], self._now_ns())
+
+    @contextmanager
+    def gap(self, name: str, category: str, **args: Any) -> Iterator[None]:
+        """Record the enclosed block as a span taken out of the innermost open one, which is
+        recorded up to here and goes on after it (a wait inside a compute span), so that no
+        time is counted in both."""
+        if not self.enabled or not self._open:
+            with self.span(name, category, **args):
+                yield
+            return
+        outer_name, outer_category, outer_args, outer_start = self._open[-1]
+        start = self._now_ns()
+        self._record(outer_name, outer_category, outer_args, outer_start[0], start)
+        try:
+            yield
+        finally:
+            end = self._now_ns()
+            self._record(name, category, args, start, end)
+            outer_start[0] = end
+
+    def _record(self, name: str, category: str, args: dict[str, Any], start: int,
+                end: int) -> None:
+        label = name if "wave" not in args else f"{name} w{args['wave']}"
+        if "phase" in args:
+            label += " fwd" if args["phase"] == "forward" else " bwd"
+        self.events.append({
+            "name": label, "cat": category, "ph": "X", "pid": self.rank, "tid": 0,
+            "ts": (start - self._origin_ns) / 1e3, "dur": (end - start) / 1e3, "args": args,
+        })
 
 
 def breakdown_ms(events: list[dict[str, Any]], num_steps: int) -> dict[str, float]:

@@ -115,3 +115,33 @@ def test_a_span_waits_for_the_device_before_each_clock_read() -> None:
 
     assert device_synchronizer(torch.device("cpu")) is None
     assert device_synchronizer(torch.device("cuda", 0)) is not None
+
+
+def test_a_gap_is_taken_out_of_the_span_it_interrupts():
+    """A wait inside a compute span (the forward's wait for a ZeRO all-gather before a layer)
+    is its own span, and the compute span is recorded in two parts around it: no time is in
+    both, so the breakdown counts each once."""
+    import time
+
+    from spindle_cli.runtime.trace import Tracer, breakdown_ms
+
+    tracer = Tracer(enabled=True, rank=0)
+    with tracer.span("compute", "compute", step=0, wave=1, phase="forward"):
+        time.sleep(0.002)
+        with tracer.gap("all-gather", "sync", step=0, wave=1):
+            time.sleep(0.003)
+        time.sleep(0.002)
+    names = [e["name"] for e in tracer.events]
+    assert names == ["compute w1 fwd", "all-gather w1", "compute w1 fwd"]
+    before, gap, after = tracer.events
+    assert before["ts"] + before["dur"] == pytest.approx(gap["ts"], abs=1e-3)
+    assert gap["ts"] + gap["dur"] == pytest.approx(after["ts"], abs=1e-3)
+    assert gap["dur"] >= 3000 and before["dur"] >= 2000 and after["dur"] >= 2000
+    parts = breakdown_ms(tracer.events, 1)
+    assert parts["sync"] == gap["dur"] / 1e3
+    assert parts["compute"] == pytest.approx((before["dur"] + after["dur"]) / 1e3)
+    # outside any span a gap is a span of its own
+    alone = Tracer(enabled=True, rank=0)
+    with alone.gap("all-gather", "sync", step=0):
+        pass
+    assert [e["name"] for e in alone.events] == ["all-gather"]
