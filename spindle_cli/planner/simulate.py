@@ -67,9 +67,13 @@ What is modelled (and what is not):
   0, in the order the forward first uses the buckets' layers (the executor's order), a rank
   set's all-gathers one after another (NCCL runs a process group's collectives in issue
   order on one stream: the first needed arrives first), and a slice's forward waits for the
-  all-gathers of the buckets holding its layers, like for its inputs (the first iteration of
-  a run has none). ZeRO-3 has no such all-gather: it all-gathers a slice's weights (the
-  training dtype's bytes of its layers) over each parameter group it touches, as a ring over
+  all-gather of the bucket holding each of its layers before that layer's operator, as the
+  executor does (Megatron's overlapped parameter gather): it starts once its first layer's
+  has arrived and stalls where a later one has not (the first iteration of a run has none).
+  With waves as barriers a wave still ends with its last slice, and a shorter slice's
+  messages leave no earlier than the simulated clock a stalled slice has reached. ZeRO-3
+  has no such all-gather: it all-gathers a slice's weights (the training dtype's bytes of
+  its layers) over each parameter group it touches, as a ring over
   the group's ranks, before its forward and again before its backward; a wave prefetches the
   next wave's gathers when it starts (the first forward wave's at 0, the last backward wave's
   when the forward pass ends), and a wave waits for its own like for its inputs.
@@ -210,8 +214,10 @@ class SimResult:
     sum of the wave durations (both directions), transfer the time waves waited for their
     inputs (exposed inter-wave communication), sync the time from the last backward wave until
     every parameter group is synchronized plus the time waves waited, once their inputs had
-    arrived, for parameter all-gathers (under ZeRO-1/2 the previous step's, under ZeRO-3 the
-    weights), optimizer the rest (the slowest rank's step after its own groups' sync).
+    arrived, for parameter all-gathers (under ZeRO-1/2 the previous step's: how much longer
+    a forward wave lasted than its longest slice's compute, its slices stalled by them; under
+    ZeRO-3 the weights), optimizer the rest (the slowest rank's step after its own groups'
+    sync).
     With ranks on their own (`simulate`'s progress 'rank') the same four parts are the time
     of the rank that ends the iteration: its compute, its waiting (for messages, slice peers
     and gathers), its wait for its groups' sync after its last backward boundary, its step.
@@ -944,9 +950,10 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         due_in_wave.setdefault(b.wave, []).append(b)
     # ZeRO-1/2: the previous step's all-gather of every bucket (every group, without buckets)
     # leaves at 0, the buckets in reverse (the order the forward first uses their layers, as
-    # the executor issues them), each rank set's one after another; `prior` holds the flows
-    # each slice's forward waits for
-    prior: dict[str, list[int]] = {}
+    # the executor issues them), each rank set's one after another; `prior` holds, per slice,
+    # the flows its forward waits for before each of its operators, as runs of operators that
+    # wait for the same ones: (position of the run's first operator in the slice, flows)
+    prior: dict[str, list[tuple[int, list[int]]]] = {}
     if post_gather:
         units = [(b.groups, b.bytes, bucket_label(b), b.layers)
                  for bs in reversed(due_in_wave.values()) for b in reversed(bs)]
@@ -963,9 +970,12 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 gathered.setdefault(key, []).extend(ids)
         for _, sl in plan.slices():
             m = metaops[sl.metaop]
-            prior[sl.id] = [i for layer in range(m.first_layer + sl.first,
-                                                 m.first_layer + sl.last)
-                            for i in gathered.get((m.module, layer), [])]
+            runs: list[tuple[int, list[int]]] = []
+            for pos in range(sl.num_layers):
+                ids = gathered.get((m.module, m.first_layer + sl.first + pos), [])
+                if ids and (not runs or runs[-1][1] != ids):
+                    runs.append((pos, ids))
+            prior[sl.id] = runs
 
     into_wave: dict[int, list[int]] = {}
     for i, t in enumerate(plan.transfers):
@@ -986,12 +996,15 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     def issue_boundary(wave: int, backward: bool, ready_ms: list[float]) -> list[int]:
         """The messages of the boundary into `wave` (`boundary_messages`). A message starts
         once both of its ranks have reached the boundary (`ready_ms`), as the executor posts a
-        boundary's messages together; a rank moves on when all of them have arrived."""
+        boundary's messages together; a rank moves on when all of them have arrived. Not
+        before the network's clock: where a slice stalled for an all-gather (`run_forward`)
+        the clock may have passed a shorter slice's end, whose messages then leave late."""
         ids: list[int] = []
+        now_ms = net.now_s * 1e3
         for kind, label, found in boundary_messages(wave, backward):
             by_start: dict[float, list[tuple[int, int, int]]] = {}
             for src, dst, num_bytes in found:
-                start = max(ready_ms[src], ready_ms[dst])
+                start = max(ready_ms[src], ready_ms[dst], now_ms)
                 by_start.setdefault(start, []).append((src, dst, num_bytes))
             for start, group in sorted(by_start.items()):
                 ids += issue(kind, label, group, start, latency_s)
@@ -1006,12 +1019,23 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 ready_ms[r] = max(ready_ms[r], starts[s.id][end])
         return ready_ms
 
+    def gathered_at(s: Slice, pos: int, start_ms: float, stall_ms: float,
+                    gathered_ms: float) -> tuple[float, float]:
+        """Slice `s`'s forward start and stall so far (`start_ms`, `stall_ms`) once it has
+        waited for the all-gathers of its operators from `pos` on (`prior`), ended at
+        `gathered_ms`: the executor waits before the first operator of each bucket, so the
+        slice stalls there (before it starts, where pos is 0)."""
+        c = costs[s.id]
+        wait_ms = max(0.0, gathered_ms - (start_ms + stall_ms
+                                          + c.forward_ms * pos / s.num_layers))
+        return (start_ms + wait_ms, stall_ms) if pos == 0 else (start_ms, stall_ms + wait_ms)
+
     starts: dict[str, list[float]] = {s.id: [0.0] * 4 for _, s in plan.slices()}
     fwd_timing: list[tuple[float, float, float]] = []
     bwd_timing: dict[int, tuple[float, float, float]] = {}
 
     param_wait_ms = [0.0]
-    """With waves as barriers: the part of the waves' waits spent on parameter all-gathers
+    """With waves as barriers: the part of the waves' waits spent on ZeRO-3 weight gathers
     after the inputs had arrived (counted as sync, not as transfer)."""
 
     def wait_for(now_ms: float, inputs: list[int], params: list[int]) -> float:
@@ -1021,6 +1045,23 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         start_ms = max(inputs_ms, net.finish(params) * 1e3)
         param_wait_ms[0] += start_ms - inputs_ms
         return start_ms
+
+    stalled_ms = [0.0]
+    """With waves as barriers: how much longer the forward waves lasted than their longest
+    slice's compute, their slices stalled by parameter all-gathers (counted as sync)."""
+
+    def run_forward(s: Slice, ready_ms: float, rest_ms: float) -> None:
+        """Slice `s`'s forward, its ranks ready at `ready_ms`, into `starts`: before each run
+        of its operators that waits for all-gathers (`prior`) it stalls until they have ended
+        (the executor waits before the first operator of each bucket); `rest_ms` is the least
+        the iteration lasts past the slice's end."""
+        c = costs[s.id]
+        start_ms, stall_ms = ready_ms, 0.0
+        for pos, ids in prior.get(s.id, ()):
+            net.tail_s = (c.forward_ms * (s.num_layers - pos) / s.num_layers + rest_ms) / 1e3
+            start_ms, stall_ms = gathered_at(s, pos, start_ms, stall_ms, net.finish(ids) * 1e3)
+        starts[s.id][0] = start_ms
+        starts[s.id][1] = start_ms + c.forward_ms + stall_ms
 
     def barrier_loops() -> tuple[list[float], _RankTimes | None]:
         """Waves as barriers (`Progress` 'wave'). Gives up (`give_up_ms`) as soon as the
@@ -1046,16 +1087,15 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         prefetched = {0: issue_gathers(0, 0.0)}
         for w in plan.waves:
             inputs = issue_boundary(w.index, False, ready)
-            params = (prefetched.pop(w.index)
-                      + [i for sl in w.slices for i in prior.get(sl.id, [])])
             net.tail_s = fwd_rest[w.index] / 1e3
-            start_ms = wait_for(now_ms, inputs, params)
+            start_ms = wait_for(now_ms, inputs, prefetched.pop(w.index))
             prefetched[w.index + 1] = issue_gathers(w.index + 1, start_ms)
-            end_ms = start_ms
+            end_ms = computed_ms = start_ms
             for s in w.slices:
-                starts[s.id][0] = start_ms
-                starts[s.id][1] = start_ms + costs[s.id].forward_ms
+                run_forward(s, start_ms, fwd_rest[w.index + 1])
                 end_ms = max(end_ms, starts[s.id][1])
+                computed_ms = max(computed_ms, start_ms + costs[s.id].forward_ms)
+            stalled_ms[0] += end_ms - computed_ms
             ready = reached(w, start_ms, 1)
             fwd_timing.append((start_ms, end_ms, start_ms - now_ms))
             now_ms = end_ms
@@ -1139,6 +1179,8 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         computed: dict[tuple[int, int], float] = {}
         weights: dict[tuple[int, str], list[int]] = {}
         waits_on: dict[int, list[int]] = {}
+        # a forward stalled for an all-gather: its next run of operators, start, stall so far
+        forwarding: dict[tuple[int, str], tuple[int, float, float]] = {}
 
         def finished(ids: list[int]) -> bool:
             return not np.isnan(net.end_s[ids]).any()
@@ -1169,16 +1211,18 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                     issue_sync(b.groups, b.bytes, max(passed[id(b)].values()),
                                bucket_label(b))
 
-        def run_slice(k: int, s: Slice, start_ms: float) -> None:
+        def run_slice(k: int, s: Slice, start_ms: float, stall_ms: float = 0.0) -> None:
+            """Slice `s` runs compute step k from `start_ms`, stalled `stall_ms` on the way
+            (a forward's all-gathers, `gathered_at`)."""
             _, w, backward = steps[k]
             c = costs[s.id]
             cost_ms = c.backward_ms if backward else c.forward_ms
             starts[s.id][2 if backward else 0] = start_ms
-            starts[s.id][3 if backward else 1] = start_ms + cost_ms
+            starts[s.id][3 if backward else 1] = start_ms + cost_ms + stall_ms
             for q in s.ranks:
-                waiting_ms[q] += start_ms - arrived[(k, q)]
+                waiting_ms[q] += start_ms - arrived[(k, q)] + stall_ms
                 (backward_ms if backward else forward)[q] += cost_ms
-                clock[q] = start_ms + cost_ms
+                clock[q] = start_ms + cost_ms + stall_ms
                 pos[q] += 1
                 waits_on.pop(q, None)
                 pass_compute(k, q, start_ms)
@@ -1212,14 +1256,26 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                         continue
                     if not all((k, q) in arrived for q in s.ranks):
                         return moved
-                    ids = weights.get((k, s.id), []) + (prior.get(s.id, [])
-                                                        if not steps[k][2] else [])
+                    ids = weights.get((k, s.id), [])
                     if not finished(ids):
                         for q in s.ranks:
                             waits_on[q] = ids
                         return moved
-                    run_slice(k, s, max([*(arrived[(k, q)] for q in s.ranks),
-                                         *(float(net.end_s[i]) * 1e3 for i in ids)]))
+                    # a forward waits for its all-gathers run by run, from where it stalled
+                    first, start_ms, stall_ms = forwarding.pop((k, s.id), (0, max(
+                        [*(arrived[(k, q)] for q in s.ranks),
+                         *(float(net.end_s[i]) * 1e3 for i in ids)]), 0.0))
+                    runs = [] if steps[k][2] else prior.get(s.id, [])
+                    for j in range(first, len(runs)):
+                        at, gathers = runs[j]
+                        if not finished(gathers):
+                            forwarding[(k, s.id)] = (j, start_ms, stall_ms)
+                            for q in s.ranks:
+                                waits_on[q] = gathers
+                            return moved
+                        start_ms, stall_ms = gathered_at(
+                            s, at, start_ms, stall_ms, float(net.end_s[gathers].max()) * 1e3)
+                    run_slice(k, s, start_ms, stall_ms)
                     return True
                 ids = [flow_of.get((k, j), -1) for j in mine.get((k, r), [])]
                 if -1 in ids:
@@ -1297,17 +1353,17 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     reduced_all_ms = max([backward_end_ms, *reduced_ms])
     iteration_ms = max([reduced_all_ms, *through_ms])
     if rank_times is None:
-        forward_ms = sum(end - start for start, end, _ in fwd_timing)
+        forward_ms = sum(end - start for start, end, _ in fwd_timing) - stalled_ms[0]
         backward_ms = sum(end - start for start, end, _ in bwd_timing.values())
         transfer_ms = (sum(wait for _, _, wait in fwd_timing)
                        + sum(wait for _, _, wait in bwd_timing.values()) - param_wait_ms[0])
         # the step: how long the last rank steps past the last reduction; the sync: the
         # reductions past the last backward (taken directly: a rank without groups syncs
         # exactly nothing, not the rounding left by subtracting the step), and the waves'
-        # waits for parameter all-gathers
+        # waits and stalls for parameter all-gathers
         step_ms = max(0.0, max(through_ms) - reduced_all_ms)
         parts = (forward_ms, backward_ms, transfer_ms,
-                 reduced_all_ms - backward_end_ms + param_wait_ms[0], step_ms)
+                 reduced_all_ms - backward_end_ms + param_wait_ms[0] + stalled_ms[0], step_ms)
     else:
         # the rank that ends the iteration: its own time is compute, waiting, sync, step
         r = max(range(plan.num_devices), key=lambda q: (through_ms[q], -q))

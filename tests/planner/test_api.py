@@ -247,7 +247,7 @@ def test_the_kept_waves_go_on_consecutive_ranks_when_that_is_faster():
     g = load(str(REPO / "graphs" / "qwen-val.yaml"), MetaOpGraph)
     p = load(str(REPO / "profiles" / "qwen-val-a800-8x8.yaml"), Profile)
     c = load(str(REPO / "clusters" / "a800-8x8.yaml"), ClusterSpec)
-    plan = make_plan(g, p, c, options=PlanOptions(zero=1))
+    plan = make_plan(g, p, c, options=PlanOptions(zero=2))
     assert plan.candidate.endswith(", consecutive ranks")
     assert plan.options["placement"] == "island"
     naive = place_again(plan, g, p, c, placement="sequential")

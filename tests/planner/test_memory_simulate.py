@@ -43,7 +43,9 @@ def test_zero1_and_zero2_reduce_scatter_and_all_gather_under_the_next_forward():
         assert gather == {"all-gather enc[0:2]": (500_000_000, 0.0, pytest.approx(5.0)),
                           "all-gather head[0:1]": (250_000_000, 0.0, pytest.approx(2.5))}
         w0, w1 = r.waves
-        assert (w0.forward_start_ms, w0.forward_end_ms) == pytest.approx((5.0, 9.0))
+        assert (w0.forward_start_ms, w0.forward_end_ms) == pytest.approx((0.0, 9.0))
+        enc_slice = next(s for s in r.slices if s.module == "enc")
+        assert enc_slice.forward_start_ms == pytest.approx(5.0)
         assert (w1.forward_start_ms, w0.backward_end_ms) == pytest.approx((29.0, 60.0))
         reduce = [f for f in flows if "enc" in f.label and not f.label.startswith("all-")]
         assert [(f.bytes, f.start_ms, f.end_ms) for f in reduce] == \
@@ -61,6 +63,33 @@ def test_zero1_and_zero2_reduce_scatter_and_all_gather_under_the_next_forward():
         assert r.compute_ms + r.transfer_ms + r.sync_ms + r.optimizer_ms == \
             pytest.approx(r.iteration_ms)
         assert not [f for f in r.flows if f.kind == "gather"]
+
+
+@pytest.mark.parametrize("progress", ["wave", "rank"])
+def test_zero1_forward_stalls_inside_a_slice_for_a_later_layers_all_gather(progress):
+    # Chunked buckets cut enc's 1 GB into its two layers (0.5 GB each); the previous step's
+    # all-gathers leave at 0, layer 0's first (each rank sends 0.25 GB at 100 GB/s: 0-2.5),
+    # then layer 1's (2.5-5). enc's slice starts once layer 0's has arrived (2.5), runs it
+    # 2.5-4.5, stalls until layer 1's arrives (5) and runs it 5-7: 2.5 + 0.5 ms of sync, not
+    # the 5 ms a wait for both before the slice would take. Everything after is 3 ms later.
+    plan = fx.plan()
+    zero = dataclasses.replace(plan, options={**plan.options, "zero": "1"})
+    base = simulate(plan, fx.graph(), fx.profile(), fx.cluster(), sync="chunked",
+                    progress=progress)
+    r = simulate(zero, fx.graph(), fx.profile(), fx.cluster(), sync="chunked",
+                 progress=progress)
+    gathers = sorted({(f.label, f.start_ms, f.end_ms) for f in r.flows
+                      if f.label.startswith("all-gather enc")})
+    assert gathers == [("all-gather enc[0:1]", 0.0, pytest.approx(2.5)),
+                       ("all-gather enc[1:2]", pytest.approx(2.5), pytest.approx(5.0))]
+    enc = next(s for s in r.slices if s.module == "enc")
+    assert (enc.forward_start_ms, enc.forward_end_ms) == pytest.approx((2.5, 7.0))
+    head = next(s for s in r.slices if s.module == "head")
+    base_head = next(s for s in base.slices if s.module == "head")
+    assert head.forward_start_ms == pytest.approx(base_head.forward_start_ms + 3.0)
+    assert r.compute_ms == pytest.approx(base.compute_ms)
+    assert r.compute_ms + r.transfer_ms + r.sync_ms + r.optimizer_ms == \
+        pytest.approx(r.iteration_ms)
 
 
 def test_zero1_steps_after_the_reduce_scatter():

@@ -158,8 +158,9 @@ def test_a_group_split_over_waves_syncs_each_waves_layers_once_they_are_done():
 def test_zero1_all_gathers_run_in_the_order_the_forward_needs_them():
     # Under ZeRO-1 the previous step's all-gathers of ranks 0-1 leave at 0, one after the
     # other: layer 0's first (each rank sends half of its 0.5 GB at 100 GB/s: 0-2.5 ms), then
-    # layer 1's (2.5-5). Wave 0 (enc layer 0, forward 2 ms) starts once its own is done, at
-    # 2.5; wave 1 at 5. Sharing the link (or layer 1's first) would hold wave 0 until 5.
+    # layer 1's (2.5-5). Wave 0's slice (enc layer 0, forward 2 ms) starts once its own is
+    # done, at 2.5; wave 1's at 5. Sharing the link (or layer 1's first) would hold wave 0
+    # until 5.
     plan = fx.plan_split_encoder()
     plan = dataclasses.replace(plan, options={**plan.options, "zero": "1"})
     r = simulate(plan, fx.graph(), fx.profile(), fx.cluster())
@@ -167,7 +168,7 @@ def test_zero1_all_gathers_run_in_the_order_the_forward_needs_them():
                      if f.label.startswith("all-gather"))
     assert gathers == [("all-gather enc[0:1]", 0.0, pytest.approx(2.5))] * 2 + [
         ("all-gather enc[1:2]", pytest.approx(2.5), pytest.approx(5.0))] * 2
-    assert [w.forward_start_ms for w in r.waves[:2]] == pytest.approx([2.5, 5.0])
+    assert [s.forward_start_ms for s in r.slices if s.wave < 2] == pytest.approx([2.5, 5.0])
 
 
 def test_per_set_buckets_wait_for_every_layer_of_their_rank_set():
