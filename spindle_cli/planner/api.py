@@ -779,23 +779,33 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
             return True
         return False
 
-    def consider_fused(cap: int) -> None:
+    def consider_fused(cap: int) -> tuple[tuple[int, ...], bool, bool] | None:
         """All levels at once under the smallest bound (one island on clusters that halve down
         to it): there a level cannot be balanced by giving its long MetaOps more devices, so
         its barrier idles the others' devices (`fused_waves`). Simulated only when it
         computes faster than level by level under the same bound (or, when that schedule
-        was pruned, than the best plan's whole iteration)."""
+        was pruned, than the best plan's whole iteration). Returns the runner-up, fused or
+        not, where it simulated within NEAR_BEST of the best (as `consider_lighter`'s
+        arguments): rebuilt to move fewer rows, either may win."""
         bar_ms = (sum(w.duration_ms for level in by_cap[(cap, False)] for w in level)
                   if (cap, False) in by_cap
                   else best.iteration_ms if best is not None else math.inf)
         try:
             capped, capped_allocs = schedules.capped(cap)
         except PlanInfeasible:
-            return
+            return None
         fused = schedules.made(("fused", cap, True, False, False), max_ops, fused_waves,
                                graph, capped, capped_allocs, n_dev)
-        if sum(w.duration_ms for w in fused) < bar_ms - 1e-9:
-            consider((cap,) * len(allocs), fused, fused=True)
+        if sum(w.duration_ms for w in fused) >= bar_ms - 1e-9:
+            return None
+        before = best
+        if consider((cap,) * len(allocs), fused, fused=True, slack=NEAR_BEST):
+            assert best is not None
+            if before is not None and before.iteration_ms <= best.iteration_ms * (1 + NEAR_BEST):
+                return before.caps, before.fused, before.spread
+        elif best is not None and last_ms <= best.iteration_ms * (1 + NEAR_BEST):
+            return (cap,) * len(allocs), True, False
+        return None
 
     def consider_lighter(caps: tuple[int, ...], fused: bool, spread: bool) -> None:
         """The kept plan's schedule rebuilt, from allocations as `spread` as its own, to move
@@ -915,10 +925,11 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                 consider(mixed, spread=spread)
                 if last_failed:
                     consider(mixed, spread=not spread)
-    if len(allocs) > 1 and simulated:
-        consider_fused(bounds[-1])
+    runner_up = consider_fused(bounds[-1]) if len(allocs) > 1 and simulated else None
     if best is not None and simulated:
         consider_lighter(best.caps, best.fused, best.spread)
+        if runner_up is not None:
+            consider_lighter(*runner_up)
     if best is not None and simulated and 1 <= options.zero <= 2:
         kept = best
         split = _split_first_long_wave(kept.planned)
