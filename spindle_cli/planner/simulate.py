@@ -715,7 +715,8 @@ class _Timeline:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _RankTimes:
     """Per rank, with ranks on their own: forward and backward compute, and the time spent
-    waiting for messages, slice peers and ZeRO-3 gathers, up to its last backward boundary."""
+    waiting for messages, slice peers, ZeRO-3 gathers and (stalled inside a forward) ZeRO-1/2
+    all-gathers, up to its last backward boundary."""
 
     forward_ms: list[float]
     backward_ms: list[float]

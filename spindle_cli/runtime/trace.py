@@ -68,21 +68,23 @@ class Tracer:
 
     @contextmanager
     def gap(self, name: str, category: str, **args: Any) -> Iterator[None]:
-        """Record the enclosed block as a span taken out of the innermost open one, which is
-        recorded up to here and goes on after it (a wait inside a compute span), so that no
-        time is counted in both."""
+        """Record the enclosed block as a span taken out of the innermost open one (a gap
+        too), which is recorded up to here and goes on after it (a wait inside a compute
+        span), so that no time is counted in both."""
         if not self.enabled or not self._open:
             with self.span(name, category, **args):
                 yield
             return
         outer_name, outer_category, outer_args, outer_start = self._open[-1]
-        start = self._now_ns()
-        self._record(outer_name, outer_category, outer_args, outer_start[0], start)
+        opened = (name, category, args, [self._now_ns()])
+        self._record(outer_name, outer_category, outer_args, outer_start[0], opened[3][0])
+        self._open.append(opened)
         try:
             yield
         finally:
+            self._open.pop()
             end = self._now_ns()
-            self._record(name, category, args, start, end)
+            self._record(name, category, args, opened[3][0], end)
             outer_start[0] = end
 
     def _record(self, name: str, category: str, args: dict[str, Any], start: int,

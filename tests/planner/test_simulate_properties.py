@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from spindle_cli.artifacts.plan import ParamGroup, Slice, Transfer, Wave
 from spindle_cli.planner.buckets import SYNC_MODES
-from spindle_cli.planner.simulate import PROGRESS_MODES, FlowTiming, simulate
+from spindle_cli.planner.simulate import FORWARD_SHARE, PROGRESS_MODES, FlowTiming, simulate
 
 ranks = st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True).map(
     lambda r: tuple(sorted(r)))
@@ -115,8 +115,10 @@ def test_timeline_is_causal_and_the_breakdown_adds_up(plan, batch, num_nodes, la
         for (_, end), (start, _) in itertools.pairwise(one_set):
             assert start >= end - 1e-9
     # Under ZeRO-1/2 the previous step's all-gathers leave first, the first at 0 (after its
-    # ring's message latencies, at most 3 over 4 ranks), and a slice's forward starts only
-    # after those of the layers it runs have ended.
+    # ring's message latencies, at most 3 over 4 ranks), and a slice's forward runs each of
+    # its layers only after the all-gather of that layer has ended: it starts after its first
+    # layer's, and its forward compute from a layer on (its backward's share of it, without
+    # recomputation) comes after that layer's.
     gathers = [f for f in r.flows if f.kind == "sync" and f.label.startswith("all-gather ")]
     assert bool(gathers) <= (zero in ("1", "2"))
     if gathers:
@@ -126,8 +128,15 @@ def test_timeline_is_causal_and_the_breakdown_adds_up(plan, batch, num_nodes, la
             module, span = part.rstrip("]").split("[")
             lo, hi = map(int, span.split(":"))
             for s in r.slices:
-                if s.module == module and s.first < hi and lo < s.last:
+                if s.module != module or not (s.first < hi and lo < s.last):
+                    continue
+                first = max(lo, s.first)
+                if first == s.first:
                     assert s.forward_start_ms >= f.end_ms - 1e-9
+                forward_ms = ((s.backward_end_ms - s.backward_start_ms)
+                              * FORWARD_SHARE / (1 - FORWARD_SHARE))
+                rest_ms = forward_ms * (s.last - first) / (s.last - s.first)
+                assert s.forward_end_ms >= f.end_ms + rest_ms - 1e-6
     # Bytes are conserved: between disjoint rank sets every row moves (up to the rounding of
     # each piece down to whole bytes); nothing moves more than the transfer holds.
     for t in plan.transfers:

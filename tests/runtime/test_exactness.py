@@ -498,13 +498,18 @@ def test_zero1_all_gathers_overlap_the_next_forward(graph: MetaOpGraph, model: M
 def _operators_and_gathers(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
                            model: ModelSpec) -> list[tuple[str, Any, bool]]:
     """A ZeRO-1 step with a bucket per layer, after one that started the all-gathers: in
-    order, each forward operator run ('op', its layer, whether its bucket's all-gather was
-    still in flight) and each wait for all-gathers ('wait', the buckets, False)."""
+    order, each forward slice begun ('slice', its id, False), each forward operator run ('op',
+    its layer, whether its bucket's all-gather was still in flight) and each wait for
+    all-gathers ('wait', the buckets, False)."""
     ex = _executor(rank, world, plan, graph, model, overlap_sync=True, sync_chunk_bytes=1)
     ex.train_step(0)
     key_of = {id(layer): key for key, layer in ex.layers.items()}
     log: list[tuple[str, Any, bool]] = []
-    operator, await_gathers = ex._operator, ex._await_gathers
+    forward, operator, await_gathers = ex._forward_slice, ex._operator, ex._await_gathers
+
+    def logged_forward(sp: Any, *args: Any) -> None:
+        log.append(("slice", sp.slice.id, False))
+        forward(sp, *args)
 
     def logged_operator(layer: Any, *ins: torch.Tensor) -> torch.Tensor:
         key = key_of[id(layer)]
@@ -515,7 +520,8 @@ def _operators_and_gathers(rank: int, world: int, plan: Plan, graph: MetaOpGraph
         log.append(("wait", tuple(i for i in indices if i in ex.gathering), False))
         await_gathers(indices)
 
-    ex._operator, ex._await_gathers = logged_operator, logged_await
+    ex._forward_slice, ex._operator, ex._await_gathers = (logged_forward, logged_operator,
+                                                          logged_await)
     ex.train_step(1)
     return log
 
@@ -526,14 +532,13 @@ def test_zero1_forward_waits_for_each_layers_all_gather_before_its_operator(
     """With a bucket per layer, a slice's forward waits for each layer's all-gather right
     before the layer's operator (what the simulator charges, `simulate`'s `prior`), not for
     all of them before the slice: no operator runs on parameters still being gathered, and
-    waits fall between two operators of one slice."""
+    waits fall between two operators of one slice (no slice begins between them)."""
     plan = planned(graph, "local-cpu", "sequential", repo_root, zero=1)
     logs = run_distributed(_operators_and_gathers, 4, plan, graph, model, timeout_s=90)
     ops = [entry for log in logs for entry in log if entry[0] == "op"]
     assert ops and not any(in_flight for _, _, in_flight in ops)
     between = [log[i][1] for log in logs for i in range(1, len(log) - 1)
-               if log[i][0] == "wait" and log[i][1] and log[i - 1][0] == log[i + 1][0] == "op"
-               and log[i - 1][1][0] == log[i + 1][1][0]]
+               if log[i][0] == "wait" and log[i][1] and log[i - 1][0] == log[i + 1][0] == "op"]
     assert between
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,18 @@ def test_a_gap_is_taken_out_of_the_span_it_interrupts():
     parts = breakdown_ms(tracer.events, 1)
     assert parts["sync"] == gap["dur"] / 1e3
     assert parts["compute"] == pytest.approx((before["dur"] + after["dur"]) / 1e3)
+    # a gap inside a gap cuts that one in turn: the time is still counted once
+    nested = Tracer(enabled=True, rank=0)
+    with nested.span("compute", "compute", step=0):
+        with nested.gap("wait", "sync", step=0):
+            time.sleep(0.002)
+            with nested.gap("inner", "comm", step=0):
+                time.sleep(0.002)
+    events = nested.events
+    assert sorted(e["name"] for e in events) == ["compute", "compute", "inner", "wait", "wait"]
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start == pytest.approx(end, abs=1e-3)
     # outside any span a gap is a span of its own
     alone = Tracer(enabled=True, rank=0)
     with alone.gap("all-gather", "sync", step=0):
