@@ -25,6 +25,8 @@ from spindle_cli.errors import FieldError
 PLANNERS = ("spindle", "sequential", "optimus", "distmm")
 PLACEMENTS = ("island", "sequential")
 ZERO_STAGES = (0, 1, 2, 3)
+SYNC_CHUNK_COUNTS = (1, 2, 4, 8, 16)
+"""The chunk counts per wave bucket a plan may ask for (`sync_chunks`, planner/buckets.py)."""
 OPTION_VALUES: dict[str, tuple[str, ...]] = {
     "planner": PLANNERS,
     "placement": PLACEMENTS,
@@ -32,6 +34,7 @@ OPTION_VALUES: dict[str, tuple[str, ...]] = {
     "zero": tuple(map(str, ZERO_STAGES)),
     "recompute": ("true", "false"),
     "tensor_parallel": ("true", "false"),
+    "sync_chunks": tuple(map(str, SYNC_CHUNK_COUNTS)),
 }
 """The options a plan may record (`planner.api.PlanOptions.as_dict`) and their values."""
 
@@ -192,7 +195,8 @@ class Plan(DerivedArtifact):
     cluster: str = field(metadata=meta("cluster name"))
     planner: str = field(metadata=meta("planner that made the plan"))
     options: dict[str, str] = field(default_factory=dict, metadata=meta(
-        "planner options: planner, placement, uneven_splits, zero, recompute, tensor_parallel"))
+        "planner options: planner, placement, uneven_splits, zero, recompute, "
+        "tensor_parallel, sync_chunks"))
     candidate: str = field(default="", metadata=meta(
         "which of the spindle planner's candidate schedules this is (empty for baselines)"))
     num_devices: int = field(

@@ -14,7 +14,8 @@ wave completes it. Modes (`SyncMode`):
   order the wave's backward completes them (by module, layers descending), each due as soon
   as every slice of the wave running its layers has passed the chunk's lowest layer, like
   DDP's gradient buckets: a chunk holds at least SYNC_CHUNK_BYTES (DDP's 25 MiB), and a
-  bucket has at most MAX_CHUNKS chunks, which bounds the number of collectives.
+  bucket has at most the plan's `sync_chunks` option's chunks (MAX_CHUNKS without it), which
+  bounds the number of collectives.
 - 'after-backward' (simulator only): every group whole after the last backward wave; no
   buckets.
 
@@ -46,7 +47,13 @@ def backend_sync(backend: str) -> SyncMode:
 SYNC_CHUNK_BYTES = 25 * 2**20
 """The least gradient bytes of a chunk (DDP's default bucket_cap_mb)."""
 MAX_CHUNKS = 4
-"""The most chunks one per-wave bucket is cut into."""
+"""The most chunks one per-wave bucket is cut into, where the plan does not say
+(Plan.options `sync_chunks`)."""
+
+
+def max_chunks(plan: Plan) -> int:
+    """The most chunks the plan's per-wave buckets are cut into under 'chunked'."""
+    return int(plan.options.get("sync_chunks", MAX_CHUNKS))
 
 LayerKey = tuple[str, int]
 """(module, layer)."""
@@ -112,7 +119,8 @@ def sync_buckets(plan: Plan, metaops: Mapping[str, MetaOp], mode: SyncMode,
     buckets = []
     for (ranks, wave), keys in merged.items():
         keys.sort(key=lambda k: (k[0], -k[1]))
-        chunks = _chunks(plan, group_of, keys, chunk_bytes) if mode == "chunked" else [keys]
+        chunks = (_chunks(plan, group_of, keys, chunk_bytes, max_chunks(plan))
+                  if mode == "chunked" else [keys])
         for chunk in chunks:
             buckets.append(_bucket(plan, group_of, runs, ranks, wave, chunk,
                                    whole=mode != "chunked"))
@@ -130,11 +138,11 @@ def _layer_bytes(plan: Plan, gi: int) -> float:
 
 
 def _chunks(plan: Plan, group_of: dict[LayerKey, int], keys: list[LayerKey],
-            chunk_bytes: int) -> list[list[LayerKey]]:
-    """`keys` cut into runs of at least max(chunk_bytes, total / MAX_CHUNKS) bytes (the last
-    may hold less)."""
+            chunk_bytes: int, most: int) -> list[list[LayerKey]]:
+    """`keys` cut into runs of at least max(chunk_bytes, total / most) bytes (the last may
+    hold less)."""
     sizes = [_layer_bytes(plan, group_of[k]) for k in keys]
-    least = max(chunk_bytes, math.ceil(sum(sizes) / MAX_CHUNKS))
+    least = max(chunk_bytes, math.ceil(sum(sizes) / most))
     chunks: list[list[LayerKey]] = [[]]
     held = 0.0
     for key, size in zip(keys, sizes, strict=True):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -134,8 +135,6 @@ def test_spindle_never_simulates_slower_than_a_baseline(model, tasks, nodes, per
     a quality sweep) one of them ran faster than every schedule of Spindle's own, by up to
     12% (one embedding's rows re-split between 3 and 1 devices cost more than they saved; a
     32-layer encoder in one wave waited for its whole ZeRO all-gather across nodes)."""
-    from dataclasses import replace
-
     spec = load(str(ROOT / "models" / f"{model}.yaml"), ModelSpec)
     c = replace(load(str(ROOT / "clusters" / "a800-1x8.yaml"), ClusterSpec),
                 name=f"a800-{nodes}x{per_node}", num_nodes=nodes, devices_per_node=per_node,
@@ -148,6 +147,30 @@ def test_spindle_never_simulates_slower_than_a_baseline(model, tasks, nodes, per
         g, p, c, options=api.PlanOptions(planner=planner))[0], g, p, c).iteration_ms
           for planner in ("spindle", "sequential", "optimus", "distmm")}
     assert ms["spindle"] <= min(ms.values()) + 1e-9, ms
+
+
+def test_the_kept_plan_cuts_its_gradient_buckets_finer_where_that_is_faster():
+    """A sweep case (benchmarks/sweep): multitask-clip's vision-text task on 2 nodes of 6
+    GPUs syncs its vision encoder over both nodes; cut into 8 chunks per wave instead of 4,
+    its gradient chunks start sooner in the backward. The kept plan records it
+    (`sync_chunks`), for every planner alike; on gloo (one bucket per rank set) nothing is
+    recorded."""
+    sweep = ROOT / "benchmarks" / "sweep"
+    spec = load(str(ROOT / "models" / "multitask-clip.yaml"), ModelSpec)
+    c = load(str(sweep / "clusters" / "2x6.yaml"), ClusterSpec)
+    g = as_written(build_graph(spec, tasks=["task5_vision_text"]))
+    p = profile_for(g, c)
+    for planner in ("spindle", "distmm"):
+        plan, ms = api.fitting_plan_with_cost(g, p, c, options=api.PlanOptions(planner=planner))
+        assert plan.options["sync_chunks"] == "8", planner
+        coarser = replace(plan, options={k: v for k, v in plan.options.items()
+                                         if k != "sync_chunks"})
+        assert ms == simulate(plan, g, p, c).iteration_ms < simulate(coarser, g, p, c).iteration_ms
+        # placed again (the placement ablation), the plan keeps its buckets
+        again = api.place_again(plan, g, p, c, placement="sequential")
+        assert again.options["sync_chunks"] == "8"
+    plan, _ = api.fitting_plan_with_cost(g, p, replace(c, backend="gloo"))
+    assert "sync_chunks" not in plan.options
 
 
 def test_spindle_places_its_own_schedule_again_when_a_baseline_schedule_wins():
@@ -170,12 +193,11 @@ def test_spindle_places_its_own_schedule_again_when_a_baseline_schedule_wins():
 
 
 def test_the_first_long_wave_is_split_so_its_gathers_overlap():
-    # ZeRO-1/2 all-gather the previous step's shards at the step's start, and a wave waits
-    # for the gathers of all its layers (these two tasks on 8 GPUs: a wave with 29 of the
-    # vision encoder's layers waited 4.4 ms). The first 10% of that wave as a wave of its own
-    # waits for fewer, and the rest are gathered while it computes
-    from dataclasses import replace
-
+    # ZeRO-1/2 all-gather the previous step's shards at the step's start, and a slice starts
+    # once its first layer's bucket has arrived; buckets are cut per wave into at most
+    # MAX_CHUNKS chunks, so a wave with 29 of the vision encoder's layers waits for a chunk of
+    # a quarter of them. The first 10% of that wave as a wave of its own waits for a smaller
+    # one, and the rest are gathered while it computes
     from spindle_cli.planner.waves import PlannedWave, Slot
 
     def slot(metaop, num_ops, op_ms):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import _sim_fixtures as fx
@@ -86,21 +87,37 @@ def test_every_layer_is_in_one_bucket_of_its_holders_issued_in_backward_order(
         assert len({b.ranks for b in buckets}) == len(buckets)
 
 
-def test_chunks_are_whole_layers_of_at_least_a_quarter_of_their_wave_bucket(
-        shipped: tuple[Plan, MetaOpGraph]):
+@pytest.mark.parametrize("most", [None, 1, 8, 16])
+def test_chunks_are_whole_layers_of_at_least_their_share_of_their_wave_bucket(
+        shipped: tuple[Plan, MetaOpGraph], most: int | None):
+    # at most the plan's `sync_chunks` chunks per wave bucket (MAX_CHUNKS without it)
     plan, graph = shipped
+    if most is not None:
+        plan = dataclasses.replace(plan, options={**plan.options, "sync_chunks": str(most)})
+    most = most or MAX_CHUNKS
     metaops = {m.id: m for m in graph.metaops}
     whole = sync_buckets(plan, metaops, "per-wave")
     for chunk_bytes in (1, 25 * 2**20, 2**40):
         chunks = sync_buckets(plan, metaops, "chunked", chunk_bytes)
         for b in whole:
             mine = [c for c in chunks if (c.ranks, c.wave) == (b.ranks, b.wave)]
-            assert 1 <= len(mine) <= MAX_CHUNKS
+            assert 1 <= len(mine) <= most
             # the wave's layers, in the order its backward completes them
             assert [key for c in mine for key in c.layers] == sorted(
                 b.layers, key=lambda k: (k[0], -k[1]))
-            least = max(chunk_bytes, b.bytes / MAX_CHUNKS)
+            least = max(chunk_bytes, b.bytes / most)
             assert all(c.bytes >= least - len(b.groups) for c in mine[:-1])
             if chunk_bytes >= b.bytes:
                 assert len(mine) == 1
-    assert len(sync_buckets(plan, metaops, "chunked", 1)) > len(whole)
+    assert (len(sync_buckets(plan, metaops, "chunked", 1)) > len(whole)) == (most > 1)
+
+
+def test_more_chunks_allowed_cut_the_wave_buckets_finer(shipped: tuple[Plan, MetaOpGraph]):
+    plan, graph = shipped
+    metaops = {m.id: m for m in graph.metaops}
+    counts = [len(sync_buckets(dataclasses.replace(
+        plan, options={**plan.options, "sync_chunks": str(most)}), metaops, "chunked", 1))
+        for most in (1, 2, 4, 8, 16)]
+    assert counts[0] == len(sync_buckets(plan, metaops, "per-wave"))
+    assert counts == sorted(counts) and counts[3] > counts[2]
+    assert counts[2] == len(sync_buckets(plan, metaops, "chunked", 1))

@@ -19,6 +19,7 @@ from harness import run_distributed
 from plans import hand_plan, whole
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Plan, load
 from spindle_cli.planner.api import PlanOptions, make_plan
+from spindle_cli.planner.buckets import sync_buckets
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.runtime.data import SyntheticData
@@ -154,15 +155,23 @@ def _executor(rank: int, world: int, plan: Plan, graph: MetaOpGraph, model: Mode
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("planner", "chunk_bytes"),
-                         [("spindle", None), ("sequential", 1)],
-                         ids=["spindle", "sequential-layer-chunks"])
-def test_four_ranks_zero2(planner: str, chunk_bytes: int | None, graph: MetaOpGraph,
-                          model: ModelSpec, reference: Any, repo_root: Any) -> None:
+@pytest.mark.parametrize(("planner", "chunk_bytes", "chunks"),
+                         [("spindle", None, None), ("sequential", 1, None), ("sequential", 1, 1)],
+                         ids=["spindle", "sequential-layer-chunks", "sequential-one-chunk"])
+def test_four_ranks_zero2(planner: str, chunk_bytes: int | None, chunks: int | None,
+                          graph: MetaOpGraph, model: ModelSpec, reference: Any,
+                          repo_root: Any) -> None:
     """ZeRO-2: as ZeRO-1, with each sharded bucket's full gradient freed once reduce-scattered
-    and allocated again by the next backward that adds to it."""
+    and allocated again by the next backward that adds to it; also with the plan's
+    `sync_chunks` at 1, one chunk per wave bucket (fewer buckets than layer-sized chunks)."""
     plan = planned(graph, "local-cpu", planner, repo_root, zero=2)
     assert plan.options["zero"] == "2"
+    if chunks is not None:
+        metaops = {m.id: m for m in graph.metaops}
+        before = sync_buckets(plan, metaops, "chunked", 1)
+        plan = dataclasses.replace(plan, options=dataclasses.replace(
+            PlanOptions.of(plan), sync_chunks=chunks).as_dict())
+        assert len(sync_buckets(plan, metaops, "chunked", 1)) < len(before)
     results = run_distributed(train_rank, 4, plan, graph, model, "fp64",
                               None if chunk_bytes is None else True, chunk_bytes, timeout_s=90)
     assert_matches_reference(results, reference, plan, graph)
