@@ -4,6 +4,7 @@ makes alone."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from spindle_cli.planner.api import (
     options_curves,
     slice_limits,
 )
+from spindle_cli.planner.buckets import MAX_CHUNKS
 from spindle_cli.planner.memory import MemoryStrategy
 from spindle_cli.planner.simulate import simulated_cost
 
@@ -84,7 +86,13 @@ def test_every_memory_setting_gets_the_plan_it_gets_alone():
     assert 1 < len(fitted) < len(memory_ladder())
     # the search simulates a later setting's candidates only up to a margin above the best
     # plan so far (`api.SEED_MARGIN`), and still keeps the fastest of the plans made alone
-    assert fitting_plan_with_cost(g, p, c) == min(fitted, key=lambda x: x[1])
+    # (its gradient buckets then cut finer where that is faster: `api._finer_chunks`)
+    best_plan, best_ms = min(fitted, key=lambda x: x[1])
+    plan, iteration_ms = fitting_plan_with_cost(g, p, c)
+    options = dataclasses.replace(PlanOptions.of(plan), sync_chunks=MAX_CHUNKS)
+    assert dataclasses.replace(plan, options=options.as_dict()) == best_plan
+    assert iteration_ms <= best_ms
+    assert iteration_ms == simulated_cost(plan, g, p, c).iteration_ms
 
 
 def test_no_candidate_is_simulated_beyond_the_callers_iteration():
