@@ -97,7 +97,7 @@ class PlanOptions:
             raise ValueError(f"unknown placement {self.placement!r} (expected {PLACEMENTS})")
         if self.zero not in ZERO_STAGES:
             raise ValueError(f"unknown ZeRO stage {self.zero!r} (expected one of {ZERO_STAGES})")
-        if self.sync_chunks not in SYNC_CHUNK_COUNTS:
+        if type(self.sync_chunks) is not int or self.sync_chunks not in SYNC_CHUNK_COUNTS:
             raise ValueError(f"unknown chunk count {self.sync_chunks!r} (expected one of "
                              f"{SYNC_CHUNK_COUNTS})")
 
@@ -236,12 +236,13 @@ tries on the kept plan, besides `buckets.MAX_CHUNKS`."""
 
 
 def _finer_chunks(best: tuple[float, Plan], graph: MetaOpGraph, profile: Profile,
-                  cluster: ClusterSpec) -> tuple[float, Plan]:
+                  cluster: ClusterSpec, *, give_up_ms: float = math.inf) -> tuple[float, Plan]:
     """The kept plan (its simulated iteration, the plan) with its gradient buckets cut into
     more chunks per wave (`SYNC_CHUNK_CHOICES`), where that simulates faster: more collectives,
     each paying its ring's message latencies, but each starting sooner in the backward (and,
     under ZeRO-1/2, its all-gather arriving sooner in the next forward). The same plan
-    otherwise, for every planner alike: how the executor buckets a plan's gradients."""
+    otherwise, for every planner alike: how the executor buckets a plan's gradients. Finer
+    chunks are simulated only until they pass the plan's iteration or `give_up_ms`."""
     metaops = {m.id: m for m in graph.metaops}
     layout = sync_buckets(best[1], metaops, "chunked")
     for count in SYNC_CHUNK_CHOICES:
@@ -249,10 +250,10 @@ def _finer_chunks(best: tuple[float, Plan], graph: MetaOpGraph, profile: Profile
         plan = replace(best[1], options=options.as_dict())
         if sync_buckets(plan, metaops, "chunked") == layout:
             continue
-        iteration_ms = simulated_cost(plan, graph, profile, cluster,
-                                      give_up_ms=best[0]).iteration_ms
-        if iteration_ms < best[0] - 1e-9:
-            best = (iteration_ms, plan)
+        cost = simulated_cost(plan, graph, profile, cluster,
+                              give_up_ms=min(best[0], give_up_ms))
+        if math.isfinite(cost.transfer_ms) and cost.iteration_ms < best[0] - 1e-9:
+            best = (cost.iteration_ms, plan)
     return best
 
 
@@ -760,7 +761,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     last_failed = False
     """Whether the last candidate `consider` assembled did not fit (PlanInfeasible)."""
     last_plan: Plan | None = None
-    """The last candidate `consider` simulated (None when it was not)."""
+    """The last candidate `consider` simulated to the end (None when it was not; `last_ms` is
+    then its iteration)."""
 
     def levels(cap: int, spread: bool) -> list[list[PlannedWave]]:
         """Each level's schedule under a device bound, from `spread` allocations or not (made
@@ -817,7 +819,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         cost = (simulated_cost(plan, graph, profile, cluster, give_up_ms=min(
                     give_up_ms, best.iteration_ms * (1 + slack) if best else math.inf))
                 if simulated else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
-        last_ms, last_plan = cost.iteration_ms, plan
+        last_ms = cost.iteration_ms
+        last_plan = plan if math.isfinite(cost.transfer_ms) else None
         if best is None or cost.iteration_ms < best.iteration_ms - 1e-9:
             best = _Kept(iteration_ms=cost.iteration_ms, plan=plan, caps=caps, fused=fused,
                          transfer_ms=cost.transfer_ms, planned=planned, home=home, label=label,
@@ -1010,8 +1013,10 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         if "'s schedule" in best.label and backend_sync(cluster.backend) == "chunked":
             # and both with finer gradient chunks (`fitting_plan_with_cost` tries them on the
             # kept plan only): Spindle's own may gain more from them
-            theirs = _finer_chunks((best.iteration_ms, best.plan), graph, profile, cluster)
-            ours = _finer_chunks(min(mine, key=lambda m: m[0]), graph, profile, cluster)
+            theirs = _finer_chunks((best.iteration_ms, best.plan), graph, profile, cluster,
+                                   give_up_ms=give_up_ms)
+            ours = _finer_chunks(min(mine, key=lambda m: m[0]), graph, profile, cluster,
+                                 give_up_ms=theirs[0])
             kept_ms, kept_plan = ours if ours[0] < theirs[0] - 1e-9 else theirs
             return kept_plan, kept_ms
     if best is None:

@@ -11,7 +11,8 @@ Gradients live in flat buckets (every layer parameter and its gradient are views
 out by `planner.buckets.sync_buckets`, the layout the simulator times. With `overlap_sync` (the
 default on NCCL) a set of holder ranks' layers are split by the backward wave that completes
 them (the lowest wave of a slice running the layer) and then into chunks of whole layers (at
-least 25 MiB, at most 4 per set and wave, as DDP's buckets): a slice's forward is cut below
+least 25 MiB, at most the plan's `sync_chunks` (4 by default) per set and wave, as DDP's
+buckets): a slice's forward is cut below
 each chunk's lowest layer, so its backward runs segment by segment and a chunk is all-reduced
 as soon as the segments above have run, overlapping the rest of the backward. Without it (the
 default on gloo, where the collective's threads take their CPU time from the rank's compute: 44

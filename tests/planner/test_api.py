@@ -297,6 +297,14 @@ def test_a_plan_records_only_options_the_planner_knows():
                                          "'sequential'"):
         replace(plan, options={**plan.options, "placement": "random"})
     assert PlanOptions.of(replace(plan, options={**plan.options, "zero": "2"})).zero == 2
+    with pytest.raises(FieldError, match="options.sync_chunks: '3' is not one of"):
+        replace(plan, options={**plan.options, "sync_chunks": "3"})
+    assert PlanOptions.of(replace(plan, options={**plan.options, "sync_chunks": "8"})) \
+        .sync_chunks == 8
+    assert "sync_chunks" not in plan.options  # 4, the default, is not written
+    for bad in (3, 8.0, True):
+        with pytest.raises(ValueError, match="unknown chunk count"):
+            PlanOptions(sync_chunks=bad)
 
 
 def test_waves_that_do_not_fit_placed_naively_are_infeasible():

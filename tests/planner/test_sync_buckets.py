@@ -9,7 +9,7 @@ import _sim_fixtures as fx
 import pytest
 
 from spindle_cli.artifacts import MetaOpGraph, Plan, load
-from spindle_cli.planner.buckets import MAX_CHUNKS, SYNC_MODES, sync_buckets
+from spindle_cli.planner.buckets import MAX_CHUNKS, SYNC_MODES, max_chunks, sync_buckets
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,9 +92,12 @@ def test_chunks_are_whole_layers_of_at_least_their_share_of_their_wave_bucket(
         shipped: tuple[Plan, MetaOpGraph], most: int | None):
     # at most the plan's `sync_chunks` chunks per wave bucket (MAX_CHUNKS without it)
     plan, graph = shipped
+    options = {k: v for k, v in plan.options.items() if k != "sync_chunks"}
     if most is not None:
-        plan = dataclasses.replace(plan, options={**plan.options, "sync_chunks": str(most)})
+        options["sync_chunks"] = str(most)
+    plan = dataclasses.replace(plan, options=options)
     most = most or MAX_CHUNKS
+    assert max_chunks(plan) == most
     metaops = {m.id: m for m in graph.metaops}
     whole = sync_buckets(plan, metaops, "per-wave")
     for chunk_bytes in (1, 25 * 2**20, 2**40):
@@ -120,4 +123,3 @@ def test_more_chunks_allowed_cut_the_wave_buckets_finer(shipped: tuple[Plan, Met
         for most in (1, 2, 4, 8, 16)]
     assert counts[0] == len(sync_buckets(plan, metaops, "per-wave"))
     assert counts == sorted(counts) and counts[3] > counts[2]
-    assert counts[2] == len(sync_buckets(plan, metaops, "chunked", 1))
