@@ -122,10 +122,12 @@ def _meta(plan: Plan, opts: TrainOptions) -> dict[str, Any]:
             else "per-set"}
 
 
-def check_options(opts: TrainOptions, *, timeout_s: float) -> None:
+def check_options(opts: TrainOptions, *, timeout_s: float, holder: bool = True) -> None:
     """Refuse (SpindleError) options that would fail only later in the run, or do nothing.
     Reads the file system, leaves nothing on it (a probe file, `check_can_create`, is removed
-    at once), uses no process group."""
+    at once), uses no process group. Only a `holder` (`spindle run` before launch, a run's
+    rank 0) checks that no run holds the checkpoint directory: another rank of this run may
+    come to it after its rank 0 has taken the directory (`train`)."""
     for flag, path in (("--checkpoint-dir", opts.checkpoint_dir), ("--trace", opts.trace_path)):
         if path == "":
             # (an empty --checkpoint-dir read as none: the run saved nothing, silently)
@@ -150,7 +152,8 @@ def check_options(opts: TrainOptions, *, timeout_s: float) -> None:
                 raise SpindleError(f"{flag} needs --checkpoint-dir")
     else:
         checkpoint.check_dir(opts.checkpoint_dir)
-        checkpoint.check_free(opts.checkpoint_dir)
+        if holder:
+            checkpoint.check_free(opts.checkpoint_dir)
         found = None if opts.resume else checkpoint.latest(opts.checkpoint_dir)
         if found is not None:
             # a new run would replace some of them and leave the rest to a later --resume
@@ -433,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                             dataset=args.dataset, checkpoint_dir=args.checkpoint_dir,
                             checkpoint_every=args.checkpoint_every, resume=args.resume,
                             trace_path=args.trace)
-        check_options(opts, timeout_s=args.timeout_s)
+        check_options(opts, timeout_s=args.timeout_s, holder=rank == 0)
         world = rdist.init(args.backend, timeout_s=args.timeout_s)
         try:
             check_world(inputs.plan, world.world_size, rank=world.rank,
