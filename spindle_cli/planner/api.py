@@ -183,9 +183,11 @@ def fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Cluste
     and wave schedules (`Schedules`), and Spindle's own simulation of its kept candidate is
     the setting's cost; a setting's candidates are simulated only up to SEED_MARGIN above the
     best plan so far (in `spindle bench`, the same plans in 0.83x the time; OFASys 7 tasks on
-    32 GPUs 3.5 s instead of 5.5). Above SIMULATED_CHOICE_MAX_DEVICES the first setting that fits is
-    kept, unsimulated (one simulation there outlasts the planning target). PlanInfeasible
-    from the last setting when none fits."""
+    32 GPUs 3.5 s instead of 5.5). On a cluster whose gradient buckets are chunked (nccl) the
+    kept plan is then tried with finer chunks (`_finer_chunks`). Above
+    SIMULATED_CHOICE_MAX_DEVICES the first setting that fits is kept, unsimulated (one
+    simulation there outlasts the planning target). PlanInfeasible from the last setting
+    when none fits."""
     if not ladder:
         raise ValueError("empty memory ladder")
     error: PlanInfeasible | None = None
@@ -708,10 +710,11 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     (`consider_lanes`), then the three baselines' schedules, so that Spindle never simulates
     slower than a baseline (a quality sweep of 132 small cases found 11 where a baseline's
     schedule beat every one of Spindle's own by 0.5-12%: an embedding's rows re-split
-    between 3 and 1 devices, or a 32-layer encoder waiting in one wave for its whole ZeRO
-    all-gather across nodes). Finally the kept plan's waves are placed again with ranks reserved for
-    the slices that would keep their rows there (`placement.place`'s `reserve`), kept when
-    that simulates faster (in `spindle bench`, with the memory search: OFASys 4 tasks on 8
+    between 3 and 1 devices, or, before the forward waited for the ZeRO all-gather layer by
+    layer, a 32-layer encoder waiting in one wave for all of it across nodes). Finally the
+    kept plan's waves are placed again with ranks reserved for the slices that would keep
+    their rows there (`placement.place`'s `reserve`), kept when that simulates faster (in
+    `spindle bench`, with the memory search: OFASys 4 tasks on 8
     GPUs 108.4 ms instead of 110.1, multitask-clip 7 tasks on 32 GPUs 105.2 instead of
     109.9; 12 of the 17 cells below 256 GPUs gain), and on consecutive ranks as the
     sequential baseline places them, kept when that simulates faster: island placement
@@ -721,7 +724,7 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     region_caption on 16-GiB devices: 18.02 ms against optimus's 18.78), and where the
     baseline's still wins, both are tried with finer gradient chunks (`_finer_chunks`, which
     `fitting_plan_with_cost` tries on the kept plan only; a sweep case, four multitask-clip
-    tasks on 2 nodes of 6 GPUs: Spindle's own 93.14 ms with 8 chunks, where Optimus's
+    tasks on 2 nodes of 6 GPUs: Spindle's own 93.22 ms with 8 chunks, where Optimus's
     schedule was kept at 94.55 with 4). Candidates with the
     same waves are simulated once; a one-island cluster has a single device bound and the
     other candidates. The allocator and the wave scheduler see compute only; the simulator is the
@@ -1000,14 +1003,13 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         assert own is not None
         mine = [(own.iteration_ms, own.plan)]
         for kept in (best,) if best is own else (best, own):
-            consider(kept.caps, kept.planned, spread=kept.spread, fused=kept.fused,
-                     home=kept.home, reserve=kept.plan,
-                     label=_labelled(kept.label, "reserved ranks"))
-            if kept is own and last_plan is not None:
-                mine.append((last_ms, last_plan))
+            ways: list[dict[str, Any]] = [{"home": kept.home, "reserve": kept.plan,
+                                           "label": _labelled(kept.label, "reserved ranks")}]
             if options.placement == "island":
-                consider(kept.caps, kept.planned, spread=kept.spread, fused=kept.fused,
-                         label=_labelled(kept.label, "consecutive ranks"), consecutive=True)
+                ways.append({"label": _labelled(kept.label, "consecutive ranks"),
+                             "consecutive": True})
+            for way in ways:
+                consider(kept.caps, kept.planned, spread=kept.spread, fused=kept.fused, **way)
                 if kept is own and last_plan is not None:
                     mine.append((last_ms, last_plan))
         if "'s schedule" in best.label and backend_sync(cluster.backend) == "chunked":

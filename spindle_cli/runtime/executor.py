@@ -12,9 +12,9 @@ out by `planner.buckets.sync_buckets`, the layout the simulator times. With `ove
 default on NCCL) a set of holder ranks' layers are split by the backward wave that completes
 them (the lowest wave of a slice running the layer) and then into chunks of whole layers (at
 least 25 MiB, at most the plan's `sync_chunks` (4 by default) per set and wave, as DDP's
-buckets): a slice's forward is cut below
-each chunk's lowest layer, so its backward runs segment by segment and a chunk is all-reduced
-as soon as the segments above have run, overlapping the rest of the backward. Without it (the
+buckets): a slice's forward is cut below each chunk's lowest layer, so its backward runs
+segment by segment and a chunk is all-reduced as soon as the segments above have run,
+overlapping the rest of the backward. Without it (the
 default on gloo, where the collective's threads take their CPU time from the rank's compute: 44
 vs 52 ms per step for tiny-clip on 2 CPU ranks here) a set has one bucket, due at the lowest
 wave of any of its layers. A rank issues its buckets (SUM, asynchronously) in the layout's one
@@ -28,9 +28,9 @@ buckets' all-gathers start, in bucket order; they overlap the next step's forwar
 for a bucket's only before the first operator of its layers, inside the slice (Megatron's
 overlapped parameter gather; checkpoints and parameter reads wait for all). Under ZeRO-2 a
 sharded bucket's full gradient also has storage only from the backward wave that first adds to
-it until its reduce-scatter has completed (found done at
-the next chance to issue buckets on NCCL; gloo's works do not report completion, so there at
-the end of the backward); between steps a rank keeps only the reduce-scattered shards. The task
+it until its reduce-scatter has completed (found done at the next chance to issue buckets on
+NCCL; gloo's works do not report completion, so there at the end of the backward); between
+steps a rank keeps only the reduce-scattered shards. The task
 losses are all-reduced over the world (for the log) asynchronously from the end of the forward
 pass.
 

@@ -133,8 +133,9 @@ def test_spindle_is_not_slower_than_optimus_at_32(model, task_set, cluster_name)
 def test_spindle_never_simulates_slower_than_a_baseline(model, tasks, nodes, per_node):
     """Spindle simulates the baselines' schedules as candidates too: in these cases (found by
     a quality sweep) one of them ran faster than every schedule of Spindle's own, by up to
-    12% (one embedding's rows re-split between 3 and 1 devices cost more than they saved; a
-    32-layer encoder in one wave waited for its whole ZeRO all-gather across nodes)."""
+    12% (one embedding's rows re-split between 3 and 1 devices cost more than they saved;
+    before the forward waited for the ZeRO all-gather layer by layer, a 32-layer encoder in
+    one wave waited for all of it across nodes)."""
     spec = load(str(ROOT / "models" / f"{model}.yaml"), ModelSpec)
     c = replace(load(str(ROOT / "clusters" / "a800-1x8.yaml"), ClusterSpec),
                 name=f"a800-{nodes}x{per_node}", num_nodes=nodes, devices_per_node=per_node,
