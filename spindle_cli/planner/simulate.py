@@ -133,6 +133,9 @@ class SliceTiming:
     forward_end_ms: float
     backward_start_ms: float
     backward_end_ms: float
+    forward_stalls: tuple[tuple[float, float], ...] = ()
+    """(start, end) of each stall inside the forward for a later layer's ZeRO-1/2 all-gather
+    (the forward's compute is the rest of forward_start_ms to forward_end_ms)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -699,6 +702,8 @@ class _Timeline:
     costs: dict[str, _SliceCost]
     starts: dict[str, list[float]]
     """Per slice: forward start, forward end, backward start, backward end (ms)."""
+    stalls: dict[str, list[tuple[float, float]]]
+    """Per slice that stalled inside its forward (`SliceTiming.forward_stalls`)."""
     net: _Network
     flow_meta: list[tuple[FlowKind, str, int, int, int]]
     fwd_timing: list[tuple[float, float, float]]
@@ -1026,12 +1031,16 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         waited for the all-gathers of its operators from `pos` on (`prior`), ended at
         `gathered_ms`: the executor waits before the first operator of each bucket, so the
         slice stalls there (before it starts, where pos is 0)."""
-        c = costs[s.id]
-        wait_ms = max(0.0, gathered_ms - (start_ms + stall_ms
-                                          + c.forward_ms * pos / s.num_layers))
-        return (start_ms + wait_ms, stall_ms) if pos == 0 else (start_ms, stall_ms + wait_ms)
+        at_ms = start_ms + stall_ms + costs[s.id].forward_ms * pos / s.num_layers
+        wait_ms = max(0.0, gathered_ms - at_ms)
+        if pos == 0:
+            return start_ms + wait_ms, stall_ms
+        if wait_ms > 0:
+            stalls.setdefault(s.id, []).append((at_ms, gathered_ms))
+        return start_ms, stall_ms + wait_ms
 
     starts: dict[str, list[float]] = {s.id: [0.0] * 4 for _, s in plan.slices()}
+    stalls: dict[str, list[tuple[float, float]]] = {}
     fwd_timing: list[tuple[float, float, float]] = []
     bwd_timing: dict[int, tuple[float, float, float]] = {}
 
@@ -1372,7 +1381,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         parts = (rank_times.forward_ms[r], rank_times.backward_ms[r],
                  rank_times.waiting_ms[r], reduced_r - end_ms[r], optimizer_ms[r])
 
-    return _Timeline(costs=costs, starts=starts, net=net, flow_meta=flow_meta,
+    return _Timeline(costs=costs, starts=starts, stalls=stalls, net=net, flow_meta=flow_meta,
                      fwd_timing=fwd_timing, bwd_timing=bwd_timing, sync_start_ms=sync_start_ms,
                      sync_end_ms=reduced_ms, iteration_ms=iteration_ms, parts=parts)
 
@@ -1407,7 +1416,8 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         slices.append(SliceTiming(
             slice_id=s.id, metaop=s.metaop, module=m.module, wave=c.wave, first=s.first,
             last=s.last, ranks=s.ranks, forward_start_ms=st[0], forward_end_ms=st[1],
-            backward_start_ms=st[2], backward_end_ms=st[3]))
+            backward_start_ms=st[2], backward_end_ms=st[3],
+            forward_stalls=tuple(timeline.stalls.get(s.id, ()))))
 
     # what the slices keep for backward, as memory.py counts it (the plan's own table)
     stash = [rm.activation_bytes for rm in replayed_table(

@@ -65,6 +65,23 @@ def test_compute_shows_through_a_sync_that_overlaps_it():
     assert rows["r0"] == "A" * 4 + "." * 43 + "a" * 8 + "~" * 6
 
 
+@pytest.mark.parametrize("progress", ["wave", "rank"])
+def test_a_forward_stalled_for_an_all_gather_is_drawn_as_a_stall_not_compute(progress):
+    # ZeRO-1 with chunked buckets: enc runs layer 0 2.5-4.5 ms, waits for layer 1's
+    # all-gather until 5 and runs it 5-7 (test_memory_simulate); 60.5 ms in all
+    plan = fx.plan()
+    plan = dataclasses.replace(plan, options={**plan.options, "zero": "1"})
+    r = simulate(plan, fx.graph(), fx.profile(), fx.cluster(), sync="chunked",
+                 progress=progress)
+    times, series = busy_series(timeline(plan, r))
+    assert times[:4] == pytest.approx([2.5, 4.5, 5.0, 7.0])
+    assert series["enc"][:4] == [2, 0, 2, 0]
+    text = text_gantt(plan, width=121, sim=r)
+    row = {line.split()[0]: line.split()[1] for line in text.splitlines()[1:5]}["r0"]
+    assert row[:14] == "....." + "AAAA" + ":" + "AAAA"
+    assert ":=stalled for an all-gather" in text
+
+
 def test_busy_series_counts_ranks_per_module():
     times, series = busy_series(timeline(fx.plan(), sim()))
     assert times == [0.0, 4.0, 24.0, 25.0, 27.0, 47.0, 55.0]

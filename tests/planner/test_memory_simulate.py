@@ -84,7 +84,9 @@ def test_zero1_forward_stalls_inside_a_slice_for_a_later_layers_all_gather(progr
                        ("all-gather enc[1:2]", pytest.approx(2.5), pytest.approx(5.0))]
     enc = next(s for s in r.slices if s.module == "enc")
     assert (enc.forward_start_ms, enc.forward_end_ms) == pytest.approx((2.5, 7.0))
+    assert [t for stall in enc.forward_stalls for t in stall] == pytest.approx([4.5, 5.0])
     head = next(s for s in r.slices if s.module == "head")
+    assert head.forward_stalls == ()
     base_head = next(s for s in base.slices if s.module == "head")
     assert head.forward_start_ms == pytest.approx(base_head.forward_start_ms + 3.0)
     assert r.compute_ms == pytest.approx(base.compute_ms)

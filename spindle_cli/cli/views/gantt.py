@@ -5,7 +5,8 @@ Two timelines can be drawn. From the plan alone: each slice starts with its wave
 (`Wave.start_ms`) and lasts its planned forward+backward `time_ms`; transfers are drawn from the
 producer slice's end to the consumer wave's start; parameter sync is marked after the last wave
 (its duration is not in the plan). From a simulation (`sim=`): forward and backward bars at
-their simulated times, every point-to-point flow, and each parameter group's all-reduce.
+their simulated times (a forward cut where it stalls for a ZeRO-1/2 all-gather), every
+point-to-point flow, and each parameter group's all-reduce.
 
 matplotlib is imported inside the drawing functions only (importing it costs ~0.3 s).
 """
@@ -24,7 +25,8 @@ from spindle_cli.cli.common import check_output
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.simulate import SimResult
 
-Phase = Literal["forward", "backward", "step", "sync"]
+Phase = Literal["forward", "backward", "step", "sync", "stall"]
+"""'stall': a forward waiting inside its slice for a later layer's ZeRO-1/2 all-gather."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +55,10 @@ class Timeline:
     flows: tuple[tuple[int, int, float, float], ...]
     """(src rank, dst rank, start, end) of each transfer (forward and backward)."""
     sync_start_ms: float | None
+
+
+def _computes(b: Bar) -> bool:
+    return b.phase not in ("sync", "stall")
 
 
 def _label(metaop: str, first: int, last: int) -> str:
@@ -90,9 +96,13 @@ def _sim_timeline(plan: Plan, sim: SimResult) -> Timeline:
     bars = []
     for s in sim.slices:
         label = _label(s.metaop, s.first, s.last)
+        # the forward's compute runs between its stalls
+        edges = [s.forward_start_ms, *(t for stall in s.forward_stalls for t in stall),
+                 s.forward_end_ms]
         for r in s.ranks:
-            bars.append(Bar(rank=r, start_ms=s.forward_start_ms, end_ms=s.forward_end_ms,
-                            key=s.module, label=label, phase="forward", slice_id=s.slice_id))
+            for i, (start, end) in enumerate(itertools.pairwise(edges)):
+                bars.append(Bar(rank=r, start_ms=start, end_ms=end, key=s.module, label=label,
+                                phase="stall" if i % 2 else "forward", slice_id=s.slice_id))
             bars.append(Bar(rank=r, start_ms=s.backward_start_ms, end_ms=s.backward_end_ms,
                             key=s.module, label=label, phase="backward", slice_id=s.slice_id))
     for g in sim.syncs:
@@ -164,11 +174,13 @@ def write_gantt(plan: Plan, path: str, *, sim: SimResult | None = None) -> None:
     # a sync overlapping compute (chunked buckets run during the backward pass) is a strip
     # below the rank's compute, not a bar over it
     syncs = any(b.phase == "sync" for b in tl.bars)
+    stalls = any(b.phase == "stall" for b in tl.bars)
     for b in tl.bars:
         y, h = ((b.rank + 0.3, 0.2) if b.phase == "sync" else
                 (b.rank - 0.1, 0.6) if syncs else (b.rank, 0.8))
         ax.barh(y, b.end_ms - b.start_ms, left=b.start_ms, height=h,
-                color=colors[b.key], edgecolor="white" if b.phase != "sync" else "black",
+                color="lightgrey" if b.phase == "stall" else colors[b.key],
+                edgecolor="black" if b.phase == "sync" else "white",
                 linewidth=0.3, hatch="///" if b.phase in ("backward", "sync") else None)
     _label_slices(ax, tl, width_px=12 * 110)
     for t, name in tl.boundaries:
@@ -187,8 +199,9 @@ def write_gantt(plan: Plan, path: str, *, sim: SimResult | None = None) -> None:
     ax.set_xlabel("time (ms)")
     src = "simulated" if sim is not None else "planned"
     hatch = "; hatched: backward and sync" if sim is not None else ""
+    grey = "; grey: forward stalled for an all-gather" if stalls else ""
     ax.set_title(f"{plan.model} on {plan.cluster} ({plan.num_devices} devices), planner "
-                 f"{plan.planner}: {src} timeline{hatch}; lines: transfers", fontsize=9)
+                 f"{plan.planner}: {src} timeline{hatch}{grey}; lines: transfers", fontsize=9)
     handles = [Patch(color=c, label=k) for k, c in colors.items()]
     ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0),
               title="module" if sim is not None else "step", title_fontsize=7)
@@ -217,13 +230,12 @@ def _label_slices(ax: Any, tl: Timeline, width_px: float) -> None:
 
 def busy_series(tl: Timeline) -> tuple[list[float], dict[str, list[float]]]:
     """Change points and, per colour key, the number of ranks computing from each point on."""
-    times = sorted({t for b in tl.bars if b.phase != "sync" for t in (b.start_ms, b.end_ms)})
-    keys = sorted({b.key for b in tl.bars if b.phase != "sync"})
+    computing = [b for b in tl.bars if _computes(b)]
+    times = sorted({t for b in computing for t in (b.start_ms, b.end_ms)})
+    keys = sorted({b.key for b in computing})
     series = {k: [0.0] * len(times) for k in keys}
     index = {t: i for i, t in enumerate(times)}
-    for b in tl.bars:
-        if b.phase == "sync":
-            continue
+    for b in computing:
         for i in range(index[b.start_ms], index[b.end_ms]):
             series[b.key][i] += 1
     return times, series
@@ -246,7 +258,7 @@ def write_utilization(plan: Plan, path: str, *, sim: SimResult | None = None) ->
         ax.stackplot(times, *ys, step="post", labels=list(series),
                      colors=[colors[k] for k in series])
         total = [sum(col) for col in zip(*ys, strict=True)]
-        mean = sum(b.end_ms - b.start_ms for b in tl.bars if b.phase != "sync") / (
+        mean = sum(b.end_ms - b.start_ms for b in tl.bars if _computes(b)) / (
             tl.num_ranks * max(tl.end_ms, 1e-9))
         ax.step(times, total, where="post", color="black", linewidth=0.8,
                 label=f"all (mean {100 * mean:.0f}%)")
@@ -265,9 +277,10 @@ def write_utilization(plan: Plan, path: str, *, sim: SimResult | None = None) ->
 def text_gantt(plan: Plan, *, width: int = 100, sim: SimResult | None = None) -> str:
     """A terminal Gantt: one row per rank, one character per time bucket; each module (step
     without a simulation) has a letter, '.' is idle, '~' parameter sync where the rank computes
-    nothing; backward in lower case when simulated."""
+    nothing, ':' a forward stalled for a ZeRO-1/2 all-gather; backward in lower case when
+    simulated."""
     tl = timeline(plan, sim)
-    keys = sorted({b.key for b in tl.bars if b.phase != "sync"})
+    keys = sorted({b.key for b in tl.bars if _computes(b)})
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
     letters = {k: alphabet[i % len(alphabet)] for i, k in enumerate(keys)}
     span = max(tl.end_ms, 1e-9)
@@ -277,7 +290,7 @@ def text_gantt(plan: Plan, *, width: int = 100, sim: SimResult | None = None) ->
     for b in tl.bars:
         lo = round(b.start_ms / span * width)
         hi = round(b.end_ms / span * width)
-        ch = "~" if b.phase == "sync" else letters[b.key]
+        ch = {"sync": "~", "stall": ":"}.get(b.phase) or letters[b.key]
         if b.phase == "backward":
             ch = ch.lower()
         for i in range(lo, min(hi, width)):
@@ -292,5 +305,7 @@ def text_gantt(plan: Plan, *, width: int = 100, sim: SimResult | None = None) ->
     lines += [f"r{r:>{pad}} {''.join(row)}" for r, row in enumerate(grid)]
     lines.append("legend: " + ", ".join(f"{letters[k]}={k}" for k in keys)
                  + (", ~=param sync" if any(b.phase == "sync" for b in tl.bars) else "")
+                 + (", :=stalled for an all-gather" if any(b.phase == "stall" for b in tl.bars)
+                    else "")
                  + (" (lower case: backward)" if sim is not None else ""))
     return "\n".join(lines)
