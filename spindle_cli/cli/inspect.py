@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect as pyinspect
-import os
 from typing import Any
 
 import click
@@ -22,7 +21,7 @@ from spindle_cli.artifacts.base import Artifact, DerivedArtifact
 from spindle_cli.artifacts.io import kinds, load_recorded_input
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views import VIEW_MODULES
-from spindle_cli.cli.views.gantt import check_image_path
+from spindle_cli.cli.views.gantt import check_chart_paths, check_image_path
 from spindle_cli.errors import ArtifactError, InputNotFound, SpindleError
 from spindle_cli.planner.api import PlanOptions
 from spindle_cli.planner.consistency import (
@@ -134,12 +133,7 @@ def show(path: str, plot: str | None, gantt: str | None, utilization: str | None
         if name not in accepted:
             flag = "--" + name.replace("_", "-")
             raise SpindleError(f"{path}: {flag} does not apply to a {obj.kind} artifact")
-    for name in ("plot", "gantt", "utilization"):
-        if name in options:
-            check_image_path(options[name])
-    if "gantt" in options and "utilization" in options and \
-            os.path.realpath(options["gantt"]) == os.path.realpath(options["utilization"]):
-        raise SpindleError(f"{options['utilization']}: given for both --gantt and "
-                           "--utilization (the second image would replace the first)",
-                           hint="give each image its own name")
+    if "plot" in options:
+        check_image_path(options["plot"])
+    check_chart_paths(options.get("gantt"), options.get("utilization"))
     view(obj, path, **options)

@@ -17,7 +17,7 @@ from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input
 from spindle_cli.cli.views import print_table
-from spindle_cli.cli.views.gantt import check_image_path
+from spindle_cli.cli.views.gantt import check_chart_paths
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner import simulate as simulation
 from spindle_cli.planner.api import PLACEMENTS, place_again
@@ -144,6 +144,11 @@ def print_report(result: SimResult, path: str, progress: simulation.Progress = "
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("--gantt", default=None, metavar="SVG|PNG",
               help="Also draw the simulated timeline as a Gantt chart.")
+@click.option("--utilization", default=None, metavar="SVG|PNG",
+              help="Also draw the share of devices computing over the simulated iteration.")
+@click.option("--text-gantt", is_flag=True,
+              help="Print the simulated timeline as a text Gantt chart after the report "
+                   "(not with --json).")
 @click.option("--sync", "sync", type=click.Choice(["auto", *SYNC_MODES]), default="auto",
               show_default=True,
               help="Gradient buckets: chunked, chunks of a rank set's layers each as soon as "
@@ -166,18 +171,23 @@ def print_report(result: SimResult, path: str, progress: simulation.Progress = "
                    "the plain island placement: a kept plan's home, reserved or "
                    "consecutive ranks are not kept, so compare with the plan as it is (no "
                    "--placement).")
-def simulate(plan_path: str, as_json: bool, gantt: str | None,
-             sync: str, progress: simulation.Progress, placement: str | None) -> None:
+def simulate(plan_path: str, as_json: bool, gantt: str | None, utilization: str | None,
+             text_gantt: bool, sync: str, progress: simulation.Progress,
+             placement: str | None) -> None:
     """Simulate one training iteration of PLAN on its cluster."""
-    if gantt is not None:
-        check_image_path(gantt)
+    if as_json and text_gantt:
+        raise click.UsageError("--text-gantt prints to stdout, as --json does: give one")
+    check_chart_paths(gantt, utilization)
     plan, result = simulate_file(plan_path, sync=None if sync == "auto" else sync,
                                  progress=progress, placement=placement)
-    if gantt is not None:
-        from spindle_cli.cli.views.gantt import write_gantt
+    from spindle_cli.cli.views import gantt as charts
 
-        write_gantt(plan, gantt, sim=result)
+    if gantt is not None:
+        charts.write_gantt(plan, gantt, sim=result)
         err.print(f"wrote {gantt}")
+    if utilization is not None:
+        charts.write_utilization(plan, utilization, sim=result)
+        err.print(f"wrote {utilization}")
     if as_json:
         click.echo(json.dumps({**summary(result),
                                "placement": plan.options.get("placement", "island"),
@@ -187,4 +197,6 @@ def simulate(plan_path: str, as_json: bool, gantt: str | None,
         if placement is not None:
             out.print(f"waves placed again: {placement} placement")
         print_report(result, plan_path, progress)
+        if text_gantt:
+            out.print(charts.text_gantt(plan, sim=result))
 

@@ -342,6 +342,10 @@ def test_end_to_end_exit_code_and_no_traceback(small_model_data, workdir):
     (("show", "p.yaml", "--gantt", "g.svg", "--utilization", "./g.svg"),
      "error: ./g.svg: given for both --gantt and --utilization (the second image would "
      "replace the first)"),
+    (("simulate", "p.yaml", "--gantt", "g.svg", "--utilization", "./g.svg"),
+     "error: ./g.svg: given for both --gantt and --utilization (the second image would "
+     "replace the first)"),
+    (("simulate", "p.yaml", "--utilization", "u.gif"), "error: u.gif: unknown image type"),
 ])
 def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spindle):
     root = Path(__file__).resolve().parents[2]

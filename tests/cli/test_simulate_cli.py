@@ -192,6 +192,34 @@ def test_gantt_of_the_simulated_timeline(tmp_path):
     json.loads(res.stdout)
 
 
+def test_utilization_of_the_simulated_iteration(tmp_path):
+    plan_path = write_case(tmp_path)
+    res = _run(["simulate", str(plan_path), "--utilization", str(tmp_path / "u.png")])
+    assert res.exit_code == 0, res.stderr
+    assert (tmp_path / "u.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_text_gantt_of_the_simulated_timeline_follows_the_report(tmp_path):
+    # the report's tables, then the timeline: enc (A) on ranks 0-1 with its backward (a)
+    # and sync (~), head (B) on ranks 2-3
+    res = _run(["simulate", str(write_case(tmp_path)), "--text-gantt"])
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    rows = [line for line in lines if line.startswith("r")]
+    assert [row.split()[0] for row in rows] == ["r0", "r1", "r2", "r3"]
+    assert "a" in rows[0] and "~" in rows[0] and "B" in rows[2]
+    assert lines[-1].startswith("legend: A=enc, B=head")
+    assert lines.index(next(line for line in lines if "(| wave start;" in line)) > \
+        lines.index(next(line for line in lines if "one iteration" in line))
+
+
+def test_text_gantt_and_json_both_want_stdout(tmp_path):
+    res = _run(["simulate", str(write_case(tmp_path)), "--text-gantt", "--json"])
+    assert res.exit_code == 2
+    assert res.stdout == ""
+    assert "--text-gantt prints to stdout, as --json does" in res.stderr
+
+
 REPO = Path(__file__).resolve().parents[2]
 
 

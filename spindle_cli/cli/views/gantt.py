@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -155,6 +156,19 @@ def check_image_path(path: str) -> None:
     if path == "-":
         raise SpindleError("-: an image cannot go to stdout (give an .svg or .png file)")
     check_output(path, (".svg", ".png"), "image type")
+
+
+def check_chart_paths(gantt: str | None, utilization: str | None) -> None:
+    """`check_image_path` for each chart given, and SpindleError where both name one file
+    (the second image would replace the first)."""
+    for path in (gantt, utilization):
+        if path is not None:
+            check_image_path(path)
+    if gantt is not None and utilization is not None and \
+            os.path.realpath(gantt) == os.path.realpath(utilization):
+        raise SpindleError(f"{utilization}: given for both --gantt and --utilization (the "
+                           "second image would replace the first)",
+                           hint="give each image its own name")
 
 
 def write_gantt(plan: Plan, path: str, *, sim: SimResult | None = None) -> None:
