@@ -7,7 +7,8 @@ Exit codes (the only place they are decided):
   2  bad input: an artifact, option or file the user gave is invalid (one-line error), or
      the machine refused to write the output (a full disk)
   123 internal error (a bug)
-  130 interrupted (Ctrl-C); 143 stopped by SIGTERM (128 + the signal)
+  130 interrupted (Ctrl-C); 143 stopped by SIGTERM (128 + the signal): 'error: interrupted
+     by SIGINT' (or SIGTERM), the line `spindle run` prints when it stops its ranks
 SPINDLE_DEBUG=1 adds the traceback to an error; the exit code stays the same.
 """
 
@@ -85,8 +86,12 @@ def main(argv: list[str] | None = None) -> Any:
         signal.signal(signal.SIGTERM, before)
 
 
+class _Terminated(SystemExit):
+    """SIGTERM arrived: exit 128 + the signal, through every cleanup on the way out."""
+
+
 def _terminated(signum: int, frame: object) -> NoReturn:
-    raise SystemExit(128 + signum)
+    raise _Terminated(128 + signum)
 
 
 def _main(argv: list[str] | None) -> Any:
@@ -108,6 +113,9 @@ def _main(argv: list[str] | None) -> Any:
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    except _Terminated as e:
+        say("error: interrupted by SIGTERM")
+        sys.exit(e.code)
     except _NO_ARGS_HELP as e:  # `spindle` alone: the help, as click 8.1 printed it
         say(e.format_message())
         sys.exit(2)
@@ -119,8 +127,10 @@ def _main(argv: list[str] | None) -> Any:
     except click.ClickException as e:
         say(f"error: {e.format_message()}")
         sys.exit(2)
-    except click.Abort:
-        say("error: aborted")
+    except click.Abort as e:
+        # click turns Ctrl-C (KeyboardInterrupt) into Abort
+        ctrl_c = isinstance(e.__context__, KeyboardInterrupt)
+        say("error: interrupted by SIGINT" if ctrl_c else "error: aborted")
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)

@@ -453,7 +453,8 @@ def test_a_byte_order_mark_is_read_past_in_json_as_in_yaml(workdir, spindle):
         assert result.stderr == f"ok {name} (cluster)\n"
 
 
-def test_sigterm_during_a_write_exits_143_and_leaves_no_temp_file(workdir, monkeypatch):
+def test_sigterm_during_a_write_exits_143_and_leaves_no_temp_file(workdir, monkeypatch,
+                                                                   capfd):
     """A cancelled CI job's SIGTERM ends a command as Ctrl-C does: the write in progress is
     cleaned up (its temp file was left beside the output), and the handler is put back."""
     import signal
@@ -471,5 +472,6 @@ def test_sigterm_during_a_write_exits_143_and_leaves_no_temp_file(workdir, monke
     with pytest.raises(SystemExit) as e:
         main(["graph", "m.yaml", "-o", "g.yaml"])
     assert e.value.code == 143
+    assert capfd.readouterr().err.splitlines()[-1] == "error: interrupted by SIGTERM"
     assert sorted(p.name for p in Path().iterdir()) == ["m.yaml"]
     assert signal.getsignal(signal.SIGTERM) is before
