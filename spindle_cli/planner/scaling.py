@@ -68,10 +68,13 @@ def count_range(curve: Curve) -> tuple[int, float]:
     profiled point outside the pieces marks that side as closed. A side without such a point
     stays open: the first piece extends down, the last piece up; except below a curve fitted
     on one count (`--counts 8`), whose flat piece would claim that one device runs as fast as
-    eight: no slope was seen to extend."""
+    eight: no slope was seen to extend. Such a piece may start below its count (48 devices
+    on a batch of 64 run 2 rows each, the work of 32: the piece covers 32-48), so the test is
+    one feasible profiled count on the pieces, not one count wide."""
     lo, hi = curve.pieces[0].n_lo, curve.pieces[-1].n_hi
     profiled = [p.num_devices for p in curve.points]
-    low = lo if lo == hi or any(c < lo for c in profiled) else 1
+    fitted = {p.num_devices for p in curve.points if p.feasible and lo <= p.num_devices <= hi}
+    low = lo if len(fitted) <= 1 or any(c < lo for c in profiled) else 1
     high: float = hi if any(c > hi for c in profiled) else math.inf
     return low, high
 

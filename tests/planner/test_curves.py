@@ -144,6 +144,13 @@ def test_a_curve_fitted_on_one_count_is_not_used_below_it():
     curve = _curve(_samples([5.0], (8,)), 64)
     assert scaling.count_range(curve) == (8, math.inf)
     assert scaling.valid_counts(curve, 16) == [8, 16]
+    # one count that does not divide the batch: 48 devices on 64 rows run 2 rows each, the
+    # work of 32, so its flat piece covers 32-48; it extends no lower either
+    one = Sample(num_devices=48, time_ms=5.0, strategy="dp", work_devices=32.0)
+    curve = _curve([one], 64)
+    assert (curve.pieces[0].n_lo, curve.pieces[-1].n_hi) == (32, 48)
+    assert scaling.count_range(curve) == (32, math.inf)
+    assert scaling.valid_counts(curve, 64) == [32, 64]
     # two points give a slope, which extends down as the alpha-beta line
     curve = _curve(_samples([5.0, 3.0], (8, 16)), 64)
     assert scaling.count_range(curve) == (1, math.inf)
