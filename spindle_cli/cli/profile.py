@@ -8,10 +8,12 @@ progress bar on stderr and a per-point cache, so an interrupted profile resumes.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from spindle_cli.artifacts import (
     ClusterSpec,
@@ -86,16 +88,28 @@ def graph_model(graph: MetaOpGraph, graph_path: str, output: str) -> tuple[Model
 @click.option("--repeats", default=5, show_default=True, type=click.IntRange(min=1),
               help="Timed iterations per measured point (median kept).")
 @click.option("--no-cache", is_flag=True, help="Measure every point again (local only).")
+@click.option("--allow-device-mismatch", is_flag=True,
+              help="Measure here (--hardware local) even when the --cluster's devices are "
+                   "another kind than this machine's (the profile then gives them this "
+                   "machine's times).")
 @click.option("-o", "--output", required=True, metavar="PROFILE",
               help="Output file (.yaml, .yml or .json); '-' for stdout.")
 @click.option("--check", is_flag=True,
               help="Compare with the existing output file instead of writing (exit 1 on drift).")
 def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: str | None,
-            validate: bool, repeats: int, no_cache: bool, output: str, check: bool) -> None:
+            validate: bool, repeats: int, no_cache: bool, allow_device_mismatch: bool,
+            output: str, check: bool) -> None:
     """Scaling curves T(n) for every operator signature of GRAPH."""
     from spindle_cli.planner import roofline
 
     check_output(output, check=check, inputs=(graph_path, cluster_path))
+    if hardware != "local":
+        ctx = click.get_current_context()
+        for name in ("repeats", "no_cache", "allow_device_mismatch"):
+            if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+                flag = "--" + name.replace("_", "-")
+                raise SpindleError(f"{flag} applies to measured profiles (--hardware local); "
+                                   f"--hardware {hardware} models its times")
     if check and hardware == "local":
         raise SpindleError(
             "--check compares a profile made again with the file, and a measurement never "
@@ -121,8 +135,8 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
         inputs.append(input_ref(cluster, recorded(cluster_path or "", output)))
     try:
         if hardware == "local":
-            result = _measured(graph, graph_path, output, cluster, fit_counts, validate,
-                               repeats, no_cache, inputs)
+            result = _measured(graph, graph_path, output, cluster, cluster_path, fit_counts,
+                               validate, repeats, no_cache, allow_device_mismatch, inputs)
         else:
             from spindle_cli.planner.profiling import analytic_profile
 
@@ -132,6 +146,28 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
         raise CurveError(f"{graph_path}: {e}", hint=e.hint) from None
     _summary(result, validate)
     exit_with(emit(result, output, check=check))
+
+
+_FORM_FACTOR = re.compile(r"(sxm|pcie|hbm|nvl)\d*")
+
+
+def same_device(measured: str, named: str) -> bool:
+    """Whether a device torch names `measured` (`measure.local_target`: 'NVIDIA
+    A800-SXM4-80GB', 'cpu (1 thread)') is of the kind a cluster spec names `named`
+    ('A800-SXM4-80GB', 'cpu-core'): both CPUs; or, lower case and without punctuation, one
+    name inside the other; or a model token (letters then digits: 'h100') in both, form
+    factors ('sxm4', 'hbm3') aside. Lenient: a pair it cannot tell apart passes."""
+    a, b = measured.lower(), named.lower()
+    if "cpu" in a or "cpu" in b:
+        return "cpu" in a and "cpu" in b
+    squash_a, squash_b = re.sub(r"[^a-z0-9]", "", a), re.sub(r"[^a-z0-9]", "", b)
+    if squash_a in squash_b or squash_b in squash_a:
+        return True
+
+    def models(name: str) -> set[str]:
+        return {t for t in re.findall(r"[a-z]+\d+", name) if not _FORM_FACTOR.fullmatch(t)}
+
+    return bool(models(a) & models(b))
 
 
 def _check_hardware(hardware: str, cluster: ClusterSpec, cluster_path: str) -> None:
@@ -193,8 +229,8 @@ def _usable_cache(directory: Path) -> Path | None:
 
 
 def _measured(graph: MetaOpGraph, graph_path: str, output: str, cluster: ClusterSpec | None,
-              counts: tuple[int, ...], validate: bool, repeats: int, no_cache: bool,
-              inputs: list[InputRef]) -> Any:
+              cluster_path: str | None, counts: tuple[int, ...], validate: bool, repeats: int,
+              no_cache: bool, allow_device_mismatch: bool, inputs: list[InputRef]) -> Any:
     from rich.progress import Progress
 
     from spindle_cli.artifacts.profile import Fingerprint
@@ -204,6 +240,18 @@ def _measured(graph: MetaOpGraph, graph_path: str, output: str, cluster: Cluster
     model, model_ref = graph_model(graph, graph_path, output)
     inputs.insert(1, model_ref)
     target = measure.local_target()
+    if cluster is not None and not same_device(target.device_name, cluster.device.name):
+        problem = (f"--hardware local measures {target.device_name} here, but {cluster_path} "
+                   f"has {cluster.device.name} devices")
+        if not allow_device_mismatch:
+            raise SpindleError(
+                f"{problem}: the profile would give them this machine's times",
+                hint="measure on a machine with those devices, model them (--hardware a800, "
+                     "h100, h200), give a cluster file of this machine's devices "
+                     "(clusters/local-cpu.yaml), or measure anyway with "
+                     "--allow-device-mismatch")
+        err.print(f"note: {problem}; measuring anyway (--allow-device-mismatch)",
+                  soft_wrap=True)
     if target.dtype_name != graph.dtype:
         err.print(f"note: {graph_path} sizes activations and parameters in {graph.dtype}, but "
                   f"{target.device_name} measures (and `spindle run` trains) in "

@@ -176,6 +176,50 @@ def test_a_cache_that_cannot_be_written_is_said_and_measured_past(workdir, capsy
     assert " 0 from the cache" in err and load("m.yaml", Profile).source == "measured"
 
 
+def test_a_measurement_for_a_cluster_of_other_devices_is_refused(workdir, repo_root, capsys,
+                                                                  torch_threads):
+    # this machine's CPU timed as A800s: `spindle plan` takes a measured profile to hold the
+    # times of the devices of the cluster it records, so it could not refuse the plan later
+    cluster = str(repo_root / "clusters" / "a800-1x8.yaml")
+    args = ["profile", "graph.yaml", "--hardware", "local", "--cluster", cluster,
+            "--counts", "1", "--repeats", "1", "--no-cache", "-o", "m.yaml"]
+    code, _, err = _run(args, capsys)
+    assert code == 2
+    assert err.startswith("error: --hardware local measures cpu (1 thread) here, but "
+                          f"{cluster} has A800-SXM4-80GB devices")
+    assert "--allow-device-mismatch" in err
+    assert not Path("m.yaml").exists()
+    code, _, err = _run([*args, "--allow-device-mismatch"], capsys)
+    assert code == 0, err
+    assert "measuring anyway (--allow-device-mismatch)" in err
+    assert load("m.yaml", Profile).source == "measured"
+
+
+@pytest.mark.parametrize("flag", [["--repeats", "3"], ["--no-cache"],
+                                  ["--allow-device-mismatch"]])
+def test_measurement_options_are_refused_for_an_analytic_profile(workdir, capsys, flag):
+    code, _, err = _run(["profile", "graph.yaml", "--hardware", "a800", "--counts", "1",
+                         *flag, "-o", "p.yaml"], capsys)
+    assert code == 2
+    assert err.startswith(f"error: {flag[0]} applies to measured profiles (--hardware local)")
+    assert not Path("p.yaml").exists()
+
+
+@pytest.mark.parametrize(("measured", "named", "same"), [
+    ("cpu (1 thread)", "cpu-core", True),
+    ("cpu (1 thread)", "A800-SXM4-80GB", False),
+    ("NVIDIA A800-SXM4-80GB", "A800-SXM4-80GB", True),
+    ("NVIDIA H100 80GB HBM3", "H100-SXM5-80GB", True),
+    ("NVIDIA GeForce RTX 4090", "RTX-4090", True),
+    ("NVIDIA A100-SXM4-80GB", "A800-SXM4-80GB", False),
+    ("NVIDIA H200", "cpu-core", False),
+])
+def test_same_device_reads_torch_names_against_cluster_names(measured, named, same):
+    from spindle_cli.cli.profile import same_device
+
+    assert same_device(measured, named) is same
+
+
 def test_measured_profile_refuses_a_changed_model(workdir, capsys):
     model = Path("tiny-clip.yaml")
     model.write_text(model.read_text().replace("batch_size: 8", "batch_size: 16", 1))
