@@ -24,11 +24,18 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from spindle_cli.artifacts import ClusterSpec, Plan, load
-from spindle_cli.artifacts.io import find_recorded_input
+from spindle_cli.artifacts import ClusterSpec, Plan, Profile, load
+from spindle_cli.artifacts.io import find_recorded_input, load_recorded_input
 from spindle_cli.cli._console import err
 from spindle_cli.cli.common import memory_text
-from spindle_cli.errors import Interrupted, PlanError, RuntimeFailure, SpindleError
+from spindle_cli.errors import (
+    ArtifactError,
+    InputNotFound,
+    Interrupted,
+    PlanError,
+    RuntimeFailure,
+    SpindleError,
+)
 from spindle_cli.planner.consistency import check_cluster
 from spindle_cli.runtime.timeouts import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 
@@ -133,6 +140,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
 
     inputs = load_run_inputs(plan_path)
     _check_cluster(inputs.plan, plan_path)
+    _note_changed_inputs(inputs.plan, plan_path)
     if trace_path and Path(trace_path).exists() and os.path.samefile(trace_path, plan_path):
         raise SpindleError(f"--trace {trace_path}: is the plan; writing the trace would "
                            "replace it", hint="give the trace another name, e.g. trace.json")
@@ -237,6 +245,23 @@ def _check_cluster(plan: Plan, plan_path: str) -> None:
         check_cluster(plan, load(str(found), ClusterSpec))
     except PlanError as e:
         raise PlanError(f"{plan_path}: {e}") from None
+
+
+def _note_changed_inputs(plan: Plan, plan_path: str) -> None:
+    """A note for each of the plan's recorded profile and cluster found here but changed (or
+    no longer valid) since the plan was made. A run needs neither (its workers read only the
+    plan, its graph and its model), so it goes on, but the plan's waves were timed on the
+    old figures."""
+    for cls in (Profile, ClusterSpec):
+        if not any(r.kind == cls.KIND for r in plan.inputs):
+            continue
+        try:
+            load_recorded_input(plan, plan_path, cls)
+        except InputNotFound:
+            continue
+        except ArtifactError as e:
+            err.print(f"note: {e}; training the plan as it is (`spindle plan --check` tells "
+                      "whether the current inputs plan it differently)", soft_wrap=True)
 
 
 def _print_ranks(program: Program, num_ranks: int) -> None:

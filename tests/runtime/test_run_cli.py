@@ -341,6 +341,25 @@ def test_changed_graph_is_refused(tmp_path: Path) -> None:
     assert "sha256" in _one_line_error(result)
 
 
+def test_a_changed_profile_is_noted_and_the_plan_still_runs(tmp_path: Path) -> None:
+    # a run needs only the plan, its graph and its model; the profile the waves were timed
+    # on, where found but changed since, is worth a line before the run
+    plan_path = write_plan_files(tmp_path)
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(profile.read_text().replace("max_rel_error: 0.0", "max_rel_error: 0.5",
+                                                   1))
+    result = invoke("run", str(plan_path), "--dry-run")
+    assert result.exit_code == 0, getattr(result, "stderr", "")
+    assert (f"note: {plan_path}: inputs[1].sha256: profile '{profile}' changed since the plan "
+            "was made (sha256 mismatch); training the plan as it is") in " ".join(
+                getattr(result, "stderr", "").split())
+    # found nowhere: nothing to say
+    profile.unlink()
+    result = invoke("run", str(plan_path), "--dry-run")
+    assert result.exit_code == 0
+    assert "note:" not in getattr(result, "stderr", "")
+
+
 @pytest.mark.dist
 @pytest.mark.slow
 @pytest.mark.timeout(200)
