@@ -136,7 +136,13 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     from spindle_cli.runtime.dist import check_gpus, resolve_backend
     from spindle_cli.runtime.executor import overlap_for
     from spindle_cli.runtime.inputs import check_world, load_run_inputs
-    from spindle_cli.runtime.worker import DTYPES, TrainOptions, check_options, resume_point
+    from spindle_cli.runtime.worker import (
+        DTYPES,
+        TrainOptions,
+        check_options,
+        resume_note,
+        resume_point,
+    )
 
     inputs = load_run_inputs(plan_path)
     _check_cluster(inputs.plan, plan_path)
@@ -177,6 +183,13 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     if dry_run:
         _print_ranks(inputs.program, inputs.plan.num_devices)
         _print_checkpoints(opts, found)
+        return
+    if found is not None and found[1] >= steps:
+        # every step is done: the ranks would only start up and stop (every node reads the
+        # same shared checkpoint directory, so none of them launches)
+        err.print(resume_note(found, opts))
+        if trace_path:
+            err.print(f"trace: no step ran, so nothing was traced ({trace_path} not written)")
         return
     worker_args = [plan_path, "--steps", str(steps), "--seed", str(seed), "--lr", repr(lr),
                    "--dtype", dtype, "--backend", backend, "--sync", sync,
@@ -225,6 +238,9 @@ def _print_checkpoints(opts: TrainOptions, found: tuple[Path, int] | None) -> No
     from spindle_cli.runtime.worker import resume_note
 
     if opts.checkpoint_dir is None:
+        return
+    if found is not None and found[1] >= opts.steps:
+        out.print(resume_note(found, opts))  # no step to train, no checkpoint to write
         return
     k = opts.checkpoint_every
     every = f"every {k} step{'s' * (k > 1)} and " if 0 < k < opts.steps else ""

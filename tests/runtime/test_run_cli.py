@@ -666,6 +666,14 @@ def test_resume_is_checked_against_the_checkpoint_before_launch(
     elif dry_run:
         assert result.exit_code == 0, getattr(result, "stderr", "")
         assert any(ln.startswith(said) for ln in result.stdout.splitlines()), result.stdout
+        # with nothing left no step runs, so no checkpoint is written
+        assert ("nothing left" in said) is not any(
+            ln.startswith("checkpoints:") for ln in result.stdout.splitlines())
+    elif "nothing left" in said:
+        # every step done: the ranks would only start and stop, so none is launched
+        assert result.exit_code == 0, getattr(result, "stderr", "")
+        assert said in " ".join(getattr(result, "stderr", "").split())
+        assert not launched
     else:
         # the workers say where they resume from (rank 0, on stderr)
         assert result.exit_code == 0, getattr(result, "stderr", "")
