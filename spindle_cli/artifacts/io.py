@@ -306,6 +306,8 @@ def _format(path: str) -> str:
 
 def read_data(path: str) -> Any:
     """Parse a YAML or JSON file into plain data; one-line errors for unreadable files."""
+    if Path(path).is_dir():  # before its name's suffix: a directory has none to judge
+        raise ArtifactError(path, "", "is a directory, expected a file")
     fmt = _format(path)
     try:
         info = Path(path).stat()

@@ -481,6 +481,10 @@ def bench(as_json: bool, out_dir: str | None, quick: bool, dynamic: bool, models
           clusters_dir: str) -> None:
     """Reproduce the paper's evaluation on simulated a800 clusters."""
     target = None if out_dir is None else _checked_out_dir(out_dir)
+    for flag, given in (("--models-dir", models_dir), ("--clusters-dir", clusters_dir)):
+        if not Path(given).is_dir():
+            raise SpindleError(f"{flag} {given}: " + (
+                "is not a directory" if Path(given).exists() else "no such directory"))
     if dynamic:
         if quick:
             raise SpindleError("--quick applies to the matrix, not to --dynamic")

@@ -90,6 +90,8 @@ def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json
         if check:
             raise SpindleError("--check compares with a file: give it as -o FILE, not '-'")
         return
+    if not path:
+        raise SpindleError(f"'': an empty file name (expected a {_one_of(suffixes)} file)")
     target = Path(path)
     if target.suffix.lower() not in suffixes:
         raise SpindleError(f"{path}: unknown {what} (expected {_one_of(suffixes)})")

@@ -173,6 +173,13 @@ FILE_CASES: dict[str, tuple[dict[str, str], list[str], str]] = {
                      "error: absent.yaml: no such file"),
     "directory-as-file": ({"d.yaml/x": ""}, ["show", "d.yaml"],
                           "error: d.yaml: is a directory, expected a file"),
+    # a directory's name has no suffix to judge
+    "directory-without-suffix": ({"d/x": ""}, ["show", "d"],
+                                 "error: d: is a directory, expected a file"),
+    "file-as-models-dir": ({"m.yaml": ""}, ["bench", "--quick", "--models-dir", "m.yaml"],
+                           "error: --models-dir m.yaml: is not a directory"),
+    "missing-clusters-dir": ({"models/x": ""}, ["bench", "--quick", "--clusters-dir", "nope"],
+                             "error: --clusters-dir nope: no such directory"),
     "bad-extension": ({"m.txt": "kind: model\n"}, ["validate", "m.txt"],
                       "error: m.txt: unknown file extension"),
     # stdin names no file to record in what is made from it
@@ -359,6 +366,8 @@ def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spind
 @pytest.mark.parametrize(("args", "expected"), [
     (("graph", "m.yaml", "-o", "d.yaml"), "error: d.yaml: is a directory"),
     (("graph", "m.yaml", "--check", "-o", "d.yaml"), "error: d.yaml: is a directory"),
+    (("graph", "m.yaml", "-o", ""),
+     "error: '': an empty file name (expected a .yaml, .yml or .json file)"),
     (("graph", "m.yaml", "--check", "-o", "file/g.yaml"),
      "error: file/g.yaml: 'file' is not a directory"),
     (("profile", "g.yaml", "--hardware", "a800", "-o", "nodir/f.yaml"),
