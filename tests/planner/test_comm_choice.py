@@ -150,12 +150,17 @@ def test_spindle_never_simulates_slower_than_a_baseline(model, tasks, nodes, per
     assert ms["spindle"] <= min(ms.values()) + 1e-9, ms
 
 
+def chunked(plan, chunks):
+    """The plan with its gradient buckets cut into at most `chunks` per wave."""
+    return replace(plan, options=replace(api.PlanOptions.of(plan), sync_chunks=chunks).as_dict())
+
+
 def test_the_kept_plan_cuts_its_gradient_buckets_finer_where_that_is_faster():
     """A sweep case (benchmarks/sweep): multitask-clip's vision-text task on 2 nodes of 6
-    GPUs syncs its vision encoder over both nodes; cut into 8 chunks per wave instead of 4,
-    its gradient chunks start sooner in the backward. The kept plan records it
-    (`sync_chunks`), for every planner alike; on gloo (one bucket per rank set) nothing is
-    recorded."""
+    GPUs syncs its vision encoder over both nodes; cut into more chunks per wave than 4, its
+    gradient chunks start sooner in the backward. The kept plan records the fastest count
+    tried (`sync_chunks`), for every planner alike; on gloo (one bucket per rank set) nothing
+    is recorded."""
     sweep = ROOT / "benchmarks" / "sweep"
     spec = load(str(ROOT / "models" / "multitask-clip.yaml"), ModelSpec)
     c = load(str(sweep / "clusters" / "2x6.yaml"), ClusterSpec)
@@ -163,13 +168,15 @@ def test_the_kept_plan_cuts_its_gradient_buckets_finer_where_that_is_faster():
     p = profile_for(g, c)
     for planner in ("spindle", "distmm"):
         plan, ms = api.fitting_plan_with_cost(g, p, c, options=api.PlanOptions(planner=planner))
-        assert plan.options["sync_chunks"] == "8", planner
-        coarser = replace(plan, options={k: v for k, v in plan.options.items()
-                                         if k != "sync_chunks"})
-        assert ms == simulate(plan, g, p, c).iteration_ms < simulate(coarser, g, p, c).iteration_ms
+        chosen = int(plan.options["sync_chunks"])
+        assert chosen in api.SYNC_CHUNK_CHOICES, planner
+        tried = {n: simulate(chunked(plan, n), g, p, c).iteration_ms
+                 for n in (4, *api.SYNC_CHUNK_CHOICES)}
+        assert ms == simulate(plan, g, p, c).iteration_ms == tried[chosen] == \
+            min(tried.values()) < tried[4]
         # placed again (the placement ablation), the plan keeps its buckets
         again = api.place_again(plan, g, p, c, placement="sequential")
-        assert again.options["sync_chunks"] == "8"
+        assert again.options["sync_chunks"] == str(chosen)
     plan, _ = api.fitting_plan_with_cost(g, p, replace(c, backend="gloo"))
     assert "sync_chunks" not in plan.options
 
@@ -189,10 +196,6 @@ def test_spindle_s_own_schedule_with_finer_chunks_beats_a_baseline_s_that_won_wi
     assert "'s schedule" not in plan.candidate and plan.options["sync_chunks"] == "8"
     optimus, _ = api.make_plan_with_cost(g, p, c, options=api.PlanOptions(planner="optimus"))
     assert ms == simulate(plan, g, p, c).iteration_ms
-    def chunked(plan, chunks):
-        return replace(plan, options=replace(api.PlanOptions.of(plan),
-                                             sync_chunks=chunks).as_dict())
-
     optimus_ms = [simulate(chunked(optimus, n), g, p, c).iteration_ms for n in (4, 8)]
     assert ms < min(optimus_ms)
     # with 4 chunks Optimus's schedule is the faster
