@@ -59,7 +59,10 @@ def simulate_file(plan_path: str, *, sync: SyncMode | None = None,
     except SpindleError as e:
         raise type(e)(f"{plan_path}: {e}", hint=e.hint) from None
     if placement is not None:
-        plan = place_again(plan, graph, profile, cluster, placement=placement)
+        try:
+            plan = place_again(plan, graph, profile, cluster, placement=placement)
+        except SpindleError as e:
+            raise type(e)(f"{plan_path}: --placement {placement}: {e}", hint=e.hint) from None
     return plan, simulation.simulate(plan, graph, profile, cluster, sync=sync,
                                      progress=progress)
 

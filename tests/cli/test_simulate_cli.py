@@ -255,7 +255,10 @@ def test_waves_that_do_not_fit_placed_again_are_a_one_line_error():
                 "--placement", "sequential"])
     assert res.exit_code == 2 and res.stdout == ""
     (line,) = res.stderr.splitlines()
-    assert line.startswith("error: out of memory placing") and "(sequential placement)" in line
+    # the plan it was asked of, and the option that placed it again
+    assert line.startswith(f"error: {REPO / 'plans' / 'qwen-val-70b-a800-32x8.yaml'}: "
+                           "--placement sequential: out of memory placing")
+    assert "(sequential placement)" in line
 
 
 def _also_on_ranks_2_3(plan: Plan) -> Plan:
