@@ -9,6 +9,7 @@ the recorded sha256.
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import TypeVar
 
@@ -37,13 +38,18 @@ def explain(plan_path: str, metaop_id: str) -> None:
     from spindle_cli.planner.exact import exact_packing_ms
 
     plan = load_input(plan_path, Plan)
-    _, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
+    graph_path, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
     profile_path, profile = load_recorded_input(plan, plan_path, Profile)
     _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
     ids = [m.id for m in graph.metaops]
     if metaop_id not in ids:
-        near = [i for i in ids if metaop_id.split("/")[-1] in i][:5]
-        hint = f"did you mean {', '.join(near)}?" if near else f"{len(ids)} MetaOps in the graph"
+        # the same module in other tasks, else ids spelled alike ('' names no module)
+        module = metaop_id.split("/")[-1]
+        near = ([i for i in ids if module and module in i]
+                or difflib.get_close_matches(metaop_id, ids, n=5, cutoff=0.6))[:5]
+        hint = (f"did you mean {', '.join(near)}?" if near else
+                f"a MetaOp is TASK/MODULE, such as {ids[0]}: `spindle show {graph_path}` lists "
+                f"all {len(ids)}")
         raise SpindleError(f"{plan_path}: no MetaOp {metaop_id!r}", hint=hint)
     m = graph.metaop(metaop_id)
     options = PlanOptions.of(plan)

@@ -357,6 +357,25 @@ def test_explain_shows_n_star_tuples_and_waves(case):
     assert r.returncode == 2 and "no MetaOp 't1/nope'" in r.stderr
 
 
+@pytest.mark.parametrize(("metaop", "hint"), [
+    # a misspelt task: the same module in every task
+    ("text_vison/text_embed", "hint: did you mean text_audio/text_embed, "
+                              "text_vision/text_embed, thumb_text/text_embed?"),
+    # nothing like any id (or nothing at all): what an id looks like and where they are
+    ("nope", "hint: a MetaOp is TASK/MODULE, such as text_audio/audio_embed: `spindle show "
+             "graphs/tiny-clip.yaml` lists all 28"),
+    ("", "hint: a MetaOp is TASK/MODULE, such as text_audio/audio_embed"),
+])
+def test_explain_of_an_unknown_metaop_hints_at_the_ids(metaop, hint, monkeypatch):
+    monkeypatch.chdir(REPO)
+    r = subprocess.run(["spindle", "explain", "plans/tiny-clip-local-cpu.yaml", metaop],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 2
+    error, said = r.stderr.splitlines()
+    assert error == f"error: plans/tiny-clip-local-cpu.yaml: no MetaOp {metaop!r}"
+    assert said.startswith(hint)
+
+
 def test_explain_says_a_baseline_does_not_run_the_allocators_tuples(case):
     invoke(*plan_args("--planner", "sequential", "-o", "plan.yaml"))
     r = invoke("explain", "plan.yaml", "t1/img")
