@@ -28,9 +28,9 @@ from spindle_cli.units import fmt_bytes
 
 SUMMARY_FIELDS = (
     "planner", "model", "cluster", "num_devices", "iteration_ms", "compute_ms", "forward_ms",
-    "backward_ms", "transfer_ms", "sync_ms", "optimizer_ms", "idle_fraction", "transfer_fraction",
-    "lower_bound_ms", "planned_iteration_ms", "peak_memory_bytes", "transfer_bytes",
-    "inter_island_bytes",
+    "backward_ms", "transfer_ms", "sync_ms", "gather_wait_ms", "optimizer_ms", "idle_fraction",
+    "transfer_fraction", "lower_bound_ms", "planned_iteration_ms", "peak_memory_bytes",
+    "transfer_bytes", "inter_island_bytes",
 )
 """Scalar fields of the --json object, in order."""
 
@@ -115,6 +115,10 @@ def print_report(result: SimResult, path: str, progress: simulation.Progress = "
             ("optimizer step", r.optimizer_ms)]
     for name, ms in rows:
         table.add_row(name, f"{ms:.2f}", _pct(ms, r.iteration_ms))
+        if name == "parameter sync" and r.gather_wait_ms:
+            # ZeRO: the forward's waits for all-gathers, not the gradients' reduction
+            table.add_row("  of it, forward waiting for all-gathers", f"{r.gather_wait_ms:.2f}",
+                          _pct(r.gather_wait_ms, r.iteration_ms))
     table.add_section()
     table.add_row("iteration", f"{r.iteration_ms:.2f}", "100.0%")
     table.add_row("relaxed optimum (sum of C*)", f"{r.lower_bound_ms:.2f}",

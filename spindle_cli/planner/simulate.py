@@ -236,6 +236,10 @@ class SimResult:
     backward_ms: float
     transfer_ms: float
     sync_ms: float
+    gather_wait_ms: float | None
+    """With waves as barriers, the part of sync_ms the forward spent waiting for parameter
+    all-gathers (ZeRO-1/2: the previous step's, stalls inside slices included; ZeRO-3: the
+    weights); None with ranks on their own, whose waiting counts them with the transfers."""
     optimizer_ms: float
     idle_fraction: float
     """1 - (sum of rank busy time) / (num_devices x iteration_ms)."""
@@ -711,6 +715,8 @@ class _Timeline:
     sync_start_ms: dict[int, float]
     sync_end_ms: list[float]
     iteration_ms: float
+    gather_wait_ms: float | None
+    """`SimResult.gather_wait_ms`."""
     parts: tuple[float, float, float, float, float]
     """The iteration as forward, backward, transfer wait, sync and optimizer (ms), summing to
     it: with waves as barriers, the sums over waves; with ranks on their own, the time of the
@@ -1383,7 +1389,9 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     return _Timeline(costs=costs, starts=starts, stalls=stalls, net=net, flow_meta=flow_meta,
                      fwd_timing=fwd_timing, bwd_timing=bwd_timing, sync_start_ms=sync_start_ms,
-                     sync_end_ms=reduced_ms, iteration_ms=iteration_ms, parts=parts)
+                     sync_end_ms=reduced_ms, iteration_ms=iteration_ms,
+                     gather_wait_ms=None if rank_times is not None
+                     else param_wait_ms[0] + stalled_ms[0], parts=parts)
 
 
 def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
@@ -1455,7 +1463,8 @@ def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         planner=plan.planner, model=plan.model, cluster=plan.cluster,
         num_devices=plan.num_devices, iteration_ms=iteration_ms,
         compute_ms=forward_ms + backward_ms, forward_ms=forward_ms, backward_ms=backward_ms,
-        transfer_ms=transfer_ms, sync_ms=sync_ms, optimizer_ms=optimizer_ms,
+        transfer_ms=transfer_ms, sync_ms=sync_ms, gather_wait_ms=timeline.gather_wait_ms,
+        optimizer_ms=optimizer_ms,
         idle_fraction=1.0 - total_busy / (plan.num_devices * iteration_ms)
         if iteration_ms > 0 else 0.0,
         lower_bound_ms=plan.lower_bound_ms, planned_iteration_ms=plan.estimated_iteration_ms,

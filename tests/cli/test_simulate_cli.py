@@ -57,6 +57,7 @@ def test_json_has_the_contract_fields_with_exact_values(tmp_path):
     assert data["iteration_ms"] == pytest.approx(61.0)
     assert data["transfer_ms"] == pytest.approx(40.0)
     assert data["sync_ms"] == pytest.approx(6.0)
+    assert data["gather_wait_ms"] == 0.0  # no ZeRO: nothing to gather
     assert data["planner"] == "spindle" and data["num_devices"] == 4
     assert len(data["ranks"]) == 4 and len(data["waves"]) == 2
 

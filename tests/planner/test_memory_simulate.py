@@ -60,6 +60,7 @@ def test_zero1_and_zero2_reduce_scatter_and_all_gather_under_the_next_forward():
         # the 5 ms wait for enc's all-gather is sync, with the reduce-scatter's 5 ms; the
         # transfers are the activations' and gradients' 20 + 20 ms
         assert (r.transfer_ms, r.sync_ms) == pytest.approx((40.0, 10.0))
+        assert r.gather_wait_ms == pytest.approx(5.0) and base.gather_wait_ms == 0.0
         assert r.compute_ms + r.transfer_ms + r.sync_ms + r.optimizer_ms == \
             pytest.approx(r.iteration_ms)
         assert not [f for f in r.flows if f.kind == "gather"]
@@ -92,6 +93,9 @@ def test_zero1_forward_stalls_inside_a_slice_for_a_later_layers_all_gather(progr
     assert r.compute_ms == pytest.approx(base.compute_ms)
     assert r.compute_ms + r.transfer_ms + r.sync_ms + r.optimizer_ms == \
         pytest.approx(r.iteration_ms)
+    # waves as barriers: 2.5 ms before the slice and 0.5 inside it, both in sync; ranks on
+    # their own count them with their waiting
+    assert r.gather_wait_ms == (pytest.approx(3.0) if progress == "wave" else None)
 
 
 def test_zero1_steps_after_the_reduce_scatter():
@@ -127,6 +131,7 @@ def test_zero3_gathers_weights_before_forward_and_backward():
     # the forward's 5 ms wait for the weights is sync (with the 5 ms reduce-scatter); the
     # transfers wait 20 + 20 ms as without ZeRO
     assert (r.transfer_ms, r.sync_ms) == pytest.approx((base.transfer_ms, 10.0))
+    assert r.gather_wait_ms == pytest.approx(5.0)
     assert r.compute_ms + r.transfer_ms + r.sync_ms == pytest.approx(r.iteration_ms)
 
 

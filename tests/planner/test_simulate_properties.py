@@ -56,6 +56,18 @@ def test_timeline_is_causal_and_the_breakdown_adds_up(plan, batch, num_nodes, la
     assert (r.compute_ms + r.transfer_ms + r.sync_ms + r.optimizer_ms
             == pytest.approx(r.iteration_ms))
     assert min(r.transfer_ms, r.sync_ms, r.idle_fraction) >= 0
+    # the forward's waits for parameter all-gathers are a part of sync, none without ZeRO
+    if progress == "wave":
+        assert 0 <= r.gather_wait_ms <= r.sync_ms + 1e-9
+        assert zero != "0" or r.gather_wait_ms == 0
+    else:
+        assert r.gather_wait_ms is None
+    # a stall lies inside its slice's forward, in order, and is no compute
+    for s in r.slices:
+        edges = [s.forward_start_ms, *(t for stall in s.forward_stalls for t in stall),
+                 s.forward_end_ms]
+        assert all(a <= b + 1e-9 for a, b in itertools.pairwise(edges))
+        assert zero in ("1", "2") or not s.forward_stalls
     by_id = {s.slice_id: s for s in r.slices}
     # Waves follow each other (on each rank, when ranks go on their own); every slice's
     # backward comes after its forward.
