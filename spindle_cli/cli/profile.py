@@ -110,6 +110,9 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
                 flag = "--" + name.replace("_", "-")
                 raise SpindleError(f"{flag} applies to measured profiles (--hardware local); "
                                    f"--hardware {hardware} models its times")
+    if allow_device_mismatch and cluster_path is None:
+        raise SpindleError("--allow-device-mismatch: there is no --cluster to compare this "
+                           "machine's devices with")
     if check and hardware == "local":
         raise SpindleError(
             "--check compares a profile made again with the file, and a measurement never "
@@ -149,6 +152,7 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
 
 
 _FORM_FACTOR = re.compile(r"(sxm|pcie|hbm|nvl)\d*")
+_MEMORY = re.compile(r"\d+\s*gb")
 
 
 def same_device(measured: str, named: str) -> bool:
@@ -156,16 +160,21 @@ def same_device(measured: str, named: str) -> bool:
     A800-SXM4-80GB', 'cpu (1 thread)') is of the kind a cluster spec names `named`
     ('A800-SXM4-80GB', 'cpu-core'): both CPUs; or, lower case and without punctuation, one
     name inside the other; or a model token (letters then digits: 'h100') in both, form
-    factors ('sxm4', 'hbm3') aside. Lenient: a pair it cannot tell apart passes."""
+    factors ('sxm4', 'hbm3') aside; memory sizes ('80GB') are ignored. Lenient: a pair it
+    cannot tell apart passes."""
     a, b = measured.lower(), named.lower()
     if "cpu" in a or "cpu" in b:
         return "cpu" in a and "cpu" in b
+    # memory sizes aside ('RTX-4090-24GB' names an 'RTX 4090' too)
+    a, b = _MEMORY.sub("", a), _MEMORY.sub("", b)
     squash_a, squash_b = re.sub(r"[^a-z0-9]", "", a), re.sub(r"[^a-z0-9]", "", b)
     if squash_a in squash_b or squash_b in squash_a:
         return True
 
     def models(name: str) -> set[str]:
-        return {t for t in re.findall(r"[a-z]+\d+", name) if not _FORM_FACTOR.fullmatch(t)}
+        # letters then digits, a space or dash between them allowed ('rtx 4090')
+        found = {re.sub(r"[\s_-]", "", t) for t in re.findall(r"[a-z]+[\s_-]?\d+", name)}
+        return {t for t in found if not _FORM_FACTOR.fullmatch(t)}
 
     return bool(models(a) & models(b))
 
@@ -239,17 +248,20 @@ def _measured(graph: MetaOpGraph, graph_path: str, output: str, cluster: Cluster
 
     model, model_ref = graph_model(graph, graph_path, output)
     inputs.insert(1, model_ref)
-    target = measure.local_target()
+    # a cluster of CPU ranks is measured on the CPU, a GPU here or not
+    target = measure.local_target(
+        cpu=cluster is not None and "cpu" in cluster.device.name.lower())
     if cluster is not None and not same_device(target.device_name, cluster.device.name):
         problem = (f"--hardware local measures {target.device_name} here, but {cluster_path} "
                    f"has {cluster.device.name} devices")
         if not allow_device_mismatch:
+            this = ("clusters/local-cpu.yaml" if target.device.type == "cpu"
+                    else f"device.name: {target.device_name}")
             raise SpindleError(
                 f"{problem}: the profile would give them this machine's times",
                 hint="measure on a machine with those devices, model them (--hardware a800, "
-                     "h100, h200), give a cluster file of this machine's devices "
-                     "(clusters/local-cpu.yaml), or measure anyway with "
-                     "--allow-device-mismatch")
+                     f"h100, h200), give a cluster file of this machine's devices ({this}), "
+                     "or measure anyway with --allow-device-mismatch")
         err.print(f"note: {problem}; measuring anyway (--allow-device-mismatch)",
                   soft_wrap=True)
     if target.dtype_name != graph.dtype:

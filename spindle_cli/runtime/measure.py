@@ -93,14 +93,15 @@ class Target:
         return 4 if self.dtype_name == "fp32" else 2
 
 
-def local_target(*, cpu_threads: int = 1) -> Target:
-    """CUDA device 0 when present, else the CPU, in fp32: what `spindle run` trains in (it has
-    no bf16), so that a plan from the profile times and sizes what runs. On the CPU with
+def local_target(*, cpu_threads: int = 1, cpu: bool = False) -> Target:
+    """CUDA device 0 when present (and not `cpu`), else the CPU, in fp32: what `spindle run`
+    trains in (it has no bf16), so that a plan from the profile times and sizes what runs.
+    `cpu`: the CPU even where a GPU is present (a cluster of CPU ranks). On the CPU with
     `cpu_threads` intra-op threads (this sets torch's process-wide thread count). One thread
     by default: a CPU rank of the `local-cpu` cluster is one process per core, and an OpenMP
     pool that spins on a core shared with another process makes small-op timings swing by
     50x."""
-    if torch.cuda.is_available():
+    if not cpu and torch.cuda.is_available():
         device = torch.device("cuda", 0)
         name = torch.cuda.get_device_name(device)
     else:

@@ -177,9 +177,12 @@ def test_a_cache_that_cannot_be_written_is_said_and_measured_past(workdir, capsy
 
 
 def test_a_measurement_for_a_cluster_of_other_devices_is_refused(workdir, repo_root, capsys,
-                                                                  torch_threads):
+                                                                  torch_threads, monkeypatch):
     # this machine's CPU timed as A800s: `spindle plan` takes a measured profile to hold the
     # times of the devices of the cluster it records, so it could not refuse the plan later
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU on any machine
     cluster = str(repo_root / "clusters" / "a800-1x8.yaml")
     args = ["profile", "graph.yaml", "--hardware", "local", "--cluster", cluster,
             "--counts", "1", "--repeats", "1", "--no-cache", "-o", "m.yaml"]
@@ -187,12 +190,36 @@ def test_a_measurement_for_a_cluster_of_other_devices_is_refused(workdir, repo_r
     assert code == 2
     assert err.startswith("error: --hardware local measures cpu (1 thread) here, but "
                           f"{cluster} has A800-SXM4-80GB devices")
-    assert "--allow-device-mismatch" in err
+    assert "clusters/local-cpu.yaml" in err and "--allow-device-mismatch" in err
     assert not Path("m.yaml").exists()
     code, _, err = _run([*args, "--allow-device-mismatch"], capsys)
     assert code == 0, err
     assert "measuring anyway (--allow-device-mismatch)" in err
     assert load("m.yaml", Profile).source == "measured"
+
+
+def test_a_cluster_of_cpu_ranks_is_measured_on_the_cpu_where_a_gpu_is_present(
+        workdir, repo_root, capsys, torch_threads, monkeypatch):
+    import torch
+
+    def no_gpu_please(*args):
+        raise AssertionError("measured on the GPU")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", no_gpu_please)
+    code, _, err = _run(["profile", "graph.yaml", "--hardware", "local", "--cluster",
+                         str(repo_root / "clusters" / "local-cpu.yaml"), "--counts", "1",
+                         "--repeats", "1", "--no-cache", "-o", "m.yaml"], capsys)
+    assert code == 0, err
+    assert load("m.yaml", Profile).fingerprint.device_name.startswith("cpu")
+
+
+def test_allow_device_mismatch_needs_a_cluster(workdir, capsys):
+    code, _, err = _run(["profile", "graph.yaml", "--hardware", "local",
+                         "--allow-device-mismatch", "-o", "m.yaml"], capsys)
+    assert code == 2
+    assert err.startswith("error: --allow-device-mismatch: there is no --cluster")
+    assert not Path("m.yaml").exists()
 
 
 @pytest.mark.parametrize("flag", [["--repeats", "3"], ["--no-cache"],
@@ -211,6 +238,12 @@ def test_measurement_options_are_refused_for_an_analytic_profile(workdir, capsys
     ("NVIDIA A800-SXM4-80GB", "A800-SXM4-80GB", True),
     ("NVIDIA H100 80GB HBM3", "H100-SXM5-80GB", True),
     ("NVIDIA GeForce RTX 4090", "RTX-4090", True),
+    ("NVIDIA GeForce RTX 4090", "RTX-4090-24GB", True),
+    ("Quadro RTX 8000", "RTX8000-48GB", True),
+    ("NVIDIA H100 PCIe", "H100-PCIe-80GB", True),
+    ("AMD Instinct MI300X", "MI300X", True),
+    ("NVIDIA GeForce RTX 4090", "RTX-3090-24GB", False),
+    ("NVIDIA H100 80GB HBM3", "A100-SXM4-80GB", False),
     ("NVIDIA A100-SXM4-80GB", "A800-SXM4-80GB", False),
     ("NVIDIA H200", "cpu-core", False),
 ])
