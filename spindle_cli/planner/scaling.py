@@ -68,15 +68,27 @@ def count_range(curve: Curve) -> tuple[int, float]:
     profiled point outside the pieces marks that side as closed. A side without such a point
     stays open: the first piece extends down, the last piece up; except below a curve fitted
     on one count (`--counts 8`), whose flat piece would claim that one device runs as fast as
-    eight: no slope was seen to extend. Such a piece may start below its count (48 devices
-    on a batch of 64 run 2 rows each, the work of 32: the piece covers 32-48), so the test is
-    one feasible profiled count on the pieces, not one count wide."""
+    eight: no slope was seen to extend. What gives a slope is two different works per device,
+    not two counts: 48 devices on a batch of 64 run 2 rows each, the work of 32 (the piece
+    covers 32-48), so a curve fitted on 48 alone, or on 32 and 48, saw none."""
     lo, hi = curve.pieces[0].n_lo, curve.pieces[-1].n_hi
     profiled = [p.num_devices for p in curve.points]
-    fitted = {p.num_devices for p in curve.points if p.feasible and lo <= p.num_devices <= hi}
-    low = lo if len(fitted) <= 1 or any(c < lo for c in profiled) else 1
+    low = lo if any(c < lo for c in profiled) or not _slope_seen(curve, lo, hi) else 1
     high: float = hi if any(c > hi for c in profiled) else math.inf
     return low, high
+
+
+def _slope_seen(curve: Curve, lo: int, hi: int) -> bool:
+    """Whether the feasible points on the pieces [lo, hi] ran two different works per device
+    (`work_count`)."""
+    seen = None
+    for p in curve.points:
+        if p.feasible and lo <= p.num_devices <= hi:
+            work = work_count(curve, p.num_devices)
+            if seen is not None and work != seen:
+                return True
+            seen = work
+    return False
 
 
 def work_count(curve: Curve, n: int) -> float:

@@ -151,6 +151,9 @@ def test_a_curve_fitted_on_one_count_is_not_used_below_it():
     assert (curve.pieces[0].n_lo, curve.pieces[-1].n_hi) == (32, 48)
     assert scaling.count_range(curve) == (32, math.inf)
     assert scaling.valid_counts(curve, 64) == [32, 64]
+    # 32 and 48 devices both run 2 rows: two counts, one work, still no slope
+    curve = _curve([Sample(num_devices=32, time_ms=5.0, strategy="dp"), one], 64)
+    assert scaling.count_range(curve) == (32, math.inf)
     # two points give a slope, which extends down as the alpha-beta line
     curve = _curve(_samples([5.0, 3.0], (8, 16)), 64)
     assert scaling.count_range(curve) == (1, math.inf)
