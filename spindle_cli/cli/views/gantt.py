@@ -224,15 +224,20 @@ def write_gantt(plan: Plan, path: str, *, sim: SimResult | None = None) -> None:
 
 
 def _label_slices(ax: Any, tl: Timeline, width_px: float) -> None:
-    # One label per slice (forward bar, or the whole step) on its first rank, in the longest
-    # form that fits inside the bar (full, step + range, range), or none.
-    seen: set[tuple[str, str]] = set()
+    # One label per slice (forward bar, or the whole step) on its first rank, on its longest
+    # part (a forward cut by stalls), in the longest form that fits inside the bar (full,
+    # step + range, range), or none.
+    chosen: dict[tuple[str, str], Bar] = {}
+    for b in tl.bars:
+        if b.phase not in ("forward", "step"):
+            continue
+        cur = chosen.get((b.slice_id, b.phase))
+        if cur is None or (b.rank == cur.rank
+                           and b.end_ms - b.start_ms > cur.end_ms - cur.start_ms):
+            chosen[(b.slice_id, b.phase)] = b
     span = max(tl.end_ms, 1e-9)
     char_px = 3.8  # width of one character at fontsize 5 and the figure's dpi
-    for b in tl.bars:
-        if b.phase not in ("forward", "step") or (b.slice_id, b.phase) in seen:
-            continue
-        seen.add((b.slice_id, b.phase))
+    for b in chosen.values():
         room = (b.end_ms - b.start_ms) / span * width_px
         metaop, _, rng = b.label.partition(" ")
         forms = (b.label, f"{metaop.split('/')[-1]} {rng}", rng)
@@ -319,7 +324,6 @@ def text_gantt(plan: Plan, *, width: int = 100, sim: SimResult | None = None) ->
     lines += [f"r{r:>{pad}} {''.join(row)}" for r, row in enumerate(grid)]
     lines.append("legend: " + ", ".join(f"{letters[k]}={k}" for k in keys)
                  + (", ~=param sync" if any(b.phase == "sync" for b in tl.bars) else "")
-                 + (", :=stalled for an all-gather" if any(b.phase == "stall" for b in tl.bars)
-                    else "")
+                 + (", :=stalled for an all-gather" if any(":" in row for row in grid) else "")
                  + (" (lower case: backward)" if sim is not None else ""))
     return "\n".join(lines)
