@@ -40,7 +40,7 @@ from spindle_cli.planner.allocation import (
     single_count,
     valid_counts,
 )
-from spindle_cli.planner.buckets import MAX_CHUNKS, backend_sync, sync_buckets
+from spindle_cli.planner.buckets import MAX_CHUNKS, backend_sync, max_chunks, sync_buckets
 from spindle_cli.planner.memory import (
     NO_SAVING,
     Ledger,
@@ -245,13 +245,16 @@ def _finer_chunks(best: tuple[float, Plan], graph: MetaOpGraph, profile: Profile
     each paying its ring's message latencies, but each starting sooner in the backward (and,
     under ZeRO-1/2, its all-gather arriving sooner in the next forward). The same plan
     otherwise, for every planner alike: how the executor buckets a plan's gradients. Finer
-    chunks are simulated only until they pass the best iteration so far or `give_up_ms`, and
-    a count that cuts the buckets as a count before it did (every chunk at its least bytes,
-    `buckets.SYNC_CHUNK_BYTES`) is not simulated again."""
+    chunks are simulated only until they pass the best iteration so far or `give_up_ms`; a
+    count that cuts the buckets as a count before it did (every chunk at its least bytes,
+    `buckets.SYNC_CHUNK_BYTES`) is not simulated again, nor one no finer than the plan's own
+    (a plan `make_plan_with_cost` already tried them on)."""
     metaops = {m.id: m for m in graph.metaops}
     kept = best[1]
     layouts = [sync_buckets(kept, metaops, "chunked")]
     for count in SYNC_CHUNK_CHOICES:
+        if count <= max_chunks(kept):
+            continue
         options = replace(PlanOptions.of(kept), sync_chunks=count)
         plan = replace(kept, options=options.as_dict())
         layout = sync_buckets(plan, metaops, "chunked")
