@@ -108,7 +108,7 @@ def detail_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]]:
     `plan_seconds` over every planner and placement (each `spindle plan`'s whole search over
     memory settings)."""
     header = ["model", "tasks", "GPUs", "gap (iter/C*)", "compute/C*", "transfer island",
-              "seq-place, same waves", "seq-place, replanned", "sync ms",
+              "seq-place, same waves", "seq-place, replanned", "sync ms (all-gather waits)",
               "plan s (slowest planner)", "kept candidate"]
     body = []
     for key in _configs(rows):
@@ -132,7 +132,8 @@ def detail_table(rows: list[lib.BenchRow]) -> tuple[list[str], list[list[str]]]:
                      _num(sp.compute_gap if sp else None, ".3f"),
                      share(sp.transfer_fraction, sp.paper_transfer_share) if sp else "failed",
                      naive, share(seq.transfer_fraction) if seq else "failed",
-                     _num(sp.sync_ms if sp else None, ".1f"),
+                     _num(sp.sync_ms if sp else None, ".1f") + (
+                         f" ({sp.gather_wait_ms:.1f})" if sp and sp.gather_wait_ms else ""),
                      _num(max(seconds) if seconds else None, ".3f"),
                      sp.candidate if sp else "-"])
     return header, body

@@ -119,6 +119,9 @@ class BenchRow:
     compute_ms: float | None
     transfer_ms: float | None
     sync_ms: float | None
+    gather_wait_ms: float | None
+    """The part of sync_ms the forward waited for ZeRO's parameter all-gathers
+    (`SimResult.gather_wait_ms`)."""
     transfer_fraction: float | None
     """Exposed inter-wave transfer time / iteration time."""
     naive_transfer_fraction: float | None
@@ -249,6 +252,7 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
             compute_ms=sim.compute_ms if sim else None,
             transfer_ms=sim.transfer_ms if sim else None,
             sync_ms=sim.sync_ms if sim else None,
+            gather_wait_ms=sim.gather_wait_ms if sim else None,
             transfer_fraction=sim.transfer_fraction if sim else None,
             naive_transfer_fraction=naive.transfer_fraction if naive else None,
             naive_iteration_ms=naive.iteration_ms if naive else None,
@@ -271,7 +275,8 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
         cluster=cluster.name, planner=OPTIMUM, placement="-", iteration_ms=bound,
         executed_ms=None, speedup_vs_sequential=_ratio(baseline, bound), lower_bound_ms=bound,
         gap_to_optimum=1.0 if bound else None, compute_gap=1.0 if bound else None,
-        compute_ms=bound, transfer_ms=None, sync_ms=None, transfer_fraction=None,
+        compute_ms=bound, transfer_ms=None, sync_ms=None, gather_wait_ms=None,
+        transfer_fraction=None,
         naive_transfer_fraction=None, naive_iteration_ms=None, naive_error="",
         idle_fraction=None, inter_island_bytes=None, peak_memory_bytes=None,
         planned_iteration_ms=None, memory="-", candidate="", plan_seconds=None,

@@ -54,6 +54,9 @@ def test_json_is_a_list_of_rows(tiny_matrix):
         for key in ROW_KEYS:
             assert key in r, key
         assert (r["model"], r["num_tasks"], r["num_devices"]) == ("tiny-clip", 2, 8)
+        # the forward's waits for all-gathers are a part of the sync
+        if r["sync_ms"] is not None:
+            assert 0 <= r["gather_wait_ms"] <= r["sync_ms"] + 1e-9
     assert "bench: tiny-clip" in res.stderr  # progress goes to stderr
 
 
