@@ -709,7 +709,10 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     faster than its level-by-level schedule, then the kept plan rebuilt to move fewer rows
     between ranks (`consider_lighter`: no extension, or one device count per MetaOp; in the
     bench before the ZeRO all-gather was simulated, multitask-clip 4 tasks on 32 devices:
-    49.5 ms instead of 53.1, qwen-val on 64: 813.0 instead of 862.5), under ZeRO-1/2 the kept
+    49.5 ms instead of 53.1, qwen-val on 64: 813.0 instead of 862.5; where the kept plan
+    spreads spare devices, the allocations before the spread on one count per MetaOp too:
+    a sweep case, four multitask-clip tasks on 2x6 GPUs, 79.9 ms against the spread
+    rebuild's 97.0), under ZeRO-1/2 the kept
     plan with its first long wave split in two (`_split_first_long_wave`: a slice starts once
     the previous step's all-gather of its first layer's bucket has arrived, and buckets are
     cut per wave into at most `buckets.MAX_CHUNKS` chunks, so a short first wave's layers
@@ -732,9 +735,9 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     Spindle's own best is placed those two ways as well (OFASys-small's audio_asr and
     region_caption on 16-GiB devices: 18.02 ms against optimus's 18.78), and where the
     baseline's still wins, both are tried with finer gradient chunks (`_finer_chunks`, which
-    `fitting_plan_with_cost` tries on the kept plan only; a sweep case, four multitask-clip
-    tasks on 2 nodes of 6 GPUs: Spindle's own 93.22 ms with 8 chunks, where Optimus's
-    schedule was kept at 94.55 with 4). Candidates with the
+    `fitting_plan_with_cost` tries on the kept plan only; a sweep case, multitask-clip's
+    vision-text task on 2 nodes of 6 GPUs under ZeRO-1: Spindle's own 64.11 ms with 16
+    chunks, where DistMM-MT's schedule was kept at 67.49 with 4). Candidates with the
     same waves are simulated once; a one-island cluster has a single device bound and the
     other candidates. The allocator and the wave scheduler see compute only; the simulator is the
     planner's cost model for what they cannot see. The levels' lower bounds stay the uncapped
@@ -868,13 +871,15 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
             return (cap,) * len(allocs), True, False
         return None
 
-    def consider_lighter(caps: tuple[int, ...], fused: bool, spread: bool) -> None:
+    def consider_lighter(caps: tuple[int, ...], fused: bool, spread: bool,
+                         one_count_only: bool = False) -> None:
         """The kept plan's schedule rebuilt, from allocations as `spread` as its own, to move
         fewer rows between ranks: with idle devices left idle (an extension gives a MetaOp
         more devices for one wave, re-splitting its rows into and out of it), and with each
         MetaOp on one device count per level (`allocation.single_count`: the bi-point split
-        re-splits them once). Each computes slower and may simulate faster."""
-        for extend, one_count in ((False, False), (True, True)):
+        re-splits them once; that one alone with `one_count_only`). Each computes slower and
+        may simulate faster."""
+        for extend, one_count in ((False, False), (True, True))[one_count_only:]:
             label = "one count per MetaOp" if one_count else "no extension"
             rebuilt: dict[int, list[list[PlannedWave]]] = {}
             for cap in sorted(set(caps)):
@@ -988,9 +993,16 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                     consider(mixed, spread=not spread)
     runner_up = consider_fused(bounds[-1]) if len(allocs) > 1 and simulated else None
     if best is not None and simulated:
-        consider_lighter(best.caps, best.fused, best.spread)
+        kept = best
+        consider_lighter(kept.caps, kept.fused, kept.spread)
         if runner_up is not None:
             consider_lighter(*runner_up)
+        if kept.spread and not kept.fused:
+            # spread allocations give flat MetaOps more devices, so their groups sync over
+            # more ranks, and so does their rebuild on one count per MetaOp; that of the
+            # allocations as they were may sync far less (four multitask-clip tasks on 2x6
+            # GPUs: 79.9 ms against the spread rebuild's 97.0 and the kept plan's 95.1)
+            consider_lighter(kept.caps, False, False, one_count_only=True)
     if best is not None and simulated and 1 <= options.zero <= 2:
         kept = best
         split = _split_first_long_wave(kept.planned)
