@@ -1036,7 +1036,8 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
         """Slice `s`'s forward start and stall so far (`start_ms`, `stall_ms`) once it has
         waited for the all-gathers of its operators from `pos` on (`prior`), ended at
         `gathered_ms`: the executor waits before the first operator of each bucket, so the
-        slice stalls there (before it starts, where pos is 0)."""
+        slice stalls there (before it starts, where pos is 0; a stall inside it is recorded
+        in `stalls`)."""
         at_ms = start_ms + stall_ms + costs[s.id].forward_ms * pos / s.num_layers
         wait_ms = max(0.0, gathered_ms - at_ms)
         if pos == 0:
