@@ -142,6 +142,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
         check_options,
         resume_note,
         resume_point,
+        untraced,
     )
 
     inputs = load_run_inputs(plan_path)
@@ -189,7 +190,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
         # same shared checkpoint directory, so none of them launches)
         err.print(resume_note(found, opts))
         if trace_path:
-            err.print(f"trace: no step ran, so nothing was traced ({trace_path} not written)")
+            err.print(untraced(trace_path))
         return
     worker_args = [plan_path, "--steps", str(steps), "--seed", str(seed), "--lr", repr(lr),
                    "--dtype", dtype, "--backend", backend, "--sync", sync,

@@ -16,8 +16,8 @@ from rich.table import Table
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_recorded_input
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input
+from spindle_cli.cli.views import gantt as charts
 from spindle_cli.cli.views import print_table
-from spindle_cli.cli.views.gantt import check_chart_paths
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner import simulate as simulation
 from spindle_cli.planner.api import PLACEMENTS, place_again
@@ -184,11 +184,9 @@ def simulate(plan_path: str, as_json: bool, gantt: str | None, utilization: str 
     """Simulate one training iteration of PLAN on its cluster."""
     if as_json and text_gantt:
         raise click.UsageError("--text-gantt prints to stdout, as --json does: give one")
-    check_chart_paths(gantt, utilization)
+    charts.check_chart_paths(gantt, utilization)
     plan, result = simulate_file(plan_path, sync=None if sync == "auto" else sync,
                                  progress=progress, placement=placement)
-    from spindle_cli.cli.views import gantt as charts
-
     if gantt is not None:
         charts.write_gantt(plan, gantt, sim=result)
         err.print(f"wrote {gantt}")

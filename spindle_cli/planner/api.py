@@ -898,7 +898,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         MetaOp on one device count per level (`allocation.single_count`: the bi-point split
         re-splits them once; that one alone with `one_count_only`). Each computes slower and
         may simulate faster."""
-        for extend, one_count in ((False, False), (True, True))[one_count_only:]:
+        ways = ((True, True),) if one_count_only else ((False, False), (True, True))
+        for extend, one_count in ways:
             label = "one count per MetaOp" if one_count else "no extension"
             rebuilt: dict[int, list[list[PlannedWave]]] = {}
             for cap in sorted(set(caps)):

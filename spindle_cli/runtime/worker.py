@@ -197,6 +197,11 @@ def resume_point(plan: Plan, opts: TrainOptions, world_size: int) -> tuple[Path,
                                    meta=_meta(plan, opts))
 
 
+def untraced(trace_path: str) -> str:
+    """What a run given --trace says when no step ran (a resume with nothing left)."""
+    return f"trace: no step ran, so nothing was traced ({trace_path} not written)"
+
+
 def resume_note(found: tuple[Path, int] | None, opts: TrainOptions) -> str:
     """What a run with `opts.resume` says about where it starts: a line for each newer,
     damaged checkpoint it passes over (`checkpoint.passed_over`), then where it resumes."""
@@ -290,7 +295,7 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
         if opts.trace_path is not None and world.rank == 0:
             _write_trace(gathered, result, plan, world, opts, predicted)
     elif opts.trace_path is not None and world.rank == 0:
-        _say(f"trace: no step ran, so nothing was traced ({opts.trace_path} not written)")
+        _say(untraced(opts.trace_path))
     result.params = ex.parameters()
     return result
 

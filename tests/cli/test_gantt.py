@@ -67,12 +67,8 @@ def test_compute_shows_through_a_sync_that_overlaps_it():
 
 @pytest.mark.parametrize("progress", ["wave", "rank"])
 def test_a_forward_stalled_for_an_all_gather_is_drawn_as_a_stall_not_compute(progress):
-    # ZeRO-1 with chunked buckets: enc runs layer 0 2.5-4.5 ms, waits for layer 1's
-    # all-gather until 5 and runs it 5-7 (test_memory_simulate); 60.5 ms in all
-    plan = fx.plan()
-    plan = dataclasses.replace(plan, options={**plan.options, "zero": "1"})
-    r = simulate(plan, fx.graph(), fx.profile(), fx.cluster(), sync="chunked",
-                 progress=progress)
+    # enc runs layer 0 2.5-4.5 ms, stalls until 5 and runs layer 1 5-7; 60.5 ms in all
+    plan, r = fx.zero1_chunked(progress)
     times, series = busy_series(timeline(plan, r))
     assert times[:4] == pytest.approx([2.5, 4.5, 5.0, 7.0])
     assert series["enc"][:4] == [2, 0, 2, 0]

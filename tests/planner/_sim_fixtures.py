@@ -6,11 +6,14 @@ Two MetaOps of one task: `t/enc` (2 layers, level 0) feeds `t/head` (1 layer, le
 
 from __future__ import annotations
 
+import dataclasses
+
 from spindle_cli.artifacts import ClusterSpec, DeviceSpec, MetaOp, MetaOpGraph, Plan, Profile
 from spindle_cli.artifacts.base import InputRef
 from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.plan import LevelBound, ParamGroup, RankMemory, Slice, Transfer, Wave
 from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, MemoryModel
+from spindle_cli.planner.simulate import SimResult, simulate
 
 BATCH = 4
 
@@ -175,3 +178,11 @@ def plan_split_encoder() -> Plan:
                 LevelBound(level=1, lower_bound_ms=1.5, estimated_ms=3.0)),
         lower_bound_ms=7.5, estimated_iteration_ms=15.0,
     )
+
+
+def zero1_chunked(progress: str = "wave") -> tuple[Plan, SimResult]:
+    """`plan` under ZeRO-1, simulated with chunked buckets: enc runs layer 0 2.5-4.5 ms,
+    stalls until layer 1's all-gather arrives (5) and runs it 5-7; 60.5 ms in all
+    (test_memory_simulate works it out)."""
+    zero = dataclasses.replace(plan(), options={**plan().options, "zero": "1"})
+    return zero, simulate(zero, graph(), profile(), cluster(), sync="chunked", progress=progress)

@@ -73,12 +73,9 @@ def test_zero1_forward_stalls_inside_a_slice_for_a_later_layers_all_gather(progr
     # then layer 1's (2.5-5). enc's slice starts once layer 0's has arrived (2.5), runs it
     # 2.5-4.5, stalls until layer 1's arrives (5) and runs it 5-7: 2.5 + 0.5 ms of sync, not
     # the 5 ms a wait for both before the slice would take. Everything after is 3 ms later.
-    plan = fx.plan()
-    zero = dataclasses.replace(plan, options={**plan.options, "zero": "1"})
-    base = simulate(plan, fx.graph(), fx.profile(), fx.cluster(), sync="chunked",
+    base = simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster(), sync="chunked",
                     progress=progress)
-    r = simulate(zero, fx.graph(), fx.profile(), fx.cluster(), sync="chunked",
-                 progress=progress)
+    _, r = fx.zero1_chunked(progress)
     gathers = sorted({(f.label, f.start_ms, f.end_ms) for f in r.flows
                       if f.label.startswith("all-gather enc")})
     assert gathers == [("all-gather enc[0:1]", 0.0, pytest.approx(2.5)),
