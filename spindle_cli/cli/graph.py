@@ -44,7 +44,7 @@ def _selected_tasks(model: ModelSpec, path: str, tasks: str | None,
 @click.option("--task-set", default=None, metavar="NAME", help="A task set named in the model.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16",
               show_default=True, help="Activation and parameter dtype.")
-@click.option("-o", "--output", required=True, metavar="GRAPH",
+@click.option("-o", "--output", default="-", show_default=True, metavar="GRAPH",
               help="Output file (.yaml, .yml or .json); '-' for stdout.")
 @click.option("--check", is_flag=True,
               help="Compare with the existing output file instead of writing (exit 1 on drift).")

@@ -92,7 +92,7 @@ def graph_model(graph: MetaOpGraph, graph_path: str, output: str) -> tuple[Model
               help="Measure here (--hardware local) even when the --cluster's devices are "
                    "another kind than this machine's (the profile then gives them this "
                    "machine's times).")
-@click.option("-o", "--output", required=True, metavar="PROFILE",
+@click.option("-o", "--output", default="-", show_default=True, metavar="PROFILE",
               help="Output file (.yaml, .yml or .json); '-' for stdout.")
 @click.option("--check", is_flag=True,
               help="Compare with the existing output file instead of writing (exit 1 on drift).")

@@ -217,7 +217,6 @@ OPTION_CASES: dict[str, tuple[list[str], str]] = {
                    "error: Invalid value for '--dtype': 'fp8' is not one of 'bf16', 'fp16', "
                    "'fp32'."),
     "unknown-option": (["--nope", "-o", "g.yaml"], "error: No such option '--nope'"),
-    "missing-option": ([], "error: Missing option '-o' / '--output'."),
 }
 
 
@@ -238,6 +237,10 @@ def test_a_usage_error_names_the_help_of_its_command(workdir, spindle):
     result = spindle("plan")
     assert result.exit_code == 2
     assert result.stderr.splitlines() == ["error: Missing argument 'GRAPH'.",
+                                          "hint: see 'spindle plan --help'"]
+    result = spindle("plan", "g.yaml", "p.yaml")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == ["error: Missing option '--cluster'.",
                                           "hint: see 'spindle plan --help'"]
 
 

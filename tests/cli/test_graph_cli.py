@@ -67,6 +67,8 @@ def test_stdout_output_is_yaml_data_only(model_path, tmp_path):
     out = Path("g.yaml")
     _invoke("graph", str(model_path), "-o", str(out))
     assert out.read_text() == result.stdout
+    # without -o, stdout too (as spindle plan and spindle profile)
+    assert _invoke("graph", str(model_path)).stdout == result.stdout
 
 
 def test_output_is_byte_identical_across_runs_and_formats(model_path, tmp_path):

@@ -93,6 +93,9 @@ def test_profile_to_stdout(workdir, capsys):
                          "-o", "-"], capsys)
     assert code == 0
     assert out.startswith("kind: profile\n")
+    # without -o, stdout too (as spindle graph and spindle plan)
+    assert _run(["profile", "graph.yaml", "--hardware", "h200", "--counts", "1,2"],
+                capsys)[:2] == (0, out)
 
 
 @pytest.fixture
