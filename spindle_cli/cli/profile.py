@@ -245,12 +245,15 @@ def _measured(graph: MetaOpGraph, graph_path: str, output: str, cluster: Cluster
     from spindle_cli.artifacts.profile import Fingerprint
     from spindle_cli.planner import profiling
     from spindle_cli.runtime import measure
+    from spindle_cli.runtime.model import run_dtype
 
     model, model_ref = graph_model(graph, graph_path, output)
     inputs.insert(1, model_ref)
-    # a cluster of CPU ranks is measured on the CPU, a GPU here or not
+    # a cluster of CPU ranks is measured on the CPU, a GPU here or not; in the dtype that
+    # `spindle run` trains the graph in
     target = measure.local_target(
-        cpu=cluster is not None and "cpu" in cluster.device.name.lower())
+        cpu=cluster is not None and "cpu" in cluster.device.name.lower(),
+        dtype_name=run_dtype("auto", graph.dtype))
     if cluster is not None and not same_device(target.device_name, cluster.device.name):
         problem = (f"--hardware local measures {target.device_name} here, but {cluster_path} "
                    f"has {cluster.device.name} devices")
@@ -265,10 +268,9 @@ def _measured(graph: MetaOpGraph, graph_path: str, output: str, cluster: Cluster
         err.print(f"note: {problem}; measuring anyway (--allow-device-mismatch)",
                   soft_wrap=True)
     if target.dtype_name != graph.dtype:
-        err.print(f"note: {graph_path} sizes activations and parameters in {graph.dtype}, but "
-                  f"{target.device_name} measures (and `spindle run` trains) in "
-                  f"{target.dtype_name}: plans would count their bytes at the wrong size; "
-                  f"make the graph with --dtype {target.dtype_name}", soft_wrap=True)
+        err.print(f"note: {graph_path} is {graph.dtype}; measuring in {target.dtype_name}, "
+                  "which `spindle run` trains it in (the same bytes; fp16 would need loss "
+                  "scaling, which the executor does not do)", soft_wrap=True)
     settings = measure.Settings(
         repeats=repeats,
         memory_limit_bytes=cluster.device.memory_bytes if cluster is not None else None,

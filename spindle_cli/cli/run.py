@@ -92,8 +92,11 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
               help="Seed of the initialization and the synthetic data.")
 @click.option("--lr", type=FiniteFloatRange(min=0, min_open=True), default=1e-3,
               show_default=True, help="AdamW learning rate.")
-@click.option("--dtype", type=click.Choice(["fp32", "fp64"]), default="fp32",
-              show_default=True, help="Parameter and activation dtype.")
+@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32", "fp64"]), default="auto",
+              show_default=True,
+              help="Parameter and activation dtype; bf16: mixed precision (bf16 weights, "
+                   "activations, gradients and messages, AdamW on fp32 masters); auto: the "
+                   "plan's, as its graph counts bytes (bf16 for bf16 and fp16 graphs).")
 @click.option("--sync", type=click.Choice(["auto", "chunked", "per-set"]), default="auto",
               show_default=True,
               help="Gradient buckets: chunked, a rank set's layers by the backward wave that "
@@ -136,8 +139,8 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     from spindle_cli.runtime.dist import check_gpus, resolve_backend
     from spindle_cli.runtime.executor import overlap_for
     from spindle_cli.runtime.inputs import check_world, load_run_inputs
+    from spindle_cli.runtime.model import DTYPES, run_dtype
     from spindle_cli.runtime.worker import (
-        DTYPES,
         TrainOptions,
         check_options,
         resume_note,
@@ -154,13 +157,18 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     if nproc_per_node is None:
         nproc_per_node = _ranks_per_node(inputs.plan.num_devices, nnodes)
     check_world(inputs.plan, nproc_per_node * nnodes)
-    if inputs.graph.dtype != dtype:
-        # a plan sized for bf16 (the graphs' default) trains in fp32 here: twice its bytes
+    dtype = run_dtype(dtype, inputs.graph.dtype)
+    if DTYPES[dtype].itemsize != inputs.graph.dtype_bytes:
+        # a plan sized for bf16 (the graphs' default) trained in fp32: twice its bytes
         err.print(f"note: the plan sizes its memory and transfers in {inputs.graph.dtype} (its "
                   f"graph's dtype), but this run trains in {dtype}: they take "
                   f"{DTYPES[dtype].itemsize / inputs.graph.dtype_bytes:g}x the plan's bytes"
-                  + (f"; plan from a graph made with --dtype {dtype}" if dtype == "fp32"
-                     else ""), soft_wrap=True)
+                  + ("; --dtype auto trains it in bf16, as planned, or plan from a graph made "
+                     "with --dtype fp32" if dtype == "fp32" else ""), soft_wrap=True)
+    elif inputs.graph.dtype != dtype:
+        err.print(f"note: the plan's graph is {inputs.graph.dtype}; this run trains in {dtype} "
+                  "(the same bytes; fp16 would need loss scaling, which the executor does "
+                  "not do)", soft_wrap=True)
     resolved = resolve_backend(backend)
     if resolved == "nccl":
         check_gpus(nproc_per_node)
@@ -214,8 +222,8 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     argv = [*launch, "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0",
             "-m", "spindle_cli.runtime.rank", *worker_args]
     err.print(f"spindle run: {inputs.plan.planner} plan, {len(inputs.plan.waves)} waves, "
-              f"{inputs.plan.num_devices} ranks{memory_text(inputs.plan)}, {steps} step"
-              f"{'s' * (steps > 1)}")
+              f"{inputs.plan.num_devices} ranks{memory_text(inputs.plan)}, {dtype}, {steps} "
+              f"step{'s' * (steps > 1)}")
     cores = len(os.sched_getaffinity(0))
     if resolved == "gloo" and nproc_per_node > cores:
         err.print(f"note: {nproc_per_node} CPU ranks share {cores} core{'s' * (cores > 1)} here, "

@@ -34,6 +34,13 @@ steps a rank keeps only the reduce-scattered shards. The task
 losses are all-reduced over the world (for the log) asynchronously from the end of the forward
 pass.
 
+In bf16 (mixed precision, the planner's memory model of a bf16 graph: 2 bytes of weights, 2 of
+gradients and 12 of optimizer state per parameter) the layers, activations, gradients and every
+message are bf16, and AdamW steps an fp32 master copy of what the rank steps (a bucket, or its
+ZeRO shard), one bucket at a time: the bucket's gradient is upcast, stepped into the master and
+its moments, and the master rounded back into the bf16 weights that the all-gather sends. The
+losses are computed in fp32 from bf16 logits (`layers`). No loss scaling: bf16 has fp32's range.
+
 Under activation recomputation (Plan.options `recompute`) every operator of a slice runs
 inside a non-reentrant `torch.utils.checkpoint`: only its input is kept for backward, and its
 forward runs again when its backward needs the rest (planner/memory.py counts one operator's
@@ -70,7 +77,13 @@ from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES, backend_sync, sync_buc
 from spindle_cli.runtime.data import DataSource, rows_problem, targets_name
 from spindle_cli.runtime.dist import World
 from spindle_cli.runtime.groups import Groups
-from spindle_cli.runtime.model import LayerKey, build_layers, make_optimizer, named_parameters
+from spindle_cli.runtime.model import (
+    LayerKey,
+    build_layers,
+    make_optimizer,
+    named_parameters,
+    step_mixed,
+)
 from spindle_cli.runtime.program import Program, SliceProgram, rows_of
 from spindle_cli.runtime.trace import Tracer
 
@@ -267,8 +280,13 @@ class Executor:
         # bucket only: a parameter that is a view of the bucket's flat parameter, so the
         # step updates the shard in place; the all-gather after the step fills in the
         # others.
-        flat = [b.param if b.shard is None else self._shard_param(b) for b in self.buckets]
-        self.optimizer = make_optimizer(flat, lr) if flat else None
+        self.stepped = [b.param if b.shard is None else self._shard_param(b)
+                        for b in self.buckets]
+        # bf16: AdamW steps an fp32 master of each (`_step`)
+        self.masters = ([nn.Parameter(p.detach().float()) for p in self.stepped]
+                        if dtype.itemsize < 4 else [])
+        stepped = self.masters or self.stepped
+        self.optimizer = make_optimizer(stepped, lr) if stepped else None
 
     def _make_buckets(self, chunk_bytes: int) -> list[Bucket]:
         """This rank's buckets, as `buckets.sync_buckets` lays them out: with `overlap_sync`
@@ -370,9 +388,18 @@ class Executor:
         self._await_gathers(list(self.gathering))
         if self.optimizer is not None:
             with self.tracer.span("optimizer", "compute", step=step):
-                self.optimizer.step()
+                self._step()
         self._start_gathers()
         return losses
+
+    def _step(self) -> None:
+        """AdamW on what this rank steps; in bf16 on the fp32 masters, one bucket at a time
+        (`step_mixed`)."""
+        assert self.optimizer is not None
+        if self.masters:
+            step_mixed(self.optimizer, zip(self.stepped, self.masters, strict=True))
+        else:
+            self.optimizer.step()
 
     def _start_gathers(self) -> None:
         """ZeRO-1/2: start the all-gather of every sharded bucket's stepped shards, in reverse
@@ -704,6 +731,7 @@ class Executor:
         """What a checkpoint keeps of this rank: parameters (their all-gathers awaited),
         optimizer state, completed steps."""
         return {"step": step, "params": self.parameters(),
+                "masters": [m.detach().clone() for m in self.masters],
                 "optimizer": self.optimizer.state_dict() if self.optimizer else {}}
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -714,9 +742,15 @@ class Executor:
         if set(state["params"]) != set(params):
             raise RuntimeFailure(f"checkpoint holds parameters {sorted(state['params'])[:3]}..., "
                                  f"this rank runs {sorted(params)[:3]}...")
+        masters = state.get("masters", [])
+        if [m.shape for m in masters] != [m.shape for m in self.masters]:
+            raise RuntimeFailure(f"checkpoint holds {len(masters)} fp32 master tensors, this "
+                                 f"rank steps {len(self.masters)} of other sizes")
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(state["params"][name])
+            for mine, saved in zip(self.masters, masters, strict=True):
+                mine.copy_(saved)
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
             # load_state_dict restores the saved hyperparameters too: train on at this run's

@@ -12,8 +12,9 @@ Call conventions (`layer(*inputs)`):
   inputs are concatenated along the sequence axis INSIDE the layer call (the model spec's rule
   for a step with several sequence inputs), giving `[B,sum(S_i),hidden]`.
 - `adapter`: `[B,S,in_dim]` -> `[B,S,hidden]`; `projection`: `[B,S,in_dim]` -> `[B,hidden]`.
-- `contrastive_loss`: two `[B,hidden]` embeddings -> scalar, the symmetric InfoNCE averaged
-  over the B samples of the call (it couples every sample with every other one, so the
+- `contrastive_loss`: two `[B,hidden]` embeddings -> scalar (fp32 at least: both losses take
+  their softmax in fp32 from bf16 logits), the symmetric InfoNCE averaged over the B samples
+  of the call (it couples every sample with every other one, so the
   executor calls it on the whole gathered batch).
 - `lm_loss`: `[B,S,hidden]` and targets `[B,target_len]` (int64 token ids) -> scalar, the mean
   cross-entropy of the last `target_len` positions against the targets (the targets are data:
@@ -124,6 +125,12 @@ class Projection(nn.Module):
         return self.proj(pooled)
 
 
+def _wide(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in fp32 at least for the softmax and cross-entropy (bf16 keeps 8 bits of
+    mantissa; torch's autocast computes them in fp32 too); fp32 and fp64 as they are."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 class ContrastiveLoss(nn.Module):
     """Symmetric InfoNCE with a learned temperature (CLIP). Not separable per sample: call it
     on the whole batch."""
@@ -135,7 +142,7 @@ class ContrastiveLoss(nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         a = F.normalize(a, dim=-1)
         b = F.normalize(b, dim=-1)
-        logits = self.logit_scale.exp() * a @ b.T
+        logits = _wide(self.logit_scale.exp() * a @ b.T)
         labels = torch.arange(a.shape[0], device=a.device)
         return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 
@@ -150,7 +157,7 @@ class LMLoss(nn.Module):
         self.head = _linear(spec.hidden, spec.vocab_size, gen, bias=False)
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.head(self.ln(x[:, -self.target_len :]))
+        logits = _wide(self.head(self.ln(x[:, -self.target_len :])))
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 

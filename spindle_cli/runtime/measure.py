@@ -45,7 +45,7 @@ from spindle_cli.artifacts.model import ModuleSpec
 from spindle_cli.artifacts.profile import OptimizerCost, tp_degree
 from spindle_cli.errors import ArtifactError
 from spindle_cli.runtime.layers import build_layer
-from spindle_cli.runtime.model import make_optimizer
+from spindle_cli.runtime.model import DTYPES, make_optimizer, step_mixed
 
 CACHE_DIR = Path(".spindle-cache") / "profile"
 METHOD = 2
@@ -90,12 +90,14 @@ class Target:
     @property
     def dtype_bytes(self) -> int:
         """Bytes per element of the measuring dtype."""
-        return 4 if self.dtype_name == "fp32" else 2
+        return self.dtype.itemsize
 
 
-def local_target(*, cpu_threads: int = 1, cpu: bool = False) -> Target:
-    """CUDA device 0 when present (and not `cpu`), else the CPU, in fp32: what `spindle run`
-    trains in (it has no bf16), so that a plan from the profile times and sizes what runs.
+def local_target(*, cpu_threads: int = 1, cpu: bool = False, dtype_name: str = "fp32"
+                 ) -> Target:
+    """CUDA device 0 when present (and not `cpu`), else the CPU, in `dtype_name` (a key of
+    `model.DTYPES`): the dtype `spindle run` trains the graph in (`model.run_dtype`), so that
+    a plan from the profile times and sizes what runs (bf16: mixed precision).
     `cpu`: the CPU even where a GPU is present (a cluster of CPU ranks). On the CPU with
     `cpu_threads` intra-op threads (this sets torch's process-wide thread count). One thread
     by default: a CPU rank of the `local-cpu` cluster is one process per core, and an OpenMP
@@ -108,7 +110,8 @@ def local_target(*, cpu_threads: int = 1, cpu: bool = False) -> Target:
         torch.set_num_threads(cpu_threads)
         device = torch.device("cpu")
         name = f"cpu ({cpu_threads} thread{'' if cpu_threads == 1 else 's'})"
-    return Target(device=device, device_name=name, dtype=torch.float32, dtype_name="fp32")
+    return Target(device=device, device_name=name, dtype=DTYPES[dtype_name],
+                  dtype_name=dtype_name)
 
 
 class ShardedTransformerLayer(nn.Module):
@@ -329,19 +332,27 @@ slower than the large one, and the slope (clamped at 0) said parameters cost not
 
 
 def measure_optimizer(target: Target, settings: Settings) -> OptimizerCost:
-    """The AdamW step as the executor runs it (`make_optimizer` over one flat fp32 tensor per
-    gradient bucket), timed on one tensor of each of OPTIMIZER_SIZES, each the median of
-    `settings.repeats` steps and at least OPTIMIZER_MIN_REPEATS."""
+    """The AdamW step as the executor runs it (`make_optimizer` over one flat tensor per
+    gradient bucket; in bf16 on its fp32 master, `step_mixed`), timed on one tensor of each
+    of OPTIMIZER_SIZES, each the median of `settings.repeats` steps and at least
+    OPTIMIZER_MIN_REPEATS."""
     sizes = OPTIMIZER_SIZES[target.device.type]
     times = []
     for n in sizes:
-        param = nn.Parameter(torch.zeros(n, dtype=torch.float32, device=target.device))
+        param = nn.Parameter(torch.zeros(n, dtype=target.dtype, device=target.device))
         param.grad = torch.full_like(param, 1e-3)
-        optimizer = make_optimizer([param], lr=1e-3)
+        if target.dtype.itemsize < 4:
+            master = nn.Parameter(param.detach().float())
+            optimizer = make_optimizer([master], lr=1e-3)
+
+            def step(optimizer: torch.optim.Optimizer = optimizer,
+                     pair: tuple[nn.Parameter, nn.Parameter] = (param, master)) -> None:
+                step_mixed(optimizer, [pair])
+        else:
+            step = make_optimizer([param], lr=1e-3).step
         for _ in range(settings.warmup + 1):
-            optimizer.step()
-        times.append(_median_ms(optimizer.step, target,
-                                max(settings.repeats, OPTIMIZER_MIN_REPEATS)))
+            step()
+        times.append(_median_ms(step, target, max(settings.repeats, OPTIMIZER_MIN_REPEATS)))
     slope = max(0.0, (times[1] - times[0]) / (sizes[1] - sizes[0]))
     return OptimizerCost(ms_per_tensor=max(0.0, times[0] - slope * sizes[0]),
                          ms_per_million_params=slope * 1e6)

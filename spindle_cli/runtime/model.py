@@ -26,6 +26,19 @@ LayerKey = tuple[str, int]
 WEIGHT_DECAY = 0.01
 BETAS = (0.9, 0.999)
 
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+"""What `spindle run --dtype` trains in (bf16 as mixed precision: `step_mixed`) and
+`spindle profile --hardware local` measures in."""
+
+
+def run_dtype(requested: str, graph_dtype: str) -> str:
+    """The dtype a run trains in: `requested`, or for 'auto' the one its plan counts bytes in
+    (its graph's dtype), bf16 for an fp16 graph (the same bytes; fp16 would need loss
+    scaling, which the executor does not do)."""
+    if requested != "auto":
+        return requested
+    return "fp32" if graph_dtype == "fp32" else "bf16"
+
 
 def layer_generator(seed: int, module: str, layer: int) -> torch.Generator:
     """The generator that initializes one layer (crc32: stable across processes)."""
@@ -55,6 +68,21 @@ def make_optimizer(params: list[nn.Parameter], lr: float) -> torch.optim.Optimiz
     reference does (tests/runtime/test_exactness.py), and it is several times faster than the
     per-tensor loop for many small tensors."""
     return torch.optim.AdamW(params, lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY, foreach=True)
+
+
+def step_mixed(optimizer: torch.optim.Optimizer,
+               pairs: Iterable[tuple[nn.Parameter, nn.Parameter]]) -> None:
+    """Mixed precision's step: for each (bf16 weights, their fp32 master) in turn, the
+    weights' gradient upcast onto the master, AdamW on it (AdamW skips a parameter without a
+    gradient, so only this one moves and only one gradient is upcast at a time), and the
+    master rounded back into the weights."""
+    for weights, master in pairs:
+        assert weights.grad is not None
+        master.grad = weights.grad.float()
+        optimizer.step()
+        master.grad = None
+        with torch.no_grad():
+            weights.copy_(master)
 
 
 def all_layer_keys(model: ModelSpec, tasks: Iterable[str]) -> list[LayerKey]:

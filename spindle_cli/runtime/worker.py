@@ -47,6 +47,7 @@ from spindle_cli.runtime.data import load_data_source
 from spindle_cli.runtime.executor import Executor, PeerLost, overlap_for
 from spindle_cli.runtime.groups import make_groups
 from spindle_cli.runtime.inputs import check_world, load_run_inputs
+from spindle_cli.runtime.model import DTYPES, run_dtype
 from spindle_cli.runtime.program import Program
 from spindle_cli.runtime.timeouts import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 from spindle_cli.runtime.trace import (
@@ -57,8 +58,6 @@ from spindle_cli.runtime.trace import (
     trace_document,
     write_json,
 )
-
-DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,7 +391,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    p.add_argument("--dtype", choices=["auto", *sorted(DTYPES)], default="auto")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     p.add_argument("--sync", choices=["auto", "chunked", "per-set"], default="auto")
     p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S)
@@ -437,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         inputs = load_run_inputs(args.plan)
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         check_world(inputs.plan, world_size)
-        opts = TrainOptions(steps=args.steps, seed=args.seed, lr=args.lr, dtype=args.dtype,
+        opts = TrainOptions(steps=args.steps, seed=args.seed, lr=args.lr,
+                            dtype=run_dtype(args.dtype, inputs.graph.dtype),
                             dataset=args.dataset, checkpoint_dir=args.checkpoint_dir,
                             checkpoint_every=args.checkpoint_every, resume=args.resume,
                             trace_path=args.trace)

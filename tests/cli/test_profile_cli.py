@@ -123,6 +123,8 @@ def test_measured_profile_resumes_from_the_cache(workdir, capsys, torch_threads)
     profile = load("m.yaml", Profile)
     assert profile.source == "measured"
     assert profile.fingerprint.hardware == "local" and profile.fingerprint.torch_version
+    # measured in the dtype `spindle run` trains the graph in (bf16, mixed precision)
+    assert profile.fingerprint.dtype == graph.dtype == "bf16"
     # the optimizer step is measured too: it costs more for more parameters
     assert profile.optimizer is not None
     assert profile.optimizer.time_ms(1, 2e6) > profile.optimizer.time_ms(1, 1e6) > 0

@@ -55,6 +55,30 @@ def test_more_samples_keep_more_activations(tiny):
     assert large.peak_memory_bytes > small.peak_memory_bytes
 
 
+def test_bf16_measures_a_mixed_precision_layer_and_step(tiny):
+    """In bf16 a layer keeps half the activation bytes of fp32 and the same state bytes
+    (2 + 2 + 12 against 4 + 4 + 8 per parameter); both losses measure (fp32 softmax from
+    bf16 logits), and the optimizer step is the mixed one, on an fp32 master."""
+    model, graph = tiny
+    half, full = measure.local_target(dtype_name="bf16"), measure.local_target()
+    assert (half.dtype, half.dtype_bytes) == (torch.bfloat16, 2)
+    for op in graph.metaops:
+        m = measure.measure(model.modules[op.module], op, 4, "dp", target=half, settings=FAST)
+        assert m.feasible and m.time_ms > 0, op.id
+    op = graph.metaop("text_vision/vision_enc")
+    spec = model.modules[op.module]
+    params = sum(p.numel() for p in build_layer(spec).parameters())
+    small, large = (measure.measure(spec, op, 8, "dp", target=t, settings=FAST)
+                    for t in (half, full))
+    if half.device.type == "cpu":
+        # counted: the parameters' state plus the inputs and saved activations, at dtype
+        # size but for a few statistics autograd keeps in fp32 (LayerNorm's mean and rstd)
+        acts = [m.peak_memory_bytes - 16 * params for m in (small, large)]
+        assert 0 < 1.9 * acts[0] < acts[1] < 2 * acts[0]
+    cost = measure.measure_optimizer(half, FAST)
+    assert cost.ms_per_tensor >= 0 and cost.ms_per_million_params > 0
+
+
 def test_timeouts_and_memory_limits_give_infeasible_points(tiny):
     model, graph = tiny
     op = graph.metaop("text_vision/vision_enc")

@@ -55,15 +55,20 @@ def _holders(plan: Plan, graph: MetaOpGraph, name: str) -> tuple[int, ...]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("zero", ["0", "1", "2"])
-def test_resumed_run_ends_with_the_same_parameters(setup: Any, tmp_path: Path, zero: str) -> None:
+@pytest.mark.parametrize(("zero", "dtype"), [("0", "fp32"), ("1", "fp32"), ("2", "fp32"),
+                                             ("1", "bf16")])
+def test_resumed_run_ends_with_the_same_parameters(setup: Any, tmp_path: Path, zero: str,
+                                                   dtype: str) -> None:
+    """Also in bf16, whose checkpoint keeps the fp32 masters AdamW steps (the bf16 weights
+    alone would resume from rounded values)."""
     plan, graph, model = setup
     # under ZeRO-1/2 each rank's checkpoint holds the optimizer state of its shards only
     plan = replace(plan, options={**plan.options, "zero": zero})
-    straight = run_distributed(train_rank, 2, plan, graph, model, {"steps": 4})
+    straight = run_distributed(train_rank, 2, plan, graph, model, {"steps": 4, "dtype": dtype})
     ckpt = str(tmp_path / "ckpt")
     first = run_distributed(train_rank, 2, plan, graph, model,
-                            {"steps": 2, "checkpoint_dir": ckpt, "checkpoint_every": 1})
+                            {"steps": 2, "checkpoint_dir": ckpt, "checkpoint_every": 1,
+                             "dtype": dtype})
     assert sorted(p.name for p in Path(ckpt).iterdir()) == ["step-000001", "step-000002"]
     for rank in range(2):
         saved = torch.load(Path(ckpt) / "step-000002" / f"rank-{rank:05d}.pt")
@@ -78,8 +83,12 @@ def test_resumed_run_ends_with_the_same_parameters(setup: Any, tmp_path: Path, z
             assert held - shared + shared / 2 <= moments <= held - shared + shared / 2 + 1
         else:
             assert moments == held
+        masters = saved["masters"]
+        assert sum(m.numel() for m in masters) == (moments if dtype == "bf16" else 0)
+        assert all(m.dtype == torch.float32 for m in masters)
     resumed = run_distributed(train_rank, 2, plan, graph, model,
-                              {"steps": 4, "checkpoint_dir": ckpt, "resume": True})
+                              {"steps": 4, "checkpoint_dir": ckpt, "resume": True,
+                               "dtype": dtype})
     for rank in range(2):
         start, losses, params = resumed[rank]
         assert start == 2

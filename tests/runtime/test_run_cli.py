@@ -39,12 +39,12 @@ HERE = Path(__file__).resolve().parent
 
 def write_plan_files(tmp: Path, cluster_name: str = "local-cpu-2",
                      edit: Callable[[MetaOpGraph], MetaOpGraph] = lambda g: g,
-                     options: PlanOptions | None = None) -> Path:
+                     options: PlanOptions | None = None, dtype: str = "fp32") -> Path:
     """graph.yaml, profile.yaml and plan.yaml for tiny-clip under `tmp`, as `spindle plan`
-    would write them (from the graph as `edit` leaves it, with `options`)."""
+    would write them (from the graph in `dtype` as `edit` leaves it, with `options`)."""
     model_path = str(REPO / "models" / "tiny-clip.yaml")
     model = load(model_path, ModelSpec)
-    graph = edit(build_graph(model, dtype="fp32", inputs=[input_ref(model, model_path)]))
+    graph = edit(build_graph(model, dtype=dtype, inputs=[input_ref(model, model_path)]))
     cluster_path = str(REPO / "clusters" / f"{cluster_name}.yaml")
     cluster = load(cluster_path, ClusterSpec)
     profile = analytic_profile(graph, cluster, hardware="a800", counts=[1, 2])
@@ -293,16 +293,38 @@ def test_options_the_planner_does_not_write_are_refused_before_launch(tmp_path: 
     assert _one_line_error(result).startswith(f"error: {plan}: options.{key}: ")
 
 
-def test_a_run_in_another_dtype_than_its_plan_says_what_that_costs(tmp_path: Path) -> None:
-    """A plan counts bytes in its graph's dtype (bf16 by default): a run in another one says
-    how many times the plan's bytes it moves and holds (before launch, in the dry run too)."""
-    plan = write_plan_files(tmp_path)  # an fp32 graph
-    note = ("note: the plan sizes its memory and transfers in fp32 (its graph's dtype), but "
-            "this run trains in fp64: they take 2x the plan's bytes")
-    result = invoke("run", str(plan), "--dry-run", "--dtype", "fp64")
-    assert result.exit_code == 0 and note in " ".join(result.stderr.split()), result.stderr
-    result = invoke("run", str(plan), "--dry-run", "--dtype", "fp32")
-    assert result.exit_code == 0 and "note: the plan sizes" not in result.stderr
+@pytest.mark.parametrize(("graph_dtype", "flags", "said"), [
+    ("bf16", [], None),
+    ("bf16", ["--dtype", "bf16"], None),
+    ("bf16", ["--dtype", "fp32"], "note: the plan sizes its memory and transfers in bf16 (its "
+     "graph's dtype), but this run trains in fp32: they take 2x the plan's bytes; --dtype "
+     "auto trains it in bf16, as planned, or plan from a graph made with --dtype fp32"),
+    ("fp16", [], "note: the plan's graph is fp16; this run trains in bf16 (the same bytes; "
+     "fp16 would need loss scaling, which the executor does not do)"),
+    ("fp32", [], None),
+    ("fp32", ["--dtype", "bf16"], "note: the plan sizes its memory and transfers in fp32 (its "
+     "graph's dtype), but this run trains in bf16: they take 0.5x the plan's bytes"),
+    ("fp32", ["--dtype", "fp64"], "note: the plan sizes its memory and transfers in fp32 (its "
+     "graph's dtype), but this run trains in fp64: they take 2x the plan's bytes"),
+])
+def test_a_run_trains_in_the_dtype_its_plan_counts_by_default(
+        tmp_path: Path, monkeypatch, graph_dtype: str, flags: list[str], said: str | None
+        ) -> None:
+    """--dtype auto (the default) trains a plan of a bf16 or fp16 graph in bf16 (mixed
+    precision: the bytes the plan counts) and one of an fp32 graph in fp32; the launch line
+    says which, and the workers are told it. Another dtype says how many times the plan's
+    bytes it moves and holds."""
+    plan = write_plan_files(tmp_path, dtype=graph_dtype)
+    launched: list[list[str]] = []
+    monkeypatch.setattr("spindle_cli.cli.run._launch", lambda argv, **_: launched.append(argv))
+    result = invoke("run", str(plan), "--steps", "1", *flags)
+    assert result.exit_code == 0, result.stderr
+    trained = flags[1] if flags else "fp32" if graph_dtype == "fp32" else "bf16"
+    assert f", {trained}, 1 step" in result.stderr
+    argv = launched[0]
+    assert argv[argv.index("--dtype") + 1] == trained
+    notes = [ln for ln in result.stderr.splitlines() if ln.startswith("note: the plan")]
+    assert notes == ([said] if said else [])
 
 
 def test_more_nccl_ranks_than_gpus_are_refused_before_launch(tmp_path: Path,
@@ -748,9 +770,9 @@ def test_ranks_per_node_default_to_the_plans_over_the_nodes(
     assert argv[argv.index("--nnodes") + 1] == nnodes
 
 
-@pytest.mark.parametrize(("options", "said"), [({}, "2 ranks, 3 steps"),
+@pytest.mark.parametrize(("options", "said"), [({}, "2 ranks, fp32, 3 steps"),
                                               ({"zero": "2", "recompute": "true"},
-                                               "2 ranks, ZeRO-2, recompute, 3 steps")])
+                                               "2 ranks, ZeRO-2, recompute, fp32, 3 steps")])
 def test_the_launch_line_names_the_memory_strategies(tmp_path: Path, monkeypatch,
                                                      options: dict[str, str], said: str) -> None:
     saving = write_plan_files(tmp_path, options=PlanOptions(
