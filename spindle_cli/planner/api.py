@@ -737,10 +737,11 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     each task on one device group through all its levels (`consider_task_stable`), then,
     where tasks outnumber the groups, tasks one after another on lanes of equal groups
     (`consider_lanes`), then the three baselines' schedules, so that Spindle never simulates
-    slower than a baseline (a quality sweep of 132 small cases found 11 where a baseline's
-    schedule beat every one of Spindle's own by 0.5-12%: an embedding's rows re-split
-    between 3 and 1 devices, or, before the forward waited for the ZeRO all-gather layer by
-    layer, a 32-layer encoder waiting in one wave for all of it across nodes). Finally the
+    slower than a baseline (tried even where none of Spindle's own fits: one may; a quality
+    sweep of 132 small cases found 11 where a baseline's schedule beat every one of
+    Spindle's own by 0.5-12%: an embedding's rows re-split between 3 and 1 devices, or,
+    before the forward waited for the ZeRO all-gather layer by layer, a 32-layer encoder
+    waiting in one wave for all of it across nodes). Finally the
     kept plan's waves are placed again with ranks reserved for the slices that would keep
     their rows there (`placement.place`'s `reserve`), kept when that simulates faster (in
     `spindle bench`, with the memory search: OFASys 4 tasks on 8
@@ -1033,17 +1034,18 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         consider_task_stable()
         consider_lanes()
     own = best
-    if best is not None and simulated:
+    if simulated:
         # the baselines' schedules, so that Spindle's plan never simulates slower than theirs
+        # (also where none of Spindle's own fits: a baseline's may)
         for name, planned in (("sequential", baselines.sequential(graph, curves, max_ops)),
                               ("optimus", baselines.optimus(graph, curves, n_dev, max_ops)),
                               ("distmm", baselines.distmm(graph, curves, n_dev, max_ops))):
             consider((n_dev,) * len(allocs), planned, fused=True, label=f"{name}'s schedule")
     if best is not None and simulated:
-        # when a baseline's schedule is the best, Spindle's own best is placed again too
-        assert own is not None
-        mine = [(own.iteration_ms, own.plan)]
-        for kept in (best,) if best is own else (best, own):
+        # when a baseline's schedule is the best, Spindle's own best (if any fits) is placed
+        # again too
+        mine = [] if own is None else [(own.iteration_ms, own.plan)]
+        for kept in (best,) if own in (best, None) else (best, own):
             ways: list[dict[str, Any]] = [{"home": kept.home, "reserve": kept.plan,
                                            "label": _labelled(kept.label, "reserved ranks")}]
             if options.placement == "island":
@@ -1058,8 +1060,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
             # kept plan only): Spindle's own may gain more from them
             theirs = _finer_chunks((best.iteration_ms, best.plan), graph, profile, cluster,
                                    give_up_ms=give_up_ms)
-            ours = _finer_chunks(min(mine, key=lambda m: m[0]), graph, profile, cluster,
-                                 give_up_ms=theirs[0])
+            ours = (_finer_chunks(min(mine, key=lambda m: m[0]), graph, profile, cluster,
+                                  give_up_ms=theirs[0]) if mine else theirs)
             kept_ms, kept_plan = ours if ours[0] < theirs[0] - 1e-9 else theirs
             return kept_plan, kept_ms
     if best is None:
