@@ -680,15 +680,23 @@ def simulated_cost(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Cl
     simulated clock plus the least the iteration lasts beyond it passes `give_up_ms` (checked
     when a wave ends, or a flow that a wave or the gradient sync waits for ends; with waves
     as barriers the compute of the waves still to run and the longest optimizer step count
-    beyond it) the simulation stops and returns that sum, a lower bound of the iteration
-    above `give_up_ms`: a plan that cannot beat `give_up_ms` need not be simulated to the
+    beyond it) the simulation stops and returns that sum, a lower bound of the iteration at
+    or above `give_up_ms`: a plan that cannot beat `give_up_ms` need not be simulated to the
     end."""
     try:
         timeline = _run(plan, graph, profile, cluster, sync=backend_sync(cluster.backend),
                         give_up_ms=give_up_ms, record_flows=False)
     except _GaveUp as e:
-        return QuickCost(iteration_ms=e.now_ms, transfer_ms=math.inf)
+        # the bound sums the clock and the rest in another order than the simulation to the
+        # end would (prefix sums), so it may round an ulp above it: shave that off, staying at
+        # or above give_up_ms
+        bound_ms = max(give_up_ms, e.now_ms * (1 - GIVE_UP_ROUNDING))
+        return QuickCost(iteration_ms=bound_ms, transfer_ms=math.inf)
     return QuickCost(iteration_ms=timeline.iteration_ms, transfer_ms=timeline.parts[2])
+
+
+GIVE_UP_ROUNDING = 1e-12
+"""The relative rounding `simulated_cost` takes off a lower bound it gave up at."""
 
 
 class _GaveUp(Exception):

@@ -13,6 +13,7 @@ import _sim_fixtures as fx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_scale import examples
 from test_properties import problems
 from test_simulate_properties import plans
 
@@ -65,7 +66,7 @@ rank_sets = st.lists(st.integers(0, 15), min_size=1, max_size=12, unique=True).m
     lambda r: tuple(sorted(r)))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(num_bytes=st.integers(0, 10**6), src=rank_sets, dst=rank_sets,
        src_strategy=st.sampled_from(["dp", "tp2", "tp4"]),
        dst_strategy=st.sampled_from(["dp", "tp2", "tp4"]), num_rows=st.integers(1, 20))
@@ -94,7 +95,7 @@ def align_fill_one_span_at_a_time(op_times_ms, num_ops, devices, every_operator)
     return best[1]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(tuples=st.lists(st.tuples(st.floats(0.01, 10.0), st.integers(1, 12),
                                  st.sampled_from([1, 2, 4, 8])), min_size=1, max_size=6),
        every_operator=st.booleans())
@@ -104,7 +105,7 @@ def test_align_fill_matches_the_span_by_span_rule(tuples, every_operator):
         align_fill_one_span_at_a_time(times, ops, devices, every_operator)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(plan=plans(), batch=st.integers(1, 9), num_nodes=st.sampled_from([1, 2]),
        latency_s=st.sampled_from([0.0, 1e-5]), cut=st.floats(0.0, 1.5))
 def test_iteration_only_simulation_and_its_give_up_bound(plan, batch, num_nodes, latency_s,
@@ -119,8 +120,19 @@ def test_iteration_only_simulation_and_its_give_up_bound(plan, batch, num_nodes,
     if full <= give_up_ms:
         assert (bounded, transfer_ms) == (full, result.transfer_ms)
     else:
-        # stopped early or not: above the bound it gave up on, never above the truth
-        assert give_up_ms < bounded <= full
+        # stopped early or not: at or above the bound it gave up on, never above the truth
+        assert give_up_ms <= bounded <= full
+
+
+def test_a_give_up_bound_rounded_above_the_iteration_is_shaved_below_it():
+    """The bound sums the clock and the compute left in another order than the simulation to
+    the end: here it rounded to 52.50000000000001 against the iteration's 52.5 (found by the
+    property test above with more examples)."""
+    plan = fx.plan((0,), (0,), enc_sync_bytes=0, head_sync_bytes=0)
+    g, p, c = fx.graph(7), fx.profile(7), fx.cluster(num_nodes=1)
+    full = simulate(plan, g, p, c).iteration_ms
+    bounded, transfer_ms = simulated_cost(plan, g, p, c, give_up_ms=0.0)
+    assert transfer_ms == math.inf and full * (1 - 1e-9) < bounded <= full
 
 
 def test_give_up_counts_the_work_left_after_the_clock():
@@ -160,7 +172,7 @@ def level_waves_by_every_variant(g, curves, allocs, num_devices, max_ops):
     return levels
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
+@settings(max_examples=examples(40), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_level_waves_reuse_matches_every_variant(problem):
