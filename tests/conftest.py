@@ -17,7 +17,8 @@ from spindle_cli.cli import main
 REPO = Path(__file__).resolve().parent.parent
 
 # Property tests draw the same examples on every machine and in CI, so a failure reproduces
-# everywhere; `pytest --hypothesis-profile=explore` draws fresh random examples.
+# everywhere; `pytest --hypothesis-profile=explore` draws fresh random examples, 3x as many
+# (`hypothesis_scale.examples`).
 settings.register_profile("spindle", derandomize=True, database=None)
 settings.register_profile("explore", max_examples=300)
 settings.load_profile("spindle")

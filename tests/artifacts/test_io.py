@@ -14,6 +14,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_scale import examples
 
 from spindle_cli.artifacts import (
     PRODUCER,
@@ -408,7 +409,7 @@ _TRICKY = ["", "08", "0o17", "0x1F", "010", "1:00", "1e5", "989e12", "on", "yes"
 _KEYS = st.sampled_from(_TRICKY) | st.text(max_size=40)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.dictionaries(_KEYS, st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-2**63, max_value=2**64)
     | st.floats(allow_nan=False, allow_infinity=False)

@@ -9,6 +9,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_scale import examples
 
 from spindle_cli.artifacts.profile import Curve, MemoryModel, ProfilePoint
 from spindle_cli.planner import scaling
@@ -52,7 +53,7 @@ def _piecewise_truth(batch: int, floor: float, slopes: list[float]):
     return at, values
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     batch=st.sampled_from([64, 128, 256, 1000]),
     floor=st.floats(0.01, 5.0),
@@ -72,7 +73,7 @@ def test_fit_is_exact_on_piecewise_linear_data(batch, floor, slopes):
             assert scaling.time_ms(curve, n) == pytest.approx(truth(n), rel=1e-9)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(times=st.lists(st.floats(0.001, 1e4), min_size=7, max_size=7),
        batch=st.sampled_from([8, 64, 96, 512]))
 def test_any_data_gives_a_positive_non_increasing_curve(times, batch):
@@ -87,7 +88,7 @@ def test_any_data_gives_a_positive_non_increasing_curve(times, batch):
         assert curve.pieces[i].n_lo == curve.pieces[i - 1].n_hi
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(times=st.lists(st.floats(0.01, 1e3), min_size=7, max_size=7),
        frac=st.floats(0.0, 1.0), later=st.sampled_from(["dp", "tp2"]))
 def test_inverse_n_undoes_time_ms(times, frac, later):

@@ -8,6 +8,7 @@ import networkx as nx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_scale import examples
 
 from spindle_cli.artifacts import ModelSpec, input_ref, load
 from spindle_cli.artifacts.io import parse_artifact
@@ -239,7 +240,7 @@ def _random_dag_models(draw: st.DrawFn) -> tuple[list[tuple[str, str, list[str]]
     return steps, draw(st.integers(4, 8))  # lm target_len is 4
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(_random_dag_models())
 def test_levels_are_a_longest_path_layering_on_random_dags(case):
     steps, seq = case

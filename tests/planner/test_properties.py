@@ -9,6 +9,7 @@ from fractions import Fraction
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_scale import examples
 from plan_builders import alpha_beta_curve, cluster, curve, graph, metaop, profile
 from test_api import check_contract
 
@@ -55,7 +56,7 @@ def problems(draw):
                                                    memory_bytes=memory)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
+@settings(max_examples=examples(60), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(problems(), st.sampled_from(["spindle", "sequential", "optimus", "distmm"]),
        st.sampled_from(["island", "sequential"]), st.booleans())

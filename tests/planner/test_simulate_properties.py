@@ -10,6 +10,7 @@ import _sim_fixtures as fx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_scale import examples
 
 from spindle_cli.artifacts.plan import ParamGroup, Slice, Transfer, Wave
 from spindle_cli.planner.buckets import SYNC_MODES
@@ -43,7 +44,7 @@ def plans(draw):
                                param_groups=groups)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(plan=plans(), batch=st.integers(1, 9), num_nodes=st.sampled_from([1, 2]),
        latency_s=st.sampled_from([0.0, 1e-5]), sync=st.sampled_from(SYNC_MODES),
        progress=st.sampled_from(PROGRESS_MODES), zero=st.sampled_from(["0", "1", "2", "3"]))

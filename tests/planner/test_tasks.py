@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_scale import examples
 from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
 from spindle_cli.planner import api
@@ -66,7 +67,7 @@ def test_balanced_counts_minimize_the_longest_chain_then_the_sum():
     assert tuple(got) == best[2]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(layers=st.lists(st.integers(1, 12), min_size=2, max_size=4),
        alphas=st.lists(st.floats(0.0, 2.0), min_size=4, max_size=4),
        num_devices=st.integers(2, 12))
