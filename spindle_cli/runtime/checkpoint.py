@@ -144,7 +144,12 @@ def _step_dirs(directory: str) -> list[Path]:
     if not root.is_dir():
         return []
     found = [p for p in root.glob("step-*") if p.name[5:].isascii() and p.name[5:].isdigit()]
-    return sorted(found, key=lambda p: (int(p.name[5:]), p.name), reverse=True)
+    return sorted(found, key=lambda p: (_step_of(p), p.name), reverse=True)
+
+
+def _step_of(path: Path) -> int:
+    """The completed steps a `step-N` directory (`_step_dirs`) names."""
+    return int(path.name[5:])
 
 
 def _whole(path: Path) -> bool:
@@ -257,19 +262,48 @@ def resume_point(directory: str, *, world_size: int,
 def load(path: Path, *, rank: int, world_size: int, meta: dict[str, Any],
          device: torch.device | str = "cpu") -> tuple[int, dict[str, Any]]:
     """(completed steps, this rank's state, its tensors on `device`) of a checkpoint;
-    SpindleError when it was taken by a different run configuration. The tensors go to the
-    rank's device, not the one they were saved from: a resumed run may lay its ranks out on
-    other nodes (rank 5 saved on cuda:5 may resume where nodes have 4 GPUs)."""
+    SpindleError when it was taken by a different run configuration, or this rank's file is
+    damaged inside (`_damage`). The tensors go to the rank's device, not the one they were
+    saved from: a resumed run may lay its ranks out on other nodes (rank 5 saved on cuda:5 may
+    resume where nodes have 4 GPUs)."""
     step = read_manifest(path, world_size=world_size, meta=meta)
     file = path / rank_file(rank)
+    problem = _damage(file)
+    if problem is None:
+        try:
+            state: dict[str, Any] = torch.load(file, map_location=device, weights_only=True)
+            return step, state
+        except (RuntimeError, OSError, pickle.UnpicklingError) as e:
+            # torch's unpickling message advises weights_only=False, which is no cure for
+            # damage
+            problem = ("its state does not unpickle (damaged?)"
+                       if isinstance(e, pickle.UnpicklingError) or not str(e)
+                       else str(e).splitlines()[0])
+    raise SpindleError(f"{file}: cannot load the checkpoint: {problem}",
+                       hint=_damaged_hint(path))
+
+
+def _damage(file: Path) -> str | None:
+    """What damage inside the whole archive `file` (`_whole`) its CRC-32s show, or None. The
+    check before launch reads only the archive's directory, and torch reads the tensors'
+    bytes without checking them: bytes changed inside a tensor resumed silently and trained
+    on NaN."""
     try:
-        state: dict[str, Any] = torch.load(file, map_location=device, weights_only=True)
-    except (RuntimeError, OSError, pickle.UnpicklingError) as e:
-        # damage inside a whole archive, which the check before launch (its directory) misses;
-        # torch's unpickling message advises weights_only=False, which is no cure for damage
-        problem = ("its state does not unpickle (damaged?)"
-                   if isinstance(e, pickle.UnpicklingError) or not str(e)
-                   else str(e).splitlines()[0])
-        raise SpindleError(f"{file}: cannot load the checkpoint: {problem}",
-                           hint=f"remove {path} to resume from the checkpoint before it") from None
-    return step, state
+        with zipfile.ZipFile(file) as archive:
+            bad = archive.testzip()
+    except (OSError, zipfile.BadZipFile) as e:
+        return f"its archive does not read ({e})"
+    return None if bad is None else f"{bad} inside it is damaged (its CRC-32 does not match)"
+
+
+def _damaged_hint(path: Path) -> str:
+    """What to do about the checkpoint at `path`, which does not load: what `--resume` does
+    once it is removed (`resume_point`: the complete checkpoint before it, or from step 0
+    when there is none at all; a directory left with only damaged ones is refused)."""
+    older = [p for p in _step_dirs(str(path.parent)) if _step_of(p) < _step_of(path)]
+    if any(_problem(p) is None for p in older):
+        return f"remove {path} to resume from the checkpoint before it"
+    if not older:
+        return f"there is no checkpoint before it: remove {path} and --resume trains from step 0"
+    return ("the checkpoints before it are damaged too: train from step 0 with another "
+            "--checkpoint-dir")

@@ -59,6 +59,14 @@ def test_load_refuses_another_configuration(tmp_path: Path) -> None:
         checkpoint.load(found, rank=0, world_size=2, meta=META)
 
 
+def _overwrite(file: Path, at: bytes, damage: bytes = b"\xff" * 8) -> None:
+    """`damage` written over the bytes of `file` that start where `at` first occurs."""
+    data = bytearray(file.read_bytes())
+    start = data.index(at)
+    data[start : start + len(damage)] = damage
+    file.write_bytes(bytes(data))
+
+
 def test_damage_inside_a_whole_rank_file_names_the_file(tmp_path: Path) -> None:
     """Bytes changed inside the archive leave its directory whole, so the check before launch
     lets the file through; loading it then says which file, not only torch's message."""
@@ -67,16 +75,51 @@ def test_damage_inside_a_whole_rank_file_names_the_file(tmp_path: Path) -> None:
     found = checkpoint.latest(str(tmp_path))
     assert found is not None
     file = found / "rank-00000.pt"
-    data = bytearray(file.read_bytes())
-    start = data.index(b"data.pkl") + len(b"data.pkl")
-    pickled = data.index(b"\x80", start)  # the pickle's protocol opcode
-    data[pickled : pickled + 16] = b"\xff" * 16
-    file.write_bytes(bytes(data))
+    data = file.read_bytes()
+    pickled = data.index(b"\x80", data.index(b"data.pkl"))  # the pickle's protocol opcode
+    _overwrite(file, data[pickled : pickled + 16], b"\xff" * 16)
     assert checkpoint.read_manifest(found, world_size=1, meta=META) == 1
-    with pytest.raises(SpindleError, match=rf"^{file}: cannot load the checkpoint: its state "
-                                           r"does not unpickle \(damaged\?\)$") as e:
+    with pytest.raises(SpindleError, match=rf"^{file}: cannot load the checkpoint: \S+/data\.pkl "
+                                           r"inside it is damaged \(its CRC-32 does not "
+                                           r"match\)$") as e:
+        checkpoint.load(found, rank=0, world_size=1, meta=META)
+    assert e.value.hint == (f"there is no checkpoint before it: remove {found} and --resume "
+                            "trains from step 0")
+
+
+def test_damage_inside_a_tensor_is_found_before_it_trains(tmp_path: Path) -> None:
+    """Bytes changed inside a tensor's data unpickle fine: torch loads them unchecked, and the
+    run resumed on NaN weights, trained NaN and exited 0. The archive's CRC-32s show it."""
+    for step in (1, 2):
+        checkpoint.save(str(tmp_path), step, rank=0, world_size=1,
+                        state={"step": step, "params": {"w": torch.full((64,), 1.5)}},
+                        meta=META)
+    found = checkpoint.latest(str(tmp_path))
+    assert found is not None and found.name == "step-000002"
+    file = found / "rank-00000.pt"
+    _overwrite(file, torch.full((8,), 1.5).numpy().tobytes())
+    assert torch.load(file, weights_only=True)["params"]["w"].isnan().any()  # unchecked
+    with pytest.raises(SpindleError, match=rf"^{file}: cannot load the checkpoint: \S+/data/0 "
+                                           r"inside it is damaged \(its CRC-32 does not "
+                                           r"match\)$") as e:
         checkpoint.load(found, rank=0, world_size=1, meta=META)
     assert e.value.hint == f"remove {found} to resume from the checkpoint before it"
+
+
+def test_a_damaged_checkpoint_whose_predecessors_are_damaged_too_says_so(
+        tmp_path: Path) -> None:
+    """Removing it would leave no complete checkpoint, and --resume refuses such a
+    directory: the hint says what does train."""
+    for step in (1, 2):
+        checkpoint.save(str(tmp_path), step, rank=0, world_size=1,
+                        state={"w": torch.full((64,), 1.5)}, meta=META)
+    (tmp_path / "step-000001" / "rank-00000.pt").unlink()
+    found = tmp_path / "step-000002"
+    _overwrite(found / "rank-00000.pt", torch.full((8,), 1.5).numpy().tobytes())
+    with pytest.raises(SpindleError) as e:
+        checkpoint.load(found, rank=0, world_size=1, meta=META)
+    assert e.value.hint == ("the checkpoints before it are damaged too: train from step 0 "
+                            "with another --checkpoint-dir")
 
 
 def test_a_failed_write_names_the_file_and_keeps_the_checkpoints_before(
