@@ -10,6 +10,7 @@ semantics; on a cluster, the same worker runs under a plain `torchrun` on every 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import math
@@ -181,6 +182,15 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
                            f"from 0 to {nnodes - 1}")
     if nnodes > 1 and rdzv_endpoint is None:
         raise SpindleError("a multi-node run needs --rdzv-endpoint HOST:PORT")
+    if resolved == "gloo":
+        try:
+            _check_cpu_memory(inputs.plan, nproc_per_node, node_rank)
+        except PlanError as e:
+            if not dry_run:
+                raise
+            # a GPU plan checked on a machine without its GPUs: the rest of the dry run holds
+            err.print(f"note: a run on this machine's CPU ranks would fail: {e}",
+                      soft_wrap=True)
     # the same options and checks as every worker's, which runs them again before training
     opts = TrainOptions(steps=steps, seed=seed, lr=lr, dtype=dtype, dataset=dataset,
                         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
@@ -239,6 +249,25 @@ def _ranks_per_node(num_ranks: int, nnodes: int) -> int:
                            "nodes", hint="every node runs as many ranks: plan for a multiple "
                                          f"of {nnodes} ranks, or run on fewer nodes")
     return num_ranks // nnodes
+
+
+def _check_cpu_memory(plan: Plan, nproc_per_node: int, node_rank: int) -> None:
+    """PlanError unless every rank of this node fits its share of the node's RAM, the check
+    each CPU rank makes after the process group is up (`worker.main`): a plan made for GPUs
+    started its 16 CPU ranks here, and the run ended on a raw gloo 'connectFullMesh failed'
+    line."""
+    from spindle_cli.runtime.inputs import check_world
+    from spindle_cli.runtime.worker import cpu_memory_bytes
+
+    share = cpu_memory_bytes(nproc_per_node)
+    first = node_rank * nproc_per_node
+    try:
+        for rank in range(first, first + nproc_per_node):
+            check_world(plan, plan.num_devices, rank=rank, memory_bytes=share)
+    except PlanError as e:
+        raise PlanError(f"{e} (its share of this node's RAM, with {nproc_per_node} CPU ranks)",
+                        hint="run it on the devices it was planned for, or plan for this "
+                             "machine's cores (e.g. --cluster clusters/local-cpu-2.yaml)") from None
 
 
 def _print_checkpoints(opts: TrainOptions, found: tuple[Path, int] | None) -> None:
@@ -314,7 +343,6 @@ def _launch(argv: list[str], *, backend: str) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
-    from torch.distributed.run import parse_args
     from torch.distributed.run import run as torchrun
 
     if Path("/sys/class/net/lo").exists():
@@ -333,9 +361,13 @@ def _launch(argv: list[str], *, backend: str) -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         with _stops_before_ranks():
-            torchrun(parse_args(argv))
+            torchrun(launch_config(argv))
     except ChildFailedError as e:
         cause = _root_cause(e)
+        refused = _record_of(e, cause).get("refused_output")
+        if isinstance(refused, str):
+            # an output the machine refused ends a run as it ends every command (exit 2)
+            raise SpindleError(refused, hint=_hint_of(e, cause)) from None
         raise RuntimeFailure(f"run failed: {cause}",
                              hint=_hint_of(e, cause) or _abort_hint(cause, backend)) from None
     except (DistError, RendezvousError) as e:
@@ -351,6 +383,28 @@ def _launch(argv: list[str], *, backend: str) -> None:
         # the launcher stopped every rank; checkpoints already written stay whole
         raise Interrupted(f"interrupted by {e.sigval.name}: every rank was stopped",
                           int(e.sigval)) from None
+
+
+TORCHRUN_ENV_PREFIX = "PET_"
+"""torchrun takes the default of every option it is not given from `PET_<OPTION>` (an
+environment a torchrun or a cluster job leaves behind, e.g. PET_NNODES=3)."""
+
+
+def launch_config(argv: list[str]) -> argparse.Namespace:
+    """torchrun's options for `argv`, from `argv` alone: the `PET_*` variables are hidden
+    while torchrun parses. `spindle run` passes the options it means; one it leaves out took
+    a leftover variable's value (PET_NNODES=3 made a one-node run wait ~600 s for nodes that
+    never came and then blame the rendezvous; PET_REDIRECTS, PET_TEE and
+    PET_LOCAL_RANKS_FILTER swallowed or prefixed the loss lines)."""
+    from torch.distributed.run import parse_args
+
+    leftover = {k: v for k, v in os.environ.items() if k.startswith(TORCHRUN_ENV_PREFIX)}
+    for name in leftover:
+        del os.environ[name]
+    try:
+        return parse_args(argv)
+    finally:
+        os.environ.update(leftover)
 
 
 @contextlib.contextmanager
@@ -408,13 +462,20 @@ def _abort_hint(cause: str, backend: str) -> str | None:
 
 def _hint_of(e: object, cause: str) -> str | None:
     """The hint that the rank whose line `cause` reports wrote beside it (its error file)."""
+    hint = _record_of(e, cause).get("hint")
+    return hint if isinstance(hint, str) else None
+
+
+def _record_of(e: object, cause: str) -> dict[str, Any]:
+    """The `spindle` entry of the error file of the rank whose line `cause` reports
+    (`worker._report_failure`); empty when no rank's line is the cause."""
     for f in getattr(e, "failures", {}).values():
         data = f.error_file_data
         if isinstance(f.message, str) and f.message and cause.startswith(f.message) \
                 and isinstance(data, dict):
-            hint = data.get("spindle", {}).get("hint")
-            return hint if isinstance(hint, str) else None
-    return None
+            record = data.get("spindle", {})
+            return record if isinstance(record, dict) else {}
+    return {}
 
 
 KILLED_BY_LAUNCHER_S = 10

@@ -518,8 +518,9 @@ class Executor:
         x = self.data.rows(task.name, name, step, lo, hi)
         problem = rows_problem(x, self.model, task, name, lo, hi)
         if problem is not None:
-            raise ShapeMismatch(f"data {task.name}/{name} at step {step}, rows [{lo}, {hi}): "
-                                f"{problem}")
+            # steps numbered as the loss lines number them (from 1); rows() takes them from 0
+            raise ShapeMismatch(f"data {task.name}/{name} at step {step + 1} (rows("
+                                f"{task.name!r}, {name!r}, {step}, {lo}, {hi})): {problem}")
         is_ids = x.dtype == torch.int64
         return x.to(self.world.device, dtype=None if is_ids else self.dtype)
 

@@ -39,7 +39,7 @@ from spindle_cli.artifacts import (
     sha256,
 )
 from spindle_cli.artifacts.io import check_can_create, output_file
-from spindle_cli.errors import ArtifactError, SpindleError
+from spindle_cli.errors import ArtifactError, RuntimeFailure, SpindleError
 from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES
 from spindle_cli.runtime import checkpoint
 from spindle_cli.runtime import dist as rdist
@@ -274,6 +274,7 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
         if synchronize is not None:
             synchronize()  # the step's optimizer kernels too, not the next step
         result.step_ms.append((time.perf_counter() - t0) * 1e3)
+        check_finite(step, losses, opts)
         result.losses.append(losses)
         if log:
             per_task = "  ".join(f"{t} {v:.6f}" for t, v in losses.items())
@@ -297,6 +298,20 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
         _say(untraced(opts.trace_path))
     result.params = ex.parameters()
     return result
+
+
+def check_finite(step: int, losses: dict[str, float], opts: TrainOptions) -> None:
+    """RuntimeFailure unless every task's loss of (0-based) `step` is finite, raised before
+    the step is logged or checkpointed, as Megatron checks its loss for NaN: a diverged run
+    printed 'loss nan', saved NaN weights and exited 0. The losses are all-reduced over the
+    world (`Executor.train_step`), so every rank stops at the same step."""
+    bad = {task: value for task, value in losses.items() if not math.isfinite(value)}
+    if not bad:
+        return
+    which = ", ".join(f"{task} {value}" for task, value in bad.items())
+    kept = f"; step {step + 1} was not checkpointed" if opts.checkpoint_dir is not None else ""
+    raise RuntimeFailure(f"step {step + 1}/{opts.steps}: the loss is not finite ({which}): "
+                         f"training diverged{kept}", hint=f"try a smaller --lr than {opts.lr:g}")
 
 
 def device_synchronizer(device: torch.device) -> Callable[[], None] | None:
@@ -381,8 +396,13 @@ def predicted_iteration(plan_path: str, plan: Plan, graph: MetaOpGraph,
 def _device_memory_bytes(world: rdist.World) -> int:
     if world.device.type == "cuda":
         return int(torch.cuda.get_device_properties(world.device).total_memory)
-    # CPU ranks of one node share its RAM
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // world.local_world_size
+    return cpu_memory_bytes(world.local_world_size)
+
+
+def cpu_memory_bytes(ranks_per_node: int) -> int:
+    """The memory of one of `ranks_per_node` CPU ranks on this node: they share its RAM
+    (`spindle run` checks the plan against it before launch, on gloo, as every rank does)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // ranks_per_node
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -403,10 +423,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def print_line(line: str) -> None:
+    """A loss line on stdout (rank 0). A stdout that refuses it (its reader gone, as with
+    `spindle run ... | head -2`; a full disk) ends the run as an output the machine refused
+    ends every command, with `stdout: cannot write: <why>` (README, exit codes): the rank
+    reported a raw BrokenPipeError. stdout then goes to /dev/null, so that the line still in
+    its buffer does not fail again as the rank exits."""
+    try:
+        print(line, flush=True)
+    except OSError as e:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise ArtifactError("stdout", "", f"cannot write: {e.strerror or e}",
+                            hint="the loss lines go to stdout: keep its reader open until the "
+                                 "run ends, or send them to a file") from None
+
+
+def _refused_output(e: BaseException) -> str | None:
+    """The error line of an output the machine refused (`<file or stdout>: cannot write:
+    <why>`, an ArtifactError as `io` and `print_line` raise it), or None."""
+    if isinstance(e, ArtifactError) and e.problem.startswith("cannot write"):
+        return str(e)
+    return None
+
+
 def _report_failure(rank: int, e: BaseException) -> int:
     """The rank's error line on stderr and in torch's error file, whose `spindle` entry the
-    launcher reads (`cli.run`): whether the line is secondary (and the peers it lost), and
-    the error's hint (printed once, by the launcher, under the run's line)."""
+    launcher reads (`cli.run`): whether the line is secondary (and the peers it lost), the
+    error's hint (printed once, by the launcher, under the run's line) and, for an output the
+    machine refused, the line the run ends with (exit code 2)."""
     hint = None
     if isinstance(e, SpindleError):
         cause, code, hint = str(e), e.exit_code, e.hint
@@ -424,7 +468,7 @@ def _report_failure(rank: int, e: BaseException) -> int:
         with open(error_file, "w") as f:
             json.dump({"message": line, "timestamp": int(time.time()),
                        "spindle": {"rank": rank, "secondary": secondary, "peers": peers,
-                                   "hint": hint}}, f)
+                                   "hint": hint, "refused_output": _refused_output(e)}}, f)
     return code
 
 
@@ -451,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
                                              overlap_sync=overlap)
                          if world.rank == 0 else None)
             opts = replace(opts, prediction=predicted, overlap_sync=overlap)
-            log = (lambda line: print(line, flush=True)) if world.rank == 0 else None
+            log = print_line if world.rank == 0 else None
             train(inputs.plan, inputs.graph, inputs.model, inputs.program, world, opts, log)
         except BaseException:
             # on nccl, destroying the group waits for the collectives in flight, which a failed

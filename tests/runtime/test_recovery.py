@@ -173,6 +173,8 @@ def test_shape_mismatch_fails_every_rank_naming_the_cause(setup: Any) -> None:
     errors = info.value.errors
     assert set(errors) == {0, 1}
     assert "ShapeMismatch" in errors[0] and "expected float features" in errors[0]
+    # the first step, numbered as the loss lines number it, and the rows() call that failed
+    assert "at step 1 (rows(" in errors[0] and ", 0, 0, " in errors[0], errors[0]
     # rank 1 fails because rank 0 left, well before the harness deadline
     peer_lost = ("Connection closed", "Connection reset", "Broken pipe", "Timed out")
     assert any(s in errors[1] for s in peer_lost), errors[1]

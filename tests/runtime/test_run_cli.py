@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1018,3 +1019,139 @@ def test_a_node_whose_peers_never_come_fails_within_the_timeout(tmp_path: Path,
                 timeout_s=60)
     assert r.returncode == 1, r.stderr
     assert _one_line_error(r).startswith(f"error: the nodes did not meet at {endpoint}: ")
+
+
+def test_torchrun_variables_left_in_the_environment_do_not_change_the_launch(
+        tmp_path: Path, monkeypatch) -> None:
+    """torchrun takes an option it is not given from PET_<OPTION>: PET_NNODES=3 made a
+    one-node run wait ~600 s for nodes that never came, then blame the rendezvous, and
+    PET_REDIRECTS / PET_TEE / PET_LOCAL_RANKS_FILTER swallowed or prefixed the loss lines. The
+    launch is the same with them as without."""
+    import torch.distributed.run
+
+    plan_path = write_plan_files(tmp_path)
+    launched: list[object] = []
+    monkeypatch.setattr(torch.distributed.run, "run", launched.append)
+    # what `_launch` sets in the environment when missing, set here so that the test undoes it
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    leftover = {"PET_NNODES": "3", "PET_NODE_RANK": "2", "PET_REDIRECTS": "3", "PET_TEE": "3",
+                "PET_LOCAL_RANKS_FILTER": "1", "PET_MAX_RESTARTS": "5", "PET_NO_PYTHON": "1",
+                "PET_RDZV_ENDPOINT": "elsewhere:1", "PET_LOG_DIR": str(tmp_path / "logs")}
+    for name in leftover:
+        monkeypatch.delenv(name, raising=False)
+    for args in ([], ["--rdzv-endpoint", "localhost:29500"]):
+        launched.clear()
+        assert invoke("run", str(plan_path), "--steps", "2", *args).exit_code == 0
+        for name, value in leftover.items():
+            monkeypatch.setenv(name, value)
+        result = invoke("run", str(plan_path), "--steps", "2", *args)
+        assert result.exit_code == 0, getattr(result, "stderr", "")
+        clean, polluted = (vars(config) for config in launched)
+        assert polluted == clean
+        # one node ("1:1" is torchrun's MIN:MAX form), each rank's lines as they are
+        assert clean["nnodes"] in ("1", "1:1"), clean
+        assert clean["tee"] == clean["redirects"] == "0" and not clean["local_ranks_filter"]
+        # the variables stay for whoever else reads them
+        assert {name: os.environ[name] for name in leftover} == leftover
+        for name in leftover:
+            monkeypatch.delenv(name)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_diverged_run_stops_at_the_first_non_finite_loss(tmp_path: Path) -> None:
+    """--lr 1e30 makes step 2's loss NaN: the run printed 'loss nan', checkpointed the NaN
+    weights and exited 0. Now it fails (exit 1) naming the step and tasks, and the step is not
+    checkpointed."""
+    plan = write_plan_files(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    r = spindle("run", str(plan), "--nproc-per-node", "2", "--steps", "3", "--lr", "1e30",
+                "--timeout-s", "30", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1")
+    assert r.returncode == 1, r.stderr
+    assert [ln.split()[1] for ln in r.stdout.splitlines()] == ["1/3"], r.stdout
+    last, hint = r.stderr.strip().splitlines()[-2:]
+    assert last.startswith("error: run failed: rank 0: step 2/3: the loss is not finite "
+                           "(text_vision nan"), r.stderr
+    assert last.endswith("): training diverged; step 2 was not checkpointed"), last
+    assert hint == "hint: try a smaller --lr than 1e+30"
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == \
+        ["step-000001"]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_closed_stdout_ends_the_run_as_the_exit_codes_say(tmp_path: Path) -> None:
+    """`spindle run ... | head -2`: rank 0's loss line then fails, which the run reported as
+    `error: rank 0: BrokenPipeError: ...` with exit 1; an output the machine refused is
+    `error: stdout: cannot write: <why>`, exit 2 (README)."""
+    plan = write_plan_files(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "spindle_cli", "run", str(plan),
+                             "--steps", "1000000", "--timeout-s", "30"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("step 1/")
+        proc.stdout.close()
+        _, err = proc.communicate(timeout=100)
+    finally:
+        for pid in _workers_of(plan):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+    assert proc.returncode == 2, err
+    assert "error: rank 0: stdout: cannot write: Broken pipe" in err
+    assert err.strip().splitlines()[-2:] == [
+        "error: stdout: cannot write: Broken pipe",
+        "hint: the loss lines go to stdout: keep its reader open until the run ends, or send "
+        "them to a file"], err
+    assert "Traceback" not in err
+
+
+def test_an_output_a_rank_could_not_write_is_the_runs_error() -> None:
+    """A rank's record of an output the machine refused (stdout, a trace on a full disk)
+    makes the run's error that line, exit 2; other failures stay 'run failed', exit 1."""
+    from types import SimpleNamespace
+
+    from spindle_cli.cli.run import _record_of, _root_cause
+
+    refused = _failure(2, 1, "rank 0: stdout: cannot write: Broken pipe")
+    refused.error_file_data["spindle"]["refused_output"] = "stdout: cannot write: Broken pipe"
+    lost = _failure(1, 2, "rank 1: lost contact with rank(s) 0", secondary=True, peers=(0,))
+    e = SimpleNamespace(failures={0: refused, 1: lost})
+    assert _record_of(e, _root_cause(e))["refused_output"] == \
+        "stdout: cannot write: Broken pipe"
+    e = SimpleNamespace(failures={0: _failure(-15, 2), 1: _failure(-9, 3)})
+    assert _record_of(e, _root_cause(e)) == {}
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
+def test_cpu_ranks_that_do_not_fit_the_nodes_ram_are_refused_before_launch(
+        monkeypatch, dry_run: bool) -> None:
+    """Each CPU rank checks its plan memory against its share of the node's RAM once the
+    process group is up: a GPU plan started 16 CPU ranks and could end on a raw gloo
+    'connectFullMesh failed'. `spindle run` makes the same check before launch; its dry run
+    says so in a note and goes on (a GPU plan is dry-run on a machine without its GPUs)."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr("spindle_cli.runtime.worker.cpu_memory_bytes",
+                        lambda ranks_per_node: 2 * 2**30)
+    launched: list[list[str]] = []
+    monkeypatch.setattr("spindle_cli.cli.run._launch", lambda argv, **_: launched.append(argv))
+    flags = ["--dry-run"] if dry_run else []
+    result = invoke("run", "plans/multitask-clip-4-a800-2x8.yaml", "--backend", "gloo", *flags)
+    problem = (r"rank 0 needs an estimated [\d.]+ GiB, its device has 2\.00 GiB \(its share "
+               r"of this node's RAM, with 16 CPU ranks\)")
+    if dry_run:
+        assert result.exit_code == 0, result.stderr
+        assert re.search(f"note: a run on this machine's CPU ranks would fail: {problem}",
+                         result.stderr)
+    else:
+        assert result.exit_code == 2, getattr(result, "stderr", "")
+        assert re.fullmatch(f"error: {problem}", _one_line_error(result))
+    assert not launched
+    result = invoke("run", "plans/tiny-clip-local-cpu-2.yaml", "--backend", "gloo", *flags)
+    assert result.exit_code == 0, getattr(result, "stderr", "")
+    assert len(launched) == (0 if dry_run else 1)

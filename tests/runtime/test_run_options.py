@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import RuntimeFailure, SpindleError
 from spindle_cli.runtime import checkpoint, worker
 from spindle_cli.runtime.worker import TrainOptions, check_options, resume_note
 
@@ -437,3 +437,64 @@ def test_a_new_run_refuses_a_directory_holding_checkpoints(tmp_path: Path) -> No
     assert e.value.hint is not None and "--resume" in e.value.hint
     check_options(TrainOptions(steps=8, checkpoint_dir=str(tmp_path), resume=True),
                   timeout_s=1.0)
+
+
+@pytest.mark.parametrize(("losses", "said"), [
+    ({"a": float("nan"), "b": 1.0}, "(a nan)"),
+    ({"a": float("inf"), "b": float("nan")}, "(a inf, b nan)"),
+])
+@pytest.mark.parametrize("ckpt", [None, "ck"])
+def test_a_non_finite_loss_stops_the_step_naming_it(losses: dict[str, float], said: str,
+                                                    ckpt: str | None) -> None:
+    """The step's losses are all-reduced, so every rank decides alike; the line counts steps
+    from 1, as the loss lines do."""
+    opts = TrainOptions(steps=4, lr=1e30, checkpoint_dir=ckpt)
+    worker.check_finite(1, {"a": 2.5, "b": 1.0}, opts)
+    with pytest.raises(RuntimeFailure) as e:
+        worker.check_finite(2, losses, opts)
+    kept = "; step 3 was not checkpointed" if ckpt else ""
+    assert str(e.value) == f"step 3/4: the loss is not finite {said}: training diverged{kept}"
+    assert e.value.exit_code == 1
+    assert e.value.hint == "try a smaller --lr than 1e+30"
+
+
+class _Refusing(io.StringIO):
+    """A stdout that refuses every flush with `error` (a closed pipe, a full disk)."""
+
+    def __init__(self, fd: int, error: OSError) -> None:
+        super().__init__()
+        self.fd, self.error = fd, error
+
+    def flush(self) -> None:
+        raise self.error
+
+    def fileno(self) -> int:
+        return self.fd
+
+
+@pytest.mark.parametrize(("error", "said"), [
+    (BrokenPipeError(32, "Broken pipe"), "stdout: cannot write: Broken pipe"),
+    (OSError(28, "No space left on device"), "stdout: cannot write: No space left on device"),
+])
+def test_a_loss_line_stdout_refuses_is_an_output_error(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       error: OSError, said: str) -> None:
+    """What the rank reports (and records for the launcher) when stdout refuses a loss line:
+    the README's `<file or stdout>: cannot write: <why>`, not a raw BrokenPipeError; stdout
+    then goes nowhere, so the rank can exit without failing on it again."""
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.delenv("SPINDLE_DEBUG", raising=False)
+    monkeypatch.setattr("sys.stderr", _Writes())
+    with open(tmp_path / "stdout", "w") as f:
+        monkeypatch.setattr("sys.stdout", _Refusing(f.fileno(), error))
+        with pytest.raises(SpindleError) as e:
+            worker.print_line("step 3/4  loss 1.0")
+        assert str(e.value) == said
+        assert worker._report_failure(0, e.value) == 2
+        assert (tmp_path / "stdout").stat().st_ino != Path(f"/proc/self/fd/{f.fileno()}"
+                                                          ).stat().st_ino
+    record = json.loads(error_file.read_text())
+    assert record["message"] == f"rank 0: {said}"
+    assert record["spindle"]["refused_output"] == said
+    assert record["spindle"]["hint"] == e.value.hint
