@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import _sim_fixtures as fx
 import pytest
 from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
@@ -196,6 +198,43 @@ def test_a_runner_up_with_finer_chunks_can_beat_the_kept_plan_with_them(monkeypa
     kept, kept_ms = api.fitting_plan_with_cost(g, p, c)
     assert plan.candidate != kept.candidate
     assert ms < kept_ms - 0.1  # ms
+
+
+def test_the_runners_up_for_finer_chunks_are_the_fastest_of_other_waves():
+    """The same waves under another memory setting often simulate alike: they are passed
+    over for the next fastest of other waves, up to FINER_RUNNERS_UP within NEAR_BEST."""
+    a, b, c = fx.plan(), fx.plan((0,), (1,)), fx.plan((0, 1, 2, 3), (0, 1, 2, 3))
+    d = fx.plan((2, 3), (0, 1))
+    assert len({x.waves for x in (a, b, c, d)}) == 4
+    zero2 = {"zero": "2"}
+    best = (10.0, a)
+    finished = [(10.0, replace(a, options=zero2)), (10.1, b), (10.12, replace(b, options=zero2)),
+                (10.15, c), (10.19, d), (10.01, a)]
+    assert api._runners_up(best, finished) == [(10.1, b), (10.15, c)]
+    # none beyond NEAR_BEST
+    assert api._runners_up(best, [(10.0 * (1 + api.NEAR_BEST) + 0.01, b)]) == []
+
+
+def test_a_runner_up_of_other_waves_with_finer_chunks_is_kept(monkeypatch):
+    """A sweep case (benchmarks/sweep p1_010: OFASys' image and video captioning on 2 nodes of
+    6 GPUs): the kept plan is a runner-up with finer gradient chunks, faster than every
+    candidate the search simulated to the end; when the runners-up could be the kept plan's
+    waves under another ZeRO stage, none was (68.68 ms against 66.83)."""
+    lists: list[list[tuple[float, Any]]] = []
+    plan_with_cost = api.make_plan_with_cost
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        lists.append(kwargs["finished"])  # the search's one list of candidates, all settings
+        return plan_with_cost(*args, **kwargs)
+
+    monkeypatch.setattr(api, "make_plan_with_cost", recorded)
+    spec = load(str(ROOT / "models" / "ofasys.yaml"), ModelSpec)
+    c = load(str(ROOT / "benchmarks" / "sweep" / "clusters" / "2x6.yaml"), ClusterSpec)
+    g = as_written(build_graph(spec, tasks=["image_caption", "video_caption"]))
+    p = profile_for(g, c)
+    plan, ms = api.fitting_plan_with_cost(g, p, c)
+    assert ms == simulate(plan, g, p, c).iteration_ms
+    assert ms < min(c[0] for c in lists[-1]) - 0.1  # ms
 
 
 def test_spindle_s_own_schedule_with_finer_chunks_beats_a_baseline_s_that_won_with_4():
