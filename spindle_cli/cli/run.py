@@ -117,6 +117,9 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
                    "--checkpoint-every); made if missing, shared by all nodes.")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=None, metavar="K",
               help="Also checkpoint every K steps (needs --checkpoint-dir).")
+@click.option("--keep-checkpoints", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Keep the newest N complete checkpoints, removing older ones once a new "
+                   "one is complete (needs --checkpoint-dir; default: keep all).")
 @click.option("--resume", is_flag=True,
               help="Continue from the newest complete checkpoint in --checkpoint-dir; start "
                    "from step 0 when it holds none yet (--dry-run says which).")
@@ -130,7 +133,8 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
         rdzv_endpoint: str | None, steps: int, backend: str, seed: int, lr: float, dtype: str,
         sync: str, dataset: str | None, trace_path: str | None, checkpoint_dir: str | None,
-        checkpoint_every: int | None, resume: bool, timeout_s: float, dry_run: bool) -> None:
+        checkpoint_every: int | None, keep_checkpoints: int | None, resume: bool,
+        timeout_s: float, dry_run: bool) -> None:
     """Train PLAN (made by `spindle plan`) on NPROC_PER_NODE x NNODES ranks and print the loss
     of every step."""
     # before torch loads (it reads this once): torch's C++ logs repeat, with a backtrace, what
@@ -194,6 +198,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     # the same options and checks as every worker's, which runs them again before training
     opts = TrainOptions(steps=steps, seed=seed, lr=lr, dtype=dtype, dataset=dataset,
                         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
+                        keep_checkpoints=keep_checkpoints or 0,
                         resume=resume, trace_path=trace_path,
                         overlap_sync=overlap_for(sync, resolved))
     check_options(opts, timeout_s=timeout_s)
@@ -219,6 +224,8 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
             worker_args += [flag, value]
     if checkpoint_every:
         worker_args += ["--checkpoint-every", str(checkpoint_every)]
+    if keep_checkpoints:
+        worker_args += ["--keep-checkpoints", str(keep_checkpoints)]
     if resume:
         worker_args.append("--resume")
     if nnodes == 1 and rdzv_endpoint is None:
@@ -282,7 +289,8 @@ def _print_checkpoints(opts: TrainOptions, found: tuple[Path, int] | None) -> No
         return
     k = opts.checkpoint_every
     every = f"every {k} step{'s' * (k > 1)} and " if 0 < k < opts.steps else ""
-    out.print(f"checkpoints: {opts.checkpoint_dir}, {every}after step {opts.steps}")
+    kept = (f", keeping the newest {opts.keep_checkpoints}" if opts.keep_checkpoints else "")
+    out.print(f"checkpoints: {opts.checkpoint_dir}, {every}after step {opts.steps}{kept}")
     if opts.resume:
         out.print(resume_note(found, opts))
 

@@ -94,8 +94,10 @@ def rank_file(rank: int) -> str:
 
 
 def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[str, Any],
-         meta: dict[str, Any]) -> None:
-    """Collective: write this rank's `state` for `step` completed steps; rank 0 commits."""
+         meta: dict[str, Any], keep: int = 0) -> None:
+    """Collective: write this rank's `state` for `step` completed steps; rank 0 commits, then
+    with `keep` removes the checkpoints older than the newest `keep` complete ones
+    (`prune`)."""
     final = step_dir(directory, step)
     tmp = final.with_name(f".{final.name}.tmp")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -115,8 +117,29 @@ def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[s
         os.replace(tmp, final)
         if old.exists():
             shutil.rmtree(old)
+        if keep:
+            prune(directory, keep)
     if world_size > 1:
         dist.barrier()
+
+
+def prune(directory: str, keep: int) -> list[Path]:
+    """Remove the checkpoints under `directory` older than its newest `keep` complete ones
+    (`_problem`), damaged ones among them too, and return them: `keep` complete ones stay
+    whatever was damaged from outside. Each is renamed hidden before it is removed, so a
+    crash leaves it whole or hidden, never half deleted (torchtitan's keep_latest_k)."""
+    complete = [p for p in _step_dirs(directory) if _problem(p) is None][:keep]
+    if len(complete) < keep:
+        return []
+    oldest = _step_of(complete[-1])
+    removed = [p for p in _step_dirs(directory) if _step_of(p) < oldest]
+    for path in removed:
+        hidden = path.with_name(f".{path.name}.old")
+        if hidden.exists():
+            shutil.rmtree(hidden)
+        os.replace(path, hidden)
+        shutil.rmtree(hidden)
+    return removed
 
 
 def check_dir(directory: str) -> None:

@@ -87,6 +87,8 @@ class TrainOptions:
     """Where checkpoints go: one after the last step, and every `checkpoint_every` steps."""
     checkpoint_every: int = 0
     """Also checkpoint every this many steps (0: after the last step only)."""
+    keep_checkpoints: int = 0
+    """Keep the newest this many complete checkpoints, removing older ones (0: keep all)."""
     resume: bool = False
     """Continue from the newest complete checkpoint in `checkpoint_dir`, if there is one."""
     trace_path: str | None = None
@@ -144,8 +146,12 @@ def check_options(opts: TrainOptions, *, timeout_s: float, holder: bool = True) 
     if opts.checkpoint_every < 0:
         raise SpindleError(f"--checkpoint-every {opts.checkpoint_every}: expected at least 1 "
                            "(or 0: only after the last step)")
+    if opts.keep_checkpoints < 0:
+        raise SpindleError(f"--keep-checkpoints {opts.keep_checkpoints}: expected at least 1 "
+                           "(or 0: keep all)")
     if opts.checkpoint_dir is None:
         for flag, given in (("--checkpoint-every", opts.checkpoint_every),
+                            ("--keep-checkpoints", opts.keep_checkpoints),
                             ("--resume", opts.resume)):
             if given:
                 raise SpindleError(f"{flag} needs --checkpoint-dir")
@@ -285,7 +291,8 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
         if opts.checkpoint_dir and (done == opts.steps or (
                 opts.checkpoint_every and done % opts.checkpoint_every == 0)):
             checkpoint.save(opts.checkpoint_dir, done, rank=world.rank,
-                            world_size=world.world_size, state=ex.state(done), meta=meta)
+                            world_size=world.world_size, state=ex.state(done), meta=meta,
+                            keep=opts.keep_checkpoints)
     if result.step_ms:
         gathered = _gather_timings(tracer, result, world)
         predicted = (opts.prediction if opts.prediction is not None
@@ -418,6 +425,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dataset", default=None)
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--keep-checkpoints", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--trace", default=None)
     return p.parse_args(argv)
@@ -483,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         opts = TrainOptions(steps=args.steps, seed=args.seed, lr=args.lr,
                             dtype=run_dtype(args.dtype, inputs.graph.dtype),
                             dataset=args.dataset, checkpoint_dir=args.checkpoint_dir,
-                            checkpoint_every=args.checkpoint_every, resume=args.resume,
+                            checkpoint_every=args.checkpoint_every,
+                            keep_checkpoints=args.keep_checkpoints, resume=args.resume,
                             trace_path=args.trace)
         check_options(opts, timeout_s=args.timeout_s, holder=rank == 0)
         world = rdist.init(args.backend, timeout_s=args.timeout_s)

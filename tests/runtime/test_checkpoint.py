@@ -164,3 +164,24 @@ def test_one_run_at_a_time_writes_into_a_directory(tmp_path: Path) -> None:
     assert list((tmp_path / "ck").iterdir()) == []
     checkpoint.check_free(str(tmp_path / "never-made"))
     assert not (tmp_path / "never-made").exists()
+
+
+def test_keep_removes_all_but_the_newest_complete_checkpoints(tmp_path: Path) -> None:
+    """--keep-checkpoints N: once a checkpoint is committed the ones older than the newest N
+    complete ones go, a damaged one among the newest not counted (N complete ones stay);
+    nothing is removed while fewer than N are complete."""
+    for step in (1, 2):
+        checkpoint.save(str(tmp_path), step, rank=0, world_size=1, state={"step": step},
+                        meta=META, keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000001", "step-000002"]
+    checkpoint.save(str(tmp_path), 3, rank=0, world_size=1, state={"step": 3}, meta=META)
+    (tmp_path / "step-000003" / "rank-00000.pt").unlink()  # damaged from outside
+    checkpoint.save(str(tmp_path), 4, rank=0, world_size=1, state={"step": 4}, meta=META,
+                    keep=2)
+    # step 3 is damaged: the newest 2 complete are 4 and 2; 1 goes
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-000002", "step-000003", "step-000004"]
+    checkpoint.save(str(tmp_path), 5, rank=0, world_size=1, state={"step": 5}, meta=META,
+                    keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000004", "step-000005"]
+    assert checkpoint.latest(str(tmp_path)) == tmp_path / "step-000005"

@@ -100,6 +100,22 @@ def test_resumed_run_ends_with_the_same_parameters(setup: Any, tmp_path: Path, z
 
 
 @pytest.mark.timeout(120)
+def test_a_run_keeps_its_newest_checkpoints_and_resumes_from_them(setup: Any,
+                                                                  tmp_path: Path) -> None:
+    """--keep-checkpoints 2 with a checkpoint every step: after 4 steps steps 3 and 4 are
+    left, and a resumed run goes on from step 4 and keeps steps 5 and 6."""
+    plan, graph, model = setup
+    ckpt = tmp_path / "ckpt"
+    options = {"checkpoint_dir": str(ckpt), "checkpoint_every": 1, "keep_checkpoints": 2}
+    run_distributed(train_rank, 2, plan, graph, model, {"steps": 4, **options})
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-000003", "step-000004"]
+    resumed = run_distributed(train_rank, 2, plan, graph, model,
+                              {"steps": 6, "resume": True, **options})
+    assert [start for start, _, _ in resumed] == [4, 4]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-000005", "step-000006"]
+
+
+@pytest.mark.timeout(120)
 def test_a_resumed_run_trains_at_its_own_learning_rate(setup: Any, tmp_path: Path) -> None:
     """--lr is not part of a checkpoint's configuration: a run resumed with another learning
     rate steps at that one. AdamW's update from a given state is linear in the learning rate

@@ -444,6 +444,7 @@ def test_hanging_rank_fails_the_run_within_the_timeout(tmp_path: Path) -> None:
      "outside the vocabulary of 128 (ids 0-127)"),
     (["--resume"], "--resume needs --checkpoint-dir"),
     (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
+    (["--keep-checkpoints", "2"], "--keep-checkpoints needs --checkpoint-dir"),
     (["--checkpoint-dir", "{tmp}/file"], "file: is not a directory"),
     (["--checkpoint-dir", "{tmp}/file/ck"], "/file is not a directory"),
     (["--checkpoint-dir", "{tmp}/file", "--resume"], "file: is not a directory"),
@@ -604,7 +605,10 @@ def test_sound_run_options_are_passed_on_and_create_nothing(tmp_path: Path,
 @pytest.mark.parametrize(("every", "said"), [([], "after step 5"),
                                              (["--checkpoint-every", "2"],
                                               "every 2 steps and after step 5"),
-                                             (["--checkpoint-every", "5"], "after step 5")])
+                                             (["--checkpoint-every", "5"], "after step 5"),
+                                             (["--checkpoint-every", "1", "--keep-checkpoints",
+                                               "2"], "every 1 step and after step 5, keeping "
+                                                     "the newest 2")])
 def test_dry_run_says_when_the_run_checkpoints(tmp_path: Path, every: list[str],
                                                said: str) -> None:
     plan_path = write_plan_files(tmp_path)

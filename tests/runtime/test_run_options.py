@@ -59,6 +59,9 @@ def test_check_dir_refuses_a_file_on_the_path(tmp_path: Path, target: str, said:
     ({"checkpoint_every": -1}, 300.0,
      "--checkpoint-every -1: expected at least 1 (or 0: only after the last step)"),
     ({"checkpoint_every": 2}, 300.0, "--checkpoint-every needs --checkpoint-dir"),
+    ({"keep_checkpoints": 2}, 300.0, "--keep-checkpoints needs --checkpoint-dir"),
+    ({"keep_checkpoints": -1}, 300.0, "--keep-checkpoints -1: expected at least 1 (or 0: "
+     "keep all)"),
     ({"resume": True}, 300.0, "--resume needs --checkpoint-dir"),
     ({"checkpoint_dir": "{tmp}/file"}, 300.0, "is not a directory"),
     ({"trace_path": "{tmp}"}, 300.0, "is a directory"),
