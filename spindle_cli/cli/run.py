@@ -164,10 +164,10 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     check_world(inputs.plan, nproc_per_node * nnodes)
     dtype = run_dtype(dtype, inputs.graph.dtype)
     if DTYPES[dtype].itemsize != inputs.graph.dtype_bytes:
-        # a plan sized for bf16 (the graphs' default) trained in fp32: twice its bytes
+        # a plan sized for bf16 (the graphs' default) trained in fp32: twice its activations
         err.print(f"note: the plan sizes its memory and transfers in {inputs.graph.dtype} (its "
-                  f"graph's dtype), but this run trains in {dtype}: they take "
-                  f"{DTYPES[dtype].itemsize / inputs.graph.dtype_bytes:g}x the plan's bytes"
+                  f"graph's dtype), but this run trains in {dtype}: "
+                  f"{_bytes_ratio(dtype, inputs.graph.dtype, inputs.graph.dtype_bytes)}"
                   + ("; --dtype auto trains it in bf16, as planned, or plan from a graph made "
                      "with --dtype fp32" if dtype == "fp32" else ""), soft_wrap=True)
     elif inputs.graph.dtype != dtype:
@@ -256,6 +256,21 @@ def _ranks_per_node(num_ranks: int, nnodes: int) -> int:
                            "nodes", hint="every node runs as many ranks: plan for a multiple "
                                          f"of {nnodes} ranks, or run on fewer nodes")
     return num_ranks // nnodes
+
+
+def _bytes_ratio(dtype: str, graph_dtype: str, graph_dtype_bytes: int) -> str:
+    """How a run in `dtype` scales the bytes its plan counts in `graph_dtype`: activations
+    and messages by the element size, the state per parameter by `run_state_bytes` (an fp32
+    run and bf16 mixed precision both keep 16 bytes)."""
+    from spindle_cli.planner.memory import state_bytes_per_param
+    from spindle_cli.runtime.model import DTYPES, run_state_bytes
+
+    acts = DTYPES[dtype].itemsize / graph_dtype_bytes
+    state = run_state_bytes(dtype) / sum(state_bytes_per_param(graph_dtype))
+    if acts == state:
+        return f"they take {acts:g}x the plan's bytes"
+    return (f"its activations and messages take {acts:g}x the plan's bytes, its parameter "
+            f"state {state:g}x")
 
 
 def _check_cpu_memory(plan: Plan, nproc_per_node: int, node_rank: int) -> None:

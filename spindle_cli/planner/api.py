@@ -752,7 +752,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     each task on one device group through all its levels (`consider_task_stable`), then,
     where tasks outnumber the groups, tasks one after another on lanes of equal groups
     (`consider_lanes`), then the three baselines' schedules, so that Spindle never simulates
-    slower than a baseline (tried even where none of Spindle's own fits: one may; a quality
+    slower than a baseline (tried, where simulated, even where none of Spindle's own fits: one
+    may; a quality
     sweep of 132 small cases found 11 where a baseline's schedule beat every one of
     Spindle's own by 0.5-12%: an embedding's rows re-split between 3 and 1 devices, or,
     before the forward waited for the ZeRO all-gather layer by layer, a 32-layer encoder

@@ -259,8 +259,13 @@ def read_manifest(path: Path, *, world_size: int, meta: dict[str, Any]) -> int:
                            f"{world_size}", hint=_OTHER_RUN_HINT)
     for key, value in meta.items():
         if manifest.get(key) != value:
+            # --dtype's default became auto (the plan's dtype): a checkpoint of a bf16 plan
+            # taken before then is fp32
+            hint = (f"resume with --dtype {manifest[key]}, or give this run another "
+                    "--checkpoint-dir" if key == "dtype" and manifest.get(key) else
+                    _OTHER_RUN_HINT)
             raise SpindleError(f"{path}: checkpoint was taken with {key}={manifest.get(key)!r}, "
-                               f"this run has {value!r}", hint=_OTHER_RUN_HINT)
+                               f"this run has {value!r}", hint=hint)
     problem = _rank_files_problem(path, world_size)
     if problem is not None:
         raise SpindleError(f"{path}: {problem}")
@@ -296,12 +301,16 @@ def load(path: Path, *, rank: int, world_size: int, meta: dict[str, Any],
         try:
             state: dict[str, Any] = torch.load(file, map_location=device, weights_only=True)
             return step, state
-        except (RuntimeError, OSError, pickle.UnpicklingError) as e:
-            # torch's unpickling message advises weights_only=False, which is no cure for
-            # damage
-            problem = ("its state does not unpickle (damaged?)"
-                       if isinstance(e, pickle.UnpicklingError) or not str(e)
-                       else str(e).splitlines()[0])
+        except pickle.UnpicklingError:
+            # torch's message advises weights_only=False, which is no cure for damage
+            problem = "its state does not unpickle (damaged?)"
+        except (RuntimeError, OSError) as e:
+            # the archive is whole (its CRC-32s match): out of memory on the device, a read
+            # error of the file system; nothing to remove
+            raise SpindleError(f"{file}: cannot load the checkpoint: "
+                               f"{(str(e).splitlines() or [type(e).__name__])[0]}",
+                               hint="its archive is whole (its CRC-32s match): --resume again "
+                                    "once the cause is gone") from None
     raise SpindleError(f"{file}: cannot load the checkpoint: {problem}",
                        hint=_damaged_hint(path))
 

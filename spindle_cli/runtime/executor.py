@@ -745,8 +745,9 @@ class Executor:
                                  f"this rank runs {sorted(params)[:3]}...")
         masters = state.get("masters", [])
         if [m.shape for m in masters] != [m.shape for m in self.masters]:
-            raise RuntimeFailure(f"checkpoint holds {len(masters)} fp32 master tensors, this "
-                                 f"rank steps {len(self.masters)} of other sizes")
+            raise RuntimeFailure(f"checkpoint holds fp32 master tensors of "
+                                 f"{[m.numel() for m in masters][:3]}... elements, this rank "
+                                 f"steps {[m.numel() for m in self.masters][:3]}...")
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(state["params"][name])
@@ -758,6 +759,10 @@ class Executor:
             # learning rate (--lr), not the one the checkpoint was taken with
             for group in self.optimizer.param_groups:
                 group["lr"] = self.lr
+
+    def finite(self) -> bool:
+        """Whether every value this rank steps (its fp32 masters in bf16) is finite."""
+        return all(bool(torch.isfinite(p).all()) for p in self.masters or self.stepped)
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """This rank's parameters by `module.layer.param` name (detached copies)."""

@@ -290,6 +290,7 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
         # somewhere to save should not end with nothing saved
         if opts.checkpoint_dir and (done == opts.steps or (
                 opts.checkpoint_every and done % opts.checkpoint_every == 0)):
+            check_finite_weights(done, ex, world, opts)
             checkpoint.save(opts.checkpoint_dir, done, rank=world.rank,
                             world_size=world.world_size, state=ex.state(done), meta=meta,
                             keep=opts.keep_checkpoints)
@@ -316,9 +317,31 @@ def check_finite(step: int, losses: dict[str, float], opts: TrainOptions) -> Non
     if not bad:
         return
     which = ", ".join(f"{task} {value}" for task, value in bad.items())
-    kept = f"; step {step + 1} was not checkpointed" if opts.checkpoint_dir is not None else ""
-    raise RuntimeFailure(f"step {step + 1}/{opts.steps}: the loss is not finite ({which}): "
-                         f"training diverged{kept}", hint=f"try a smaller --lr than {opts.lr:g}")
+    # the loss of step k comes from the weights after step k-1, which a checkpoint of step
+    # k-1 holds: resuming from it diverges again
+    kept = (f"; step {step + 1} was not checkpointed, and a checkpoint of step {step} holds "
+            "the weights that gave it" if opts.checkpoint_dir is not None and step else "")
+    raise RuntimeFailure(
+        f"step {step + 1}/{opts.steps}: the loss is not finite ({which}): training "
+        f"diverged{kept}",
+        hint=f"try a smaller --lr than {opts.lr:g}" + (
+            ", resuming from an earlier checkpoint" if kept else ""))
+
+
+def check_finite_weights(done: int, ex: Executor, world: rdist.World,
+                         opts: TrainOptions) -> None:
+    """Collective: RuntimeFailure unless every rank's stepped values are finite after `done`
+    steps, checked before they are checkpointed: a finite loss can come with a non-finite
+    gradient, whose step saved NaN weights. Every rank learns the verdict (an all-reduce of
+    a flag), so all stop or all save."""
+    ok = torch.tensor([1.0 if ex.finite() else 0.0], device=world.device)
+    if world.world_size > 1:
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if ok.item() == 0.0:
+        raise RuntimeFailure(f"step {done}/{opts.steps}: the weights are not finite after the "
+                             f"step: training diverged; step {done} was not checkpointed",
+                             hint=f"try a smaller --lr than {opts.lr:g}, resuming from an "
+                                  "earlier checkpoint")
 
 
 def device_synchronizer(device: torch.device) -> Callable[[], None] | None:

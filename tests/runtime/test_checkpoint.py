@@ -185,3 +185,32 @@ def test_keep_removes_all_but_the_newest_complete_checkpoints(tmp_path: Path) ->
                     keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000004", "step-000005"]
     assert checkpoint.latest(str(tmp_path)) == tmp_path / "step-000005"
+
+
+def test_a_whole_checkpoint_that_fails_to_load_is_not_called_damaged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of memory on the device, a read error: the archive's CRC-32s match, so the hint
+    does not say to remove it (with none before it, that meant training from step 0)."""
+    checkpoint.save(str(tmp_path), 1, rank=0, world_size=1, state={"step": 1}, meta=META)
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(checkpoint.torch, "load", fails)
+    with pytest.raises(SpindleError) as e:
+        checkpoint.load(tmp_path / "step-000001", rank=0, world_size=1, meta=META)
+    assert str(e.value).endswith("cannot load the checkpoint: CUDA out of memory. Tried to "
+                                 "allocate 2.00 GiB")
+    assert e.value.hint is not None and "remove" not in e.value.hint
+    assert "CRC-32s match" in e.value.hint
+
+
+def test_a_checkpoint_of_another_dtype_names_the_flag(tmp_path: Path) -> None:
+    """--dtype's default became auto (a bf16 plan trains in bf16): a checkpoint taken in fp32
+    before then resumes with --dtype fp32, which the hint says."""
+    checkpoint.save(str(tmp_path), 1, rank=0, world_size=1, state={"step": 1}, meta=META)
+    with pytest.raises(SpindleError, match="dtype='fp32', this run has 'bf16'") as e:
+        checkpoint.read_manifest(tmp_path / "step-000001", world_size=1,
+                                 meta={**META, "dtype": "bf16"})
+    assert e.value.hint == ("resume with --dtype fp32, or give this run another "
+                            "--checkpoint-dir")

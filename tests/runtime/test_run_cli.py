@@ -298,13 +298,15 @@ def test_options_the_planner_does_not_write_are_refused_before_launch(tmp_path: 
     ("bf16", [], None),
     ("bf16", ["--dtype", "bf16"], None),
     ("bf16", ["--dtype", "fp32"], "note: the plan sizes its memory and transfers in bf16 (its "
-     "graph's dtype), but this run trains in fp32: they take 2x the plan's bytes; --dtype "
-     "auto trains it in bf16, as planned, or plan from a graph made with --dtype fp32"),
+     "graph's dtype), but this run trains in fp32: its activations and messages take 2x the "
+     "plan's bytes, its parameter state 1x; --dtype auto trains it in bf16, as planned, or "
+     "plan from a graph made with --dtype fp32"),
     ("fp16", [], "note: the plan's graph is fp16; this run trains in bf16 (the same bytes; "
      "fp16 would need loss scaling, which the executor does not do)"),
     ("fp32", [], None),
     ("fp32", ["--dtype", "bf16"], "note: the plan sizes its memory and transfers in fp32 (its "
-     "graph's dtype), but this run trains in bf16: they take 0.5x the plan's bytes"),
+     "graph's dtype), but this run trains in bf16: its activations and messages take 0.5x "
+     "the plan's bytes, its parameter state 1x"),
     ("fp32", ["--dtype", "fp64"], "note: the plan sizes its memory and transfers in fp32 (its "
      "graph's dtype), but this run trains in fp64: they take 2x the plan's bytes"),
 ])
@@ -1078,8 +1080,9 @@ def test_a_diverged_run_stops_at_the_first_non_finite_loss(tmp_path: Path) -> No
     last, hint = r.stderr.strip().splitlines()[-2:]
     assert last.startswith("error: run failed: rank 0: step 2/3: the loss is not finite "
                            "(text_vision nan"), r.stderr
-    assert last.endswith("): training diverged; step 2 was not checkpointed"), last
-    assert hint == "hint: try a smaller --lr than 1e+30"
+    assert last.endswith("): training diverged; step 2 was not checkpointed, and a checkpoint "
+                         "of step 1 holds the weights that gave it"), last
+    assert hint == "hint: try a smaller --lr than 1e+30, resuming from an earlier checkpoint"
     assert "Traceback" not in r.stderr
     assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == \
         ["step-000001"]

@@ -455,10 +455,41 @@ def test_a_non_finite_loss_stops_the_step_naming_it(losses: dict[str, float], sa
     worker.check_finite(1, {"a": 2.5, "b": 1.0}, opts)
     with pytest.raises(RuntimeFailure) as e:
         worker.check_finite(2, losses, opts)
-    kept = "; step 3 was not checkpointed" if ckpt else ""
+    # step 3's loss comes from the weights after step 2, which a checkpoint of step 2 holds
+    kept = ("; step 3 was not checkpointed, and a checkpoint of step 2 holds the weights that "
+            "gave it" if ckpt else "")
     assert str(e.value) == f"step 3/4: the loss is not finite {said}: training diverged{kept}"
     assert e.value.exit_code == 1
-    assert e.value.hint == "try a smaller --lr than 1e+30"
+    assert e.value.hint == "try a smaller --lr than 1e+30" + (
+        ", resuming from an earlier checkpoint" if ckpt else "")
+
+
+class _Weights:
+    """An Executor's `finite` as a test sets it."""
+
+    def __init__(self, finite: bool) -> None:
+        self.finite = lambda: finite
+
+
+@pytest.mark.parametrize("finite", [True, False])
+def test_weights_that_are_not_finite_are_not_checkpointed(finite: bool) -> None:
+    """A finite loss can come with a non-finite gradient, whose step leaves NaN weights: they
+    are checked before a checkpoint (one rank's verdict here; with several an all-reduce of
+    the flag makes it every rank's)."""
+    import torch
+
+    from spindle_cli.runtime.dist import World
+
+    world = World(rank=0, world_size=1, local_rank=0, local_world_size=1, backend="gloo",
+                  device=torch.device("cpu"))
+    opts = TrainOptions(steps=4, lr=1e-3, checkpoint_dir="ck")
+    if finite:
+        worker.check_finite_weights(2, _Weights(True), world, opts)
+        return
+    with pytest.raises(RuntimeFailure) as e:
+        worker.check_finite_weights(2, _Weights(False), world, opts)
+    assert str(e.value) == ("step 2/4: the weights are not finite after the step: training "
+                            "diverged; step 2 was not checkpointed")
 
 
 class _Refusing(io.StringIO):
