@@ -112,6 +112,10 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
                    "seq_len, dim], targets [rows, target_len]. Default: synthetic data.")
 @click.option("--trace", "trace_path", default=None, metavar="FILE.json",
               help="Write a Chrome trace (per rank, per wave) with measured vs predicted time.")
+@click.option("--metrics", "metrics_path", default=None, metavar="FILE.jsonl",
+              help="Write one JSON line per trained step (step, steps, loss, losses by "
+                   "task, step_ms); a resumed run keeps the lines of the steps it resumes "
+                   "from.")
 @click.option("--checkpoint-dir", default=None, metavar="DIR",
               help="Save a checkpoint here after the last step (and every K steps with "
                    "--checkpoint-every); made if missing, shared by all nodes.")
@@ -132,7 +136,8 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
               help="Check everything, print what each rank would do, launch nothing.")
 def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
         rdzv_endpoint: str | None, steps: int, backend: str, seed: int, lr: float, dtype: str,
-        sync: str, dataset: str | None, trace_path: str | None, checkpoint_dir: str | None,
+        sync: str, dataset: str | None, trace_path: str | None, metrics_path: str | None,
+        checkpoint_dir: str | None,
         checkpoint_every: int | None, keep_checkpoints: int | None, resume: bool,
         timeout_s: float, dry_run: bool) -> None:
     """Train PLAN (made by `spindle plan`) on NPROC_PER_NODE x NNODES ranks and print the loss
@@ -199,7 +204,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     opts = TrainOptions(steps=steps, seed=seed, lr=lr, dtype=dtype, dataset=dataset,
                         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
                         keep_checkpoints=keep_checkpoints or 0,
-                        resume=resume, trace_path=trace_path,
+                        resume=resume, trace_path=trace_path, metrics_path=metrics_path,
                         overlap_sync=overlap_for(sync, resolved))
     check_options(opts, timeout_s=timeout_s)
     # a checkpoint of another configuration would fail every rank after launch: refuse it here
@@ -219,7 +224,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
                    "--dtype", dtype, "--backend", backend, "--sync", sync,
                    "--timeout-s", repr(timeout_s)]
     for flag, value in (("--dataset", dataset), ("--trace", trace_path),
-                        ("--checkpoint-dir", checkpoint_dir)):
+                        ("--metrics", metrics_path), ("--checkpoint-dir", checkpoint_dir)):
         if value is not None:
             worker_args += [flag, value]
     if checkpoint_every:

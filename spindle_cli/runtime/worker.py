@@ -38,7 +38,7 @@ from spindle_cli.artifacts import (
     load_recorded_input,
     sha256,
 )
-from spindle_cli.artifacts.io import check_can_create, output_file
+from spindle_cli.artifacts.io import check_can_create, output_file, write_text_atomic
 from spindle_cli.errors import ArtifactError, RuntimeFailure, SpindleError
 from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES
 from spindle_cli.runtime import checkpoint
@@ -92,6 +92,8 @@ class TrainOptions:
     resume: bool = False
     """Continue from the newest complete checkpoint in `checkpoint_dir`, if there is one."""
     trace_path: str | None = None
+    metrics_path: str | None = None
+    """Where rank 0 writes one JSON line per trained step (`Metrics`)."""
     prediction: Prediction | None = None
     """Predicted iteration time for the run's time line and the trace summary (default: the
     plan's estimate)."""
@@ -129,7 +131,8 @@ def check_options(opts: TrainOptions, *, timeout_s: float, holder: bool = True) 
     at once), uses no process group. Only a `holder` (`spindle run` before launch, a run's
     rank 0) checks that no run holds the checkpoint directory: another rank of this run may
     come to it after its rank 0 has taken the directory (`train`)."""
-    for flag, path in (("--checkpoint-dir", opts.checkpoint_dir), ("--trace", opts.trace_path)):
+    for flag, path in (("--checkpoint-dir", opts.checkpoint_dir), ("--trace", opts.trace_path),
+                       ("--metrics", opts.metrics_path)):
         if path == "":
             # (an empty --checkpoint-dir read as none: the run saved nothing, silently)
             raise SpindleError(f"{flag}: an empty path", hint=f"give {flag} a path, or leave "
@@ -167,30 +170,70 @@ def check_options(opts: TrainOptions, *, timeout_s: float, holder: bool = True) 
                 f"(the newest {found.name})",
                 hint="--resume continues from it; or give this run another --checkpoint-dir")
     if opts.trace_path is not None:
-        _check_trace_path(opts.trace_path)
+        _check_output_path("--trace", opts.trace_path, ".json", "a Chrome trace")
+    if opts.metrics_path is not None:
+        _check_output_path("--metrics", opts.metrics_path, ".jsonl", "metrics (JSON lines)")
 
 
-def _check_trace_path(path: str) -> None:
-    """A Chrome trace is one JSON file, written at the end of the run into an existing
-    directory (`trace.write_json`), where `io.output_file` lets it be written and a file can
-    be created (`check_can_create`, in the directory of a symlink's target)."""
+def _check_output_path(flag: str, path: str, suffix: str, what: str) -> None:
+    """A file a run writes (a Chrome trace at its end, `trace.write_json`; its metrics step by
+    step, `Metrics`) into an existing directory, where `io.output_file` lets it be written
+    and a file can be created (`check_can_create`, in the directory of a symlink's
+    target)."""
     target = Path(path)
+    example = f"{flag[2:]}{suffix}"
     if target.is_dir():
-        raise SpindleError(f"--trace {path}: is a directory",
-                           hint=f"give a file name, e.g. {target / 'trace.json'}")
-    if target.suffix.lower() != ".json":
-        raise SpindleError(f"--trace {path}: a Chrome trace is a .json file",
-                           hint="give a name ending in .json, e.g. trace.json")
+        raise SpindleError(f"{flag} {path}: is a directory",
+                           hint=f"give a file name, e.g. {target / example}")
+    if target.suffix.lower() != suffix:
+        raise SpindleError(f"{flag} {path}: {what} is a {suffix} file",
+                           hint=f"give a name ending in {suffix}, e.g. {example}")
     parent = target.absolute().parent
     if not parent.exists():
-        raise SpindleError(f"--trace {path}: directory does not exist")
+        raise SpindleError(f"{flag} {path}: directory does not exist")
     if not parent.is_dir():
-        raise SpindleError(f"--trace {path}: {parent} is not a directory")
+        raise SpindleError(f"{flag} {path}: {parent} is not a directory")
     try:
         target_file = output_file(path)
     except ArtifactError as e:
-        raise SpindleError(f"--trace {e}", hint=e.hint) from None
-    check_can_create(f"--trace {path}", target_file.parent)
+        raise SpindleError(f"{flag} {e}", hint=e.hint) from None
+    check_can_create(f"{flag} {path}", target_file.parent)
+
+
+class Metrics:
+    """Rank 0's `--metrics FILE.jsonl`: one JSON object per trained step, written and flushed
+    as the step ends (`step`, `steps`, `loss`, `losses` by task, `step_ms`), for scripts that
+    would otherwise parse the loss lines. A resumed run keeps the lines of the steps its
+    checkpoint holds and drops later ones (trained again), so the file is the history of the
+    parameters it ends with."""
+
+    def __init__(self, path: str, resumed_at: int) -> None:
+        self.path = path
+        kept = []
+        if resumed_at:
+            with contextlib.suppress(FileNotFoundError):
+                for line in Path(path).read_text(encoding="utf-8").splitlines():
+                    with contextlib.suppress(ValueError, TypeError, KeyError):
+                        if json.loads(line)["step"] <= resumed_at:
+                            kept.append(line + "\n")
+        try:
+            write_text_atomic(path, "".join(kept))
+            self.file = open(path, "a", encoding="utf-8")
+        except OSError as e:
+            raise ArtifactError(path, "", f"cannot write: {e.strerror or e}") from None
+
+    def write(self, step: int, steps: int, losses: dict[str, float], step_ms: float) -> None:
+        record = {"step": step, "steps": steps, "loss": sum(losses.values()),
+                  "losses": losses, "step_ms": round(step_ms, 3)}
+        try:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        except OSError as e:
+            raise ArtifactError(self.path, "", f"cannot write: {e.strerror or e}") from None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.file.close()
 
 
 def resume_point(plan: Plan, opts: TrainOptions, world_size: int) -> tuple[Path, int] | None:
@@ -272,28 +315,36 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
         if world.rank == 0:
             _say(resume_note(found, opts))
     result = TrainResult(start_step=start)
-    for step in range(start, opts.steps):
-        if synchronize is not None:
-            synchronize()
-        t0 = time.perf_counter()
-        losses = ex.train_step(step)
-        if synchronize is not None:
-            synchronize()  # the step's optimizer kernels too, not the next step
-        result.step_ms.append((time.perf_counter() - t0) * 1e3)
-        check_finite(step, losses, opts)
-        result.losses.append(losses)
-        if log:
-            per_task = "  ".join(f"{t} {v:.6f}" for t, v in losses.items())
-            log(f"step {step + 1}/{opts.steps}  loss {sum(losses.values()):.6f}  ({per_task})")
-        done = step + 1
-        # a checkpoint directory without an interval still gets the final state: a run given
-        # somewhere to save should not end with nothing saved
-        if opts.checkpoint_dir and (done == opts.steps or (
-                opts.checkpoint_every and done % opts.checkpoint_every == 0)):
-            check_finite_weights(done, ex, world, opts)
-            checkpoint.save(opts.checkpoint_dir, done, rank=world.rank,
-                            world_size=world.world_size, state=ex.state(done), meta=meta,
-                            keep=opts.keep_checkpoints)
+    metrics = (Metrics(opts.metrics_path, start)
+               if opts.metrics_path is not None and world.rank == 0 else None)
+    try:
+        for step in range(start, opts.steps):
+            if synchronize is not None:
+                synchronize()
+            t0 = time.perf_counter()
+            losses = ex.train_step(step)
+            if synchronize is not None:
+                synchronize()  # the step's optimizer kernels too, not the next step
+            result.step_ms.append((time.perf_counter() - t0) * 1e3)
+            check_finite(step, losses, opts)
+            result.losses.append(losses)
+            done = step + 1
+            if log:
+                per_task = "  ".join(f"{t} {v:.6f}" for t, v in losses.items())
+                log(f"step {done}/{opts.steps}  loss {sum(losses.values()):.6f}  ({per_task})")
+            if metrics is not None:
+                metrics.write(done, opts.steps, losses, result.step_ms[-1])
+            # a checkpoint directory without an interval still gets the final state: a run
+            # given somewhere to save should not end with nothing saved
+            if opts.checkpoint_dir and (done == opts.steps or (
+                    opts.checkpoint_every and done % opts.checkpoint_every == 0)):
+                check_finite_weights(done, ex, world, opts)
+                checkpoint.save(opts.checkpoint_dir, done, rank=world.rank,
+                                world_size=world.world_size, state=ex.state(done), meta=meta,
+                                keep=opts.keep_checkpoints)
+    finally:
+        if metrics is not None:
+            metrics.close()
     if result.step_ms:
         gathered = _gather_timings(tracer, result, world)
         predicted = (opts.prediction if opts.prediction is not None
@@ -451,6 +502,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-checkpoints", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--trace", default=None)
+    p.add_argument("--metrics", default=None)
     return p.parse_args(argv)
 
 
@@ -516,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
                             dataset=args.dataset, checkpoint_dir=args.checkpoint_dir,
                             checkpoint_every=args.checkpoint_every,
                             keep_checkpoints=args.keep_checkpoints, resume=args.resume,
-                            trace_path=args.trace)
+                            trace_path=args.trace, metrics_path=args.metrics)
         check_options(opts, timeout_s=args.timeout_s, holder=rank == 0)
         world = rdist.init(args.backend, timeout_s=args.timeout_s)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -103,16 +104,26 @@ def test_resumed_run_ends_with_the_same_parameters(setup: Any, tmp_path: Path, z
 def test_a_run_keeps_its_newest_checkpoints_and_resumes_from_them(setup: Any,
                                                                   tmp_path: Path) -> None:
     """--keep-checkpoints 2 with a checkpoint every step: after 4 steps steps 3 and 4 are
-    left, and a resumed run goes on from step 4 and keeps steps 5 and 6."""
+    left, and a resumed run goes on from step 4 and keeps steps 5 and 6. Its --metrics file
+    keeps the lines of steps 1-4 and drops those written after the checkpoint it resumes
+    from (a crash's step 5 and a line cut short), so it holds each step once."""
     plan, graph, model = setup
-    ckpt = tmp_path / "ckpt"
-    options = {"checkpoint_dir": str(ckpt), "checkpoint_every": 1, "keep_checkpoints": 2}
-    run_distributed(train_rank, 2, plan, graph, model, {"steps": 4, **options})
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    options = {"checkpoint_dir": str(ckpt), "checkpoint_every": 1, "keep_checkpoints": 2,
+               "metrics_path": str(metrics)}
+    first = run_distributed(train_rank, 2, plan, graph, model, {"steps": 4, **options})
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-000003", "step-000004"]
+    with metrics.open("a") as f:
+        f.write(json.dumps({"step": 5, "steps": 8, "loss": 1.0}) + '\n{"step": 6, "lo')
     resumed = run_distributed(train_rank, 2, plan, graph, model,
                               {"steps": 6, "resume": True, **options})
     assert [start for start, _, _ in resumed] == [4, 4]
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-000005", "step-000006"]
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [(r["step"], r["steps"]) for r in lines] == [(s, 4) for s in range(1, 5)] + [
+        (5, 6), (6, 6)]
+    assert [r["losses"] for r in lines] == first[0][1] + resumed[0][1]
+    assert all(r["loss"] == sum(r["losses"].values()) and r["step_ms"] > 0 for r in lines)
 
 
 @pytest.mark.timeout(120)

@@ -1162,3 +1162,19 @@ def test_cpu_ranks_that_do_not_fit_the_nodes_ram_are_refused_before_launch(
     result = invoke("run", "plans/tiny-clip-local-cpu-2.yaml", "--backend", "gloo", *flags)
     assert result.exit_code == 0, getattr(result, "stderr", "")
     assert len(launched) == (0 if dry_run else 1)
+
+
+def test_metrics_go_to_the_workers_and_a_bad_name_is_refused_before_launch(
+        tmp_path: Path, monkeypatch) -> None:
+    plan = write_plan_files(tmp_path)
+    launched: list[list[str]] = []
+    monkeypatch.setattr("spindle_cli.cli.run._launch", lambda argv, **_: launched.append(argv))
+    metrics = str(tmp_path / "m.jsonl")
+    result = invoke("run", str(plan), "--steps", "1", "--metrics", metrics)
+    assert result.exit_code == 0, result.stderr
+    argv = launched[0]
+    assert argv[argv.index("--metrics") + 1] == metrics
+    result = invoke("run", str(plan), "--metrics", str(tmp_path / "m.txt"), "--dry-run")
+    assert result.exit_code == 2
+    assert _one_line_error(result) == (f"error: --metrics {tmp_path / 'm.txt'}: metrics (JSON "
+                                       "lines) is a .jsonl file")

@@ -68,6 +68,9 @@ def test_check_dir_refuses_a_file_on_the_path(tmp_path: Path, target: str, said:
     ({"trace_path": "{tmp}/trace.txt"}, 300.0, "a Chrome trace is a .json file"),
     ({"trace_path": "{tmp}/trace"}, 300.0, "a Chrome trace is a .json file"),
     ({"trace_path": "{tmp}/nowhere/trace.json"}, 300.0, "directory does not exist"),
+    ({"metrics_path": "{tmp}/m.json"}, 300.0, "metrics (JSON lines) is a .jsonl file"),
+    ({"metrics_path": "{tmp}"}, 300.0, "is a directory"),
+    ({"metrics_path": ""}, 300.0, "--metrics: an empty path"),
     ({"trace_path": "{tmp}/file/trace.json"}, 300.0, "/file is not a directory"),
     ({"trace_path": "/sys/t.json"}, 300.0, "--trace /sys/t.json: cannot write in '/sys'"),
     # an empty --checkpoint-dir was read as none (the run saved nothing); an empty --trace
