@@ -8,7 +8,8 @@
 2. Activation recomputation. The same one-rank run with the plan's `recompute` on (every
    operator in a non-reentrant torch.utils.checkpoint) and off, steps alternating: ratio of
    the median step times (the planner charges 4/3) and the bytes autograd saves for backward
-   in one step (saved-tensor hooks), which recomputation cuts to the operators' inputs.
+   in one step (saved-tensor hooks), which recomputation cuts to the operators' inputs. Then
+   the same run in bf16 mixed precision against fp32: the ratio and the bytes saved.
 3. Simulator fidelity. `spindle profile --hardware local` measures tiny-clip's operators here,
    `spindle plan` plans for 2 ranks (clusters/local-cpu-2.yaml), `spindle run` trains with 2
    processes of one thread each and writes a trace whose summary holds the measured
@@ -76,9 +77,10 @@ def _interleaved_ms(a: object, b: object, steps: int) -> tuple[list[float], list
     return times_a, times_b
 
 
-def _one_rank(recompute: bool = False) -> tuple[ModelSpec, MetaOpGraph, Plan, Executor]:
+def _one_rank(recompute: bool = False, dtype: torch.dtype = torch.float32,
+              ) -> tuple[ModelSpec, MetaOpGraph, Plan, Executor]:
     """tiny-clip's Spindle plan for one rank (with recomputation when asked), and an executor
-    running it on this process, fp32."""
+    running it on this process, in `dtype` (fp32 by default; bf16: mixed precision)."""
     model = load(str(REPO / "models" / "tiny-clip.yaml"), ModelSpec)
     graph = build_graph(model, dtype="fp32")
     local = load(str(REPO / "clusters" / "local-cpu.yaml"), ClusterSpec)
@@ -90,8 +92,8 @@ def _one_rank(recompute: bool = False) -> tuple[ModelSpec, MetaOpGraph, Plan, Ex
     world = World(rank=0, world_size=1, local_rank=0, local_world_size=1, backend="gloo",
                   device=torch.device("cpu"))
     # one rank: every group has a single rank, so no process group is needed
-    ex = Executor(plan, program, model, world, {}, SyntheticData(model, SEED), seed=SEED, lr=LR,
-                  dtype=torch.float32)
+    ex = Executor(plan, program, model, world, {}, SyntheticData(model, SEED, dtype), seed=SEED,
+                  lr=LR, dtype=dtype)
     return model, graph, plan, ex
 
 
@@ -148,6 +150,18 @@ def recomputation(steps: int) -> None:
     print(f"recomputation (1 rank, {steps} steps each): {ratio:.3f}x median (the planner "
           f"charges 4/3); saved for backward per step {_saved_bytes(plain, steps + 3) / 2**20:.2f}"
           f" -> {_saved_bytes(again, steps + 3) / 2**20:.2f} MiB")
+
+
+def mixed_precision(steps: int) -> None:
+    torch.set_num_threads(1)
+    *_, full = _one_rank()
+    *_, half = _one_rank(dtype=torch.bfloat16)
+    fp32, bf16 = _interleaved_ms(full.train_step, half.train_step, steps)
+    ratio = _print_ratios(("fp32", fp32), ("bf16", bf16))
+    print(f"bf16 mixed precision (1 rank, {steps} steps each): {ratio:.3f}x median; saved "
+          f"for backward per step "
+          f"{_saved_bytes(full, steps + 3) / 2**20:.2f} -> "
+          f"{_saved_bytes(half, steps + 3) / 2**20:.2f} MiB")
 
 
 def _spindle(*args: str) -> None:
@@ -322,6 +336,7 @@ def main() -> None:
         return
     executor_overhead(args.steps)
     recomputation(args.steps)
+    mixed_precision(args.steps)
     if not args.skip_fidelity:
         fidelity(args.steps, args.rounds)
 
