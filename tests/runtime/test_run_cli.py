@@ -879,6 +879,12 @@ def _failure(exitcode: int, timestamp: int, message: str = "",
     ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1", secondary=True),
       1: _failure(-15, 2)},
      "rank 0: lost contact with rank(s) 1; the launcher then stopped rank(s) 1"),
+    # the rank its peer lost ended by SIGTERM: sent from outside (a review's kill -TERM), or
+    # the launcher's to a rank that hung; rank 2 was stopped by the launcher
+    ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1", secondary=True, peers=(1,)),
+      1: _failure(-15, 1), 2: _failure(-15, 1)},
+     "rank 0: lost contact with rank(s) 1; rank(s) 1 ended by SIGTERM (sent from outside the "
+     "run, or by the launcher stopping it); the launcher also stopped rank(s) 2"),
     ({0: _failure(-15, 2), 1: _failure(1, 5, "rank 1: OSError: disk read failed")},
      "rank 1: OSError: disk read failed"),
     ({0: _failure(-15, 4), 1: _failure(-15, 2)}, "rank 1 was killed by signal 15 (SIGTERM)"),
