@@ -518,7 +518,8 @@ def _root_cause(e: object) -> str:
     outside, say by the OOM killer, or exited on its own) unless it was a rank its peers had
     lost that the launcher killed when it did not stop (hung, or stopped by SIGSTOP); else
     the earliest lost-peer line (it names the suspects), plus the ranks it lost that SIGTERM
-    ended (from outside, or by the launcher) and the other ranks the launcher stopped."""
+    ended from outside (their peers saw them close, not time out) and the ranks the launcher
+    stopped."""
     failures = getattr(e, "failures", {})
     if not failures:
         return "a worker failed"
@@ -571,13 +572,14 @@ def _root_cause(e: object) -> str:
             text += (f"; {who[0]} then did not stop when asked and the launcher killed {who[1]} "
                      "(SIGKILL): hung, or stopped (SIGSTOP)")
         others = [r for r in sorted(silent) if r not in hung]
-        # a rank the lines lost that SIGTERM ended: the launcher's, if it hung until the
-        # launcher stopped it, or a kill from outside; torch's timestamps (whole seconds)
-        # cannot tell the two apart
-        lost = [r for r in others if lost_by(r)]
+        # a rank the lines lost that SIGTERM ended: a hung rank the launcher stopped once a
+        # peer timed out waiting for it, or, where its peers saw its connection close
+        # instead, a kill from outside (torch's timestamps, whole seconds, cannot tell)
+        lost = [r for r in others if lost_by(r) and not any(
+            re.search(r"time[ d]*out", line(p), re.IGNORECASE) for p in lost_by(r))]
         if lost:
-            text += (f"; rank(s) {', '.join(map(str, lost))} ended by SIGTERM (sent from "
-                     "outside the run, or by the launcher stopping it)")
+            text += (f"; rank(s) {', '.join(map(str, lost))} had ended by SIGTERM from outside "
+                     "the run (its peers saw its connection close, not time out)")
         stopped = [r for r in others if r not in lost]
         if stopped:
             text += (f"; the launcher {'also ' if hung or lost else 'then '}stopped rank(s) "

@@ -879,12 +879,20 @@ def _failure(exitcode: int, timestamp: int, message: str = "",
     ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1", secondary=True),
       1: _failure(-15, 2)},
      "rank 0: lost contact with rank(s) 1; the launcher then stopped rank(s) 1"),
-    # the rank its peer lost ended by SIGTERM: sent from outside (a review's kill -TERM), or
-    # the launcher's to a rank that hung; rank 2 was stopped by the launcher
-    ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1", secondary=True, peers=(1,)),
+    # the rank its peer lost ended by SIGTERM and its connection closed: sent from outside
+    # (a review's kill -TERM); rank 2 was stopped by the launcher
+    ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1 (Connection reset by peer)",
+                  secondary=True, peers=(1,)),
       1: _failure(-15, 1), 2: _failure(-15, 1)},
-     "rank 0: lost contact with rank(s) 1; rank(s) 1 ended by SIGTERM (sent from outside the "
-     "run, or by the launcher stopping it); the launcher also stopped rank(s) 2"),
+     "rank 0: lost contact with rank(s) 1 (Connection reset by peer); rank(s) 1 had ended by "
+     "SIGTERM from outside the run (its peers saw its connection close, not time out); the "
+     "launcher also stopped rank(s) 2"),
+    # ... and where the peer timed out waiting for it, it hung and the launcher stopped it
+    ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1 (Application timeout caused "
+                        "pair closure)", secondary=True, peers=(1,)),
+      1: _failure(-15, 1)},
+     "rank 0: lost contact with rank(s) 1 (Application timeout caused pair closure); the "
+     "launcher then stopped rank(s) 1"),
     ({0: _failure(-15, 2), 1: _failure(1, 5, "rank 1: OSError: disk read failed")},
      "rank 1: OSError: disk read failed"),
     ({0: _failure(-15, 4), 1: _failure(-15, 2)}, "rank 1 was killed by signal 15 (SIGTERM)"),
