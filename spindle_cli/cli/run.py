@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from spindle_cli.artifacts import ClusterSpec, Plan, Profile, load
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load
 from spindle_cli.artifacts.io import find_recorded_input, load_recorded_input
 from spindle_cli.cli._console import err
 from spindle_cli.cli.common import memory_text
@@ -172,7 +172,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
         # a plan sized for bf16 (the graphs' default) trained in fp32: twice its activations
         err.print(f"note: the plan sizes its memory and transfers in {inputs.graph.dtype} (its "
                   f"graph's dtype), but this run trains in {dtype}: "
-                  f"{_bytes_ratio(dtype, inputs.graph.dtype, inputs.graph.dtype_bytes)}"
+                  f"{_bytes_ratio(dtype, inputs.graph)}"
                   + ("; --dtype auto trains it in bf16, as planned, or plan from a graph made "
                      "with --dtype fp32" if dtype == "fp32" else ""), soft_wrap=True)
     elif inputs.graph.dtype != dtype:
@@ -263,15 +263,16 @@ def _ranks_per_node(num_ranks: int, nnodes: int) -> int:
     return num_ranks // nnodes
 
 
-def _bytes_ratio(dtype: str, graph_dtype: str, graph_dtype_bytes: int) -> str:
-    """How a run in `dtype` scales the bytes its plan counts in `graph_dtype`: activations
-    and messages by the element size, the state per parameter by `run_state_bytes` (an fp32
-    run and bf16 mixed precision both keep 16 bytes)."""
+def _bytes_ratio(dtype: str, graph: MetaOpGraph) -> str:
+    """How a run in `dtype` scales the bytes its plan counts in its graph's dtype:
+    activations and messages by the element size, the state per parameter as
+    `memory.state_bytes_per_param` counts it (an fp32 run and bf16 mixed precision both keep
+    16 bytes)."""
     from spindle_cli.planner.memory import state_bytes_per_param
-    from spindle_cli.runtime.model import DTYPES, run_state_bytes
+    from spindle_cli.runtime.model import DTYPES
 
-    acts = DTYPES[dtype].itemsize / graph_dtype_bytes
-    state = run_state_bytes(dtype) / sum(state_bytes_per_param(graph_dtype))
+    acts = DTYPES[dtype].itemsize / graph.dtype_bytes
+    state = sum(state_bytes_per_param(dtype)) / sum(state_bytes_per_param(graph.dtype))
     if acts == state:
         return f"they take {acts:g}x the plan's bytes"
     return (f"its activations and messages take {acts:g}x the plan's bytes, its parameter "

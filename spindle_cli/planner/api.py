@@ -753,10 +753,9 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     where tasks outnumber the groups, tasks one after another on lanes of equal groups
     (`consider_lanes`), then the three baselines' schedules, so that Spindle never simulates
     slower than a baseline (tried, where simulated, even where none of Spindle's own fits: one
-    may; a quality
-    sweep of 132 small cases found 11 where a baseline's schedule beat every one of
-    Spindle's own by 0.5-12%: an embedding's rows re-split between 3 and 1 devices, or,
-    before the forward waited for the ZeRO all-gather layer by layer, a 32-layer encoder
+    may; a quality sweep of 132 small cases found 11 where a baseline's schedule beat every
+    one of Spindle's own by 0.5-12%: an embedding's rows re-split between 3 and 1 devices,
+    or, before the forward waited for the ZeRO all-gather layer by layer, a 32-layer encoder
     waiting in one wave for all of it across nodes). Finally the
     kept plan's waves are placed again with ranks reserved for the slices that would keep
     their rows there (`placement.place`'s `reserve`), kept when that simulates faster (in

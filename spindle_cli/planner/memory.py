@@ -60,8 +60,11 @@ NO_SAVING = MemoryStrategy()
 
 
 def state_bytes_per_param(dtype: str) -> tuple[int, int, int]:
-    """(weights, gradients, optimizer state) bytes per parameter."""
-    return (4, 4, 8) if dtype == "fp32" else (2, 2, 12)
+    """(weights, gradients, optimizer state) bytes per parameter: a 16-bit dtype's mixed
+    precision keeps fp32 master weights and moments; fp32, and fp64 (a `spindle run --dtype
+    fp64`), keep both moments at their own width."""
+    wide = {"fp32": 4, "fp64": 8}.get(dtype)
+    return (2, 2, 12) if wide is None else (wide, wide, 2 * wide)
 
 
 def split_state_bytes(dtype: str, zero: int) -> tuple[int, int]:

@@ -123,23 +123,21 @@ def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[s
         dist.barrier()
 
 
-def prune(directory: str, keep: int) -> list[Path]:
+def prune(directory: str, keep: int) -> None:
     """Remove the checkpoints under `directory` older than its newest `keep` complete ones
-    (`_problem`), damaged ones among them too, and return them: `keep` complete ones stay
-    whatever was damaged from outside. Each is renamed hidden before it is removed, so a
+    (`_problem`), damaged ones among them too: `keep` complete ones stay whatever was damaged
+    from outside. Each is renamed hidden before it is removed, so a
     crash leaves it whole or hidden, never half deleted (torchtitan's keep_latest_k)."""
     complete = [p for p in _step_dirs(directory) if _problem(p) is None][:keep]
     if len(complete) < keep:
-        return []
+        return
     oldest = _step_of(complete[-1])
-    removed = [p for p in _step_dirs(directory) if _step_of(p) < oldest]
-    for path in removed:
+    for path in [p for p in _step_dirs(directory) if _step_of(p) < oldest]:
         hidden = path.with_name(f".{path.name}.old")
         if hidden.exists():
             shutil.rmtree(hidden)
         os.replace(path, hidden)
         shutil.rmtree(hidden)
-    return removed
 
 
 def check_dir(directory: str) -> None:

@@ -31,13 +31,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 `spindle profile --hardware local` measures in."""
 
 
-def run_state_bytes(dtype_name: str) -> int:
-    """Bytes a run in `dtype_name` keeps per parameter: weights, gradients and AdamW's state
-    (in bf16 an fp32 master and moments: the planner's mixed-precision model, 2 + 2 + 12)."""
-    itemsize = DTYPES[dtype_name].itemsize
-    return 2 * itemsize + (12 if itemsize < 4 else 2 * itemsize)
-
-
 def run_dtype(requested: str, graph_dtype: str) -> str:
     """The dtype a run trains in: `requested`, or for 'auto' the one its plan counts bytes in
     (its graph's dtype), bf16 for an fp16 graph (the same bytes; fp16 would need loss

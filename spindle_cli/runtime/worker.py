@@ -220,7 +220,7 @@ class Metrics:
             write_text_atomic(path, "".join(kept))
             self.file = open(path, "a", encoding="utf-8")
         except OSError as e:
-            raise ArtifactError(path, "", f"cannot write: {e.strerror or e}") from None
+            raise _cannot_write(path, e) from None
 
     def write(self, step: int, steps: int, losses: dict[str, float], step_ms: float) -> None:
         record = {"step": step, "steps": steps, "loss": sum(losses.values()),
@@ -229,7 +229,7 @@ class Metrics:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
         except OSError as e:
-            raise ArtifactError(self.path, "", f"cannot write: {e.strerror or e}") from None
+            raise _cannot_write(self.path, e) from None
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -516,9 +516,14 @@ def print_line(line: str) -> None:
         print(line, flush=True)
     except OSError as e:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise ArtifactError("stdout", "", f"cannot write: {e.strerror or e}",
-                            hint="the loss lines go to stdout: keep its reader open until the "
-                                 "run ends, or send them to a file") from None
+        raise _cannot_write("stdout", e, hint="the loss lines go to stdout: keep its reader "
+                           "open until the run ends, or send them to a file") from None
+
+
+def _cannot_write(target: str, e: OSError, hint: str | None = None) -> ArtifactError:
+    """The error of an output the machine refused (`<file or stdout>: cannot write: <why>`),
+    which ends a run with exit code 2 (`_refused_output`)."""
+    return ArtifactError(target, "", f"cannot write: {e.strerror or e}", hint=hint)
 
 
 def _refused_output(e: BaseException) -> str | None:

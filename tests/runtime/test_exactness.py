@@ -68,6 +68,14 @@ def reference(model: ModelSpec, graph: MetaOpGraph) -> tuple[list[dict[str, floa
 
 
 @pytest.fixture(scope="module")
+def reference32(model: ModelSpec, graph: MetaOpGraph) -> tuple[list[dict[str, float]], dict]:
+    """The single-process reference in fp32, the dtype the fp32 and bf16 runs are held to."""
+    data = SyntheticData(model, SEED, torch.float32)
+    return reference_training(model, graph.tasks, data, steps=STEPS, seed=SEED, lr=LR,
+                              dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
 def repo_root() -> Any:
     from pathlib import Path
 
@@ -398,15 +406,13 @@ def test_a_rank_without_work_still_takes_part(graph: MetaOpGraph, model: ModelSp
 
 @pytest.mark.timeout(120)
 def test_float32_two_ranks_close_to_reference(graph: MetaOpGraph, model: ModelSpec,
-                                              repo_root: Any) -> None:
+                                              reference32: Any, repo_root: Any) -> None:
     """fp32 (the default dtype): losses within 1e-5 relative. Parameters: AdamW normalizes each
     update, so a gradient element near zero whose last bits differ can move that weight by up
     to a fraction of the learning rate; so at most 1% of elements may differ by more than 1e-5,
     and none by more than the learning rate."""
     plan = planned(graph, "local-cpu-2", "distmm", repo_root)
-    data = SyntheticData(model, SEED, torch.float32)
-    ref_losses, ref_params = reference_training(model, graph.tasks, data, steps=STEPS,
-                                                seed=SEED, lr=LR, dtype=torch.float32)
+    ref_losses, ref_params = reference32
     results = run_distributed(train_rank, 2, plan, graph, model, "fp32", timeout_s=90)
     for losses, params in results:
         for got, want in zip(losses, ref_losses, strict=True):
@@ -420,7 +426,7 @@ def test_float32_two_ranks_close_to_reference(graph: MetaOpGraph, model: ModelSp
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("zero", [0, 2])
 def test_bf16_mixed_precision_tracks_float32(zero: int, graph: MetaOpGraph, model: ModelSpec,
-                                             repo_root: Any) -> None:
+                                             reference32: Any, repo_root: Any) -> None:
     """bf16 (mixed precision) on four ranks, without ZeRO and under ZeRO-2: every step's task
     losses within 1% of the fp32 reference's (bf16 keeps 8 bits of mantissa; measured: 0.4%),
     the weights bf16 and close to the reference's: AdamW moves a weight by about the learning
@@ -428,9 +434,7 @@ def test_bf16_mixed_precision_tracks_float32(zero: int, graph: MetaOpGraph, mode
     where bf16 rounds the gradient's sign away (measured: median 2e-4, 1% of the weights more
     than the learning rate apart)."""
     plan = planned(graph, "local-cpu", "spindle", repo_root, zero=zero)
-    data = SyntheticData(model, SEED, torch.float32)
-    ref_losses, ref_params = reference_training(model, graph.tasks, data, steps=STEPS,
-                                                seed=SEED, lr=LR, dtype=torch.float32)
+    ref_losses, ref_params = reference32
     results = run_distributed(train_rank, 4, plan, graph, model, "bf16", timeout_s=90)
     for losses, params in results:
         for got, want in zip(losses, ref_losses, strict=True):
