@@ -70,13 +70,18 @@ class SyncBucket:
     layout)."""
     groups: tuple[int, ...]
     """Indices of the ParamGroups its layers belong to, ascending."""
-    bytes: int
-    """Its share of those groups' gradient bytes, by layer count."""
+    group_bytes: tuple[int, ...]
+    """Its share of each of those groups' gradient bytes, by layer count."""
     passes: tuple[tuple[str, int], ...]
     """(slice id, k): the slices of `wave` running its layers, each with the number of its
     backward operators after which the bucket's layers are complete on its ranks (its whole
     slice except in 'chunked' mode). A rank running none of them has them complete when it
     starts the wave's backward."""
+
+    @property
+    def bytes(self) -> int:
+        """Its gradient bytes."""
+        return sum(self.group_bytes)
 
 
 def sync_buckets(plan: Plan, metaops: Mapping[str, MetaOp], mode: SyncMode,
@@ -172,7 +177,7 @@ def _bucket(plan: Plan, group_of: dict[LayerKey, int],
                 passes.append((sid, hi - lo if whole else hi - min(inside)))
     groups = tuple(sorted(counts))
     return SyncBucket(ranks=ranks, wave=wave, layers=tuple(keys), groups=groups,
-                      bytes=sum(_share(plan, gi, counts[gi]) for gi in groups),
+                      group_bytes=tuple(_share(plan, gi, counts[gi]) for gi in groups),
                       passes=tuple(passes))
 
 

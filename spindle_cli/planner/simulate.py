@@ -860,48 +860,47 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     held = _held(plan, metaops)
     optimizer_ms = _optimizer_ms(plan, graph, profile, held)
 
-    rings_of: dict[tuple[int, ...], list[tuple[float, int, list[list[int]]]]] = {}
+    rings_of: dict[tuple[int, ...], list[tuple[tuple[int, ...], int, list[list[int]]]]] = {}
 
-    def shard_rings(groups: tuple[int, ...]) -> list[tuple[float, int, list[list[int]]]]:
+    def shard_rings(groups: tuple[int, ...]) -> list[tuple[tuple[int, ...], int, list[list[int]]]]:
         """The rings that reduce the layers of `groups` (one rank set), per way its ranks
-        hold them (`_held`): (share of the groups' bytes, T, rings), where shard j of T (the
-        least common multiple of the ranks' degrees) is reduced over the ranks holding it,
-        ascending (a data-parallel rank holds every shard, a rank of a tp<t> group shard q
-        of t the shards j = q mod t; layers in tp2 on some ranks and tp3 on others are six
-        shards, each held by one rank of each kind). A bucket of
-        tensor- and data-parallel groups reduces each part on its own rings. Computed once
-        per bucket (`ring` and `ring_steps` both ask)."""
+        hold them (`_held`): (the positions in `groups` of the groups held that way, T,
+        rings), where shard j of T (the least common multiple of the ranks' degrees) is
+        reduced over the ranks holding it, ascending (a data-parallel rank holds every
+        shard, a rank of a tp<t> group shard q of t the shards j = q mod t; layers in tp2 on
+        some ranks and tp3 on others are six shards, each held by one rank of each kind). A
+        bucket of tensor- and data-parallel groups reduces each part on its own rings.
+        Computed once per set of groups (`ring` and `ring_steps` both ask)."""
         if groups in rings_of:
             return rings_of[groups]
         ranks = plan.param_groups[groups[0]].ranks
-        parts: dict[tuple[tuple[int, int], ...], int] = {}
-        for gi in groups:
-            way = tuple(held[gi][r] for r in ranks)
-            parts[way] = parts.get(way, 0) + plan.param_groups[gi].bytes
-        total = sum(parts.values())
+        parts: dict[tuple[tuple[int, int], ...], list[int]] = {}
+        for k, gi in enumerate(groups):
+            parts.setdefault(tuple(held[gi][r] for r in ranks), []).append(k)
         out = []
-        for way, num_bytes in parts.items():
+        for way, positions in parts.items():
             shards = math.lcm(*(t for t, _ in way))
-            out.append((num_bytes / total if total else 1.0, shards,
+            out.append((tuple(positions), shards,
                         [[r for r, (t, q) in zip(ranks, way, strict=True) if j % t == q]
                          for j in range(shards)]))
         rings_of[groups] = out
         return out
 
-    def ring(groups: tuple[int, ...], num_bytes: int, share: float
+    def ring(groups: tuple[int, ...], group_bytes: Sequence[int], share: float
              ) -> list[tuple[int, int, int]]:
-        """Ring collectives over `num_bytes` of the layers of `groups` (one rank set), one
-        per shard (`shard_rings`; one ring over every rank without tensor parallelism): each
-        member sends its successor `share` x (c - 1) / c of the shard's bytes, for c
-        members; nothing for a shard with one copy."""
+        """Ring collectives over `group_bytes[k]` bytes of the layers of each `groups[k]`
+        (one rank set), one per shard (`shard_rings`; one ring over every rank without
+        tensor parallelism): each member sends its successor `share` x (c - 1) / c of the
+        shard's bytes, for c members; nothing for a shard with one copy."""
         out: list[tuple[int, int, int]] = []
-        if num_bytes <= 0:
-            return out
-        for part, shards, rings in shard_rings(groups):
+        for positions, shards, rings in shard_rings(groups):
+            num_bytes = sum(group_bytes[k] for k in positions)
+            if num_bytes <= 0:
+                continue
             for members in rings:
                 c = len(members)
                 if c > 1:
-                    each = round(share * (c - 1) / c * (num_bytes * part) / shards)
+                    each = round(share * (c - 1) / c * num_bytes / shards)
                     out += zip(members, members[1:] + members[:1], [each] * c, strict=True)
         return out
 
@@ -924,14 +923,14 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                 runs.append((module, layer, layer + 1))
         return "+".join(f"{module}[{lo}:{hi}]" for module, lo, hi in runs)
 
-    def issue_sync(groups: tuple[int, ...], num_bytes: int, start_ms: float,
+    def issue_sync(groups: tuple[int, ...], group_bytes: Sequence[int], start_ms: float,
                    label: str | None = None) -> None:
-        """A ring all-reduce (reduce-scatter under ZeRO) of `num_bytes` of the gradients of
-        `groups` (one rank set) from `start_ms`; `label`: its layers (the groups' by
-        default)."""
+        """A ring all-reduce (reduce-scatter under ZeRO) of `group_bytes[k]` of the gradients
+        of each `groups[k]` (one rank set) from `start_ms`; `label`: its layers (the groups'
+        by default)."""
         steps = (1 if sharded else 2) * ring_steps(groups)
         label = label or label_of(groups)
-        ids = issue("sync", label, ring(groups, num_bytes, 1.0 if sharded else 2.0),
+        ids = issue("sync", label, ring(groups, group_bytes, 1.0 if sharded else 2.0),
                     start_ms, steps * latency_s)
         for gi in groups:
             sync_start_ms[gi] = min(sync_start_ms.get(gi, start_ms), start_ms)
@@ -951,7 +950,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             layers = min(hi, g.last_layer) - max(lo, g.first_layer)
             if g.module != m.module or layers <= 0:
                 continue
-            pieces = ring((gi,), layers * m.params_per_layer * weight_b, 1.0)
+            pieces = ring((gi,), (layers * m.params_per_layer * weight_b,), 1.0)
             if pieces:
                 ids += all_gather(g.ranks, "gather",
                                   f"{s.id}:{g.module}[{max(lo, g.first_layer)}:"
@@ -975,17 +974,17 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     # wait for the same ones: (position of the run's first operator in the slice, flows)
     prior: dict[str, list[tuple[int, list[int]]]] = {}
     if post_gather:
-        units = [(b.groups, b.bytes, bucket_label(b), b.layers)
+        units = [(b.groups, b.group_bytes, bucket_label(b), b.layers)
                  for bs in reversed(due_in_wave.values()) for b in reversed(bs)]
         if not units:
-            units = [((gi,), g.bytes, label_of((gi,)),
+            units = [((gi,), (g.bytes,), label_of((gi,)),
                       tuple((g.module, layer) for layer in range(g.first_layer, g.last_layer)))
                      for gi, g in enumerate(plan.param_groups)]
         gathered: dict[tuple[str, int], list[int]] = {}
-        for groups, num_bytes, label, layers in units:
+        for groups, group_bytes, label, layers in units:
             g = plan.param_groups[groups[0]]
             ids = all_gather(g.ranks, "sync", f"all-gather {label}",
-                             ring(groups, num_bytes, 1.0), 0.0, ring_steps(groups) * latency_s)
+                             ring(groups, group_bytes, 1.0), 0.0, ring_steps(groups) * latency_s)
             for key in layers:
                 gathered.setdefault(key, []).extend(ids)
         for _, sl in plan.slices():
@@ -1146,7 +1145,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                           *(starts[sid][2] + costs[sid].passed_ms(k) for sid, k in b.passes)])
                 if len(b.ranks) > 1:
                     issued_at.update((r, at) for r in b.ranks)
-                issue_sync(b.groups, b.bytes, at, bucket_label(b))
+                issue_sync(b.groups, b.group_bytes, at, bucket_label(b))
             bwd_timing[w.index] = (start_ms, end_ms, start_ms - now_ms)
             now_ms = end_ms
             give_up_past(now_ms, bwd_rest[w.index])
@@ -1233,7 +1232,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                     issued_at[r] = at
                 passed[id(b)][r] = at
                 if len(passed[id(b)]) == len(b.ranks):
-                    issue_sync(b.groups, b.bytes, max(passed[id(b)].values()),
+                    issue_sync(b.groups, b.group_bytes, max(passed[id(b)].values()),
                                bucket_label(b))
 
         def run_slice(k: int, s: Slice, start_ms: float, stall_ms: float = 0.0) -> None:
@@ -1317,7 +1316,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                     for gi in whole:
                         g = plan.param_groups[gi]
                         if r in g.ranks and all(pos[q] == len(steps) for q in g.ranks):
-                            issue_sync((gi,), g.bytes, max(clock[q] for q in g.ranks))
+                            issue_sync((gi,), (g.bytes,), max(clock[q] for q in g.ranks))
             return moved
 
         first = computes[0] if computes else None
@@ -1355,7 +1354,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
 
     for gi, g in enumerate(plan.param_groups):
         if gi not in sync_start_ms:
-            issue_sync((gi,), g.bytes, max(end_ms[r] for r in g.ranks))
+            issue_sync((gi,), (g.bytes,), max(end_ms[r] for r in g.ranks))
     groups_of: list[list[int]] = [[] for _ in range(plan.num_devices)]
     for gi, g in enumerate(plan.param_groups):
         for r in g.ranks:

@@ -546,6 +546,51 @@ def test_a_bucket_of_tensor_and_data_parallel_layers_reduces_each_on_its_rings()
                     (2, 3): 600_000_000, (3, 0): 600_000_000}
 
 
+def test_a_bucket_with_part_of_a_group_weighs_each_ring_by_its_share_of_the_bucket():
+    # P: 4 dp layers of 200 MB of gradients on ranks 0-3 (layers 0-1 complete in wave 0,
+    # 2-3 in wave 1); Q: one tp2 layer of 200 MB, complete in wave 1. Wave 1's bucket holds
+    # P's layers 2-3 (400 MB: 2 x 3/4 x 400 MB = 600 MB per member of P's ring) and all of
+    # Q (its shard rings 0<->2 and 1<->3 reduce 100 MB each: 2 x 1/2 x 100 MB per member).
+    # Weighing the bucket's 600 MB by the groups' whole bytes (800 and 200 MB) gave P's
+    # ring 720 MB per member and Q's 60 MB.
+    per_layer = 100_000_000  # parameters: 200 MB of bf16 gradients a layer
+    graph = pb.graph([pb.metaop(m, layers=n, batch=4, module=module, signature=sig,
+                                params=per_layer)
+                      for m, n, module, sig in (("a/p", 4, "P", "sp"), ("c/p", 4, "P", "sp"),
+                                                ("b/q", 1, "Q", "sq"), ("d/q", 1, "Q", "sq"))])
+    profile = pb.profile([pb.alpha_beta_curve("sp", 4, 0.0, 1.0),
+                          pb.curve("sq", 4, [(1, 2, 0.0, 1.0, "tp2"), (2, 8, 0.0, 1.0, "tp2")])])
+
+    def piece(sid: str, metaop: str, last: int, ranks: tuple[int, ...], strategy: str = "dp",
+              first: int = 0) -> Slice:
+        return Slice(id=sid, metaop=metaop, first=first, last=last, ranks=ranks,
+                     strategy=strategy, time_ms=1.0)
+
+    waves = ((piece("w0.0", "a/p", 2, (0, 1)),),
+             (piece("w1.0", "a/p", 4, (0, 1), first=2), piece("w1.1", "b/q", 1, (2, 3), "tp2")),
+             (piece("w2.0", "c/p", 4, (2, 3)), piece("w2.1", "d/q", 1, (0, 1), "tp2")))
+    everyone = (0, 1, 2, 3)
+    plan = Plan(**derived_header(Plan, []), model="test", cluster="test", planner="spindle",
+                num_devices=4, islands=(everyone,),
+                waves=tuple(Wave(index=i, level=0, start_ms=float(i), duration_ms=1.0,
+                                 slices=slices) for i, slices in enumerate(waves)),
+                transfers=(Transfer(src="w0.0", dst="w1.0", bytes=4096, src_ranks=(0, 1),
+                                    dst_ranks=(0, 1)),),
+                param_groups=(ParamGroup(module="P", first_layer=0, last_layer=4,
+                                         ranks=everyone, bytes=4 * 2 * per_layer),
+                              ParamGroup(module="Q", first_layer=0, last_layer=1,
+                                         ranks=everyone, bytes=2 * per_layer)),
+                memory=tuple(RankMemory(rank=r, param_bytes=0, grad_bytes=0, optimizer_bytes=0,
+                                        activation_bytes=0) for r in everyone),
+                levels=(LevelBound(level=0, lower_bound_ms=1.0, estimated_ms=3.0),),
+                lower_bound_ms=1.0, estimated_iteration_ms=3.0)
+    r = simulate(plan, graph, profile, pb.cluster(1, 4, 4), sync="per-wave")
+    sent = sorted((f.src_rank, f.dst_rank, f.bytes) for f in r.flows
+                  if f.kind == "sync" and f.label == "P[2:4]+Q[0:1]")
+    assert sent == sorted([(r, (r + 1) % 4, 600_000_000) for r in everyone]
+                          + [(r, r ^ 2, 100_000_000) for r in everyone])
+
+
 def test_layers_in_tp2_on_some_ranks_and_tp3_on_others_reduce_six_shards():
     # two tasks' MetaOps of one module, the same 2 layers (1 GB of gradients): t/enc in tp2 on
     # ranks 0-1, u/enc in tp3 on ranks 2-4. Split into six finer shards, shard j is held by
