@@ -80,10 +80,12 @@ def count_range(curve: Curve) -> tuple[int, float]:
 
 def _slope_seen(curve: Curve, lo: int, hi: int) -> bool:
     """Whether the feasible points on the pieces [lo, hi] ran two different works per device
-    (`work_count`)."""
+    (`work_count`); a point the strategy of its piece cannot run (tp4 on 2 devices, in a
+    hand-edited profile) shows none."""
     seen = None
     for p in curve.points:
-        if p.feasible and lo <= p.num_devices <= hi:
+        if (p.feasible and lo <= p.num_devices <= hi
+                and p.num_devices % tp_degree(strategy(curve, p.num_devices)) == 0):
             work = work_count(curve, p.num_devices)
             if seen is not None and work != seen:
                 return True

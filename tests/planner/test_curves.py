@@ -4,6 +4,7 @@ at roofline kinks, invertible, never negative."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -159,6 +160,18 @@ def test_a_curve_fitted_on_one_count_is_not_used_below_it():
     curve = _curve(_samples([5.0, 3.0], (8, 16)), 64)
     assert scaling.count_range(curve) == (1, math.inf)
     assert scaling.time_ms(curve, 4) == pytest.approx(9.0)
+
+
+def test_a_piece_claiming_a_strategy_its_points_cannot_run_is_read_without_them():
+    # a hand-edited profile: the first piece (1-2 devices) says tp2, though its point on one
+    # device ran data parallel. That point is left out of the slope test (reading it as tp2
+    # divided by zero groups); the other points' slope leaves the range open below, and
+    # one device is no valid count under tp2
+    curve = _curve(_samples([10.0, 6.0, 4.0], (1, 2, 4)), 8)
+    first = dataclasses.replace(curve.pieces[0], strategy="tp2")
+    edited = dataclasses.replace(curve, pieces=(first, *curve.pieces[1:]))
+    assert scaling.count_range(edited) == (1, math.inf)
+    assert scaling.valid_counts(edited, 8) == [2, 4, 8]
 
 
 def test_a_roofline_kink_inside_a_segment_is_placed_where_the_lines_meet():
