@@ -13,6 +13,11 @@ CORE_STAMP := $(subst installed-,planner-,$(STAMP))
 # the demo's files (`make demo OUT=dir`; not taken from the environment, where OUT may name
 # anything, since `make clean` removes it)
 OUT := out
+# OUT must be one word: make splits a path with spaces, and `make clean OUT="my out"` would
+# remove my
+out_spaces = OUT '$(OUT)' has spaces: make would read it as $(words $(OUT)) paths
+out_ok = $(if $(strip $(OUT)),$(if $(word 2,$(OUT)),$(error $(out_spaces))),$(error OUT is empty: \
+	make $(1) would $(2)))
 # --check on every generator target: `make plans CHECK=--check` never writes.
 CHECK :=
 
@@ -49,6 +54,7 @@ check: install
 # The main job: plan the shipped models on the default cluster, compare with the baselines,
 # then train tiny-clip on 4 local CPU ranks with its Spindle plan.
 demo: install
+	$(call out_ok,demo,write to /demo)
 	@mkdir -p $(OUT)/demo
 	$(SPINDLE) graph models/multitask-clip.yaml --task-set 4 -o $(OUT)/demo/multitask-clip-4.graph.yaml
 	$(SPINDLE) profile $(OUT)/demo/multitask-clip-4.graph.yaml $(A800_64) -o $(OUT)/demo/multitask-clip-4.profile.yaml
@@ -161,6 +167,6 @@ schemas: install
 	$(PYTHON) -m spindle_cli.artifacts.schema schemas/
 
 clean:
-	$(if $(strip $(OUT)),,$(error OUT is empty: make clean would remove /demo))
+	$(call out_ok,clean,remove /demo)
 	rm -rf $(OUT)/demo .make .spindle-cache
 	@rmdir $(OUT) 2>/dev/null || true

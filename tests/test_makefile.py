@@ -88,6 +88,16 @@ def test_clean_refuses_an_empty_out():
     assert "rm -rf" not in r.stdout
 
 
+@pytest.mark.parametrize("target", ["clean", "demo"])
+def test_an_out_with_spaces_is_refused(target):
+    # make splits it: `rm -rf my out/demo` would remove the directory my
+    r = subprocess.run(["make", "--no-print-directory", "-n", target, "OUT=my out"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "OUT 'my out' has spaces: make would read it as 2 paths" in r.stderr
+    assert "rm -rf" not in r.stdout and "mkdir" not in r.stdout
+
+
 def test_artifact_targets_install_the_planner_without_torch():
     # a CI job that only runs plans-check needs the planner, which never imports torch
     text = subprocess.run(["make", "--no-print-directory", "-n", "graph/tiny-clip",
