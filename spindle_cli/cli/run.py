@@ -351,7 +351,7 @@ def _print_ranks(program: Program, num_ranks: int) -> None:
     """The per-rank table of --dry-run (stdout: it is what the user asked for)."""
     from rich.table import Table
 
-    from spindle_cli.cli._console import out
+    from spindle_cli.cli.views import print_table, rank_text
     from spindle_cli.runtime.program import rank_summaries
 
     table = Table(title="per rank, one step")
@@ -361,8 +361,8 @@ def _print_ranks(program: Program, num_ranks: int) -> None:
     for s in rank_summaries(program, num_ranks):
         table.add_row(str(s.rank), str(s.num_slices), str(len(s.layers)), str(s.num_sends),
                       str(s.num_recvs), str(s.send_rows),
-                      " ".join("{" + ",".join(map(str, g)) + "}" for g in s.sync_groups) or "-")
-    out.print(table)
+                      " ".join("{" + rank_text(g) + "}" for g in s.sync_groups) or "-")
+    print_table(table)
 
 
 def _launch(argv: list[str], *, backend: str) -> None:

@@ -763,6 +763,20 @@ def test_dry_run_prints_every_rank_and_launches_nothing(tmp_path: Path,
     assert not list(tmp_path.glob("*.json"))
 
 
+def test_dry_run_prints_its_rank_table_whole_in_a_narrow_terminal(monkeypatch) -> None:
+    # qwen-val's 64 ranks: its gradient groups' rank sets, each rank listed, ran to 1,800
+    # columns, and a pipe or a narrow terminal cut them into ellipses
+    monkeypatch.setenv("COLUMNS", "40")
+    result = invoke("run", str(REPO / "plans" / "qwen-val-a800-8x8.yaml"), "--dry-run")
+    assert result.exit_code == 0, getattr(result, "stderr", "")
+    rows = [ln for ln in result.stdout.splitlines() if ln.startswith("│")]
+    assert [int(ln.split("│")[1]) for ln in rows] == list(range(64))
+    assert "…" not in result.stdout
+    groups = " ".join(ln.split("│")[7] for ln in rows)
+    assert re.search(r"\{\d+-\d+", groups)  # runs of ranks as ranges: {0-31}
+    assert not any(int(b) == int(a) + 1 for a, b in re.findall(r"(\d+),(\d+)", groups))
+
+
 @pytest.mark.parametrize("nnodes, launched_ranks", [("1", "2"), ("2", "1")])
 def test_ranks_per_node_default_to_the_plans_over_the_nodes(
         tmp_path: Path, monkeypatch, nnodes: str, launched_ranks: str) -> None:

@@ -34,6 +34,17 @@ def fmt_count(n: float) -> str:
     return f"{n:g}"
 
 
+def rank_text(ranks: tuple[int, ...]) -> str:
+    """Compact rank list: 0-7,12."""
+    parts, start = [], ranks[0]
+    for a, b in zip(ranks, [*ranks[1:], None], strict=True):
+        if b is None or b != a + 1:
+            parts.append(str(start) if start == a else f"{start}-{a}")
+            if b is not None:
+                start = b
+    return ",".join(parts)
+
+
 def fmt_rate(bytes_per_s: float) -> str:
     """A bandwidth in GB/s and Gb/s (links are quoted in both)."""
     return f"{bytes_per_s / 1e9:.1f} GB/s ({bytes_per_s * 8 / 1e9:.0f} Gb/s)"

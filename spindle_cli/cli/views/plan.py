@@ -7,20 +7,9 @@ from rich.table import Table
 from spindle_cli.artifacts import MetaOpGraph, load_recorded_input
 from spindle_cli.artifacts.plan import Plan
 from spindle_cli.cli._console import err, out
-from spindle_cli.cli.views import print_table
+from spindle_cli.cli.views import print_table, rank_text
 from spindle_cli.errors import SpindleError
 from spindle_cli.units import fmt_bytes
-
-
-def rank_text(ranks: tuple[int, ...]) -> str:
-    """Compact rank list: 0-7,12."""
-    parts, start = [], ranks[0]
-    for a, b in zip(ranks, [*ranks[1:], None], strict=True):
-        if b is None or b != a + 1:
-            parts.append(str(start) if start == a else f"{start}-{a}")
-            if b is not None:
-                start = b
-    return ",".join(parts)
 
 
 def gap(plan: Plan) -> float:

@@ -8,7 +8,7 @@ import dataclasses
 
 from spindle_cli.artifacts import Plan
 from spindle_cli.artifacts.codec import to_data
-from spindle_cli.cli.views.plan import rank_text
+from spindle_cli.cli.views import rank_text
 from spindle_cli.units import fmt_bytes
 
 _HEADER = ("kind", "version", "producer", "inputs")
