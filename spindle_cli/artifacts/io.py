@@ -437,10 +437,20 @@ def load(path: str, cls: type[A]) -> A:
     return obj
 
 
+def work_tree(path: Path) -> Path | None:
+    """The top of the git work tree `path` lies in (the nearest directory above it holding
+    `.git`, a directory or, in a worktree or submodule, a file), or None."""
+    return next((d for d in path.parents if (d / ".git").exists()), None)
+
+
 def _places(ref: InputRef, owner_path: str) -> list[Path]:
     """The files that may be the input `ref` of the artifact read from `owner_path`, in the
-    order `load_recorded_input` looks at them."""
-    above = Path(owner_path).resolve().parents
+    order `load_recorded_input` looks at them: as recorded, then above the artifact up to the
+    top of its git work tree (a worktree or copy inside another checkout does not take that
+    checkout's files for its own)."""
+    owner = Path(owner_path).resolve()
+    top = work_tree(owner)
+    above = [d for d in owner.parents if top is None or d.is_relative_to(top)]
     return [p for p in (Path(ref.path), *(d / ref.path for d in above)) if p.is_file()]
 
 
@@ -472,11 +482,11 @@ def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -
 
     Paths are recorded relative to the top of the git checkout holding both files, to where the
     command that made `owner` ran, or absolute (`cli.common.recorded`): try the path as
-    written, then relative to the directory of `owner_path` and each one above it (committed
-    plans record paths relative to the repository root), and take the first file with the
-    recorded content: a stale file of the same name in the working directory does not hide the
-    input beside the artifact. Where no file has it, the error is the first file's (invalid, or
-    changed since).
+    written, then relative to the directory of `owner_path` and each one above it up to the
+    top of its git work tree (committed plans record paths relative to the repository root),
+    and take the first file with the recorded content: a stale file of the same name in the
+    working directory does not hide the input beside the artifact. Where no file has it, the
+    error is the first file's (invalid, or changed since).
     """
     kinds_recorded = [r.kind for r in owner.inputs]
     if cls.KIND not in kinds_recorded:

@@ -17,6 +17,7 @@ from spindle_cli.artifacts.io import (
     output_file,
     parse_artifact,
     parse_text,
+    work_tree,
     write_rendered,
 )
 from spindle_cli.cli._console import err
@@ -57,7 +58,7 @@ def recorded(path: str, output: str) -> str:
         # as spelled, then with symlinks resolved (realpath: a loop does not raise)
         for out_at, in_at in ((out, inp), (Path(os.path.realpath(out)),
                                            Path(os.path.realpath(inp)))):
-            top = _work_tree(out_at)
+            top = work_tree(out_at)
             if top is not None and in_at.is_relative_to(top):
                 return in_at.relative_to(top).as_posix()
     for here in heres:
@@ -69,12 +70,6 @@ def recorded(path: str, output: str) -> str:
             if given.is_relative_to(here):
                 return given.relative_to(here).as_posix()
     return path if given.is_absolute() else os.path.normpath(heres[-1] / given)
-
-
-def _work_tree(path: Path) -> Path | None:
-    """The top of the git work tree `path` lies in (the nearest directory above it holding
-    `.git`, a directory or, in a worktree or submodule, a file), or None."""
-    return next((d for d in path.parents if (d / ".git").exists()), None)
 
 
 def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json"),

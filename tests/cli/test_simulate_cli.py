@@ -153,6 +153,30 @@ def test_a_stale_file_of_the_same_name_here_does_not_hide_the_recorded_input(tmp
     assert "inputs[2].sha256: cluster 'cluster.yaml' changed since the plan was made" in first
 
 
+def test_a_work_tree_inside_another_checkout_reads_its_own_inputs(tmp_path, monkeypatch):
+    """A git worktree under .worktrees/ of a checkout holding the same files: an input changed
+    in the worktree is stale, though the outer checkout's copy holds the recorded content
+    (inputs were looked for in every directory above the plan)."""
+    monkeypatch.chdir(_empty_dir(tmp_path))
+    outer = tmp_path / "checkout"
+    inner = outer / ".worktrees" / "feat"
+    (inner / "plans").mkdir(parents=True)
+    (outer / ".git").mkdir()
+    (inner / ".git").write_text(f"gitdir: {outer / '.git' / 'worktrees' / 'feat'}\n")
+    write_case(outer, relative=True)
+    for name in ("graph.yaml", "profile.yaml", "cluster.yaml"):
+        (inner / name).write_bytes((outer / name).read_bytes())
+    (outer / "plan.yaml").rename(inner / "plans" / "plan.yaml")
+    plan_path = inner / "plans" / "plan.yaml"
+    res = _run(["simulate", str(plan_path), "--json"])
+    assert res.exit_code == 0, res.output + res.stderr
+    write_artifact(fx.cluster(latency_s=1e-3), str(inner / "cluster.yaml"))
+    res = _run(["simulate", str(plan_path), "--json"])
+    assert res.exit_code == 2 and res.stdout == ""
+    assert (f"inputs[2].sha256: cluster '{inner / 'cluster.yaml'}' changed since the plan was "
+            "made" in res.stderr.splitlines()[0])
+
+
 def test_changed_input_is_a_one_line_error(tmp_path):
     plan_path = write_case(tmp_path)
     write_artifact(fx.cluster(latency_s=1e-3), str(tmp_path / "cluster.yaml"))
