@@ -16,6 +16,14 @@ class SpindleError(Exception):
         super().__init__(message)
         self.hint = hint
 
+    def within(self, where: str) -> SpindleError:
+        """The same error (its class, exit code and hint) with its message prefixed by
+        `where`: the file through which it was found."""
+        outer = type(self).__new__(type(self))
+        outer.__dict__.update(self.__dict__)
+        outer.args = (f"{where}: {self}",)
+        return outer
+
 
 class ArtifactError(SpindleError):
     """An artifact file that cannot be read, parsed or validated.

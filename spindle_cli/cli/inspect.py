@@ -101,7 +101,7 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
             if isinstance(cluster, ClusterSpec):
                 check_cluster(obj, cluster)
         except SpindleError as e:
-            raise type(e)(f"{path}: {e}", hint=e.hint) from None
+            raise e.within(path) from None
     return missing
 
 

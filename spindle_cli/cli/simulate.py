@@ -57,12 +57,12 @@ def simulate_file(plan_path: str, *, sync: SyncMode | None = None,
         check_plan(plan, graph)
         check_cluster(plan, cluster)
     except SpindleError as e:
-        raise type(e)(f"{plan_path}: {e}", hint=e.hint) from None
+        raise e.within(plan_path) from None
     if placement is not None:
         try:
             plan = place_again(plan, graph, profile, cluster, placement=placement)
         except SpindleError as e:
-            raise type(e)(f"{plan_path}: --placement {placement}: {e}", hint=e.hint) from None
+            raise e.within(f"{plan_path}: --placement {placement}") from None
     return plan, simulation.simulate(plan, graph, profile, cluster, sync=sync,
                                      progress=progress)
 

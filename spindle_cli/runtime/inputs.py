@@ -41,7 +41,7 @@ def load_run_inputs(plan_path: str) -> RunInputs:
         program = build_program(plan, graph, model)
         check_recorded(plan, graph, memory)
     except SpindleError as e:
-        raise type(e)(f"{plan_path}: {e}", hint=e.hint) from None
+        raise e.within(plan_path) from None
     return RunInputs(plan_path=plan_path, plan=plan, graph=graph, model=model, program=program)
 
 

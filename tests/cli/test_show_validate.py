@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -385,3 +386,19 @@ def test_validate_refuses_what_spindle_run_refuses(tmp_path, monkeypatch, spindl
         assert result.stderr.splitlines()[0] == (f"error: plans-edited/{field}.yaml: "
                                                  f"{problem}")
 
+
+
+def test_validate_names_a_plan_whose_graphs_model_changed(tmp_path, monkeypatch, spindle):
+    # the graph's error (an ArtifactError) re-raised with the plan's name: a TypeError, exit
+    # 123, for every plan of the batch
+    root = Path(__file__).resolve().parents[2]
+    for d in ("models", "clusters", "graphs", "profiles", "plans"):
+        shutil.copytree(root / d, tmp_path / d)
+    monkeypatch.chdir(tmp_path)
+    model = Path("models/tiny-clip.yaml")
+    model.write_text(model.read_text().replace("\ndescription: ", "\ndescription: changed, "))
+    result = spindle("validate", "plans/tiny-clip-local-cpu.yaml")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0] == (
+        "error: plans/tiny-clip-local-cpu.yaml: graphs/tiny-clip.yaml: inputs[0].sha256: model "
+        "'models/tiny-clip.yaml' changed since the metaop graph was made (sha256 mismatch)")
