@@ -9,7 +9,14 @@ import sys
 from pathlib import Path
 from typing import TypeVar
 
-from spindle_cli.artifacts import Plan, load, rendered_for
+from spindle_cli.artifacts import (
+    MetaOpGraph,
+    ModelSpec,
+    Plan,
+    load,
+    load_recorded_input,
+    rendered_for,
+)
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact
 from spindle_cli.artifacts.io import (
     as_written,
@@ -22,7 +29,7 @@ from spindle_cli.artifacts.io import (
 )
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views.plan_diff import differences
-from spindle_cli.errors import ArtifactError, FieldError, SpindleError
+from spindle_cli.errors import ArtifactError, FieldError, InputNotFound, SpindleError
 
 A = TypeVar("A", bound=Artifact)
 
@@ -30,6 +37,25 @@ A = TypeVar("A", bound=Artifact)
 def load_input(path: str, cls: type[A]) -> A:
     """Load a validated input artifact (errors are one-line ArtifactErrors)."""
     return load(path, cls)
+
+
+def note_stale_graph(graph: MetaOpGraph, graph_path: str) -> None:
+    """A note where the model `graph` records is found but has changed since, or does not
+    give this graph: what is made from it goes on (a what-if on an edited graph), though
+    `spindle validate` and `spindle run` refuse it. Nothing where no model is found."""
+    from spindle_cli.planner.graph import check_graph_of_model  # networkx: when needed
+
+    if ModelSpec.KIND not in (r.kind for r in graph.inputs):
+        return
+    try:
+        _, model = load_recorded_input(graph, graph_path, ModelSpec)
+        check_graph_of_model(graph, graph_path, model)
+    except InputNotFound:
+        return
+    except SpindleError as e:
+        hint = f" ({e.hint})" if e.hint else ""
+        err.print(f"note: {e}{hint}; validate and run refuse what is made from it",
+                  soft_wrap=True)
 
 
 def recorded(path: str, output: str) -> str:

@@ -15,6 +15,7 @@ from spindle_cli.cli.common import (
     exit_with,
     load_input,
     memory_text,
+    note_stale_graph,
     recorded,
 )
 from spindle_cli.errors import ArtifactError, SpindleError
@@ -72,6 +73,7 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
     graph = load_input(graph_path, MetaOpGraph)
     profile = load_input(profile_path, Profile)
     cluster = load_input(cluster_path, ClusterSpec)
+    note_stale_graph(graph, graph_path)
     check_device(profile, profile_path, cluster, cluster_path, allow=allow_device_mismatch)
     check_profile(graph, profile, profile_path)
     inputs = (input_ref(graph, recorded(graph_path, output)),

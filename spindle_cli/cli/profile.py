@@ -31,6 +31,7 @@ from spindle_cli.cli.common import (
     emit,
     exit_with,
     load_input,
+    note_stale_graph,
     recorded,
 )
 from spindle_cli.errors import CurveError, SpindleError
@@ -124,6 +125,8 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
     fit_counts = parse_counts(counts) if counts is not None else None
     graph = load_input(graph_path, MetaOpGraph)
     cluster = load_input(cluster_path, ClusterSpec) if cluster_path else None
+    if hardware != "local":  # measuring reads the model, and refuses a stale graph
+        note_stale_graph(graph, graph_path)
     if fit_counts is None:
         fit_counts = default_counts(cluster)
     if cluster is not None and hardware != "local":
