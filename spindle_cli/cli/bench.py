@@ -19,8 +19,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -328,30 +330,57 @@ def _swap_in(staging: Path, out_dir: Path, written: list[str], dropped: list[str
         aside = Path(tempfile.mkdtemp(dir=out_dir, prefix=".previous-"))
     except OSError as e:
         raise SpindleError(f"--out {out_dir}: cannot write: {e.strerror or e}") from None
-    moved_aside: list[str] = []
-    moved_in: list[str] = []
-    try:
-        for name in written + dropped:
-            if os.path.lexists(out_dir / name):
-                os.rename(out_dir / name, aside / name)
-                moved_aside.append(name)
-        for name in written:
-            if name in modes:
-                os.chmod(staging / name, modes[name])
-            os.rename(staging / name, out_dir / name)
-            moved_in.append(name)
-    except OSError as e:  # the target's name: rename's second file, or its first
-        name = Path(e.filename2 or e.filename).name
+    # one swap: Ctrl-C or SIGTERM waits until it is whole or put back
+    with _signals_held():
+        moved_aside: list[str] = []
+        moved_in: list[str] = []
         try:
-            for moved in moved_in:
-                os.rename(out_dir / moved, staging / moved)
-            for moved in moved_aside:
-                os.rename(aside / moved, out_dir / moved)
-        except OSError:
-            raise refused(name, e.strerror or str(e), aside) from None
+            for name in written + dropped:
+                if os.path.lexists(out_dir / name):
+                    os.rename(out_dir / name, aside / name)
+                    moved_aside.append(name)
+            for name in written:
+                if name in modes:
+                    os.chmod(staging / name, modes[name])
+                os.rename(staging / name, out_dir / name)
+                moved_in.append(name)
+        except OSError as e:  # the target's name: rename's second file, or its first
+            name = Path(e.filename2 or e.filename).name
+            try:
+                for moved in moved_in:
+                    os.rename(out_dir / moved, staging / moved)
+                for moved in moved_aside:
+                    os.rename(aside / moved, out_dir / moved)
+            except OSError:
+                raise refused(name, e.strerror or str(e), aside) from None
+            shutil.rmtree(aside, ignore_errors=True)
+            raise refused(name, e.strerror or str(e)) from None
         shutil.rmtree(aside, ignore_errors=True)
-        raise refused(name, e.strerror or str(e)) from None
-    shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back until the block ends, then handled as they would have
+    been: a swap of renames stopped half way left the previous files aside and the new ones
+    gone with the staging directory. (Their Python handlers swapped, not the signal mask:
+    a signal the kernel gives another thread still raises in the main thread.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread sets handlers, and only it receives them
+        return
+    arrived: list[tuple[int, Any]] = []
+    before = {s: signal.signal(s, lambda signum, frame: arrived.append((signum, frame)))
+              for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        for signum, frame in arrived[:1]:
+            handler = before[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
 
 
 def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,

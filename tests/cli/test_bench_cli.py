@@ -8,6 +8,7 @@ import errno
 import json
 import math
 import os
+import signal
 import shutil
 import stat
 from pathlib import Path
@@ -346,6 +347,32 @@ def test_previous_files_that_cannot_be_put_back_stay_where_the_error_says(tmp_pa
                               "the previous files are in ")
     kept = Path(message.rsplit(" ", 1)[1])
     assert kept.parent == out and (kept / "bench.csv").read_text() == "old csv"
+
+
+def test_ctrl_c_during_the_swap_arrives_once_the_set_is_whole(tmp_path, monkeypatch):
+    # SIGINT sent to this process as the second new file moves in: it raised at once, with
+    # the previous files aside and the new ones about to go with the staging directory
+    from spindle_cli.cli import bench as command
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("bench.csv", "bench.json", "bench.md"):
+        (out / name).write_text(f"old {name}")
+    rename = os.rename
+
+    def interrupted(src, dst):
+        rename(src, dst)
+        if Path(dst).name == "bench.json" and Path(dst).parent == out:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(os, "rename", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with command._staged(out, command.MATRIX_FILES) as staging:
+            for name in ("bench.csv", "bench.json", "bench.md"):
+                (staging / name).write_text(f"new {name}")
+    assert sorted(f.name for f in out.iterdir()) == ["bench.csv", "bench.json", "bench.md"]
+    for name in ("bench.csv", "bench.json", "bench.md"):
+        assert (out / name).read_text() == f"new {name}"
 
 
 def test_a_swap_replaces_the_set_and_drops_an_earlier_runs_chart(tmp_path):
