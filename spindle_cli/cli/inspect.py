@@ -19,7 +19,7 @@ from spindle_cli.artifacts import (
 )
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact
 from spindle_cli.artifacts.io import kinds, load_recorded_input
-from spindle_cli.cli._console import err
+from spindle_cli.cli._console import err, out
 from spindle_cli.cli.views import VIEW_MODULES
 from spindle_cli.cli.views.gantt import check_chart_paths, check_image_path
 from spindle_cli.errors import ArtifactError, InputNotFound, SpindleError
@@ -36,8 +36,9 @@ from spindle_cli.planner.graph import check_graph_of_model
 @click.command()
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
 def validate(files: tuple[str, ...]) -> None:
-    """Validate artifact files of any kind: each is reported, valid or not, so a CI log of
-    `spindle validate plans/*.yaml` names every invalid file (exit 2 when there is one).
+    """Validate artifact files of any kind: each is reported, valid or not (an ok line on
+    stdout, an error on stderr), so a CI log of `spindle validate plans/*.yaml` names every
+    invalid file (exit 2 when there is one).
 
     A graph, profile or plan is also checked against the inputs it records, where they are
     found: that they still hash to the recorded sha256, and that a plan schedules its graph
@@ -57,7 +58,7 @@ def validate(files: tuple[str, ...]) -> None:
                 err.print(f"hint: {e.hint}", soft_wrap=True)
             continue
         note = (f"; not checked against {', '.join(missing)}: not found" if missing else "")
-        err.print(f"ok {path} ({obj.kind}{note})", soft_wrap=True)
+        out.print(f"ok {path} ({obj.kind}{note})", soft_wrap=True)
     if invalid:
         raise SpindleError(f"{invalid} of {len(files)} files are invalid (named above)")
 

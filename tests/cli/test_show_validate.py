@@ -49,8 +49,8 @@ def files(small_model_data, cluster_data, tmp_path, monkeypatch) -> dict[str, st
 def test_validate_reports_each_file_and_kind(files):
     result = _invoke("validate", *files.values())
     assert result.exit_code == 0, result.stderr
-    assert result.stdout == ""
-    assert result.stderr.splitlines() == [f"ok {path} ({kind})" for kind, path in files.items()]
+    assert result.stderr == ""
+    assert result.stdout.splitlines() == [f"ok {path} ({kind})" for kind, path in files.items()]
 
 
 def test_show_model_lists_modules_params_and_tasks(files, small_model_data):
@@ -128,7 +128,7 @@ def tiny_plan(tmp_path, monkeypatch) -> Path:
 
 
 def test_validate_checks_a_plan_against_its_inputs(tiny_plan, spindle):
-    assert spindle("validate", str(tiny_plan)).stderr == f"ok {tiny_plan} (plan)\n"
+    assert spindle("validate", str(tiny_plan)).stdout == f"ok {tiny_plan} (plan)\n"
     # a slice ending one operator early: the file is well-formed, the plan is not
     text = tiny_plan.read_text()
     data = yaml.safe_load(text)
@@ -253,7 +253,7 @@ def test_validate_says_which_inputs_it_could_not_find(tiny_plan, spindle, tmp_pa
     result = spindle("validate", "elsewhere/p.yaml")
     assert result.exit_code == 0, result.stderr
     # found from the working directory, as recorded, but for the profile
-    assert result.stderr == ("ok elsewhere/p.yaml (plan; not checked against "
+    assert result.stdout == ("ok elsewhere/p.yaml (plan; not checked against "
                              "profiles/tiny-clip-local-cpu.yaml: not found)\n")
 
 
@@ -272,7 +272,7 @@ def test_validate_lines_are_not_wrapped(small_model_data, tmp_path):
     path.write_text(yaml.safe_dump(small_model_data, sort_keys=False))
     result = _invoke("validate", str(path))
     assert result.exit_code == 0, result.stderr
-    assert result.stderr == f"ok {path} (model)\n"
+    assert result.stdout == f"ok {path} (model)\n"
 
 
 @pytest.mark.timeout(120)
