@@ -11,6 +11,8 @@ remains the authority and `spindle validate` checks both.
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import json
 import sys
 from pathlib import Path
@@ -52,31 +54,61 @@ def write_schemas(directory: Path) -> list[Path]:
     return written
 
 
-def stale_schemas(directory: Path) -> list[str]:
-    """Names of the schema files in `directory` that are missing or differ from the code."""
-    stale = []
-    for name, text in schema_files().items():
+def stale_schemas(directory: Path) -> dict[str, tuple[str, list[str]]]:
+    """The schema files in `directory` that are missing, differ from the code or belong to no
+    artifact kind: name -> (the problem, the first `DIFF_LINES` lines of a unified diff from
+    the file to the code's schema where it differs)."""
+    expected = schema_files()
+    stale: dict[str, tuple[str, list[str]]] = {}
+    for name, text in expected.items():
         path = directory / name
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            stale.append(name)
+        if not path.is_file():
+            stale[name] = ("missing (regenerate it)", [])
+            continue
+        old = path.read_text(encoding="utf-8", errors="replace")
+        if old != text:
+            lines = list(difflib.unified_diff(old.splitlines(), text.splitlines(),
+                                              f"{name} (file)", f"{name} (code)", lineterm="",
+                                              n=1))
+            more = len(lines) - DIFF_LINES
+            stale[name] = ("out of date (regenerate it)",
+                           lines[:DIFF_LINES] + ([f"... {more} more lines"] if more > 0 else []))
+    for path in sorted(directory.glob("*.json")):
+        if path.name not in expected:
+            stale[path.name] = ("the schema of no artifact kind (remove it)", [])
     return stale
+
+
+DIFF_LINES = 20
+"""The most lines of a stale schema's diff `--check` prints."""
 
 
 def main(argv: list[str]) -> int:
     """`python -m spindle_cli.artifacts.schema [--check] DIR`; returns the exit code."""
-    check = "--check" in argv
-    args = [a for a in argv if a != "--check"]
-    if len(args) != 1:
-        print("usage: python -m spindle_cli.artifacts.schema [--check] DIR", file=sys.stderr)
-        return 2
-    directory = Path(args[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m spindle_cli.artifacts.schema",
+        description="Write the JSON Schema of every artifact kind into DIR (schemas/).")
+    parser.add_argument("directory", metavar="DIR")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 when a schema in DIR is missing, differs "
+                             "from the code or belongs to no kind, and say how")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2), already printed
+        return e.code if isinstance(e.code, int) else 2
+    directory = Path(args.directory)
     if not directory.is_dir():
         print(f"error: {directory}: no such directory", file=sys.stderr)
         return 2
-    if check:
+    if args.check:
         stale = stale_schemas(directory)
-        for name in stale:
-            print(f"{directory / name}: out of date (regenerate it)", file=sys.stderr)
+        for name, (problem, diff) in stale.items():
+            print(f"{directory / name}: {problem}", file=sys.stderr)
+            for line in diff:
+                print(f"  {line}", file=sys.stderr)
+        if stale:
+            print(f"hint: python -m spindle_cli.artifacts.schema {directory} regenerates them",
+                  file=sys.stderr)
         return 1 if stale else 0
     try:
         written = write_schemas(directory)

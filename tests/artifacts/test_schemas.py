@@ -36,7 +36,7 @@ def _validator(kind: str) -> jsonschema.Draft202012Validator:
 
 
 def test_committed_schemas_are_up_to_date():
-    assert stale_schemas(SCHEMAS) == [], REGENERATE
+    assert stale_schemas(SCHEMAS) == {}, REGENERATE
     assert set(schema_files()) == {f"{k}.json" for k in kinds()}
 
 
@@ -51,13 +51,30 @@ def test_generation_is_deterministic(tmp_path):
     assert sorted(p.name for p in a.iterdir()) == sorted(schema_files())
 
 
-def test_check_mode_reports_drift(tmp_path):
+def test_check_mode_reports_drift(tmp_path, capsys):
     write_schemas(tmp_path)
     assert main(["--check", str(tmp_path)]) == 0
     (tmp_path / "model.json").write_text("{}\n")
+    (tmp_path / "cluster.json").unlink()
+    (tmp_path / "extra.json").write_text("{}\n")
+    capsys.readouterr()
     assert main(["--check", str(tmp_path)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    # what is wrong with each, the changed lines of a stale one included
+    assert f"{tmp_path / 'model.json'}: out of date (regenerate it)" in lines
+    assert "  --- model.json (file)" in lines and "  -{}" in lines
+    assert f"{tmp_path / 'cluster.json'}: missing (regenerate it)" in lines
+    assert f"{tmp_path / 'extra.json'}: the schema of no artifact kind (remove it)" in lines
     assert main([str(tmp_path)]) == 0
+    (tmp_path / "extra.json").unlink()
     assert main(["--check", str(tmp_path)]) == 0
+
+
+def test_help_and_unknown_options_are_not_directories(capsys):
+    assert main(["--help"]) == 0
+    assert "--check" in capsys.readouterr().out
+    assert main(["--bogus", "schemas"]) == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", sorted(kinds()))
