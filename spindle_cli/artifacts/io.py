@@ -406,8 +406,11 @@ def parse_artifact(data: Any, path: str, expect: type[A] | None = None) -> Artif
         raise ArtifactError(path, "kind", f"expected a {expect.KIND!r} artifact, got {kind!r}",
                             hint=MADE_BY.get((kind, expect.KIND), "").format(path=path) or None)
     version = data.get("version")
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise ArtifactError(path, "version", "expected an integer format version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        got = version if isinstance(version, int) and not isinstance(version, bool) else (
+            describe_value(version))
+        raise ArtifactError(path, "version",
+                            f"expected a format version (an integer from 1), got {got}")
     if version > cls.VERSION:
         raise ArtifactError(
             path,
@@ -417,8 +420,8 @@ def parse_artifact(data: Any, path: str, expect: type[A] | None = None) -> Artif
         )
     if version < cls.VERSION:
         raise ArtifactError(
-            path, "version", f"{kind} version {version} is no longer supported ({cls.VERSION})"
-        )
+            path, "version", f"{kind} version {version} is no longer read (this spindle reads "
+                             f"version {cls.VERSION})", hint="regenerate the file")
     try:
         return from_data(cls, data)
     except FieldError as e:

@@ -224,8 +224,12 @@ def test_dash_writes_yaml_to_stdout(small_model, capsys):
         ("m.yaml", "version: 1\n", "kind: missing required field"),
         ("m.yaml", "kind: spaceship\nversion: 1\n", "kind: unknown kind 'spaceship'"),
         ("m.yaml", "kind: model\nversion: 7\n", "version: model version 7 is newer"),
-        ("m.yaml", "kind: model\nversion: 0\n", "no longer supported"),
-        ("m.yaml", "kind: model\nversion: '1'\n", "version: expected an integer"),
+        ("m.yaml", "kind: model\nversion: 0\n",
+         "version: expected a format version (an integer from 1), got 0"),
+        ("m.yaml", "kind: model\nversion: -1\n",
+         "version: expected a format version (an integer from 1), got -1"),
+        ("m.yaml", "kind: model\nversion: '1'\n",
+         "version: expected a format version (an integer from 1), got a string"),
     ],
 )
 def test_read_errors_name_file_field_and_problem(tmp_path, name, content, problem):

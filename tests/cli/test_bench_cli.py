@@ -8,8 +8,8 @@ import errno
 import json
 import math
 import os
-import signal
 import shutil
+import signal
 import stat
 from pathlib import Path
 
