@@ -26,7 +26,7 @@ from spindle_cli.errors import FieldError
 class DeviceSpec:
     """One accelerator (or one CPU rank for `local-cpu`)."""
 
-    name: str = field(metadata=meta("device model, e.g. A800-80GB"))
+    name: str = field(metadata=meta("device model, e.g. A800-80GB", name=True))
     memory_bytes: int = field(metadata=meta("usable device memory in bytes", gt=0))
     peak_flops: float = field(metadata=meta("peak dense FLOP/s at the training dtype",
                                             ge=MIN_PEAK_FLOPS, ge_why=MIN_PEAK_FLOPS_WHY))
@@ -45,7 +45,7 @@ class ClusterSpec(Artifact):
     KIND = "cluster"
     VERSION = 1
 
-    name: str = field(metadata=meta("cluster name"))
+    name: str = field(metadata=meta("cluster name", name=True))
     description: str = field(default="", metadata=meta("one-line description"))
     num_nodes: int = field(
         metadata=meta("number of nodes", ge=1, le=MAX_DEVICES, le_why=MAX_DEVICES_WHY)

@@ -37,11 +37,27 @@ near 2**63 (9.2e18 bytes), and the planner's arrays hold them as 64-bit integers
 representation limit like the finiteness of floats, so the JSON Schemas do not repeat it."""
 
 
-def meta(doc: str, *, ge_why: str = "", le_why: str = "", **bounds: float) -> dict[str, Any]:
+def meta(doc: str, *, ge_why: str = "", le_why: str = "", name: bool = False,
+         **bounds: float) -> dict[str, Any]:
     """Field metadata: a docstring for the JSON Schema plus optional `ge`/`gt`/`le` bounds;
-    `ge_why` / `le_why` say in the error message why that bound is there."""
+    `ge_why` / `le_why` say in the error message why that bound is there; `name`: a string
+    that names something in one-line errors, so neither blank nor holding line breaks or
+    control characters (`NAME_PATTERN`)."""
     whys = {k: v for k, v in (("ge_why", ge_why), ("le_why", le_why)) if v}
-    return {"doc": doc, **bounds, **whys}
+    return {"doc": doc, **bounds, **whys, **({"name": True} if name else {})}
+
+
+NAME_PATTERN = r"^(?=.*\S)[^\x00-\x1f\x7f-\x9f]*$"
+"""A name in the JSON Schema: something besides spaces, no control characters (the loader
+asks `str.isprintable`, which also refuses a few other separators)."""
+
+
+def _check_name(value: str, path: str) -> None:
+    if not value.strip():
+        raise FieldError(path, "must not be blank")
+    if not value.isprintable():
+        raise FieldError(path, f"{value!r}: must be printable (no line breaks or control "
+                               "characters: it names something in one-line errors)")
 
 
 def canonical_float(x: float) -> float:
@@ -233,6 +249,8 @@ def from_data(cls: type[T], data: Any, path: str = "") -> T:
             _check_bounds(f, tuple(raw) if isinstance(raw, list) else raw, field_path(path, name))
         value = _convert(hints[name], raw, field_path(path, name))
         _check_bounds(f, value, field_path(path, name))
+        if f.metadata.get("name"):
+            _check_name(value, field_path(path, name))
         kwargs[name] = value
     try:
         return cls(**kwargs)
@@ -316,6 +334,8 @@ def _schema_for(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
                 md = f.metadata
                 if "doc" in md:
                     prop["description"] = md["doc"]
+                if md.get("name"):
+                    prop["pattern"] = NAME_PATTERN
                 target = _bounded(prop)
                 if target is not None:
                     for key, kw in _BOUND_KEYWORDS:

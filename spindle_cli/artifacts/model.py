@@ -134,7 +134,7 @@ class ModelSpec(Artifact):
     KIND = "model"
     VERSION = 1
 
-    name: str = field(metadata=meta("model name"))
+    name: str = field(metadata=meta("model name", name=True))
     description: str = field(default="", metadata=meta("one-line description"))
     modules: dict[str, ModuleSpec] = field(metadata=meta("modules, by name"))
     tasks: tuple[TaskSpec, ...] = field(metadata=meta("all tasks of the model"))

@@ -137,8 +137,6 @@ def infer_shapes(model: ModelSpec, task: TaskSpec, where: str = "") -> dict[str,
 
 def check_model(model: ModelSpec) -> None:
     """Validate references, uniqueness, DAG structure and shapes; raise FieldError."""
-    if not model.name.strip():
-        raise FieldError("name", "a model needs a name")
     if not model.tasks:
         raise FieldError("tasks", "a model needs at least one task")
     seen_tasks: set[str] = set()

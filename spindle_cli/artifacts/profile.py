@@ -153,7 +153,7 @@ class Fingerprint:
     """Where a profile's numbers came from."""
 
     hardware: str = field(metadata=meta("'local' (measured) or an analytic device model"))
-    device_name: str = field(metadata=meta("device the numbers describe"))
+    device_name: str = field(metadata=meta("device the numbers describe", name=True))
     torch_version: str = field(metadata=meta("torch version used to measure ('' if analytic)"))
     dtype: str = field(metadata=meta("compute dtype"))
 

@@ -14,8 +14,9 @@ import pytest
 
 from spindle_cli.artifacts import ModelSpec, input_ref, load
 from spindle_cli.artifacts.codec import to_data
-from spindle_cli.artifacts.io import kinds, parse_artifact, read_data
+from spindle_cli.artifacts.io import kinds, load_artifact, parse_artifact, read_data
 from spindle_cli.artifacts.schema import main, schema_files, stale_schemas, write_schemas
+from spindle_cli.errors import ArtifactError
 from spindle_cli.planner.graph import build_graph
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,6 +120,28 @@ def test_schema_rejects_what_the_loader_rejects(small_model_data):
     bad_cases.append(wrong_kind)
     for data in bad_cases:
         assert not v.is_valid(data), data
+
+
+@pytest.mark.parametrize("name", ["", "  ", "a800\nx", "a800\x00", "a800\x1b[31m"])
+def test_a_blank_or_unprintable_name_is_refused_by_loader_and_schema(cluster_data, tmp_path,
+                                                                      name):
+    # it names the cluster (and the device) in one-line errors
+    for where in (("name",), ("device", "name")):
+        data = copy.deepcopy(cluster_data)
+        target = data
+        for key in where[:-1]:
+            target = target[key]
+        target[where[-1]] = name
+        assert not _validator("cluster").is_valid(data)
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(ArtifactError) as e:
+            load_artifact(str(path))
+        problem = "must not be blank" if not name.strip() else "must be printable"
+        assert f"{path}: {'.'.join(where)}: " in str(e.value) and problem in str(e.value)
+        assert "\n" not in str(e.value)
+    cluster_data["name"] = "a800 2x8 (lab)"  # spaces and punctuation are fine
+    assert _validator("cluster").is_valid(cluster_data)
 
 
 def test_schema_files_are_written_as_open_would_make_them(tmp_path):

@@ -111,7 +111,7 @@ MODEL_CASES: dict[str, tuple[Callable[[Data], Data], str]] = {
                                        "of vocab_size 50, 60"),
     "no-tasks": (_edit(lambda d: (d.update(tasks=[]), d.pop("task_sets"))),
                  "tasks: a model needs at least one task"),
-    "empty-name": (_edit(lambda d: d.update(name=" ")), "name: a model needs a name"),
+    "empty-name": (_edit(lambda d: d.update(name=" ")), "name: must not be blank"),
     "empty-task-set": (_edit(lambda d: d["task_sets"].update(none=[])),
                        "task_sets.none: a task set needs at least one task"),
     "field-of-another-kind": (_edit(lambda d: d["modules"]["text_proj"].update(heads=4)),
