@@ -407,3 +407,34 @@ def test_validate_names_a_plan_whose_graphs_model_changed(tmp_path, monkeypatch,
     assert result.stderr.splitlines()[0] == (
         "error: plans/tiny-clip-local-cpu.yaml: graphs/tiny-clip.yaml: inputs[0].sha256: model "
         "'models/tiny-clip.yaml' changed since the metaop graph was made (sha256 mismatch)")
+
+
+def test_show_writes_its_charts_before_a_closed_pipe_ends_it(tmp_path, monkeypatch, spindle):
+    # `spindle show PLAN --gantt g.svg | head -1`: the tables went first, the reader's close
+    # ended the command with exit 0, and the chart was never drawn
+    root = Path(__file__).resolve().parents[2]
+    chart = tmp_path / "g.svg"
+    with open(tmp_path / "stdout", "w") as f:
+        monkeypatch.setattr(sys, "stdout", _ClosedPipe(f.fileno()))
+        monkeypatch.setattr(out, "quiet", False)
+        result = spindle("show", str(root / "plans" / "tiny-clip-local-cpu.yaml"),
+                         "--gantt", str(chart))
+    assert result.exit_code == 0
+    assert chart.read_text().startswith("<?xml")
+
+
+def test_show_gives_no_per_level_gap_where_the_graph_is_not_found(tmp_path, monkeypatch,
+                                                                   spindle):
+    # OFASys 4 tasks fuses its levels: read by the levels it records, level 0 was 15x its C*
+    # and level 2 0.11x, shown as gaps, where the graph (which tells the levels apart) was
+    # not found
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(tmp_path)
+    plan = tmp_path / "p.yaml"
+    plan.write_bytes((root / "plans" / "ofasys-4-a800-2x8.yaml").read_bytes())
+    result = spindle("show", str(plan))
+    assert result.exit_code == 0
+    rows = result.stdout.split("levels: planned vs C*")[1].split("memory per rank")[0]
+    gaps = [ln.split("│")[4].strip() for ln in rows.splitlines() if ln.startswith("│")]
+    assert gaps and set(gaps) == {"-"}
+    assert "no per-level gap: without the plan's graph (not found)" in result.stdout

@@ -65,22 +65,32 @@ def mixed_waves(plan: Plan, graph: MetaOpGraph) -> int:
                                             for s in w.slices))
 
 
-def level_table(plan: Plan, mixed: int = 0) -> Table:
+def level_table(plan: Plan, mixed: int | None = 0) -> Table:
     """C* and the planned time of every MetaLevel (no per-level gap when `mixed` waves
-    hold several levels: `mixed_waves`)."""
-    table = Table(title="levels: planned time vs relaxed optimum C*")
+    hold several levels, `mixed_waves`, or when that is not known: None)."""
+    table = Table(title="levels: planned vs C*")
     for col in ("level", "C* ms", "planned ms", "gap"):
         table.add_column(col, justify="right")
     for lv in plan.levels:
         ratio = lv.estimated_ms / lv.lower_bound_ms if lv.lower_bound_ms else 1.0
         table.add_row(str(lv.level), f"{lv.lower_bound_ms:.3f}", f"{lv.estimated_ms:.3f}",
-                      "-" if mixed else f"{ratio:.3f}x")
+                      f"{ratio:.3f}x" if mixed == 0 else "-")
     return table
 
 
 def show(obj: Plan, path: str, *, gantt: str | None = None, utilization: str | None = None,
          text_gantt: bool = False) -> None:
-    """Print the plan's summary, wave table, level gaps and memory; optionally charts."""
+    """Print the plan's summary, wave table, level gaps and memory; optionally charts (the
+    image files first: a reader closing the pipe ends the command at its next line)."""
+    if gantt or utilization:
+        from spindle_cli.cli.views import gantt as charts
+
+        if gantt:
+            charts.write_gantt(obj, gantt)
+            err.print(f"wrote {gantt}")
+        if utilization:
+            charts.write_utilization(obj, utilization)
+            err.print(f"wrote {utilization}")
     moved = sum(t.bytes for t in obj.transfers if t.src_ranks != t.dst_ranks)
     out.print(f"plan of {obj.model} on {obj.cluster} ({path}): planner {obj.planner}, "
               f"options {', '.join(f'{k}={v}' for k, v in obj.options.items())}")
@@ -94,26 +104,23 @@ def show(obj: Plan, path: str, *, gantt: str | None = None, utilization: str | N
               f"`spindle simulate` adds transfers and sync); relaxed optimum C* "
               f"{obj.lower_bound_ms:.2f} ms; gap {gap(obj):.3f}x")
     print_table(wave_table(obj))
+    mixed: int | None
     try:
         _, graph = load_recorded_input(obj, path, MetaOpGraph)
         mixed = mixed_waves(obj, graph)
     except SpindleError:
-        mixed = 0  # without its graph, a plan's levels cannot be told apart
+        mixed = None  # without its graph, a plan's levels cannot be told apart
     print_table(level_table(obj, mixed))
     if mixed:
         out.print(f"{mixed} of {len(obj.waves)} waves run several levels at once, each counted "
                   "under its lowest level: only the total compares with C*")
+    elif mixed is None:
+        out.print("no per-level gap: without the plan's graph (not found) its waves' levels "
+                  "cannot be told apart; only the total compares with C*")
     print_table(memory_table(obj))
     peak = max(obj.memory, key=lambda m: (m.total_bytes, -m.rank))
     out.print(f"peak memory: rank {peak.rank}, {fmt_bytes(peak.total_bytes)}")
-    if gantt or utilization or text_gantt:
+    if text_gantt:
         from spindle_cli.cli.views import gantt as charts
 
-        if gantt:
-            charts.write_gantt(obj, gantt)
-            err.print(f"wrote {gantt}")
-        if utilization:
-            charts.write_utilization(obj, utilization)
-            err.print(f"wrote {utilization}")
-        if text_gantt:
-            out.print(charts.text_gantt(obj))
+        out.print(charts.text_gantt(obj))
