@@ -20,7 +20,7 @@ from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_
 from spindle_cli.artifacts.base import Artifact
 from spindle_cli.cli._console import out
 from spindle_cli.cli.common import load_input
-from spindle_cli.cli.views import print_table
+from spindle_cli.cli.views import print_table, rank_text
 from spindle_cli.cli.views.plan import mixed_waves
 from spindle_cli.errors import SpindleError
 
@@ -128,7 +128,7 @@ def explain(plan_path: str, metaop_id: str) -> None:
     for w, s in plan.slices():
         if s.metaop == m.id:
             waves.add_row(str(w.index), f"{w.start_ms:.3f}", f"{w.duration_ms:.3f}",
-                          f"{s.first}-{s.last}", ",".join(map(str, s.ranks)), s.strategy,
+                          f"{s.first}-{s.last}", rank_text(s.ranks), s.strategy,
                           f"{s.time_ms:.3f}")
     print_table(waves)
     planned = next((lv.estimated_ms for lv in plan.levels if lv.level == m.level), 0.0)

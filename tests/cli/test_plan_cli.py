@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -352,6 +353,11 @@ def test_explain_shows_n_star_tuples_and_waves(case):
         assert source == ("profiled" if n in counts else "fit, between profiled counts"
                           if min(counts) < n < max(counts) else "fit, beyond the profiled counts")
     assert "waves running it" in r.output
+    # its slices' ranks as ranges (0-3), as spindle show writes them, not every rank listed
+    ranks = [line.split("│")[5].strip() for line in
+             r.output.split("waves running it")[1].splitlines() if line.count("│") == 8]
+    assert ranks and all(re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", x) for x in ranks)
+    assert not any(int(b) == int(a) + 1 for x in ranks for a, b in re.findall(r"(\d+),(\d+)", x))
     r = subprocess.run(["spindle", "explain", "plan.yaml", "t1/nope"], capture_output=True,
                        text=True, check=False)
     assert r.returncode == 2 and "no MetaOp 't1/nope'" in r.stderr

@@ -75,7 +75,8 @@ def test_show_cluster_prints_sizes_and_bandwidths(files):
     assert "4 of 2 devices" in text
     assert "16.0 GiB" in text
     assert "100.0 GB/s (800 Gb/s)" in text  # intra-island
-    assert "12.5 GB/s (100 Gb/s)" in text  # inter-node
+    # inter-node: the file's per-device figure, and the node's link it is a share of
+    assert "12.5 GB/s (100 Gb/s) per device, 50.0 GB/s (400 Gb/s) per node" in text
     one_node = _invoke("show", str(Path(__file__).resolve().parents[2] / "clusters" /
                                    "local-cpu.yaml"))
     assert "4 = 1 node x 4" in one_node.stdout
