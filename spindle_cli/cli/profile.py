@@ -37,6 +37,9 @@ from spindle_cli.cli.common import (
 from spindle_cli.errors import CurveError, SpindleError
 
 DEFAULT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+MAX_REPEATS = 10_000
+"""The most timed iterations per point: only the warm-up is under the per-point time limit,
+so an unbounded --repeats ran on with no end."""
 
 
 def parse_counts(text: str) -> tuple[int, ...]:
@@ -86,9 +89,10 @@ def graph_model(graph: MetaOpGraph, graph_path: str, output: str) -> tuple[Model
               help="Device counts to profile (default: powers of two up to the cluster, or 64).")
 @click.option("--validate", is_flag=True,
               help="Also profile held-out counts between them and record the fit error there.")
-@click.option("--repeats", default=5, show_default=True, type=click.IntRange(min=1),
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(1, MAX_REPEATS),
               help="Timed iterations per measured point (median kept).")
-@click.option("--no-cache", is_flag=True, help="Measure every point again (local only).")
+@click.option("--no-cache", is_flag=True,
+              help="Measure every point again, and cache the new points (local only).")
 @click.option("--allow-device-mismatch", is_flag=True,
               help="Measure here (--hardware local) even when the --cluster's devices are "
                    "another kind than this machine's (the profile then gives them this "
@@ -278,7 +282,7 @@ def _measured(graph: MetaOpGraph, graph_path: str, output: str, cluster: Cluster
         repeats=repeats,
         memory_limit_bytes=cluster.device.memory_bytes if cluster is not None else None,
     )
-    cache_dir = None if no_cache else _usable_cache(measure.CACHE_DIR)
+    cache_dir = _usable_cache(measure.CACHE_DIR)
     links = profiling.local_links(cluster)
     all_counts = sorted(counts + (profiling.heldout_counts(counts) if validate else ()))
 
@@ -298,6 +302,7 @@ def _measured(graph: MetaOpGraph, graph_path: str, output: str, cluster: Cluster
                 m, hit = measure.cached_measure(
                     model.modules[job.op.module], job.op, job.num_devices, job.batch,
                     job.strategy, target=target, settings=settings, cache_dir=cache_dir,
+                    reuse=not no_cache,
                 )
                 cached += hit
                 measured += not hit

@@ -41,6 +41,7 @@ from torch import nn
 
 from spindle_cli.artifacts.graph import MetaOp
 from spindle_cli.artifacts.io import write_text_atomic
+from spindle_cli.artifacts.limits import MAX_MS
 from spindle_cli.artifacts.model import ModuleSpec
 from spindle_cli.artifacts.profile import OptimizerCost, tp_degree
 from spindle_cli.errors import ArtifactError
@@ -370,13 +371,34 @@ def cache_key(op: MetaOp, n: int, batch: int, strategy: str, *, target: Target,
     return f"{digest[:32]}.json"
 
 
+def _cached(path: Path) -> Measurement | None:
+    """The feasible measurement a cache entry holds; None where it is missing, cut short, of
+    another layout or holds what no measurement gives (a time that is not a positive finite
+    number of ms up to `MAX_MS`, a negative size): such an entry is simply measured again (it
+    is a cache)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or set(data) != {"feasible", "time_ms", "peak_memory_bytes",
+                                                   "note"}:
+        return None
+    time_ms, peak, note = data["time_ms"], data["peak_memory_bytes"], data["note"]
+    if (data["feasible"] is not True or type(time_ms) not in (int, float)
+            or not 0 < time_ms <= MAX_MS or type(peak) is not int or peak < 0
+            or not isinstance(note, str)):
+        return None
+    return Measurement(feasible=True, time_ms=float(time_ms), peak_memory_bytes=peak, note=note)
+
+
 def cached_measure(
     spec: ModuleSpec, op: MetaOp, n: int, batch: int, strategy: str, *, target: Target,
-    settings: Settings, cache_dir: Path | None,
+    settings: Settings, cache_dir: Path | None, reuse: bool = True,
 ) -> tuple[Measurement, bool]:
     """`measure`, through the cache when `cache_dir` is given; returns (result, from cache).
-    The cache holds only what a run measured: the memory limit is the cluster's, so it is
-    applied before the cache is read, and an infeasible run (out of memory, timed out)
+    Without `reuse` (`--no-cache`) the point is measured again and the cache takes the new
+    result. The cache holds only what a run measured: the memory limit is the cluster's, so it
+    is applied before the cache is read, and an infeasible run (out of memory, timed out)
     depends on the moment (other processes' memory, the machine's load), so it is not
     stored."""
     if cache_dir is None:
@@ -385,13 +407,9 @@ def cached_measure(
     if over is not None:
         return over, False
     path = cache_dir / cache_key(op, n, batch, strategy, target=target, settings=settings)
-    try:
-        cached = Measurement(**json.loads(path.read_text(encoding="utf-8")))
-        if cached.feasible:
-            return cached, True
-    except (OSError, ValueError, TypeError):
-        # A missing, truncated or stale entry is simply measured again (it is a cache).
-        pass
+    cached = _cached(path) if reuse else None
+    if cached is not None:
+        return cached, True
     result = _measured(spec, op, batch, strategy, target=target, settings=settings)
     if not result.feasible:
         return result, False

@@ -297,6 +297,16 @@ def test_bad_options(workdir, repo_root, capsys, extra, message):
     assert not Path("p.yaml").exists()
 
 
+def test_repeats_without_end_are_refused(workdir, capsys):
+    # only the warm-up is under the per-point time limit: 10**20 repeats ran on at 0%
+    code, out, err = _run(["profile", "graph.yaml", "--hardware", "local", "--repeats",
+                           "100000000000000000000", "-o", "p.yaml"], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("error: Invalid value for '--repeats': 100000000000000000000 is not "
+                          "in the range 1<=x<=10000.")
+    assert not Path("p.yaml").exists()
+
+
 def test_bad_graph_files(workdir, capsys):
     Path("broken.yaml").write_text("kind: metaop_graph\nversion: 1\nmodel: [\n")
     Path("model-as-graph.yaml").write_text(Path("tiny-clip.yaml").read_text())

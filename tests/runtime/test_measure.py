@@ -3,6 +3,7 @@ instead of crashes, the tensor-parallel shard, and the per-point cache."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -196,6 +197,46 @@ def test_the_cache_answers_the_second_time(tiny, tmp_path: Path, calls):
     _, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
                                     cache_dir=None)
     assert not hit and len(calls) == 5
+
+
+@pytest.mark.parametrize("entry", [{"time_ms": "abc"}, {"time_ms": -5.0}, {"time_ms": 0.0},
+                                   {"time_ms": 1e308}, {"feasible": "yes"},
+                                   {"peak_memory_bytes": -1}, {"peak_memory_bytes": 1.5},
+                                   {"extra": 1}])
+def test_a_cache_entry_no_measurement_gives_is_measured_again(tiny, tmp_path: Path, calls,
+                                                              entry):
+    # such entries ended in an internal error, or in an error blaming the graph's sizes
+    model, graph = tiny
+    op = graph.metaop("text_vision/text_enc")
+    spec, target = model.modules[op.module], measure.local_target()
+    first, _ = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                                      cache_dir=tmp_path)
+    (path,) = tmp_path.glob("*.json")
+    path.write_text(json.dumps({**json.loads(path.read_text()), **entry}))
+    again, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                                        cache_dir=tmp_path)
+    assert not hit and again.feasible and again.time_ms > 0 and len(calls) == 2
+    # and the entry is whole again
+    _, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                                    cache_dir=tmp_path)
+    assert hit and len(calls) == 2
+
+
+def test_measuring_again_refreshes_the_cache(tiny, tmp_path: Path, calls):
+    # --no-cache measured again but left the old entry, which the next run read
+    model, graph = tiny
+    op = graph.metaop("text_vision/text_enc")
+    spec, target = model.modules[op.module], measure.local_target()
+    measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                           cache_dir=tmp_path)
+    (path,) = tmp_path.glob("*.json")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "time_ms": 12345.0}))
+    fresh, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                                        cache_dir=tmp_path, reuse=False)
+    assert not hit and len(calls) == 2
+    again, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                                        cache_dir=tmp_path)
+    assert hit and again == fresh and again.time_ms != 12345.0
 
 
 def test_the_cache_takes_its_own_temp_file_and_is_skipped_when_unwritable(tiny,
