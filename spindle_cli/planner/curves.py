@@ -113,9 +113,10 @@ class _Line:
 
 
 def _through(batch_size: int, lo: Sample, hi: Sample) -> _Line:
-    """The line in b = B / n through two samples."""
-    b_lo = batch_size / lo.num_devices
-    b_hi = batch_size / hi.num_devices
+    """The line in b = B / n through two samples, each where its work belongs
+    (`Sample.compare_at`)."""
+    b_lo = batch_size / lo.compare_at
+    b_hi = batch_size / hi.compare_at
     beta = max(0.0, (lo.time_ms - hi.time_ms) / (b_lo - b_hi))
     return _Line(alpha=hi.time_ms - beta * b_hi, beta=beta)
 
@@ -161,16 +162,27 @@ def _is_kink(lines: list[_Line], k: int) -> bool:
 
 def _knots(run: Sequence[Sample]) -> list[Sample]:
     """The points the pieces pass through. A count n that does not split the batch evenly
-    really ran the per-device work of a smaller count x (`Sample.work_devices`); when x is a
-    whole count above the previous one, the sample becomes two knots, (x, T) and (n, T): the
-    line reaches T at x, where that work belongs, and T stays flat up to n (every count in
-    between runs the same per-device batch)."""
+    really ran the per-device work of a smaller count x (`Sample.work_devices`); when x lies
+    above the previous knot, the line reaches T at x, where that work belongs, and T stays
+    flat up to n (every count in between runs the same per-device batch): knots (x, T) and
+    (n, T). Where x is not a whole count (B = 80 on 32 devices runs 3 rows each, the work of
+    26.67) its knot bounds the pieces at ceil(x) and places the line at x (`work_devices`),
+    where `scaling.work_count` reads it; where ceil(x) is n itself, n's knot is placed at x."""
     out: list[Sample] = []
     for s in run:
-        x = round(s.work_devices)
+        x = s.work_devices
         above = out[-1].num_devices if out else 0
-        if s.work_devices and abs(s.work_devices - x) < 1e-9 and above < x < s.num_devices:
-            out.append(Sample(num_devices=x, time_ms=s.time_ms, strategy=s.strategy))
+        if x and above < x < s.num_devices:
+            whole = abs(x - round(x)) < 1e-9
+            at = round(x) if whole else math.ceil(x)
+            placed = 0.0 if whole else x
+            if at < s.num_devices:
+                out.append(Sample(num_devices=at, time_ms=s.time_ms, strategy=s.strategy,
+                                  work_devices=placed))
+            else:
+                out.append(Sample(num_devices=s.num_devices, time_ms=s.time_ms,
+                                  strategy=s.strategy, work_devices=placed))
+                continue
         out.append(Sample(num_devices=s.num_devices, time_ms=s.time_ms, strategy=s.strategy))
     return out
 
@@ -249,9 +261,10 @@ def fit_curve(
         memory=memory,
         max_rel_error=0.0,
     )
-    # compared where the planner asks for a fitted count: at n itself
+    # compared where the planner reads a fitted count: at n where it splits the batch, at
+    # the work it runs where it does not (`scaling.work_count`, with --uneven-splits)
     covered = {s.num_devices for s in helpful_run(fit_from, noise_rel)}
-    fitted = [replace(s, work_devices=0.0) for s in samples if s.num_devices in covered]
+    fitted = [s for s in samples if s.num_devices in covered]
     return Curve(
         signature=signature,
         batch_size=batch_size,

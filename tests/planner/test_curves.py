@@ -232,6 +232,25 @@ def test_a_count_that_does_not_split_the_batch_sits_at_its_work():
     assert curve.max_rel_error == pytest.approx(0.0, abs=1e-12)
 
 
+@pytest.mark.parametrize(("batch", "counts"), [(80, (1, 2, 4, 8, 16, 32, 64)),
+                                                (64, (1, 3, 5, 7, 9))])
+def test_a_count_whose_work_is_no_whole_count_sits_at_its_work(batch, counts):
+    # B = 80 on 32 devices runs 3 rows each, the work of 26.67 devices; placed at b = B / 32
+    # with the time of 3 rows, the line read 20 devices (4 rows) 2.6% slow and 28-39 up to
+    # 5.9%, while the fit error said 0. A time linear in the rows per device is read exactly
+    # at every count, where the planner reads it (`work_count`)
+    def truth(n: int) -> float:
+        return 0.5 + 0.25 * math.ceil(batch / n)
+
+    samples = [Sample(num_devices=n, time_ms=truth(n), strategy="dp",
+                      work_devices=0.0 if batch % n == 0 else batch / math.ceil(batch / n))
+               for n in counts]
+    curve = _curve(samples, batch)
+    for n in range(1, counts[-1] + 1):
+        assert scaling.time_ms(curve, scaling.work_count(curve, n)) == pytest.approx(truth(n))
+    assert curve.max_rel_error == pytest.approx(0.0, abs=1e-12)
+
+
 def test_first_count_keeps_its_own_strategy():
     samples = [Sample(num_devices=1, time_ms=10.0, strategy="dp"),
                Sample(num_devices=2, time_ms=6.0, strategy="tp2"),
