@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 
 from spindle_cli.artifacts.cluster import ClusterSpec
-from spindle_cli.artifacts.graph import MetaOpGraph
-from spindle_cli.artifacts.plan import Plan, Slice
+from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
+from spindle_cli.artifacts.plan import Plan, Slice, Transfer
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import PlanError
 from spindle_cli.planner.memory import (
@@ -34,10 +34,14 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
     ops = {m.id: m for m in graph.metaops}
     by_id: dict[str, tuple[int, Slice]] = {}
     for w in plan.waves:
-        for s in w.slices:
+        for j, s in enumerate(w.slices):
             if s.metaop not in ops:
                 raise PlanError(f"slice {s.id}: unknown MetaOp {s.metaop!r}")
+            if s.id != f"w{w.index}.{j}":
+                raise PlanError(f"waves[{w.index}].slices[{j}]: id {s.id!r} is not "
+                                f"'w{w.index}.{j}' (slices are numbered by wave and position)")
             by_id[s.id] = (w.index, s)
+    _check_canonical_order(plan, ops, by_id)
     feeding: dict[str, set[str]] = {}
     for ti, t in enumerate(plan.transfers):
         (src_wave, src), (dst_wave, dst) = by_id[t.src], by_id[t.dst]
@@ -142,6 +146,34 @@ def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> No
                 raise PlanError(f"memory[{recorded.rank}].{name}: recorded "
                                 f"{getattr(recorded, name)}, but its slices need "
                                 f"{getattr(implied, name)} (edited since spindle plan wrote it?)")
+
+
+def _check_canonical_order(plan: Plan, ops: dict[str, MetaOp],
+                           by_id: dict[str, tuple[int, Slice]]) -> None:
+    """PlanError unless the transfers are in canonical order (by destination wave and slice,
+    its own MetaOp's earlier slice first, then its predecessors in order) and the parameter
+    groups by module and first layer: as `spindle plan` writes them, so that a diff of two
+    plans shows what changed, not where it was listed."""
+
+    def key(t: Transfer) -> tuple[int, int, int]:
+        (_, src), (wave, dst) = by_id[t.src], by_id[t.dst]
+        preds = ops[dst.metaop].predecessors
+        source = 0 if src.metaop == dst.metaop else (
+            1 + preds.index(src.metaop) if src.metaop in preds else len(preds) + 1)
+        return wave, int(dst.id.split(".")[1]), source
+
+    keys = [key(t) for t in plan.transfers]
+    for ti in range(1, len(keys)):
+        if keys[ti] < keys[ti - 1]:
+            raise PlanError(f"transfers[{ti}]: {plan.transfers[ti].src} -> "
+                            f"{plan.transfers[ti].dst} is out of canonical order (by destination "
+                            "wave and slice, then source: its own MetaOp first, then its "
+                            "predecessors in order)")
+    groups = [(g.module, g.first_layer) for g in plan.param_groups]
+    for gi in range(1, len(groups)):
+        if groups[gi] < groups[gi - 1]:
+            raise PlanError(f"param_groups[{gi}]: {groups[gi][0]}[{groups[gi][1]}:] is out of "
+                            "order (by module, then first layer)")
 
 
 def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ...]]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -212,6 +213,36 @@ def test_validate_refuses_numbers_the_slices_do_not_imply(tiny_plan, spindle, ed
     # and spindle run before it launches anything
     dry = spindle("run", str(tiny_plan), "--dry-run")
     assert dry.exit_code == 2 and dry.stderr.startswith(f"error: {tiny_plan}: {expected}")
+
+
+def _reversed(field: str) -> Callable[[dict], None]:
+    def edit(data: dict) -> None:
+        data[field].reverse()
+    return edit
+
+
+def _slices_swapped(data: dict) -> None:
+    wave = next(w for w in data["waves"] if len(w["slices"]) > 1)
+    wave["slices"][:2] = wave["slices"][1::-1]
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (_reversed("transfers"), r"transfers\[1\]: w\d+\.\d+ -> w\d+\.\d+ is out of canonical "
+                             r"order \(by destination wave and slice"),
+    (_reversed("param_groups"), r"param_groups\[1\]: \w+\[\d+:\] is out of order \(by "
+                                r"module, then first layer\)"),
+    (_slices_swapped, r"waves\[\d+\]\.slices\[0\]: id 'w\d+\.1' is not 'w\d+\.0' \(slices "
+                      r"are numbered by wave and position\)"),
+], ids=["transfers", "param_groups", "slices"])
+def test_validate_refuses_a_plan_listed_out_of_order(tiny_plan, spindle, edit, expected):
+    # the same plan, listed in another order: spindle diff called it different ('other
+    # fields differ'), and validate passed it
+    data = yaml.safe_load(tiny_plan.read_text())
+    edit(data)
+    tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = spindle("validate", str(tiny_plan))
+    assert result.exit_code == 2
+    assert re.match(rf"error: {tiny_plan}: {expected}", result.stderr), result.stderr
 
 
 def test_islands_that_are_not_the_clusters_are_refused(tiny_plan, spindle):
