@@ -10,6 +10,7 @@ import pytest
 
 from spindle_cli.artifacts import Plan, load
 from spindle_cli.cli.views.plan_diff import differences
+from spindle_cli.units import fmt_bytes
 
 PLAN = (Path(__file__).resolve().parents[1] / "data" / "plan-two-node-multitask"
         / "expected_plan.yaml")
@@ -46,7 +47,7 @@ def test_memory_moved_between_categories_at_the_same_total_is_named(plan):
     b = replace(plan, memory=(replace(m, param_bytes=m.param_bytes + 1000,
                                       activation_bytes=m.activation_bytes - 1000),
                               *plan.memory[1:]))
-    assert differences(plan, b) == ["memory changed on 1 rank(s): params, activations"]
+    assert differences(plan, b) == ["memory changed on 1 rank(s) (0): params, activations"]
 
 
 def test_transfer_bytes_that_changed_are_not_called_moved(plan):
@@ -94,10 +95,16 @@ def test_an_option_spelled_at_its_default_is_the_same_plan(plan):
 
 
 @pytest.mark.parametrize(("edit", "expected"), [
-    (lambda p: with_slice(p, 1, 0, time_ms=2.0), ["slice estimates: 1 slice(s) with other times"]),
+    (lambda p: with_slice(p, 1, 0, time_ms=2.0),
+     ["slice estimates: 1 slice(s) with other times: w1.0 t2/txt 1.800 -> 2.000 ms"]),
     (lambda p: replace(p, waves=(p.waves[0], replace(p.waves[1], start_ms=12.0),
                                  *p.waves[2:])),
-     ["wave estimates: 1 wave(s) with another start or duration"]),
+     ["wave estimates: 1 wave(s) starting at another time"]),
+    (lambda p: replace(p, waves=(p.waves[0], replace(p.waves[1], duration_ms=12.0),
+                                 replace(p.waves[2], start_ms=p.waves[2].start_ms + 0.5),
+                                 *p.waves[3:])),
+     ["wave estimates: 1 wave(s) with another duration: wave 1 2.200 -> 12.000 ms; 1 wave(s) "
+      "starting at another time"]),
     (lambda p: replace(p, waves=(p.waves[0], replace(p.waves[1], level=1), *p.waves[2:])),
      ["wave levels: wave 1 0 -> 1"]),
     (lambda p: replace(p, islands=(tuple(range(8)),)), ["islands: [0-3] [4-7] -> [0-7]"]),
@@ -110,3 +117,23 @@ def test_an_iteration_from_no_time_has_no_relative_change(plan):
     # no percentage of zero, rather than a '+0.0%' that reads as no change
     b = replace(plan, estimated_iteration_ms=0.0)
     assert differences(b, plan) == ["estimated iteration: 0.000 -> 26.300 ms (+26.300 ms)"]
+
+
+def test_memory_names_the_ranks_and_the_biggest_change(plan):
+    # which ranks, and by how much the one that changed most did: rank 2's activations grow
+    # by 1 MiB, rank 3's by 1 KiB
+    bumped = {2: 2**20, 3: 2**10}
+    b = replace(plan, memory=tuple(replace(m, activation_bytes=m.activation_bytes
+                                           + bumped.get(m.rank, 0)) for m in plan.memory))
+    total = plan.memory[2].total_bytes
+    assert differences(plan, b)[-1] == (
+        "memory changed on 2 rank(s) (2-3): activations; the most on rank 2: "
+        f"{fmt_bytes(total)} -> {fmt_bytes(total + 2**20)} (+1.0 MiB)")
+
+
+def test_an_iteration_change_below_the_printed_digits_is_shown(plan):
+    # +0.0004 ms printed as '+0.000 ms' and still made the plans differ
+    b = replace(plan, estimated_iteration_ms=plan.estimated_iteration_ms + 0.0004)
+    (line,) = differences(plan, b)
+    assert line == (f"estimated iteration: {plan.estimated_iteration_ms:.4f} -> "
+                    f"{b.estimated_iteration_ms:.4f} ms (+0.0004 ms, +0.0%)")

@@ -8,6 +8,7 @@ import dataclasses
 
 from spindle_cli.artifacts import Plan
 from spindle_cli.artifacts.codec import to_data
+from spindle_cli.artifacts.plan import RankMemory
 from spindle_cli.cli.views import rank_text
 from spindle_cli.units import fmt_bytes
 
@@ -57,6 +58,31 @@ def _bytes_change(a: int, b: int) -> str:
     return f"{fmt_bytes(a)} -> {fmt_bytes(b)} ({'+' if b >= a else '-'}{fmt_bytes(abs(b - a))})"
 
 
+def _digits(x: float, y: float) -> int:
+    """Decimals that show the difference of two times in ms: 3, or more where it is smaller
+    than 0.001 ms (a difference that prints as +0.000 still makes the plans differ)."""
+    digits = 3
+    while digits < 9 and round(x, digits) == round(y, digits):
+        digits += 1
+    return digits
+
+
+def _change_ms(x: float, y: float) -> str:
+    """'1.000 -> 1.500 ms'."""
+    digits = _digits(x, y)
+    return f"{x:.{digits}f} -> {y:.{digits}f} ms"
+
+
+def _first(items: list[str], most: int = 5) -> str:
+    """The first `most` items, comma-separated, with how many more."""
+    more = f", and {len(items) - most} more" if len(items) > most else ""
+    return ", ".join(items[:most]) + more
+
+
+def _total(m: RankMemory | None) -> int:
+    return 0 if m is None else m.total_bytes
+
+
 def differences(a: Plan, b: Plan) -> list[str]:
     """Human-readable lines, one per difference; empty when the plans are the same."""
     lines: list[str] = []
@@ -91,15 +117,20 @@ def differences(a: Plan, b: Plan) -> list[str]:
         moved = sum(1 for sa, sb in pairs if sa.ranks != sb.ranks)
         if moved:
             lines.append(f"placement: {moved} slice(s) on other ranks")
-        retimed = sum(1 for sa, sb in pairs if sa.time_ms != sb.time_ms)
+        retimed = [f"{sa.id} {sa.metaop} {_change_ms(sa.time_ms, sb.time_ms)}"
+                   for sa, sb in pairs if sa.time_ms != sb.time_ms]
         if retimed:
-            lines.append(f"slice estimates: {retimed} slice(s) with other times")
+            lines.append(f"slice estimates: {len(retimed)} slice(s) with other times: "
+                         + _first(retimed))
         waves = list(zip(a.waves, b.waves, strict=True))
-        rescheduled = sum(1 for x, y in waves
-                          if (x.start_ms, x.duration_ms) != (y.start_ms, y.duration_ms))
-        if rescheduled:
-            lines.append(f"wave estimates: {rescheduled} wave(s) with another start or "
-                         "duration")
+        longer = [f"wave {x.index} {_change_ms(x.duration_ms, y.duration_ms)}"
+                  for x, y in waves if x.duration_ms != y.duration_ms]
+        moved_start = sum(1 for x, y in waves if x.start_ms != y.start_ms)
+        if longer or moved_start:
+            parts = ([f"{len(longer)} wave(s) with another duration: {_first(longer)}"]
+                     if longer else [])
+            parts += [f"{moved_start} wave(s) starting at another time"] if moved_start else []
+            lines.append(f"wave estimates: {'; '.join(parts)}")
         relabelled = [f"wave {x.index} {x.level} -> {y.level}" for x, y in waves
                       if x.level != y.level]
         if relabelled:
@@ -108,8 +139,9 @@ def differences(a: Plan, b: Plan) -> list[str]:
         delta = b.estimated_iteration_ms - a.estimated_iteration_ms
         rel = (f", {delta / a.estimated_iteration_ms:+.1%}" if a.estimated_iteration_ms
                else "")
-        lines.append(f"estimated iteration: {a.estimated_iteration_ms:.3f} -> "
-                     f"{b.estimated_iteration_ms:.3f} ms ({delta:+.3f} ms{rel})")
+        digits = _digits(a.estimated_iteration_ms, b.estimated_iteration_ms)
+        lines.append(f"estimated iteration: {a.estimated_iteration_ms:.{digits}f} -> "
+                     f"{b.estimated_iteration_ms:.{digits}f} ms ({delta:+.{digits}f} ms{rel})")
     if a.lower_bound_ms != b.lower_bound_ms:
         lines.append(f"C*: {a.lower_bound_ms:.3f} -> {b.lower_bound_ms:.3f} ms")
     levels_b = {lv.level: lv for lv in b.levels}
@@ -134,7 +166,16 @@ def differences(a: Plan, b: Plan) -> list[str]:
         categories = [name for name, attr in _MEMORY_CATEGORIES
                       if any(getattr(mem_a.get(r), attr, None) != getattr(mem_b.get(r), attr, None)
                              for r in ranks_changed)]
-        lines.append(f"memory changed on {len(ranks_changed)} rank(s): {', '.join(categories)}")
+        def change(r: int) -> int:
+            return _total(mem_b.get(r)) - _total(mem_a.get(r))
+
+        most = max(ranks_changed, key=lambda r: (abs(change(r)), -r))
+        where = f"({rank_text(tuple(ranks_changed))})"
+        biggest = (f"; the most on rank {most}: "
+                   f"{_bytes_change(_total(mem_a.get(most)), _total(mem_b.get(most)))}"
+                   if change(most) else "")
+        lines.append(f"memory changed on {len(ranks_changed)} rank(s) {where}: "
+                     f"{', '.join(categories)}{biggest}")
     if da["transfers"] != db["transfers"]:
         moved_a = sum(t.bytes for t in a.transfers if t.src_ranks != t.dst_ranks)
         moved_b = sum(t.bytes for t in b.transfers if t.src_ranks != t.dst_ranks)
