@@ -36,7 +36,8 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
     for w in plan.waves:
         for j, s in enumerate(w.slices):
             if s.metaop not in ops:
-                raise PlanError(f"slice {s.id}: unknown MetaOp {s.metaop!r}")
+                raise PlanError(f"waves[{w.index}].slices[{j}].metaop: unknown MetaOp "
+                                f"{s.metaop!r}")
             if s.id != f"w{w.index}.{j}":
                 raise PlanError(f"waves[{w.index}].slices[{j}]: id {s.id!r} is not "
                                 f"'w{w.index}.{j}' (slices are numbered by wave and position)")
@@ -51,20 +52,22 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
         if src_wave >= dst_wave:
             raise PlanError(f"transfers[{ti}]: {t.src} is not in an earlier wave than {t.dst}")
         if t.src_ranks != src.ranks or t.dst_ranks != dst.ranks:
-            raise PlanError(f"transfer {t.src} -> {t.dst}: ranks differ from its slices'")
+            raise PlanError(f"transfers[{ti}]: {t.src} -> {t.dst}: ranks differ from its "
+                            "slices'")
         feeding[t.dst].add(src.metaop)
     covered: dict[str, list[tuple[int, int]]] = {}
     holders: dict[tuple[str, int], set[int]] = {}
-    for sid, (_, s) in by_id.items():
+    for sid, (w, s) in by_id.items():
         m = ops[s.metaop]
+        at = f"waves[{w}].slices[{sid.split('.')[1]}] ({sid})"
         if s.last > m.num_layers:
-            raise PlanError(f"slice {sid}: operators [{s.first}, {s.last}) exceed the "
+            raise PlanError(f"{at}: operators [{s.first}, {s.last}) exceed the "
                             f"{m.num_layers} of {m.id}")
         covered.setdefault(m.id, []).append((s.first, s.last))
         wanted = {m.id} if s.first > 0 else set(m.predecessors)
         got = feeding.get(sid, set())
         if got != wanted:
-            raise PlanError(f"slice {sid} needs inputs from {sorted(wanted)}, plan transfers "
+            raise PlanError(f"{at}: needs inputs from {sorted(wanted)}, the plan's transfers "
                             f"bring {sorted(got)}")
         for layer in range(m.first_layer + s.first, m.first_layer + s.last):
             holders.setdefault((m.module, layer), set()).update(s.ranks)
@@ -73,14 +76,14 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
         expect = 0
         for a, b in ranges:
             if a != expect:
-                raise PlanError(f"MetaOp {mid}: operators from {expect} are not covered exactly "
-                                "once by its slices")
+                raise PlanError(f"waves: MetaOp {mid}: operators from {expect} are not "
+                                "covered exactly once by its slices")
             expect = b
         if expect != ops[mid].num_layers:
-            raise PlanError(f"MetaOp {mid}: operators from {expect} are in no slice")
+            raise PlanError(f"waves: MetaOp {mid}: operators from {expect} are in no slice")
     missing = sorted(set(ops) - set(covered))
     if missing:
-        raise PlanError(f"MetaOp {missing[0]} has no slice in the plan")
+        raise PlanError(f"waves: MetaOp {missing[0]} has no slice in the plan")
     frozen = {k: tuple(sorted(v)) for k, v in sorted(holders.items())}
     _check_param_groups(plan, frozen)
     return frozen
@@ -179,18 +182,22 @@ def _check_canonical_order(plan: Plan, ops: dict[str, MetaOp],
 def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ...]]) -> None:
     """Every layer a slice runs must be in exactly one ParamGroup whose ranks are exactly its
     holders: the gradient sync relies on it."""
-    seen: dict[tuple[str, int], tuple[int, ...]] = {}
+    seen: dict[tuple[str, int], int] = {}
     for i, g in enumerate(plan.param_groups):
         for layer in range(g.first_layer, g.last_layer):
             key = (g.module, layer)
             if key in seen:
                 raise PlanError(f"param_groups[{i}]: layer {layer} of {g.module!r} is in two "
                                 "groups")
-            seen[key] = g.ranks
-    for key, ranks in holders.items():
-        if seen.get(key) != ranks:
-            raise PlanError(f"layer {key[1]} of module {key[0]!r} is held by ranks {list(ranks)} "
-                            f"but its param group lists {list(seen.get(key, ()))}")
+            seen[key] = i
+    for (module, layer), ranks in holders.items():
+        if (module, layer) not in seen:
+            raise PlanError(f"param_groups: no group holds layer {layer} of module {module!r} "
+                            f"(held by ranks {list(ranks)})")
+        i = seen[(module, layer)]
+        if plan.param_groups[i].ranks != ranks:
+            raise PlanError(f"param_groups[{i}].ranks: {list(plan.param_groups[i].ranks)}, but "
+                            f"layer {layer} of module {module!r} is held by ranks {list(ranks)}")
 
 
 def check_cluster(plan: Plan, cluster: ClusterSpec) -> None:

@@ -139,7 +139,8 @@ def test_validate_checks_a_plan_against_its_inputs(tiny_plan, spindle):
     tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
     result = spindle("validate", str(tiny_plan))
     assert result.exit_code == 2
-    assert result.stderr.startswith(f"error: {tiny_plan}: MetaOp {first['metaop']}: operators")
+    assert result.stderr.startswith(
+        f"error: {tiny_plan}: waves: MetaOp {first['metaop']}: operators")
     assert "not covered exactly once" in result.stderr
     # an input edited since: its sha256 no longer matches
     tiny_plan.write_text(text)

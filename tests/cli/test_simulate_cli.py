@@ -299,21 +299,26 @@ def _also_on_ranks_2_3(plan: Plan) -> Plan:
 
 @pytest.mark.parametrize(("edit", "expected"), [
     (lambda p: dataclasses.replace(p, transfers=()),
-     "error: slice w1.0 needs inputs from ['t/enc'], plan transfers bring []"),
+     "error: waves[1].slices[0] (w1.0): needs inputs from ['t/enc'], the plan's transfers "
+     "bring []"),
     (lambda p: dataclasses.replace(p, param_groups=p.param_groups[1:]),
-     "error: layer 0 of module 'enc' is held by ranks [0, 1] but its param group lists []"),
+     "error: param_groups: no group holds layer 0 of module 'enc' (held by ranks [0, 1])"),
+    (lambda p: dataclasses.replace(p, param_groups=(
+        dataclasses.replace(p.param_groups[0], ranks=(0, 1, 2)), *p.param_groups[1:])),
+     "error: param_groups[0].ranks: [0, 1, 2], but layer 0 of module 'enc' is held by ranks "
+     "[0, 1]"),
     (lambda p: dataclasses.replace(p, waves=p.waves[:1], transfers=()),
-     "error: MetaOp t/head has no slice in the plan"),
+     "error: waves: MetaOp t/head has no slice in the plan"),
     # t/enc's operators run twice: a second slice of both on ranks 2-3 (its param group
     # updated, so only the coverage rule objects); sorted, the second range starts at 0, not 2
     (_also_on_ranks_2_3,
-     "error: MetaOp t/enc: operators from 2 are not covered exactly once by its slices"),
+     "error: waves: MetaOp t/enc: operators from 2 are not covered exactly once by its slices"),
     (lambda p: dataclasses.replace(p, transfers=(
         dataclasses.replace(p.transfers[0], dst_ranks=(2,)),)),
-     "error: transfer w0.0 -> w1.0: ranks differ from its slices'"),
+     "error: transfers[0]: w0.0 -> w1.0: ranks differ from its slices'"),
     (lambda p: dataclasses.replace(p, transfers=(
         dataclasses.replace(p.transfers[0], src_ranks=(0, 1, 2)),)),
-     "error: transfer w0.0 -> w1.0: ranks differ from its slices'"),
+     "error: transfers[0]: w0.0 -> w1.0: ranks differ from its slices'"),
     # enc's layer 1 listed again, with the same ranks
     (lambda p: dataclasses.replace(p, param_groups=(
         p.param_groups[0], dataclasses.replace(p.param_groups[0], first_layer=1),
