@@ -14,6 +14,7 @@ import click
 from rich.table import Table
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_recorded_input
+from spindle_cli.artifacts.io import sha256
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input
 from spindle_cli.cli.views import gantt as charts
@@ -47,11 +48,13 @@ def load_plan_inputs(plan: Plan, plan_path: str) -> tuple[MetaOpGraph, Profile, 
 
 def simulate_file(plan_path: str, *, sync: SyncMode | None = None,
                   progress: simulation.Progress = "wave",
-                  placement: str | None = None) -> tuple[Plan, SimResult]:
+                  placement: str | None = None) -> tuple[Plan, SimResult, str]:
     """Load a plan and its inputs and simulate it (`sync`: the gradient buckets, by default
     those of the cluster's backend); with `placement`, its waves placed again that way first
-    (`api.place_again`), and that plan is the one returned."""
+    (`api.place_again`), and that plan is the one returned; with the sha256 of the plan as
+    read (as a file made from it records it)."""
     plan = load_input(plan_path, Plan)
+    read_sha256 = sha256(plan)
     graph, profile, cluster = load_plan_inputs(plan, plan_path)
     try:
         check_plan(plan, graph)
@@ -64,7 +67,7 @@ def simulate_file(plan_path: str, *, sync: SyncMode | None = None,
         except SpindleError as e:
             raise e.within(f"{plan_path}: --placement {placement}") from None
     return plan, simulation.simulate(plan, graph, profile, cluster, sync=sync,
-                                     progress=progress)
+                                     progress=progress), read_sha256
 
 
 def summary(result: SimResult) -> dict[str, Any]:
@@ -185,8 +188,8 @@ def simulate(plan_path: str, as_json: bool, gantt: str | None, utilization: str 
     if as_json and text_gantt:
         raise click.UsageError("--text-gantt prints to stdout, as --json does: give one")
     charts.check_chart_paths(gantt, utilization)
-    plan, result = simulate_file(plan_path, sync=None if sync == "auto" else sync,
-                                 progress=progress, placement=placement)
+    plan, result, plan_sha256 = simulate_file(plan_path, sync=None if sync == "auto" else sync,
+                                              progress=progress, placement=placement)
     if gantt is not None:
         charts.write_gantt(plan, gantt, sim=result)
         err.print(f"wrote {gantt}")
@@ -196,7 +199,8 @@ def simulate(plan_path: str, as_json: bool, gantt: str | None, utilization: str 
     if as_json:
         click.echo(json.dumps({**summary(result),
                                "placement": plan.options.get("placement", "island"),
-                               "placed_again": placement is not None},
+                               "placed_again": placement is not None,
+                               "plan": plan_path, "plan_sha256": plan_sha256},
                               indent=2))
     else:
         if placement is not None:

@@ -332,3 +332,13 @@ def test_a_plan_that_contradicts_its_graph_is_refused(tmp_path, edit, expected):
     res = _run(["simulate", str(plan_path)])
     assert res.exit_code == 2
     assert res.stderr.splitlines() == [expected.replace("error: ", f"error: {plan_path}: ")]
+
+
+def test_json_names_the_plan_it_simulated_by_path_and_sha256(tmp_path):
+    # a saved result says which plan it is of, as an artifact records its inputs
+    plan_path = write_case(tmp_path)
+    res = _run(["simulate", str(plan_path), "--json"])
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["plan"] == str(plan_path)
+    assert data["plan_sha256"] == input_ref(load(str(plan_path), Plan), "p").sha256
