@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import errno
 import importlib.util
+import itertools
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -35,20 +37,52 @@ def sim():
     return simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster(), sync="per-wave")
 
 
+def _rows(lines: list[str]) -> dict[str, str]:
+    """Each rank's row ('r0': its buckets) of a text Gantt, whose rows stand for runs of
+    ranks that do the same ('r0-1')."""
+    rows = {}
+    for line in lines:
+        m = re.match(r"r(\d+)(?:-(\d+))? +(\S+)$", line)
+        if m:
+            first, last = int(m[1]), int(m[2] or m[1])
+            rows.update({f"r{r}": m[3] for r in range(first, last + 1)})
+    return rows
+
+
+def test_ranks_that_do_the_same_share_a_row_and_the_width_fits_the_terminal(monkeypatch):
+    # qwen-val-70b's 256 ranks printed 256 rows of 103 characters, wrapping at 80 columns
+    from spindle_cli.cli._console import out
+
+    plan = load(str(PLANS / "qwen-val-70b-a800-32x8.yaml"), Plan)
+    lines = text_gantt(plan).splitlines()
+    rows = _rows(lines)
+    assert sorted(rows, key=lambda r: int(r[1:])) == [f"r{r}" for r in range(256)]
+    labelled = [line for line in lines if re.match(r"r\d", line)]
+    assert len(labelled) < 32
+    # neighbouring rows differ: a row stands for every rank that does the same next to it
+    assert all(a.split()[1] != b.split()[1] for a, b in itertools.pairwise(labelled))
+    assert {len(line.split()[1]) for line in labelled} == {100}  # off a terminal
+    monkeypatch.setattr(type(out), "is_terminal", property(lambda self: True))
+    monkeypatch.setattr(type(out), "width", property(lambda self: 80))
+    narrow = [line for line in text_gantt(plan).splitlines() if re.match(r"r\d", line)]
+    assert max(len(line) for line in narrow) <= 80
+
+
 def test_planned_text_gantt_scales_slices_to_their_time():
     # Wave 0: enc on ranks 0-1 for 12 ms; wave 1: head on ranks 2-3 for 3 ms; 15 ms in all.
     lines = text_gantt(fx.plan(), width=60).splitlines()
-    rows = {line.split()[0]: line.split()[1] for line in lines[1:5]}
+    rows = _rows(lines)
     assert rows["r0"] == "A" * 48 + "." * 12
     assert rows["r2"] == "." * 48 + "B" * 12
     assert lines[-1] == "legend: A=enc, B=head"
-    # wave boundaries at 0 and 12 ms
-    assert [i for i, ch in enumerate(lines[0]) if ch == "|"][:2] == [3, 3 + 48]
+    # wave boundaries at 0 and 12 ms, above the rows' buckets
+    start = lines[1].index(" ") + 1
+    assert [i for i, ch in enumerate(lines[0]) if ch == "|"][:2] == [start, start + 48]
 
 
 def test_simulated_text_gantt_shows_backward_and_sync():
     text = text_gantt(fx.plan(), width=65, sim=sim())
-    rows = {line.split()[0]: line.split()[1] for line in text.splitlines()[1:5]}
+    rows = _rows(text.splitlines())
     # 65 ms over 65 characters: enc forward 0-4, backward 47-55, sync 55-65 on ranks 0-1;
     # head forward 24-25, backward 25-27, sync 27-32 on ranks 2-3.
     assert rows["r0"] == "A" * 4 + "." * 43 + "a" * 8 + "~" * 10
@@ -60,8 +94,7 @@ def test_compute_shows_through_a_sync_that_overlaps_it():
     # chunked buckets: enc's sync runs 51-61 ms, over its backward 47-55 on ranks 0-1
     chunked = simulate(fx.plan(), fx.graph(), fx.profile(), fx.cluster(), sync="chunked")
     assert chunked.iteration_ms == pytest.approx(61.0)
-    rows = {line.split()[0]: line.split()[1]
-            for line in text_gantt(fx.plan(), width=61, sim=chunked).splitlines()[1:5]}
+    rows = _rows(text_gantt(fx.plan(), width=61, sim=chunked).splitlines())
     assert rows["r0"] == "A" * 4 + "." * 43 + "a" * 8 + "~" * 6
 
 
@@ -73,7 +106,7 @@ def test_a_forward_stalled_for_an_all_gather_is_drawn_as_a_stall_not_compute(pro
     assert times[:4] == pytest.approx([2.5, 4.5, 5.0, 7.0])
     assert series["enc"][:4] == [2, 0, 2, 0]
     text = text_gantt(plan, width=121, sim=r)
-    row = {line.split()[0]: line.split()[1] for line in text.splitlines()[1:5]}["r0"]
+    row = _rows(text.splitlines())["r0"]
     assert row[:14] == "....." + "AAAA" + ":" + "AAAA"
     assert ":=stalled for an all-gather" in text
 
@@ -86,7 +119,7 @@ def test_a_stall_narrower_than_a_character_is_not_in_the_legend():
     r = simulate(plan, *load_plan_inputs(plan, str(PLANS / "multitask-clip-4-a800-2x8.yaml")))
     assert any(s.forward_stalls for s in r.slices)
     text = text_gantt(plan, width=100, sim=r)
-    assert ":" not in "".join(line.split(" ", 1)[1] for line in text.splitlines()[1:-1])
+    assert ":" not in "".join(_rows(text.splitlines()).values())
     assert "stalled" not in text
 
 

@@ -293,12 +293,23 @@ def write_utilization(plan: Plan, path: str, *, sim: SimResult | None = None) ->
     plt.close(fig)
 
 
-def text_gantt(plan: Plan, *, width: int = 100, sim: SimResult | None = None) -> str:
-    """A terminal Gantt: one row per rank, one character per time bucket; each module (step
-    without a simulation) has a letter, '.' is idle, '~' parameter sync where the rank computes
-    nothing, ':' a forward stalled for a ZeRO-1/2 all-gather; backward in lower case when
-    simulated."""
+TEXT_WIDTH = 100
+"""Time buckets of the text Gantt off a terminal (a log keeps its lines whole)."""
+
+
+def text_gantt(plan: Plan, *, width: int | None = None, sim: SimResult | None = None) -> str:
+    """A terminal Gantt: one row per run of ranks that do the same (r0-31), one character per
+    time bucket, `width` of them (by default as many as fit the terminal, 40 to
+    `TEXT_WIDTH`, or `TEXT_WIDTH` off one); each module (step without a simulation) has a
+    letter, '.' is idle, '~' parameter sync where the rank computes nothing, ':' a forward
+    stalled for a ZeRO-1/2 all-gather; backward in lower case when simulated."""
     tl = timeline(plan, sim)
+    if width is None:
+        from spindle_cli.cli._console import out
+
+        label = 2 * len(str(tl.num_ranks - 1)) + 3  # 'r120-127 '
+        width = (min(TEXT_WIDTH, max(40, out.width - label)) if out.is_terminal
+                 else TEXT_WIDTH)
     keys = sorted({b.key for b in tl.bars if _computes(b)})
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
     letters = {k: alphabet[i % len(alphabet)] for i, k in enumerate(keys)}
@@ -319,9 +330,17 @@ def text_gantt(plan: Plan, *, width: int = 100, sim: SimResult | None = None) ->
     marks = [" "] * width
     for t, _ in tl.boundaries:
         marks[min(round(t / span * width), width - 1)] = "|"
-    pad = len(str(tl.num_ranks - 1))
-    lines = [f"{'':>{pad + 2}}{''.join(marks)}  (| wave start; {span:.1f} ms in all)"]
-    lines += [f"r{r:>{pad}} {''.join(row)}" for r, row in enumerate(grid)]
+    # ranks that do the same, one after another, share a row
+    runs: list[tuple[str, str]] = []
+    for r, row in enumerate(grid):
+        text = "".join(row)
+        if runs and runs[-1][1] == text:
+            runs[-1] = (f"r{runs[-1][0][1:].split('-')[0]}-{r}", text)
+        else:
+            runs.append((f"r{r}", text))
+    pad = max(len(name) for name, _ in runs)
+    lines = [f"{'':>{pad + 1}}{''.join(marks)}  (| wave start; {span:.1f} ms in all)"]
+    lines += [f"{name:<{pad}} {text}" for name, text in runs]
     lines.append("legend: " + ", ".join(f"{letters[k]}={k}" for k in keys)
                  + (", ~=param sync" if any(b.phase == "sync" for b in tl.bars) else "")
                  + (", :=stalled for an all-gather" if any(":" in row for row in grid) else "")
