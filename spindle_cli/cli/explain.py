@@ -56,7 +56,7 @@ def explain(plan_path: str, metaop_id: str) -> None:
     curves = options_curves(graph, profile, cluster, options, profile_name=profile_path)
     oc = curves[m.id]
     out.print(f"{m.id}: {m.num_layers} x {m.layer_kind} of module {m.module} (layers "
-              f"{m.first_layer}-{m.first_layer + m.num_layers}), batch {m.batch_size}, "
+              f"[{m.first_layer}:{m.first_layer + m.num_layers})), batch {m.batch_size}, "
               f"level {m.level}; signature {m.signature}")
     table = Table(title="scaling curve at the valid device counts")
     for col in ("n", "strategy", "T(n) ms/op", "L*T(n) ms", "speedup", "from"):
@@ -128,7 +128,7 @@ def explain(plan_path: str, metaop_id: str) -> None:
     for w, s in plan.slices():
         if s.metaop == m.id:
             waves.add_row(str(w.index), f"{w.start_ms:.3f}", f"{w.duration_ms:.3f}",
-                          f"{s.first}-{s.last}", rank_text(s.ranks), s.strategy,
+                          f"[{s.first}:{s.last})", rank_text(s.ranks), s.strategy,
                           f"{s.time_ms:.3f}")
     print_table(waves)
     planned = next((lv.estimated_ms for lv in plan.levels if lv.level == m.level), 0.0)

@@ -37,7 +37,7 @@ def test_a_slice_on_another_strategy_is_named(plan):
     # t1/txt on ranks 4-7 as two tensor-parallel pairs instead of data parallel, at the same
     # estimated time: the operators and device counts are the same, the slice is not
     b = with_slice(plan, 0, 1, strategy="tp2")
-    assert differences(plan, b) == ["allocation t1/txt: 0-4@4 -> 0-4@4(tp2)",
+    assert differences(plan, b) == ["allocation t1/txt: [0:4)@4 -> [0:4)@4(tp2)",
                                     "waves with other slices: 0"]
 
 

@@ -30,7 +30,8 @@ def wave_table(plan: Plan) -> Table:
             table.add_row(str(w.index) if head else "", str(w.level) if head else "",
                           f"{w.start_ms:.2f}" if head else "",
                           f"{w.duration_ms:.2f}" if head else "", s.metaop,
-                          f"{s.first}-{s.last}", rank_text(s.ranks), s.strategy, f"{s.time_ms:.2f}")
+                          f"[{s.first}:{s.last})", rank_text(s.ranks), s.strategy,
+                          f"{s.time_ms:.2f}")
         table.add_section()
     return table
 

@@ -19,12 +19,12 @@ _MEMORY_CATEGORIES = (("params", "param_bytes"), ("grads", "grad_bytes"),
 
 
 def allocations(plan: Plan) -> dict[str, str]:
-    """Per MetaOp, its slices as 'first-last@n' in order, 'first-last@n(tp<t>)' for a
+    """Per MetaOp, its slices as '[first:last)@n' in order, '[first:last)@n(tp<t>)' for a
     tensor-parallel one."""
     result: dict[str, list[str]] = {}
     for _, s in plan.slices():
         strategy = "" if s.strategy == "dp" else f"({s.strategy})"
-        result.setdefault(s.metaop, []).append(f"{s.first}-{s.last}@{len(s.ranks)}{strategy}")
+        result.setdefault(s.metaop, []).append(f"[{s.first}:{s.last})@{len(s.ranks)}{strategy}")
     return {m: " ".join(v) for m, v in sorted(result.items())}
 
 
