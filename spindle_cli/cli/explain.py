@@ -86,8 +86,14 @@ def explain(plan_path: str, metaop_id: str) -> None:
                if a.level == m.level]
     a = next(x for x in level.ops if x.metaop == m.id)
     c_star = level.lower_bound_ms
+    # the bi-point split takes the nearest counts on the concave envelope of the speedup
+    # curve; a valid count between them (--uneven-splits) lies below it
+    inside = [n for n in oc.counts if a.n_lo < n < a.n_hi]
+    below = (f", the nearest on the concave envelope of its speedups ({', '.join(map(str, inside))}"
+             f" lie{'s' * (len(inside) == 1)} below it: no faster than a mix of the two)"
+             if inside else "")
     between = ("a valid count" if a.n_lo == a.n_hi else
-               f"between valid counts {a.n_lo} and {a.n_hi}" if a.n_lo else
+               f"between valid counts {a.n_lo} and {a.n_hi}{below}" if a.n_lo else
                f"below the smallest valid count, {a.n_hi}: n_lo = 0, a dummy")
     if math.isclose(level.c_star_ms, c_star, rel_tol=1e-9):
         out.print(f"level {m.level}: C* = {c_star:.3f} ms; n* = {a.n_star:.3f} "

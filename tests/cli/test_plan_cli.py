@@ -447,6 +447,27 @@ def test_explain_says_which_counts_do_not_divide_the_batch(case, uneven):
     assert (said in " ".join(r.output.split())) != uneven
 
 
+def test_explain_says_why_a_valid_count_inside_the_split_is_not_used(tmp_path, monkeypatch):
+    # multitask-clip 4 tasks with --uneven-splits: a vision encoder's n* = 6.13 splits over
+    # 5 and 8 devices, though 6 and 7 are valid too (the table lists them): they lie below
+    # the concave envelope of its speedups, which the bi-point split takes its counts from
+    monkeypatch.chdir(REPO)
+    out_plan = tmp_path / "u.yaml"
+    assert invoke("plan", "graphs/multitask-clip-4.yaml", "profiles/multitask-clip-a800-8x8.yaml",
+                  "--cluster", "clusters/a800-2x8.yaml", "--uneven-splits",
+                  "-o", str(out_plan)).exit_code == 0
+    r = invoke("explain", str(out_plan), "task2_vision_depth/vision_enc")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    found = re.search(r"between valid counts (\d+) and (\d+), the nearest on the concave "
+                      r"envelope of its speedups \(([\d, ]+) lies? below it", text)
+    assert found, text
+    lo, hi = int(found[1]), int(found[2])
+    listed = [int(line.split("│")[1]) for line in r.output.split("waves running it")[0]
+              .splitlines() if line.count("│") == 7]
+    assert [int(n) for n in found[3].split(", ")] == [n for n in listed if lo < n < hi]
+
+
 def test_explain_refuses_changed_inputs(case):
     invoke(*plan_args("-o", "plan.yaml"))
     text = Path("cluster.yaml").read_text().replace("name: test", "name: other")
