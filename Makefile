@@ -135,7 +135,8 @@ $(PROFILES:%=profile/%): profile/%: core $$(call after,graph/$$(firstword $$(pro
 # `make measure` when that changed.
 profile/tiny-clip-local-cpu: core $(call after,graph/tiny-clip)
 	@$(SPINDLE) validate profiles/tiny-clip-local-cpu.yaml || { echo "profiles/tiny-clip-local-cpu.yaml \
-	is measured, not regenerated: remake it with 'make measure'" >&2; exit 1; }
+	is measured, not regenerated: once the error above is mended, 'make measure' remakes it if \
+	it is stale" >&2; exit 1; }
 
 measure: install graph/tiny-clip
 	$(SPINDLE) profile graphs/tiny-clip.yaml --hardware local --cluster clusters/local-cpu.yaml \
@@ -152,7 +153,8 @@ $(PLANS:%=plan/%): plan/%: core \
 # them, however many are stale).
 plans-check:
 	@$(MAKE) --no-print-directory -k graphs profiles plans CHECK=--check || { echo "hint: 'make plans' \
-	regenerates them ('make measure' remakes the measured tiny-clip profile)" >&2; exit 1; }
+	regenerates the stale ones ('make measure' the measured tiny-clip profile); an invalid \
+	input named above needs mending first" >&2; exit 1; }
 
 bench: install
 	$(SPINDLE) bench --out docs/bench
