@@ -117,7 +117,8 @@ def _through(batch_size: int, lo: Sample, hi: Sample) -> _Line:
     (`Sample.compare_at`)."""
     b_lo = batch_size / lo.compare_at
     b_hi = batch_size / hi.compare_at
-    beta = max(0.0, (lo.time_ms - hi.time_ms) / (b_lo - b_hi))
+    # two knots of one work (a flat piece, `_knots`) are one point: no slope
+    beta = max(0.0, (lo.time_ms - hi.time_ms) / (b_lo - b_hi)) if b_lo != b_hi else 0.0
     return _Line(alpha=hi.time_ms - beta * b_hi, beta=beta)
 
 
@@ -162,28 +163,31 @@ def _is_kink(lines: list[_Line], k: int) -> bool:
 
 def _knots(run: Sequence[Sample]) -> list[Sample]:
     """The points the pieces pass through. A count n that does not split the batch evenly
-    really ran the per-device work of a smaller count x (`Sample.work_devices`); when x lies
-    above the previous knot, the line reaches T at x, where that work belongs, and T stays
+    really ran the per-device work of a smaller count x (`Sample.work_devices`); where there is
+    room above the previous knot, the line reaches T at x, where that work belongs, and T stays
     flat up to n (every count in between runs the same per-device batch): knots (x, T) and
-    (n, T). Where x is not a whole count (B = 80 on 32 devices runs 3 rows each, the work of
-    26.67) its knot bounds the pieces at ceil(x) and places the line at x (`work_devices`),
-    where `scaling.work_count` reads it; where ceil(x) is n itself, n's knot is placed at x."""
+    (n, T). Where x is no whole count (B = 80 on 32 devices runs 3 rows each, the work of
+    26.67) its knot bounds the pieces at floor(x) and places the line at x (`work_devices`):
+    the line, still falling at floor(x), meets the flat T at x, so T never rises with n, and
+    `scaling.work_count` reads x on the flat piece, and the line beyond n starts from x too.
+    Without room (floor(x) at or below the previous knot, or at n), or for the first count's
+    fractional work, n's knot stays at n."""
     out: list[Sample] = []
     for s in run:
         x = s.work_devices
         above = out[-1].num_devices if out else 0
-        if x and above < x < s.num_devices:
-            whole = abs(x - round(x)) < 1e-9
-            at = round(x) if whole else math.ceil(x)
+        whole = abs(x - round(x)) < 1e-9
+        at = round(x) if whole else math.floor(x)
+        placed = 0.0
+        # a first count's fractional work has no line to meet: below it the first piece would
+        # claim its time for fewer devices
+        if x and above < at < s.num_devices and (whole or out):
             placed = 0.0 if whole else x
-            if at < s.num_devices:
-                out.append(Sample(num_devices=at, time_ms=s.time_ms, strategy=s.strategy,
-                                  work_devices=placed))
-            else:
-                out.append(Sample(num_devices=s.num_devices, time_ms=s.time_ms,
-                                  strategy=s.strategy, work_devices=placed))
-                continue
-        out.append(Sample(num_devices=s.num_devices, time_ms=s.time_ms, strategy=s.strategy))
+            out.append(Sample(num_devices=at, time_ms=s.time_ms, strategy=s.strategy,
+                              work_devices=placed))
+        # the flat piece's end: the line beyond starts from where the work is, too
+        out.append(Sample(num_devices=s.num_devices, time_ms=s.time_ms, strategy=s.strategy,
+                          work_devices=placed))
     return out
 
 
@@ -261,10 +265,10 @@ def fit_curve(
         memory=memory,
         max_rel_error=0.0,
     )
-    # compared where the planner reads a fitted count: at n where it splits the batch, at
-    # the work it runs where it does not (`scaling.work_count`, with --uneven-splits)
+    # compared where the planner asks for a fitted count: at n itself (a count placed at its
+    # work, `_knots`, is exact there by construction)
     covered = {s.num_devices for s in helpful_run(fit_from, noise_rel)}
-    fitted = [s for s in samples if s.num_devices in covered]
+    fitted = [replace(s, work_devices=0.0) for s in samples if s.num_devices in covered]
     return Curve(
         signature=signature,
         batch_size=batch_size,

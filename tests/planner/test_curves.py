@@ -5,6 +5,7 @@ at roofline kinks, invertible, never negative."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -15,6 +16,7 @@ from hypothesis_scale import examples
 from spindle_cli.artifacts.profile import Curve, MemoryModel, ProfilePoint
 from spindle_cli.planner import scaling
 from spindle_cli.planner.curves import Sample, fit_curve, fit_pieces, helpful_run
+from spindle_cli.planner.profiling import work_devices
 
 MEMORY = MemoryModel(param_bytes=0, grad_bytes=0, optimizer_bytes=0, activation_bytes_per_sample=0)
 COUNTS = (1, 2, 4, 8, 16, 32, 64)
@@ -249,6 +251,25 @@ def test_a_count_whose_work_is_no_whole_count_sits_at_its_work(batch, counts):
     for n in range(1, counts[-1] + 1):
         assert scaling.time_ms(curve, scaling.work_count(curve, n)) == pytest.approx(truth(n))
     assert curve.max_rel_error == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize(("batch", "points"), [
+    (100, [(10, 2.0), (11, 2.0), (12, 1.9)]),  # 11's work is 10 up to float noise
+    (13, [(2, 20.0), (4, 3.0)]),  # a steep drop to a count whose work is just below it
+    (200, [(26, 8.3376), (89, 3.8496)]),  # 89's work, 66.67, far below it
+    (96, [(5, 9.0), (7, 6.0), (11, 4.0), (13, 3.5)]),
+])
+def test_counts_placed_at_their_work_keep_the_curve_whole_and_never_rising(batch, points):
+    # a first placement of fractional works divided by zero (a) or went negative at a count
+    # (b), rose by a step past the placed knot (c), and read one device at 20 ms of 7 rows (b)
+    samples = [Sample(num_devices=n, time_ms=t, strategy="dp",
+                      work_devices=work_devices(batch, n, "dp")) for n, t in points]
+    curve = _curve(samples, batch)
+    times = [scaling.time_ms(curve, n) for n in range(1, points[-1][0] + 1)]
+    assert all(t > 0 for t in times)
+    assert all(b <= a * (1 + 1e-12) for a, b in itertools.pairwise(times))
+    for s in samples:  # exact at every fitted count
+        assert scaling.time_ms(curve, s.num_devices) == pytest.approx(s.time_ms)
 
 
 def test_first_count_keeps_its_own_strategy():
