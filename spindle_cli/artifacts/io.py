@@ -449,12 +449,17 @@ def work_tree(path: Path) -> Path | None:
 def _places(ref: InputRef, owner_path: str) -> list[Path]:
     """The files that may be the input `ref` of the artifact read from `owner_path`, in the
     order `load_recorded_input` looks at them: as recorded, then above the artifact up to the
-    top of its git work tree (a worktree or copy inside another checkout does not take that
-    checkout's files for its own)."""
+    top of its git work tree, and only where none of those exists, further up (a worktree or
+    copy inside another checkout does not take that checkout's files for its own, and an
+    input outside the checkout, recorded from where the command ran, is still found)."""
     owner = Path(owner_path).resolve()
     top = work_tree(owner)
-    above = [d for d in owner.parents if top is None or d.is_relative_to(top)]
-    return [p for p in (Path(ref.path), *(d / ref.path for d in above)) if p.is_file()]
+    inside = [d for d in owner.parents if top is None or d.is_relative_to(top)]
+    found = [p for p in (Path(ref.path), *(d / ref.path for d in inside)) if p.is_file()]
+    if found or top is None:
+        return found
+    return [d / ref.path for d in owner.parents if not d.is_relative_to(top)
+            and (d / ref.path).is_file()]
 
 
 def _find(ref: InputRef, owner_path: str) -> tuple[Path, Artifact | None] | None:

@@ -177,6 +177,27 @@ def test_a_work_tree_inside_another_checkout_reads_its_own_inputs(tmp_path, monk
             "made" in res.stderr.splitlines()[0])
 
 
+def test_inputs_outside_the_checkout_are_still_found_above_it(tmp_path, monkeypatch):
+    """A plan written into a checkout from inputs beside it (recorded from where the command
+    ran: shared/cluster.yaml) and read from inside the checkout: nothing of that name is in
+    the checkout, so the directories above it are looked at too (bounding the search at the
+    checkout's top lost them)."""
+    home = tmp_path / "home"
+    repo = home / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "out").mkdir()
+    shared = home / "shared"
+    shared.mkdir()
+    write_case(shared, relative=True)
+    plan = load(str(shared / "plan.yaml"), Plan)
+    refs = tuple(dataclasses.replace(r, path=f"shared/{r.path}") for r in plan.inputs)
+    write_artifact(dataclasses.replace(plan, inputs=refs), str(repo / "out" / "p.yaml"))
+    monkeypatch.chdir(repo)
+    res = _run(["simulate", "out/p.yaml", "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["iteration_ms"] == pytest.approx(61.0)
+
+
 def test_changed_input_is_a_one_line_error(tmp_path):
     plan_path = write_case(tmp_path)
     write_artifact(fx.cluster(latency_s=1e-3), str(tmp_path / "cluster.yaml"))
