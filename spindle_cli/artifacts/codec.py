@@ -22,6 +22,7 @@ import functools
 import math
 import types
 import typing
+import unicodedata
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from spindle_cli.errors import FieldError
@@ -47,17 +48,17 @@ def meta(doc: str, *, ge_why: str = "", le_why: str = "", name: bool = False,
     return {"doc": doc, **bounds, **whys, **({"name": True} if name else {})}
 
 
-NAME_PATTERN = r"^(?=.*\S)[^\x00-\x1f\x7f-\x9f]*$"
-"""A name in the JSON Schema: something besides spaces, no control characters (the loader
-asks `str.isprintable`, which also refuses a few other separators)."""
+NAME_PATTERN = r"^(?=.*\S)[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
+"""A name: something besides spaces, and no control character or line separator (what would
+break a one-line error); the loader asks the same (`_check_name`)."""
 
 
 def _check_name(value: str, path: str) -> None:
     if not value.strip():
         raise FieldError(path, "must not be blank")
-    if not value.isprintable():
-        raise FieldError(path, f"{value!r}: must be printable (no line breaks or control "
-                               "characters: it names something in one-line errors)")
+    if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in value):
+        raise FieldError(path, f"{value!r}: must not hold line breaks or control characters "
+                               "(it names something in one-line errors)")
 
 
 def canonical_float(x: float) -> float:

@@ -122,7 +122,8 @@ def test_schema_rejects_what_the_loader_rejects(small_model_data):
         assert not v.is_valid(data), data
 
 
-@pytest.mark.parametrize("name", ["", "  ", "a800\nx", "a800\x00", "a800\x1b[31m"])
+@pytest.mark.parametrize("name", ["", "  ", "a800\nx", "a800\x00", "a800\x1b[31m",
+                                  "a800\u2028x"])
 def test_a_blank_or_unprintable_name_is_refused_by_loader_and_schema(cluster_data, tmp_path,
                                                                       name):
     # it names the cluster (and the device) in one-line errors
@@ -137,11 +138,18 @@ def test_a_blank_or_unprintable_name_is_refused_by_loader_and_schema(cluster_dat
         path.write_text(json.dumps(data))
         with pytest.raises(ArtifactError) as e:
             load_artifact(str(path))
-        problem = "must not be blank" if not name.strip() else "must be printable"
+        problem = ("must not be blank" if not name.strip() else
+                   "must not hold line breaks or control characters")
         assert f"{path}: {'.'.join(where)}: " in str(e.value) and problem in str(e.value)
         assert "\n" not in str(e.value)
-    cluster_data["name"] = "a800 2x8 (lab)"  # spaces and punctuation are fine
-    assert _validator("cluster").is_valid(cluster_data)
+    # spaces, punctuation and any other printable or formatting character are fine (a
+    # no-break space, a joiner: names and paths hold them)
+    for name in ("a800 2x8 (lab)", "a800\u00a02x8", "gpu\u200dnode", "\u30af\u30e9\u30b9\u30bf"):
+        cluster_data["name"] = name
+        assert _validator("cluster").is_valid(cluster_data)
+        path = tmp_path / "ok.json"
+        path.write_text(json.dumps(cluster_data))
+        assert load_artifact(str(path)).name == name
 
 
 def test_schema_files_are_written_as_open_would_make_them(tmp_path):
