@@ -106,9 +106,9 @@ def main(argv: list[str]) -> int:
             print(f"{directory / name}: {problem}", file=sys.stderr)
             for line in diff:
                 print(f"  {line}", file=sys.stderr)
-        if stale:
-            print(f"hint: python -m spindle_cli.artifacts.schema {directory} regenerates them",
-                  file=sys.stderr)
+        if any(name in schema_files() for name in stale):
+            print(f"hint: python -m spindle_cli.artifacts.schema {directory} regenerates the "
+                  "schemas of the kinds", file=sys.stderr)
         return 1 if stale else 0
     try:
         written = write_schemas(directory)

@@ -27,6 +27,7 @@ the per-device slice shape (`spindle profile --hardware local`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import statistics
@@ -412,6 +413,9 @@ def cached_measure(
         return cached, True
     result = _measured(spec, op, batch, strategy, target=target, settings=settings)
     if not result.feasible:
+        if not reuse:  # measured again: what the entry held is no longer this point's
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
         return result, False
     # a temp file of its own (two runs measuring the same point at once each write one); the
     # CLI checks the cache can be written before it starts (`cli.profile._usable_cache`), so

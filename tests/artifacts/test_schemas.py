@@ -66,7 +66,11 @@ def test_check_mode_reports_drift(tmp_path, capsys):
     assert "  --- model.json (file)" in lines and "  -{}" in lines
     assert f"{tmp_path / 'cluster.json'}: missing (regenerate it)" in lines
     assert f"{tmp_path / 'extra.json'}: the schema of no artifact kind (remove it)" in lines
+    assert "hint: python -m spindle_cli.artifacts.schema" in "\n".join(lines)
     assert main([str(tmp_path)]) == 0
+    # a stray file alone: regenerating does not remove it, so no hint says it would
+    assert main(["--check", str(tmp_path)]) == 1
+    assert "regenerates" not in capsys.readouterr().err
     (tmp_path / "extra.json").unlink()
     assert main(["--check", str(tmp_path)]) == 0
 

@@ -239,6 +239,23 @@ def test_measuring_again_refreshes_the_cache(tiny, tmp_path: Path, calls):
     assert hit and again == fresh and again.time_ms != 12345.0
 
 
+def test_measuring_again_to_no_result_drops_the_old_entry(tiny, tmp_path: Path, monkeypatch):
+    # --no-cache that now runs out of memory or time left the old feasible entry, which the
+    # next run read as this point's
+    model, graph = tiny
+    op = graph.metaop("text_vision/text_enc")
+    spec, target = model.modules[op.module], measure.local_target()
+    measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                           cache_dir=tmp_path)
+    assert list(tmp_path.glob("*.json"))
+    monkeypatch.setattr(measure, "_measured", lambda *a, **k: measure.Measurement(
+        feasible=False, time_ms=0.0, peak_memory_bytes=0, note="timed out"))
+    again, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
+                                        cache_dir=tmp_path, reuse=False)
+    assert not hit and not again.feasible
+    assert not list(tmp_path.glob("*.json"))
+
+
 def test_the_cache_takes_its_own_temp_file_and_is_skipped_when_unwritable(tiny,
                                                                           tmp_path: Path,
                                                                           calls):
