@@ -137,3 +137,8 @@ def test_an_iteration_change_below_the_printed_digits_is_shown(plan):
     (line,) = differences(plan, b)
     assert line == (f"estimated iteration: {plan.estimated_iteration_ms:.4f} -> "
                     f"{b.estimated_iteration_ms:.4f} ms (+0.0004 ms, +0.0%)")
+
+
+def test_a_c_star_change_below_the_printed_digits_is_shown(plan):
+    a, b = (replace(plan, lower_bound_ms=ms) for ms in (24.5901, 24.5904))
+    assert differences(a, b) == ["C*: 24.5901 -> 24.5904 ms"]

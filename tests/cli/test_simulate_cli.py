@@ -256,7 +256,7 @@ def test_text_gantt_of_the_simulated_timeline_follows_the_report(tmp_path):
     assert [row.split()[0] for row in rows] == ["r0-1", "r2-3"]
     assert "a" in rows[0] and "~" in rows[0] and "B" in rows[1]
     assert lines[-1].startswith("legend: A=enc, B=head")
-    assert lines.index(next(line for line in lines if "(| wave start;" in line)) > \
+    assert lines.index(next(line for line in lines if "| wave start;" in line)) > \
         lines.index(next(line for line in lines if "one iteration" in line))
 
 

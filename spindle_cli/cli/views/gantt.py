@@ -339,7 +339,9 @@ def text_gantt(plan: Plan, *, width: int | None = None, sim: SimResult | None = 
         else:
             runs.append((f"r{r}", text))
     pad = max(len(name) for name, _ in runs)
-    lines = [f"{'':>{pad + 1}}{''.join(marks)}  (| wave start; {span:.1f} ms in all)"]
+    # the note on its own line: after the marks it outran a terminal-wide row
+    lines = [f"{'':>{pad + 1}}| wave start; {span:.1f} ms in all",
+             f"{'':>{pad + 1}}{''.join(marks)}"]
     lines += [f"{name:<{pad}} {text}" for name, text in runs]
     lines.append("legend: " + ", ".join(f"{letters[k]}={k}" for k in keys)
                  + (", ~=param sync" if any(b.phase == "sync" for b in tl.bars) else "")

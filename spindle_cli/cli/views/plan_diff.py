@@ -62,7 +62,7 @@ def _digits(x: float, y: float) -> int:
     """Decimals that show the difference of two times in ms: 3, or more where it is smaller
     than 0.001 ms (a difference that prints as +0.000 still makes the plans differ)."""
     digits = 3
-    while digits < 9 and round(x, digits) == round(y, digits):
+    while digits < 9 and x != y and round(x, digits) == round(y, digits):
         digits += 1
     return digits
 
@@ -143,15 +143,14 @@ def differences(a: Plan, b: Plan) -> list[str]:
         lines.append(f"estimated iteration: {a.estimated_iteration_ms:.{digits}f} -> "
                      f"{b.estimated_iteration_ms:.{digits}f} ms ({delta:+.{digits}f} ms{rel})")
     if a.lower_bound_ms != b.lower_bound_ms:
-        lines.append(f"C*: {a.lower_bound_ms:.3f} -> {b.lower_bound_ms:.3f} ms")
+        lines.append(f"C*: {_change_ms(a.lower_bound_ms, b.lower_bound_ms)}")
     levels_b = {lv.level: lv for lv in b.levels}
     for x in a.levels:
         y = levels_b.get(x.level)
         if y is not None and (x.estimated_ms, x.lower_bound_ms) != (y.estimated_ms,
                                                                      y.lower_bound_ms):
-            lines.append(f"level {x.level}: estimated {x.estimated_ms:.3f} -> "
-                         f"{y.estimated_ms:.3f} ms, C* {x.lower_bound_ms:.3f} -> "
-                         f"{y.lower_bound_ms:.3f} ms")
+            lines.append(f"level {x.level}: estimated {_change_ms(x.estimated_ms, y.estimated_ms)}"
+                         f", C* {_change_ms(x.lower_bound_ms, y.lower_bound_ms)}")
     numbers_a, numbers_b = ([str(lv.level) for lv in p.levels] for p in (a, b))
     if numbers_a != numbers_b:
         lines.append(f"levels: {', '.join(numbers_a)} -> {', '.join(numbers_b)}")
@@ -166,6 +165,7 @@ def differences(a: Plan, b: Plan) -> list[str]:
         categories = [name for name, attr in _MEMORY_CATEGORIES
                       if any(getattr(mem_a.get(r), attr, None) != getattr(mem_b.get(r), attr, None)
                              for r in ranks_changed)]
+
         def change(r: int) -> int:
             return _total(mem_b.get(r)) - _total(mem_a.get(r))
 
