@@ -491,10 +491,11 @@ def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -
     Paths are recorded relative to the top of the git checkout holding both files, to where the
     command that made `owner` ran, or absolute (`cli.common.recorded`): try the path as
     written, then relative to the directory of `owner_path` and each one above it up to the
-    top of its git work tree (committed plans record paths relative to the repository root),
-    and take the first file with the recorded content: a stale file of the same name in the
-    working directory does not hide the input beside the artifact. Where no file has it, the
-    error is the first file's (invalid, or changed since).
+    top of its git work tree, and beyond only where none of those exists (`_places`;
+    committed plans record paths relative to the repository root), and take the first file
+    with the recorded content: a stale file of the same name in the working directory does
+    not hide the input beside the artifact. Where no file has it, the error is the first
+    file's (invalid, or changed since).
     """
     kinds_recorded = [r.kind for r in owner.inputs]
     if cls.KIND not in kinds_recorded:
