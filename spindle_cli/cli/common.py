@@ -14,7 +14,6 @@ from spindle_cli.artifacts import (
     ModelSpec,
     Plan,
     load,
-    load_recorded_input,
     rendered_for,
 )
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact
@@ -43,13 +42,12 @@ def note_stale_graph(graph: MetaOpGraph, graph_path: str) -> None:
     """A note where the model `graph` records is found but has changed since, or does not
     give this graph: what is made from it goes on (a what-if on an edited graph), though
     `spindle validate` and `spindle run` refuse it. Nothing where no model is found."""
-    from spindle_cli.planner.graph import check_graph_of_model  # networkx: when needed
+    from spindle_cli.planner.graph import model_of  # networkx: when needed
 
     if ModelSpec.KIND not in (r.kind for r in graph.inputs):
         return
     try:
-        _, model = load_recorded_input(graph, graph_path, ModelSpec)
-        check_graph_of_model(graph, graph_path, model)
+        model_of(graph, graph_path)
     except InputNotFound:
         return
     except SpindleError as e:

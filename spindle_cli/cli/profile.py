@@ -129,7 +129,7 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
     fit_counts = parse_counts(counts) if counts is not None else None
     graph = load_input(graph_path, MetaOpGraph)
     cluster = load_input(cluster_path, ClusterSpec) if cluster_path else None
-    if hardware != "local":  # measuring reads the model, and refuses a stale graph
+    if hardware != "local":  # measuring reads the model: a changed one is an error there
         note_stale_graph(graph, graph_path)
     if fit_counts is None:
         fit_counts = default_counts(cluster)

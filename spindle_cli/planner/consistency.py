@@ -32,7 +32,7 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
         raise PlanError(f"model: the plan is for model {plan.model!r}, its graph for "
                         f"{graph.model!r}")
     ops = {m.id: m for m in graph.metaops}
-    by_id: dict[str, tuple[int, Slice]] = {}
+    by_id: dict[str, tuple[int, int, Slice]] = {}  # (wave, position in it, slice)
     for w in plan.waves:
         for j, s in enumerate(w.slices):
             if s.metaop not in ops:
@@ -41,11 +41,11 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
             if s.id != f"w{w.index}.{j}":
                 raise PlanError(f"waves[{w.index}].slices[{j}]: id {s.id!r} is not "
                                 f"'w{w.index}.{j}' (slices are numbered by wave and position)")
-            by_id[s.id] = (w.index, s)
+            by_id[s.id] = (w.index, j, s)
     _check_canonical_order(plan, ops, by_id)
     feeding: dict[str, set[str]] = {}
     for ti, t in enumerate(plan.transfers):
-        (src_wave, src), (dst_wave, dst) = by_id[t.src], by_id[t.dst]
+        (src_wave, _, src), (dst_wave, _, dst) = by_id[t.src], by_id[t.dst]
         if src.metaop in feeding.setdefault(t.dst, set()):
             raise PlanError(f"transfers[{ti}]: two transfers from {src.metaop!r} into slice "
                             f"{t.dst}")
@@ -57,9 +57,9 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
         feeding[t.dst].add(src.metaop)
     covered: dict[str, list[tuple[int, int]]] = {}
     holders: dict[tuple[str, int], set[int]] = {}
-    for sid, (w, s) in by_id.items():
+    for sid, (w, j, s) in by_id.items():
         m = ops[s.metaop]
-        at = f"waves[{w}].slices[{sid.split('.')[1]}] ({sid})"
+        at = f"waves[{w}].slices[{j}] ({sid})"
         if s.last > m.num_layers:
             raise PlanError(f"{at}: operators [{s.first}, {s.last}) exceed the "
                             f"{m.num_layers} of {m.id}")
@@ -152,18 +152,18 @@ def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> No
 
 
 def _check_canonical_order(plan: Plan, ops: dict[str, MetaOp],
-                           by_id: dict[str, tuple[int, Slice]]) -> None:
+                           by_id: dict[str, tuple[int, int, Slice]]) -> None:
     """PlanError unless the transfers are in canonical order (by destination wave and slice,
     its own MetaOp's earlier slice first, then its predecessors in order) and the parameter
     groups by module and first layer: as `spindle plan` writes them, so that a diff of two
     plans shows what changed, not where it was listed."""
 
     def key(t: Transfer) -> tuple[int, int, int]:
-        (_, src), (wave, dst) = by_id[t.src], by_id[t.dst]
+        (_, _, src), (wave, position, dst) = by_id[t.src], by_id[t.dst]
         preds = ops[dst.metaop].predecessors
         source = 0 if src.metaop == dst.metaop else (
             1 + preds.index(src.metaop) if src.metaop in preds else len(preds) + 1)
-        return wave, int(dst.id.split(".")[1]), source
+        return wave, position, source
 
     keys = [key(t) for t in plan.transfers]
     for ti in range(1, len(keys)):

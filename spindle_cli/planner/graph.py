@@ -32,7 +32,7 @@ import networkx as nx
 
 from spindle_cli.artifacts.base import InputRef
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.artifacts.io import as_written, derived_header
+from spindle_cli.artifacts.io import as_written, derived_header, load_recorded_input
 from spindle_cli.artifacts.model import ModelSpec, ModuleSpec, TaskSpec
 from spindle_cli.artifacts.model_check import Shape, infer_shapes, topo_steps
 from spindle_cli.errors import SpindleError
@@ -249,6 +249,14 @@ def build_graph(
         num_levels=1 + max(levels),
         metaops=tuple(metaops),
     )
+
+
+def model_of(graph: MetaOpGraph, graph_path: str) -> ModelSpec:
+    """The model `graph` (read from `graph_path`) records, found and verified by hash
+    (`load_recorded_input`), of which it must be the graph (`check_graph_of_model`)."""
+    _, model = load_recorded_input(graph, graph_path, ModelSpec)
+    check_graph_of_model(graph, graph_path, model)
+    return model
 
 
 def check_graph_of_model(graph: MetaOpGraph, graph_path: str, model: ModelSpec) -> None:

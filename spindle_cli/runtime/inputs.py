@@ -13,7 +13,7 @@ from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Plan, load, load_recor
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.api import PlanOptions
 from spindle_cli.planner.consistency import check_recorded
-from spindle_cli.planner.graph import check_graph_of_model
+from spindle_cli.planner.graph import model_of
 from spindle_cli.runtime.program import PlanError, Program, build_program
 
 
@@ -34,8 +34,7 @@ def load_run_inputs(plan_path: str) -> RunInputs:
     model; and the plan must schedule the graph (`build_program`)."""
     plan = load(plan_path, Plan)
     graph_path, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
-    _, model = load_recorded_input(graph, graph_path, ModelSpec)
-    check_graph_of_model(graph, graph_path, model)
+    model = model_of(graph, graph_path)
     try:
         memory = PlanOptions.of(plan).memory
         program = build_program(plan, graph, model)

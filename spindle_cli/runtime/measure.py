@@ -33,7 +33,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -363,12 +363,12 @@ def measure_optimizer(target: Target, settings: Settings) -> OptimizerCost:
 def cache_key(op: MetaOp, n: int, batch: int, strategy: str, *, target: Target,
               settings: Settings) -> str:
     """The file name of a point in the cache."""
-    fields = {
+    point = {
         "signature": op.signature, "num_devices": n, "batch": batch, "strategy": strategy,
         "repeats": settings.repeats, "warmup": settings.warmup, "torch": str(torch.__version__),
         "device": target.device_name, "dtype": target.dtype_name, "method": METHOD,
     }
-    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps(point, sort_keys=True).encode()).hexdigest()
     return f"{digest[:32]}.json"
 
 
@@ -381,8 +381,7 @@ def _cached(path: Path) -> Measurement | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or set(data) != {"feasible", "time_ms", "peak_memory_bytes",
-                                                   "note"}:
+    if not isinstance(data, dict) or set(data) != {f.name for f in fields(Measurement)}:
         return None
     time_ms, peak, note = data["time_ms"], data["peak_memory_bytes"], data["note"]
     if (data["feasible"] is not True or type(time_ms) not in (int, float)

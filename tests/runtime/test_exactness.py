@@ -404,6 +404,14 @@ def test_a_rank_without_work_still_takes_part(graph: MetaOpGraph, model: ModelSp
     assert_matches_reference(results, reference, plan, graph)
 
 
+def _assert_losses_close(losses: list[dict[str, float]], ref_losses: list[dict[str, float]],
+                         *, rel: float) -> None:
+    """Every step's every task loss within `rel` of the reference's."""
+    for got, want in zip(losses, ref_losses, strict=True):
+        for task in want:
+            assert got[task] == pytest.approx(want[task], rel=rel)
+
+
 @pytest.mark.timeout(120)
 def test_float32_two_ranks_close_to_reference(graph: MetaOpGraph, model: ModelSpec,
                                               reference32: Any, repo_root: Any) -> None:
@@ -415,9 +423,7 @@ def test_float32_two_ranks_close_to_reference(graph: MetaOpGraph, model: ModelSp
     ref_losses, ref_params = reference32
     results = run_distributed(train_rank, 2, plan, graph, model, "fp32", timeout_s=90)
     for losses, params in results:
-        for got, want in zip(losses, ref_losses, strict=True):
-            for task in want:
-                assert got[task] == pytest.approx(want[task], rel=1e-5)
+        _assert_losses_close(losses, ref_losses, rel=1e-5)
         diffs = torch.cat([(v - ref_params[n]).abs().flatten() for n, v in params.items()])
         assert (diffs > 1e-5).float().mean().item() < 0.01
         assert diffs.max().item() < LR
@@ -437,9 +443,7 @@ def test_bf16_mixed_precision_tracks_float32(zero: int, graph: MetaOpGraph, mode
     ref_losses, ref_params = reference32
     results = run_distributed(train_rank, 4, plan, graph, model, "bf16", timeout_s=90)
     for losses, params in results:
-        for got, want in zip(losses, ref_losses, strict=True):
-            for task in want:
-                assert got[task] == pytest.approx(want[task], rel=1e-2)
+        _assert_losses_close(losses, ref_losses, rel=1e-2)
         assert {v.dtype for v in params.values()} == {torch.bfloat16}
         diffs = torch.cat([(v.float() - ref_params[n]).abs().flatten()
                            for n, v in params.items()])

@@ -199,6 +199,16 @@ def test_the_cache_answers_the_second_time(tiny, tmp_path: Path, calls):
     assert not hit and len(calls) == 5
 
 
+def _point(tiny, cache_dir: Path, **kwargs):
+    """text_vision's text encoder on 2 devices (batch 4, dp) through the cache in `cache_dir`:
+    (measurement, from cache)."""
+    model, graph = tiny
+    op = graph.metaop("text_vision/text_enc")
+    return measure.cached_measure(model.modules[op.module], op, 2, 4, "dp",
+                                  target=measure.local_target(), settings=FAST,
+                                  cache_dir=cache_dir, **kwargs)
+
+
 @pytest.mark.parametrize("entry", [{"time_ms": "abc"}, {"time_ms": -5.0}, {"time_ms": 0.0},
                                    {"time_ms": 1e308}, {"feasible": "yes"},
                                    {"peak_memory_bytes": -1}, {"peak_memory_bytes": 1.5},
@@ -206,52 +216,35 @@ def test_the_cache_answers_the_second_time(tiny, tmp_path: Path, calls):
 def test_a_cache_entry_no_measurement_gives_is_measured_again(tiny, tmp_path: Path, calls,
                                                               entry):
     # such entries ended in an internal error, or in an error blaming the graph's sizes
-    model, graph = tiny
-    op = graph.metaop("text_vision/text_enc")
-    spec, target = model.modules[op.module], measure.local_target()
-    first, _ = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
-                                      cache_dir=tmp_path)
+    _point(tiny, tmp_path)
     (path,) = tmp_path.glob("*.json")
     path.write_text(json.dumps({**json.loads(path.read_text()), **entry}))
-    again, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
-                                        cache_dir=tmp_path)
+    again, hit = _point(tiny, tmp_path)
     assert not hit and again.feasible and again.time_ms > 0 and len(calls) == 2
     # and the entry is whole again
-    _, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
-                                    cache_dir=tmp_path)
+    _, hit = _point(tiny, tmp_path)
     assert hit and len(calls) == 2
 
 
 def test_measuring_again_refreshes_the_cache(tiny, tmp_path: Path, calls):
     # --no-cache measured again but left the old entry, which the next run read
-    model, graph = tiny
-    op = graph.metaop("text_vision/text_enc")
-    spec, target = model.modules[op.module], measure.local_target()
-    measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
-                           cache_dir=tmp_path)
+    _point(tiny, tmp_path)
     (path,) = tmp_path.glob("*.json")
     path.write_text(json.dumps({**json.loads(path.read_text()), "time_ms": 12345.0}))
-    fresh, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
-                                        cache_dir=tmp_path, reuse=False)
+    fresh, hit = _point(tiny, tmp_path, reuse=False)
     assert not hit and len(calls) == 2
-    again, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
-                                        cache_dir=tmp_path)
+    again, hit = _point(tiny, tmp_path)
     assert hit and again == fresh and again.time_ms != 12345.0
 
 
 def test_measuring_again_to_no_result_drops_the_old_entry(tiny, tmp_path: Path, monkeypatch):
     # --no-cache that now runs out of memory or time left the old feasible entry, which the
     # next run read as this point's
-    model, graph = tiny
-    op = graph.metaop("text_vision/text_enc")
-    spec, target = model.modules[op.module], measure.local_target()
-    measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
-                           cache_dir=tmp_path)
+    _point(tiny, tmp_path)
     assert list(tmp_path.glob("*.json"))
     monkeypatch.setattr(measure, "_measured", lambda *a, **k: measure.Measurement(
         feasible=False, time_ms=0.0, peak_memory_bytes=0, note="timed out"))
-    again, hit = measure.cached_measure(spec, op, 2, 4, "dp", target=target, settings=FAST,
-                                        cache_dir=tmp_path, reuse=False)
+    again, hit = _point(tiny, tmp_path, reuse=False)
     assert not hit and not again.feasible
     assert not list(tmp_path.glob("*.json"))
 
