@@ -273,6 +273,14 @@ def _bisect_makespan(curves: list[OpCurve], num_devices: int,
                       for oc in curves))
     hi = sum(oc.work_ms for oc in curves)
     needs = [need(oc) for oc in curves]
+    # no C below the slowest MetaOp's time on its fastest count is reachable: where that one
+    # leaves devices over it is C* (bisection would only close in on it, leaving that
+    # MetaOp's n* a hair below its count); the next float up absorbs the division's rounding
+    reach = max((oc.work_ms / oc.speedups[-1] for oc in curves if oc.speedups[-1] > 0),
+                default=0.0)
+    for c_ms in (reach, math.nextafter(reach, math.inf)):
+        if 0 < c_ms and lo <= c_ms <= hi and not _exceeds(needs, c_ms, num_devices):
+            return c_ms
     for _ in range(_BISECTION_STEPS):
         if hi - lo <= _REL_TOL * hi:
             break

@@ -375,3 +375,18 @@ def test_c_star_is_bounded_by_the_fastest_valid_count_not_the_last_alpha():
     assert [(t.n, t.num_ops) for x in level.ops for t in x.tuples] == [(2, 4)]
     plan = make_plan(g, profile([c]), cluster(per_node=4))
     assert plan.estimated_iteration_ms >= plan.lower_bound_ms - 1e-9
+
+
+def test_c_star_at_the_fastest_count_of_the_slowest_metaop_is_that_count_exactly():
+    # a/embed cannot finish faster than on its last valid count (8, the batch), and the level
+    # has devices over there: C* is its time on 8 and its n* that count, one tuple (bisection
+    # closed in from above and left n* a hair below 8, with a second tuple of ~0 operators)
+    g, p = flat_and_steep()
+    curves = op_curves(g, p, 16)
+    for spread in (False, True):
+        (level,) = allocate(g, curves, 16, spread=spread)
+        assert level.c_star_ms == curves["a/embed"].time_at(8)
+    (level,) = allocate(g, curves, 16, spread=True)
+    embed = level.ops[0]
+    assert embed.n_star == 8.0
+    assert [(t.n, t.num_ops) for t in embed.tuples] == [(8, 1)]
