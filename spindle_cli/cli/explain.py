@@ -23,6 +23,7 @@ from spindle_cli.cli.common import load_input
 from spindle_cli.cli.views import print_table, rank_text
 from spindle_cli.cli.views.plan import mixed_waves
 from spindle_cli.errors import SpindleError
+from spindle_cli.planner.allocation import OpCurve
 
 A = TypeVar("A", bound=Artifact)
 
@@ -69,7 +70,12 @@ def explain(plan_path: str, metaop_id: str) -> None:
         table.add_row(str(n), scaling.strategy(oc.curve, n), f"{t:.4f}",
                       f"{m.num_layers * t:.3f}", f"{s:.2f}", source)
     print_table(table)
-    missing = [n for n in profile.counts if n <= plan.num_devices and n not in oc.counts]
+    slower = _no_faster(oc, plan.num_devices, options.uneven_splits)
+    if slower:
+        out.print(f"not offered: {', '.join(map(str, sorted(slower)))} device(s), no faster "
+                  f"than fewer devices ({_as_fast(slower)}): they would only hold more")
+    missing = [n for n in profile.counts
+               if n <= plan.num_devices and n not in oc.counts and n not in slower]
     undivided = [n for n in missing if m.batch_size % n and not options.uneven_splits]
     if undivided:
         out.print(f"not valid: {', '.join(map(str, undivided))} device(s), which do not divide "
@@ -160,3 +166,29 @@ def explain(plan_path: str, metaop_id: str) -> None:
 def _times(value: float, base: float) -> str:
     """'1.234x', or '-x' where the base rounds to no time at all."""
     return f"{value / base:.3f}x" if base > 0 else "-x"
+
+
+def _no_faster(oc: OpCurve, num_devices: int, uneven: bool) -> dict[int, int]:
+    """Valid counts the allocator does not offer because a smaller offered count runs as fast
+    (`allocation.op_curve`: with uneven splits, B = 64 runs 5 rows per device on 13 to 15),
+    each with the largest such count."""
+    from spindle_cli.planner import scaling
+    from spindle_cli.planner.allocation import op_time_ms
+
+    kept = dict(zip(oc.counts[1:], oc.times_ms[1:], strict=True))
+    slower = {}
+    for n in scaling.valid_counts(oc.curve, num_devices, uneven=uneven):
+        if n in kept:
+            continue
+        t = op_time_ms(oc.curve, n, uneven=uneven)
+        if as_fast := [k for k, tk in kept.items() if k < n and tk <= t]:
+            slower[n] = max(as_fast)
+    return slower
+
+
+def _as_fast(slower: dict[int, int]) -> str:
+    """'9 as on 8; 14, 15 as on 13'."""
+    groups: dict[int, list[int]] = {}
+    for n, k in sorted(slower.items()):
+        groups.setdefault(k, []).append(n)
+    return "; ".join(f"{', '.join(map(str, ns))} as on {k}" for k, ns in groups.items())

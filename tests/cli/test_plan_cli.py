@@ -447,25 +447,56 @@ def test_explain_says_which_counts_do_not_divide_the_batch(case, uneven):
     assert (said in " ".join(r.output.split())) != uneven
 
 
-def test_explain_says_why_a_valid_count_inside_the_split_is_not_used(tmp_path, monkeypatch):
-    # multitask-clip 4 tasks with --uneven-splits: a vision encoder's n* = 6.13 splits over
-    # 5 and 8 devices, though 6 and 7 are valid too (the table lists them): they lie below
-    # the concave envelope of its speedups, which the bi-point split takes its counts from
-    monkeypatch.chdir(REPO)
-    out_plan = tmp_path / "u.yaml"
-    assert invoke("plan", "graphs/multitask-clip-4.yaml", "profiles/multitask-clip-a800-8x8.yaml",
-                  "--cluster", "clusters/a800-2x8.yaml", "--uneven-splits",
-                  "-o", str(out_plan)).exit_code == 0
+@pytest.fixture(scope="module")
+def uneven_vision_explained(tmp_path_factory) -> str:
+    """`spindle explain` of a vision encoder (batch 64) in multitask-clip 4 tasks planned on
+    16 devices with --uneven-splits."""
+    out_plan = tmp_path_factory.mktemp("uneven") / "u.yaml"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(REPO)
+        assert invoke("plan", "graphs/multitask-clip-4.yaml",
+                      "profiles/multitask-clip-a800-8x8.yaml", "--cluster",
+                      "clusters/a800-2x8.yaml", "--uneven-splits",
+                      "-o", str(out_plan)).exit_code == 0
     r = invoke("explain", str(out_plan), "task2_vision_depth/vision_enc")
     assert r.exit_code == 0, r.output
-    text = " ".join(r.output.split())
+    return r.output
+
+
+def _curve_table_counts(output: str) -> list[int]:
+    """The counts of explain's scaling-curve table."""
+    return [int(line.split("│")[1]) for line in output.split("waves running it")[0].splitlines()
+            if line.count("│") == 7]
+
+
+def test_explain_says_why_a_valid_count_inside_the_split_is_not_used(uneven_vision_explained):
+    # the vision encoder's n* = 6.13 splits over 5 and 8 devices, though 6 and 7 are valid
+    # too (the table lists them): they lie below the concave envelope of its speedups, which
+    # the bi-point split takes its counts from
+    text = " ".join(uneven_vision_explained.split())
     found = re.search(r"between valid counts (\d+) and (\d+), the nearest on the concave "
                       r"envelope of its speedups \(([\d, ]+) lies? below it", text)
     assert found, text
     lo, hi = int(found[1]), int(found[2])
-    listed = [int(line.split("│")[1]) for line in r.output.split("waves running it")[0]
-              .splitlines() if line.count("│") == 7]
+    listed = _curve_table_counts(uneven_vision_explained)
     assert [int(n) for n in found[3].split(", ")] == [n for n in listed if lo < n < hi]
+
+
+def test_explain_names_the_counts_no_faster_than_fewer(uneven_vision_explained):
+    # with uneven splits every count 1-16 is valid for a batch of 64; those running as many
+    # rows per device as a smaller count are not offered, and explain says so for each
+    text = " ".join(uneven_vision_explained.split())
+    found = re.search(r"not offered: ([\d, ]+) device\(s\), no faster than fewer devices "
+                      r"\(([^)]*)\): they would only hold more", text)
+    assert found, text
+    offered = _curve_table_counts(uneven_vision_explained)
+    not_offered = [int(n) for n in found[1].split(", ")]
+    assert sorted(offered + not_offered) == list(range(1, 17))
+    pairs = [(int(n), int(k)) for group in found[2].split("; ")
+             for k in [group.split(" as on ")[1]] for n in group.split(" as on ")[0].split(", ")]
+    assert sorted(n for n, _ in pairs) == not_offered
+    for n, k in pairs:
+        assert k in offered and k < n and -(-64 // n) == -(-64 // k)
 
 
 def test_explain_refuses_changed_inputs(case):
