@@ -17,7 +17,14 @@ from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.allocation import AslTuple, LevelAllocation, OpCurve
-from spindle_cli.planner.waves import MaxOps, PlannedWave, Slot, align, merge_or_append
+from spindle_cli.planner.waves import (
+    MaxOps,
+    PlannedWave,
+    Slot,
+    align,
+    merge_or_append,
+    shorten_waves,
+)
 
 Chain = list[tuple[str, int]]
 """MetaOps run one after another on one device group, with their device counts."""
@@ -115,14 +122,16 @@ def _least_sum(timed: list[list[tuple[int, float]]], bound_ms: float,
 def concurrent(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGraph,
                max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Waves for chains running side by side: each wave is aligned to the shortest current
-    MetaOp remainder; the others run as many whole operators as fit."""
+    MetaOp remainder; the others run as many whole operators as fit. Then shortened
+    (`waves.shorten_waves`), as Spindle's levels are: a chain's MetaOp moves operators only
+    between the waves it already runs in, so each chain keeps its order."""
     pos = [0] * len(chains)
     left = [graph.metaop(c[0][0]).num_layers if c else 0 for c in chains]
     waves: list[PlannedWave] = []
     while True:
         active = [i for i, c in enumerate(chains) if pos[i] < len(c)]
         if not active:
-            return waves
+            return shorten_waves(waves, max_ops)
         heads = [chains[i][pos[i]] for i in active]
         taus = [curves[m].time_at(n) for m, n in heads]
         offered = [left[i] if max_ops is None else min(left[i], max_ops(m, n))
