@@ -129,3 +129,18 @@ def test_optimus_grows_a_task_past_a_member_valid_on_one_device_only():
     plan = make_plan(g, p, c, options=options)
     counts = {s.metaop: len(s.ranks) for _, s in plan.slices()}
     assert counts == {"t0/enc": 3, "t0/loss": 1}
+
+
+def test_optimus_waves_are_shortened_as_spindle_levels_are():
+    # a: 3 operators of 10 ms; b: one of 4 ms, then 4 of 6 ms; one device each. Aligned one
+    # wave at a time: [a 10 | b 4], [a 20 | b 18], [b 6] = 36 ms. Moving b's last operator
+    # into the second wave (24 ms) ends at 34 ms, the third wave gone; each task keeps its
+    # order (a MetaOp's operators move only between the waves it runs in)
+    g = graph([metaop("a/x", layers=3, batch=1), metaop("b/e", layers=1, batch=1),
+               metaop("b/h", level=1, layers=4, batch=1, preds=("b/e",))])
+    p = profile([alpha_beta_curve("a/x", 1, 10.0, 0.0), alpha_beta_curve("b/e", 1, 4.0, 0.0),
+                 alpha_beta_curve("b/h", 1, 6.0, 0.0)])
+    plan = make_plan(g, p, cluster(per_node=2), options=PlanOptions(planner="optimus"))
+    assert sum(w.duration_ms for w in plan.waves) == pytest.approx(34.0)
+    got = [sorted((s.metaop, s.first, s.last) for s in w.slices) for w in plan.waves]
+    assert got == [[("a/x", 0, 1), ("b/e", 0, 1)], [("a/x", 1, 3), ("b/h", 0, 4)]]
