@@ -175,12 +175,34 @@ def _load_world(models_dir: str, clusters_dir: str, configs: list[lib.BenchConfi
     models = {m: load_input(str(Path(models_dir) / f"{m}.yaml"), ModelSpec)
               for m in dict.fromkeys(c.model for c in configs)}
     for c in configs:
+        path = str(Path(models_dir) / f"{c.model}.yaml")
         if c.task_set is not None:
-            _check_task_sets(models[c.model], str(Path(models_dir) / f"{c.model}.yaml"),
-                             [c.task_set])
-    clusters = {c: load_input(str(Path(clusters_dir) / f"{c}.yaml"), ClusterSpec)
-                for c in dict.fromkeys(c.cluster for c in configs)}
+            _check_task_sets(models[c.model], path, [c.task_set])
+        _check_num_tasks(models[c.model], path, c.task_set, c.num_tasks)
+    clusters = {c.cluster: _cluster(clusters_dir, c.cluster, c.num_devices) for c in configs}
     return models, clusters
+
+
+def _check_num_tasks(model: ModelSpec, path: str, task_set: str | None, num_tasks: int) -> None:
+    """ArtifactError where the task set a cell runs (None: all tasks) has another number of
+    tasks than the cell is named for: its row, and the paper's numbers beside it, would say
+    so."""
+    tasks = model.tasks if task_set is None else model.task_sets[task_set]
+    if len(tasks) != num_tasks:
+        field = "tasks" if task_set is None else f"task_sets.{task_set}"
+        raise ArtifactError(path, field, f"{len(tasks)} tasks, where spindle bench runs the "
+                                         f"paper's {num_tasks}")
+
+
+def _cluster(clusters_dir: str, name: str, num_devices: int) -> ClusterSpec:
+    """The cluster spec `name`, which must have the `num_devices` the bench's cells run on."""
+    path = str(Path(clusters_dir) / f"{name}.yaml")
+    cluster = load_input(path, ClusterSpec)
+    if cluster.num_devices != num_devices:
+        raise ArtifactError(path, "num_nodes", f"{cluster.num_nodes} x "
+                            f"{cluster.devices_per_node} = {cluster.num_devices} devices, where "
+                            f"spindle bench runs {num_devices} on {name}")
+    return cluster
 
 
 def _check_task_sets(model: ModelSpec, path: str, names: list[str]) -> None:
@@ -283,6 +305,8 @@ MATRIX_FILES = ("bench.json", "bench.csv", "bench.md", "fig8_speedup.png", "fig1
                 "fig11_gap.png", "fig12_plan_time.png", "gantt.png", "utilization.png")
 """What a matrix run writes into --out (the Gantt and utilization charts when the plan they
 draw could be made)."""
+DYNAMIC_FILES = ("dynamic.json", "dynamic.csv", "dynamic.md")
+"""What a --dynamic run writes into --out."""
 
 
 @contextlib.contextmanager
@@ -440,7 +464,7 @@ def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
     model_path = str(Path(models_dir) / f"{lib.DYNAMIC_MODEL}.yaml")
     model = load_input(model_path, ModelSpec)
     _check_task_sets(model, model_path, list(lib.DYNAMIC_SCHEDULE))
-    cluster = load_input(str(Path(clusters_dir) / f"{cluster_name}.yaml"), ClusterSpec)
+    cluster = _cluster(clusters_dir, cluster_name, lib.DYNAMIC_DEVICES)
     err.print(f"bench --dynamic: {lib.DYNAMIC_MODEL} task sets "
               f"{' -> '.join(lib.DYNAMIC_SCHEDULE)} on {cluster_name}")
     rows = lib.run_dynamic(model, cluster, schedule=lib.DYNAMIC_SCHEDULE)
@@ -474,14 +498,18 @@ def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
         err.print(f"wrote {out_dir}/dynamic.{{csv,json,md}}")
 
 
-def _checked_out_dir(out_dir: str) -> Path:
+def _checked_out_dir(out_dir: str, names: tuple[str, ...]) -> Path:
     """The --out directory, checked before the run so that one the files cannot go to fails at
     once rather than after it: a directory, or a name one can be created under, that takes
-    new files (a dangling symlink, which mkdir cannot follow, is refused). Not '-', which is
-    stdout to every other command: a directory of files cannot be."""
+    new files (a dangling symlink, which mkdir cannot follow, is refused), where none of the
+    files `names` the run writes is one the swap would refuse (a directory, a read-only file:
+    `_swap_in`). Not '-', which is stdout to every other command: a directory of files cannot
+    be; not '', which would be the working directory."""
     if out_dir == "-":
         raise SpindleError("--out -: bench writes a directory of files, which cannot go to "
                            "stdout (give a directory)")
+    if not out_dir:
+        raise SpindleError("--out '': an empty directory name (give a directory)")
     target = Path(out_dir)
     if target.is_symlink() and not target.exists():
         raise SpindleError(f"--out {out_dir}: a symlink to {os.readlink(target)!r}, which "
@@ -490,6 +518,13 @@ def _checked_out_dir(out_dir: str) -> Path:
         raise SpindleError(f"--out {out_dir}: exists and is not a directory")
     check_parent(f"--out {out_dir}", target.parent)
     check_can_create(f"--out {out_dir}", target if target.exists() else target.parent)
+    for name in names:
+        entry = target / name
+        if entry.is_dir() and not entry.is_symlink():
+            raise SpindleError(f"--out {out_dir}: cannot write {name}: "
+                               f"{os.strerror(errno.EISDIR)}")
+        if entry.exists() and not entry.is_symlink():
+            output_file(entry)
     return target
 
 
@@ -510,7 +545,8 @@ def _checked_out_dir(out_dir: str) -> Path:
 def bench(as_json: bool, out_dir: str | None, quick: bool, dynamic: bool, models_dir: str,
           clusters_dir: str) -> None:
     """Reproduce the paper's evaluation on simulated a800 clusters."""
-    target = None if out_dir is None else _checked_out_dir(out_dir)
+    target = (None if out_dir is None else
+              _checked_out_dir(out_dir, DYNAMIC_FILES if dynamic else MATRIX_FILES))
     for flag, given in (("--models-dir", models_dir), ("--clusters-dir", clusters_dir)):
         if not Path(given).is_dir():
             raise SpindleError(f"{flag} {given}: " + (

@@ -406,3 +406,53 @@ def test_a_model_without_the_task_set_bench_runs_is_a_one_line_error(tiny_matrix
     assert res.exit_code == 2
     assert res.stderr.startswith(f"error: {models / 'tiny-clip.yaml'}: task_sets: no task set "
                                  f"{TINY.task_set!r}, which spindle bench runs")
+
+
+def test_an_empty_out_is_refused_before_the_run(no_run, tmp_path, monkeypatch):
+    # Path('') is the working directory: the files went into it
+    monkeypatch.chdir(tmp_path)
+    res = run(["bench", "--quick", "--out", ""])
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr == "error: --out '': an empty directory name (give a directory)\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("mode", "name"), [("--quick", "bench.csv"),
+                                            ("--dynamic", "dynamic.md")])
+def test_a_read_only_file_in_out_is_refused_before_the_run(no_run, tmp_path, mode, name):
+    kept = tmp_path / name
+    kept.write_text("kept\n")
+    kept.chmod(0o444)
+    res = run(["bench", mode, "--out", str(tmp_path)])
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.startswith(f"error: {kept}: cannot write: read-only file\n")
+    assert kept.read_text() == "kept\n"
+
+
+def test_a_task_set_of_another_size_than_the_cell_is_refused(no_run, tiny_matrix, tmp_path):
+    # its row would be labelled with the cell's count, beside the paper's numbers for it
+    models = tmp_path / "models"
+    shutil.copytree(REPO / "models", models)
+    data = yaml.safe_load((models / "tiny-clip.yaml").read_text())
+    data["task_sets"][TINY.task_set] = data["task_sets"][TINY.task_set][:1]
+    (models / "tiny-clip.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    res = run(["bench", "--models-dir", str(models), "--clusters-dir", str(REPO / "clusters")])
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr == (f"error: {models / 'tiny-clip.yaml'}: task_sets.{TINY.task_set}: "
+                          f"1 tasks, where spindle bench runs the paper's 2\n")
+
+
+@pytest.mark.parametrize("mode", ["--quick", "--dynamic"])
+def test_a_cluster_of_another_size_than_the_cell_is_refused(no_run, tmp_path, mode):
+    clusters = tmp_path / "clusters"
+    shutil.copytree(REPO / "clusters", clusters)
+    for spec in clusters.glob("a800-*.yaml"):
+        data = yaml.safe_load(spec.read_text())
+        data["num_nodes"] = 1
+        spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    res = run(["bench", mode, "--models-dir", str(REPO / "models"),
+               "--clusters-dir", str(clusters)])
+    assert res.exit_code == 2, res.stderr
+    assert len(res.stderr.splitlines()) == 1
+    assert res.stderr.startswith(f"error: {clusters}/a800-")
+    assert ": num_nodes: 1 x 8 = 8 devices, where spindle bench runs " in res.stderr
