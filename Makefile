@@ -16,10 +16,13 @@ OUT := out
 # OUT must be one word: make splits a path with spaces, and `make clean OUT="my out"` would
 # remove my
 out_spaces = OUT '$(OUT)' has spaces: make would read it as $(words $(OUT)) paths
-out_ok = $(if $(strip $(OUT)),$(if $(word 2,$(OUT)),$(error $(out_spaces))),$(error OUT is empty: \
-	make $(1) would $(2)))
-# --check on every generator target: `make plans CHECK=--check` never writes.
+# nor the root directory, where $(OUT)/demo is /demo
+out_ok = $(if $(strip $(subst /,,$(OUT))),$(if $(word 2,$(OUT)),$(error $(out_spaces))),$(error \
+	OUT $(if $(strip $(OUT)),'$(OUT)' is the root directory,is empty): make $(1) would $(2)))
+# --check on every generator target (graphs, profiles, plans, schemas): `make plans
+# CHECK=--check` never writes; measure and bench, which cannot check, refuse it.
 CHECK :=
+no_check = $(if $(CHECK),$(error make $(1) has no --check: $(2)))
 
 # Analytic profiles per model: the cluster whose links the profile uses and its counts.
 A800_64 := --hardware a800 --cluster clusters/a800-8x8.yaml --validate
@@ -139,6 +142,8 @@ profile/tiny-clip-local-cpu: core $(call after,graph/tiny-clip)
 	it is stale" >&2; exit 1; }
 
 measure: install graph/tiny-clip
+	$(call no_check,measure,a measurement cannot be reproduced (make plans-check validates the \
+	measured profile))
 	$(SPINDLE) profile graphs/tiny-clip.yaml --hardware local --cluster clusters/local-cpu.yaml \
 		--validate --repeats 20 --no-cache -o profiles/tiny-clip-local-cpu.yaml
 	$(MAKE) --no-print-directory plan/tiny-clip-local-cpu plan/tiny-clip-local-cpu-2
@@ -157,6 +162,8 @@ plans-check:
 	input named above needs mending first" >&2; exit 1; }
 
 bench: install
+	$(call no_check,bench,its planning times differ from run to run (make plans-check checks \
+	the committed artifacts))
 	$(SPINDLE) bench --out docs/bench
 	$(SPINDLE) bench --dynamic --out docs/bench
 	$(PYTHON) benchmarks/bench_profile.py
@@ -166,7 +173,7 @@ bench: install
 	$(PYTHON) benchmarks/bench_runtime.py
 
 schemas: install
-	$(PYTHON) -m spindle_cli.artifacts.schema schemas/
+	$(PYTHON) -m spindle_cli.artifacts.schema $(CHECK) schemas/
 
 clean:
 	$(call out_ok,clean,remove /demo)

@@ -88,6 +88,37 @@ def test_clean_refuses_an_empty_out():
     assert "rm -rf" not in r.stdout
 
 
+@pytest.mark.parametrize("out", ["/", "//"])
+@pytest.mark.parametrize(("target", "would"), [("clean", "remove"), ("demo", "write to")])
+def test_an_out_at_the_root_is_refused(target, would, out):
+    # OUT=/ passed the empty-OUT guard: `rm -rf //demo`
+    r = subprocess.run(["make", "--no-print-directory", "-n", target, f"OUT={out}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert f"OUT '{out}' is the root directory: make {target} would {would} /demo" in r.stderr
+    assert "rm -rf" not in r.stdout and "mkdir" not in r.stdout
+
+
+@pytest.mark.parametrize(("target", "what"), [
+    ("bench", "its planning times differ from run to run"),
+    ("measure", "a measurement cannot be reproduced"),
+])
+def test_targets_that_cannot_check_refuse_check(target, what):
+    # CHECK=--check promises that nothing is written: bench and measure wrote their files
+    r = subprocess.run(["make", "--no-print-directory", "-n", target, "CHECK=--check"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert f"make {target} has no --check: {what}" in r.stderr
+    assert " bench " not in r.stdout and " profile " not in r.stdout
+
+
+def test_schemas_check_writes_nothing():
+    assert subprocess.run(["make", "--no-print-directory", "-n", "schemas", "CHECK=--check"],
+                          cwd=REPO, capture_output=True, text=True, check=True,
+                          timeout=60).stdout.splitlines()[-1].split() == [
+        "python3", "-m", "spindle_cli.artifacts.schema", "--check", "schemas/"]
+
+
 @pytest.mark.parametrize("target", ["clean", "demo"])
 def test_an_out_with_spaces_is_refused(target):
     # make splits it: `rm -rf my out/demo` would remove the directory my
