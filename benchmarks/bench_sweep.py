@@ -79,6 +79,8 @@ def main() -> None:
     cases = [line.rstrip("\n").split("\t")
              for line in (SWEEP / "cases.tsv").read_text().splitlines(keepends=True)
              if line.strip() and not line.startswith("#")]
+    if unknown := sorted(set(args.ids) - {c[0] for c in cases}):
+        parser.error(f"no case {', '.join(unknown)} in {SWEEP / 'cases.tsv'}")
     cases = [c + [""] * (5 - len(c)) for c in cases if not args.ids or c[0] in args.ids]
     ahead = behind_little = tied = slower = baseline_kept = 0
     seconds = {planner: 0.0 for planner in PLANNERS}
