@@ -1,5 +1,5 @@
-"""`spindle bench [--json] [--out DIR] [--quick] [--dynamic]`: the paper's evaluation on
-simulated clusters, with the paper's numbers beside ours.
+"""`spindle bench [--json] [--out DIR] [--quick | --dynamic [--schedule SETS]]`: the paper's
+evaluation on simulated clusters, with the paper's numbers beside ours.
 
 Tables go to stdout, progress to stderr. `--out DIR` writes bench.csv, bench.json, bench.md
 (the tables as markdown) and PNG charts (Figs. 8, 10, 11, 12, plus a Gantt chart and the
@@ -458,21 +458,21 @@ def _write_matrix(rows: list[lib.BenchRow], records: list[dict[str, Any]],
     _charts(rows, out_dir)
 
 
-def _run_dynamic(models_dir: str, clusters_dir: str, as_json: bool,
+def _run_dynamic(models_dir: str, clusters_dir: str, schedule: tuple[str, ...], as_json: bool,
                  out_dir: Path | None) -> None:
     cluster_name = lib.CLUSTERS[lib.DYNAMIC_DEVICES]
     model_path = str(Path(models_dir) / f"{lib.DYNAMIC_MODEL}.yaml")
     model = load_input(model_path, ModelSpec)
-    _check_task_sets(model, model_path, list(lib.DYNAMIC_SCHEDULE))
+    _check_task_sets(model, model_path, list(schedule))
     cluster = _cluster(clusters_dir, cluster_name, lib.DYNAMIC_DEVICES)
     err.print(f"bench --dynamic: {lib.DYNAMIC_MODEL} task sets "
-              f"{' -> '.join(lib.DYNAMIC_SCHEDULE)} on {cluster_name}")
-    rows = lib.run_dynamic(model, cluster, schedule=lib.DYNAMIC_SCHEDULE)
+              f"{' -> '.join(schedule)} on {cluster_name}")
+    rows = lib.run_dynamic(model, cluster, schedule=schedule)
     totals = lib.dynamic_totals(rows)
     records = [dataclasses.asdict(r) for r in rows]
     # the phases as rows, and each planner's sums so a script need not add them up
     report = {"phases": records, "totals": [dataclasses.asdict(t) for t in totals]}
-    header = ["planner", *(f"phase {i}: {s} tasks" for i, s in enumerate(lib.DYNAMIC_SCHEDULE)),
+    header = ["planner", *(f"phase {i}: task set {s}" for i, s in enumerate(schedule)),
               "training s", "replanning s", "total s", "Spindle ahead from"]
     body = []
     for t in totals:
@@ -538,12 +538,15 @@ def _checked_out_dir(out_dir: str, names: tuple[str, ...]) -> Path:
 @click.option("--quick", is_flag=True, help="Three configurations instead of the whole matrix.")
 @click.option("--dynamic", is_flag=True,
               help="Run the dynamic task-set schedule instead of the matrix.")
+@click.option("--schedule", default=None, metavar="SETS",
+              help=f"With --dynamic: {lib.DYNAMIC_MODEL}'s task sets in the order they follow "
+              f"each other, comma-separated (default: {','.join(lib.DYNAMIC_SCHEDULE)}).")
 @click.option("--models-dir", default="models", show_default=True, metavar="DIR",
               help="Model specs.")
 @click.option("--clusters-dir", default="clusters", show_default=True, metavar="DIR",
               help="Cluster specs.")
-def bench(as_json: bool, out_dir: str | None, quick: bool, dynamic: bool, models_dir: str,
-          clusters_dir: str) -> None:
+def bench(as_json: bool, out_dir: str | None, quick: bool, dynamic: bool, schedule: str | None,
+          models_dir: str, clusters_dir: str) -> None:
     """Reproduce the paper's evaluation on simulated a800 clusters."""
     target = (None if out_dir is None else
               _checked_out_dir(out_dir, DYNAMIC_FILES if dynamic else MATRIX_FILES))
@@ -554,6 +557,13 @@ def bench(as_json: bool, out_dir: str | None, quick: bool, dynamic: bool, models
     if dynamic:
         if quick:
             raise SpindleError("--quick applies to the matrix, not to --dynamic")
-        _run_dynamic(models_dir, clusters_dir, as_json, target)
+        sets = (lib.DYNAMIC_SCHEDULE if schedule is None
+                else tuple(x.strip() for x in schedule.split(",")))
+        if "" in sets:
+            raise SpindleError(f"--schedule {schedule!r}: an empty task set name (give names "
+                               "separated by commas, such as 4,7,10,7)")
+        _run_dynamic(models_dir, clusters_dir, sets, as_json, target)
     else:
+        if schedule is not None:
+            raise SpindleError("--schedule applies to --dynamic, not to the matrix")
         _run_matrix(models_dir, clusters_dir, quick, as_json, target)

@@ -300,7 +300,9 @@ class DynamicRow:
     """iterations x iteration_ms."""
     replan_seconds: float | None
     """Time to make the new plan when the task set changed: `spindle plan`'s whole search over
-    memory settings (`plan_and_simulate`; graphs and curves are prepared offline)."""
+    memory settings (`plan_and_simulate`; graphs and curves are prepared offline). 0 for the
+    first phase, planned before training starts, and for a task set an earlier phase ran,
+    whose plan is kept."""
     error: str = ""
 
 
@@ -310,26 +312,39 @@ def run_dynamic(model: ModelSpec, cluster: ClusterSpec, *,
                 planners: tuple[str, ...] = ("spindle", "sequential", "optimus", "distmm"),
                 ) -> list[DynamicRow]:
     """Train `iterations_per_phase` iterations on each task set in turn, replanning at each
-    change, under every planner."""
-    prepared = []
+    change to a task set not run before (one run before keeps its plan), under every planner.
+    KeyError for a task set the model does not have."""
+    prepared = {}
     for name in schedule:
-        graph = as_written(build_graph(model, tasks=list(model.task_sets[name])))
-        prepared.append((name, graph, profile_for(graph, cluster)))
+        if name not in prepared:
+            graph = as_written(build_graph(model, tasks=list(model.task_sets[name])))
+            prepared[name] = (graph, profile_for(graph, cluster))
     rows = []
     for planner in planners:
-        for phase, (name, graph, profile) in enumerate(prepared):
-            try:
-                _, sim, seconds = plan_and_simulate(graph, profile, cluster, planner, "island")
-            except SpindleError as e:
+        made: dict[str, tuple[SimResult, float] | SpindleError] = {}
+        for phase, name in enumerate(schedule):
+            graph, profile = prepared[name]
+            first = name not in made
+            if first:
+                try:
+                    _, sim, seconds = plan_and_simulate(graph, profile, cluster, planner,
+                                                        "island")
+                    made[name] = sim, seconds
+                except SpindleError as e:
+                    made[name] = e
+            result = made[name]
+            if isinstance(result, SpindleError):
                 rows.append(DynamicRow(planner=planner, phase=phase, task_set=name,
                                        num_tasks=len(graph.tasks), iterations=iterations_per_phase,
                                        iteration_ms=None, phase_ms=None, replan_seconds=None,
-                                       error=str(e)))
+                                       error=str(result)))
                 continue
+            sim, seconds = result
             rows.append(DynamicRow(
                 planner=planner, phase=phase, task_set=name, num_tasks=len(graph.tasks),
                 iterations=iterations_per_phase, iteration_ms=sim.iteration_ms,
-                phase_ms=sim.iteration_ms * iterations_per_phase, replan_seconds=seconds))
+                phase_ms=sim.iteration_ms * iterations_per_phase,
+                replan_seconds=seconds if first and phase > 0 else 0.0))
     return rows
 
 

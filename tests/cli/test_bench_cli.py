@@ -456,3 +456,24 @@ def test_a_cluster_of_another_size_than_the_cell_is_refused(no_run, tmp_path, mo
     assert len(res.stderr.splitlines()) == 1
     assert res.stderr.startswith(f"error: {clusters}/a800-")
     assert ": num_nodes: 1 x 8 = 8 devices, where spindle bench runs " in res.stderr
+
+
+def test_dynamic_runs_the_schedule_given(monkeypatch):
+    monkeypatch.setattr(lib, "DYNAMIC_MODEL", "tiny-clip")
+    monkeypatch.setattr(lib, "DYNAMIC_DEVICES", 8)
+    res = run(["bench", "--dynamic", "--json", "--schedule", "2", *repo_dirs()])
+    assert res.exit_code == 0, res.stderr
+    phases = json.loads(res.stdout)["phases"]
+    assert {(r["phase"], r["task_set"]) for r in phases} == {(0, "2")}
+    assert "task sets 2 on a800-1x8" in res.stderr
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--schedule", "4,7"], "--schedule applies to --dynamic, not to the matrix"),
+    (["--dynamic", "--schedule", "4,,7"], "--schedule '4,,7': an empty task set name"),
+    (["--dynamic", "--schedule", "4,99"], "task_sets: no task set '99', which spindle bench runs"),
+])
+def test_a_bad_schedule_is_refused_before_the_run(no_run, args, said):
+    res = run(["bench", *args, *repo_dirs()])
+    assert res.exit_code == 2, res.stderr
+    assert said in res.stderr and len(res.stderr.splitlines()) == 1

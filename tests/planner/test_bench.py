@@ -190,20 +190,37 @@ def test_waves_that_do_not_fit_placed_naively_leave_the_reason(monkeypatch):
     assert sp.naive_error == "out of memory placing t/a (test)" and sp.error == ""
 
 
-def test_dynamic_schedule_replans_every_phase():
-    rows = lib.run_dynamic(model("tiny-clip"), cluster("a800-1x8"), schedule=("2", "2"),
+def test_dynamic_schedule_replans_at_each_change_to_a_task_set_not_run_before(monkeypatch):
+    m = model("tiny-clip")
+    m = dataclasses.replace(m, task_sets={**m.task_sets, "1": ("text_vision",)})
+    planned = []
+    plan_and_simulate = lib.plan_and_simulate
+
+    def counted(graph, profile, cluster_, planner, placement):
+        planned.append((planner, len(graph.tasks)))
+        return plan_and_simulate(graph, profile, cluster_, planner, placement)
+
+    monkeypatch.setattr(lib, "plan_and_simulate", counted)
+    rows = lib.run_dynamic(m, cluster("a800-1x8"), schedule=("2", "1", "2"),
                            iterations_per_phase=10, planners=("spindle", "sequential"))
-    assert [(r.planner, r.phase) for r in rows] == [
-        ("spindle", 0), ("spindle", 1), ("sequential", 0), ("sequential", 1)]
+    assert [(r.planner, r.phase, r.num_tasks) for r in rows] == [
+        ("spindle", 0, 2), ("spindle", 1, 1), ("spindle", 2, 2),
+        ("sequential", 0, 2), ("sequential", 1, 1), ("sequential", 2, 2)]
+    # each task set planned once per planner: the first before training (no replanning), the
+    # change to set 1 replanned, the return to set 2 keeps its plan
+    assert planned == [("spindle", 2), ("spindle", 1), ("sequential", 2), ("sequential", 1)]
     for r in rows:
-        assert r.error == "" and r.num_tasks == 2
+        assert r.error == ""
         assert r.phase_ms == pytest.approx(10 * r.iteration_ms)
-        assert r.replan_seconds > 0
+        assert (r.replan_seconds > 0) == (r.phase == 1), r
+    for planner in ("spindle", "sequential"):
+        first, _, again = (r for r in rows if r.planner == planner)
+        assert again.iteration_ms == first.iteration_ms
     totals = {t.planner: t for t in lib.dynamic_totals(rows)}
     sp = [r for r in rows if r.planner == "spindle"]
     assert totals["spindle"].train_s == pytest.approx(sum(r.phase_ms for r in sp) / 1e3)
     assert totals["spindle"].total_s == pytest.approx(
-        totals["spindle"].train_s + sum(r.replan_seconds for r in sp))
+        totals["spindle"].train_s + sp[1].replan_seconds)
 
 
 def test_dynamic_total_is_unknown_when_a_phase_failed():
