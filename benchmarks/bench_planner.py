@@ -22,6 +22,8 @@ figures and ratios; asserts nothing (run: python benchmarks/bench_planner.py [--
    4096-device, 100-task model (target < 10 s); and `spindle plan`'s search over memory
    settings (`fitting_plan_with_cost`) beside the same search with every setting planned
    alone, for multitask-clip 4/7/10 tasks on 32 devices (the dynamic bench's replanning).
+4. Optimus's waves: their compute against its slowest task's own chain on its device group
+   (`optimus_alignment`: what waves as barriers charge the baseline).
 
 Profiles are analytic (a800 roofline, counts 1..64 on a800-8x8), built in-process, so the
 figures do not depend on the committed files.
@@ -52,7 +54,7 @@ from spindle_cli.artifacts.graph import MetaOp
 from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, MemoryModel
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner import api, scaling
+from spindle_cli.planner import api, baselines, scaling
 from spindle_cli.planner.allocation import allocate_level_analytic
 from spindle_cli.planner.api import (
     PlanOptions,
@@ -437,11 +439,42 @@ def speed() -> None:
     memory_search()
 
 
+def optimus_alignment() -> None:
+    """Optimus's tasks run side by side on their own device groups; its plan cuts them into
+    waves, which the planner's model (waves as barriers) aligns, so a task with a short MetaOp
+    waits for the others' longer operators. Planned compute against the slowest task's own
+    chain on its group (what running the tasks without barriers would take, transfers and
+    sync aside)."""
+    print("== 4. Optimus: its waves' compute / its slowest task on its own ranks ==")
+    for name, sets in (("multitask-clip", ("4", "7", "10")), ("ofasys", ("4", "7"))):
+        spec = load(str(ROOT / "models" / f"{name}.yaml"), ModelSpec)
+        for task_set in sets:
+            graph = build_graph(spec, tasks=list(spec.task_sets[task_set]))
+            profile = analytic_profile(graph, cluster_file("a800-8x8"), hardware="a800",
+                                       counts=COUNTS_64)
+            cells = []
+            for n in (16, 32):
+                waves = baselines.optimus(graph, op_curves(graph, profile, n), n)
+                busy: dict[str, float] = {}
+                groups: dict[str, int] = {}
+                for w in waves:
+                    for s in w.slots:
+                        task = graph.metaop(s.metaop).task
+                        busy[task] = busy.get(task, 0.0) + s.num_ops * s.op_time_ms
+                        groups[task] = max(groups.get(task, 0), s.n)
+                planned = sum(w.duration_ms for w in waves)
+                shared = " (tasks share groups)" if sum(groups.values()) > n else ""
+                cells.append(f"@{n}: {planned:.1f} / {max(busy.values()):.1f} ms = "
+                             f"{planned / max(busy.values()):.3f}{shared}")
+            print(f"{name}-{task_set:<3} " + "; ".join(cells))
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
     quality(quick)
     ablation()
     speed()
+    optimus_alignment()
 
 
 if __name__ == "__main__":

@@ -144,3 +144,18 @@ def test_optimus_waves_are_shortened_as_spindle_levels_are():
     assert sum(w.duration_ms for w in plan.waves) == pytest.approx(34.0)
     got = [sorted((s.metaop, s.first, s.last) for s in w.slices) for w in plan.waves]
     assert got == [[("a/x", 0, 1), ("b/e", 0, 1)], [("a/x", 1, 3), ("b/h", 0, 4)]]
+
+
+def test_a_chain_sits_out_a_wave_its_operator_would_hold_long():
+    # a: 2 operators of 10 ms; b: one of 1 ms, then 19 of 1 ms; one device each. Every chain
+    # in every wave: [a 10 | b 1], [a 10 | b 10], [b 9] = 29 ms (shortening keeps it). With
+    # a sitting out the 1 ms wave: [b 1], [a 20 | b 19] = 21 ms, near each task on its own (20)
+    g = graph([metaop("a/x", layers=2, batch=1), metaop("b/e", layers=1, batch=1),
+               metaop("b/h", level=1, layers=19, batch=1, preds=("b/e",))])
+    p = profile([alpha_beta_curve("a/x", 1, 10.0, 0.0), alpha_beta_curve("b/e", 1, 1.0, 0.0),
+                 alpha_beta_curve("b/h", 1, 1.0, 0.0)])
+    plan = make_plan(g, p, cluster(per_node=2), options=PlanOptions(planner="optimus"))
+    got = [(sorted((s.metaop, s.first, s.last) for s in w.slices), w.duration_ms)
+           for w in plan.waves]
+    assert got == [([("b/e", 0, 1)], pytest.approx(1.0)),
+                   ([("a/x", 0, 2), ("b/h", 0, 19)], pytest.approx(20.0))]
