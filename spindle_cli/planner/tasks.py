@@ -136,20 +136,23 @@ def concurrent(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGra
     its length, wave after wave (OFASys 7 tasks on 16 devices, Optimus: 125.6 ms of waves for
     tasks whose slowest takes 96.1 ms on its own ranks). Such a chain may sit a short wave
     out (`SIT_OUT`); the shortest of the tries is kept, the first on ties."""
-    tried = [_side_by_side(chains, curves, graph, max_ops, x) for x in SIT_OUT]
-    return min(tried, key=lambda waves: sum(w.duration_ms for w in waves))
+    # a rule that sits no chain out gives the waves of the one before: shortened once
+    tried = dict.fromkeys(tuple(_side_by_side(chains, curves, graph, max_ops, x))
+                          for x in SIT_OUT)
+    return min((shorten_waves(list(waves), max_ops) for waves in tried),
+               key=lambda waves: sum(w.duration_ms for w in waves))
 
 
 def _side_by_side(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGraph,
                   max_ops: MaxOps | None, sit_out: float | None) -> list[PlannedWave]:
-    """`concurrent`'s waves with one `SIT_OUT` rule."""
+    """`concurrent`'s waves with one `SIT_OUT` rule, before shortening."""
     pos = [0] * len(chains)
     left = [graph.metaop(c[0][0]).num_layers if c else 0 for c in chains]
     waves: list[PlannedWave] = []
     while True:
         active = [i for i, c in enumerate(chains) if pos[i] < len(c)]
         if not active:
-            return shorten_waves(waves, max_ops)
+            return waves
         heads = [chains[i][pos[i]] for i in active]
         taus = [curves[m].time_at(n) for m, n in heads]
         offered = [left[i] if max_ops is None else min(left[i], max_ops(m, n))
