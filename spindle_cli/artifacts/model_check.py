@@ -5,6 +5,7 @@ Shape inference is also what the graph builder uses, so it lives with the contra
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,20 +23,35 @@ def article(word: str) -> str:
     return "an" if word[:1] in "aeiou" or word.startswith("lm") else "a"
 
 
-def _check_name(name: str, path: str, what: str) -> None:
-    """A task or step name: MetaOps are named `task/step` and `--tasks` takes names separated
-    by commas, so neither may be empty or hold '/', ',' or unprintable characters."""
+def targets_name(loss_step: str) -> str:
+    """The data item holding the targets of an `lm_loss` step (beside the task's inputs)."""
+    return f"{loss_step}:targets"
+
+
+def _check_label(name: str, path: str, what: str) -> None:
+    """A name that errors quote: not blank, and no line break or control character
+    (`codec.NAME_PATTERN`'s rule: a no-break space is fine)."""
     if not name.strip():
         raise FieldError(path, f"a {what} needs a name")
+    if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in name):
+        raise FieldError(path, f"{name!r}: a {what} name must not hold line breaks or control "
+                               f"characters (it names the {what} in one-line errors)")
+
+
+def _check_name(name: str, path: str, what: str) -> None:
+    """A task or step name: MetaOps are named `task/step` and `--tasks` takes names separated
+    by commas (each stripped of spaces), so neither may hold '/' or ',' or begin or end with a
+    space, besides `_check_label`'s rule."""
+    _check_label(name, path, what)
     if "/" in name:
         raise FieldError(path, f"{name!r}: a {what} name cannot hold '/' (MetaOps are named "
                                "task/step)")
     if "," in name:
         raise FieldError(path, f"{name!r}: a {what} name cannot hold ',' (--tasks separates "
                                "names with commas)")
-    if not name.isprintable():
-        raise FieldError(path, f"{name!r}: a {what} name must be printable (no line breaks or "
-                               "control characters)")
+    if name != name.strip():
+        raise FieldError(path, f"{name!r}: a {what} name cannot begin or end with a space "
+                               "(--tasks strips the names it is given)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,26 +65,32 @@ class Shape:
 
 
 def topo_steps(task: TaskSpec, where: str) -> list[str]:
-    """Step names in a deterministic topological order; FieldError on a cycle."""
+    """Step names in a deterministic topological order (each step after the steps it reads,
+    depth first in the order they are listed); FieldError on a cycle. Iterative: a chain of
+    thousands of steps listed consumer first is as deep."""
     names = [s.name for s in task.steps]
     deps = {s.name: [i for i in s.inputs if i in names] for s in task.steps}
     order: list[str] = []
-    state: dict[str, int] = {}
-
-    def visit(n: str, stack: list[str]) -> None:
-        if state.get(n) == 2:
-            return
-        if state.get(n) == 1:
-            cyc = stack[stack.index(n) :] + [n]
-            raise FieldError(f"{where}.steps", f"cycle {' -> '.join(cyc)}")
-        state[n] = 1
-        for d in deps[n]:
-            visit(d, stack + [n])
-        state[n] = 2
-        order.append(n)
-
-    for n in names:
-        visit(n, [])
+    state: dict[str, int] = {}  # 1: on the path being visited, 2: done
+    for root in names:
+        if root in state:
+            continue
+        path, pending = [root], [iter(deps[root])]
+        state[root] = 1
+        while path:
+            d = next(pending[-1], None)
+            if d is None:
+                pending.pop()
+                done = path.pop()
+                state[done] = 2
+                order.append(done)
+            elif state.get(d) == 1:
+                cyc = path[path.index(d):] + [d]
+                raise FieldError(f"{where}.steps", f"cycle {' -> '.join(cyc)}")
+            elif d not in state:
+                state[d] = 1
+                path.append(d)
+                pending.append(iter(deps[d]))
     return order
 
 
@@ -139,6 +161,10 @@ def check_model(model: ModelSpec) -> None:
     """Validate references, uniqueness, DAG structure and shapes; raise FieldError."""
     if not model.tasks:
         raise FieldError("tasks", "a model needs at least one task")
+    if any(unicodedata.category(c) in ("Zl", "Zp") or c in "\r\n" for c in model.description):
+        raise FieldError("description", "must be one line")
+    for name in model.modules:
+        _check_label(name, field_path("modules", name), "module")
     seen_tasks: set[str] = set()
     for ti, task in enumerate(model.tasks):
         where = f"tasks[{ti}]"
@@ -176,6 +202,12 @@ def check_model(model: ModelSpec) -> None:
             if name not in used:
                 raise FieldError(field_path(f"{where}.inputs", name),
                                  "input is not used by any step")
+        for step in task.steps:
+            targets = targets_name(step.name)
+            if model.modules[step.module].kind == "lm_loss" and targets in task.inputs:
+                raise FieldError(field_path(f"{where}.inputs", targets),
+                                 f"names the data item of the targets of lm_loss step "
+                                 f"{step.name!r}: rename the input")
         infer_shapes(model, task, where)
         for name, spec in task.inputs.items():
             vocabs = sorted({model.modules[s.module].vocab_size for s in task.steps

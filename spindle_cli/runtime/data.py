@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from spindle_cli.artifacts.model import ModelSpec, TaskSpec
+from spindle_cli.artifacts.model_check import targets_name
 from spindle_cli.errors import SpindleError
 
 
@@ -36,11 +37,6 @@ class DataSource(Protocol):
     def rows(self, task: str, name: str, step: int, lo: int, hi: int) -> torch.Tensor:
         """Rows [lo, hi) of data item `name` of `task` at training step `step`."""
         ...
-
-
-def targets_name(loss_step: str) -> str:
-    """The data item holding the targets of an `lm_loss` step."""
-    return f"{loss_step}:targets"
 
 
 def item_shape(model: ModelSpec, task: TaskSpec, name: str) -> tuple[tuple[int, ...], bool]:

@@ -44,6 +44,14 @@ def _dangling_branch(d: Data) -> None:
     d["tasks"][0]["steps"].append({"name": "extra", "module": "text_proj", "inputs": ["text_enc"]})
 
 
+def _rename_module(d: Data, old: str, new: str) -> None:
+    d["modules"] = {new if k == old else k: v for k, v in d["modules"].items()}
+    for task in d["tasks"]:
+        for step in task["steps"]:
+            if step["module"] == old:
+                step["module"] = new
+
+
 # id -> (edit of the valid model, expected `error:` line after the file name)
 def _two_vocabularies(d: Data) -> None:
     """A second embedding, of another vocabulary, reading the first task's text input."""
@@ -103,7 +111,16 @@ MODEL_CASES: dict[str, tuple[Callable[[Data], Data], str]] = {
     "task-name-with-comma": (_edit(lambda d: d["tasks"][0].update(name="a,b")),
                              "tasks[0].name: 'a,b': a task name cannot hold ','"),
     "task-name-with-line-break": (_edit(lambda d: d["tasks"][0].update(name="a\nb")),
-                                  "tasks[0].name: 'a\\nb': a task name must be printable"),
+                                  "tasks[0].name: 'a\\nb': a task name must not hold line "
+                                  "breaks or control characters"),
+    "task-name-ending-in-a-space": (_edit(lambda d: d["tasks"][0].update(name="pairs ")),
+                                    "tasks[0].name: 'pairs ': a task name cannot begin or end "
+                                    "with a space (--tasks strips the names it is given)"),
+    "module-name-with-line-break": (_edit(lambda d: _rename_module(d, "text_enc", "text\nenc")),
+                                    "modules.'text\\nenc': 'text\\nenc': a module name must "
+                                    "not hold line breaks or control characters"),
+    "blank-module-name": (_edit(lambda d: _rename_module(d, "text_enc", " ")),
+                          "modules. : a module needs a name"),
     "blank-step-name": (_edit(lambda d: d["tasks"][0]["steps"][0].update(name="")),
                         "tasks[0].steps[0].name: a step needs a name"),
     "two-vocabularies-for-one-input": (_edit(lambda d: _two_vocabularies(d)),
