@@ -16,13 +16,29 @@ OUT := out
 # OUT must be one word: make splits a path with spaces, and `make clean OUT="my out"` would
 # remove my
 out_spaces = OUT '$(OUT)' has spaces: make would read it as $(words $(OUT)) paths
-# nor the root directory, where $(OUT)/demo is /demo
-out_ok = $(if $(strip $(subst /,,$(OUT))),$(if $(word 2,$(OUT)),$(error $(out_spaces))),$(error \
-	OUT $(if $(strip $(OUT)),'$(OUT)' is the root directory,is empty): make $(1) would $(2)))
+# nor the root directory (/, /., /tmp/.. ...), where $(OUT)/demo is /demo
+out_ok = $(if $(strip $(OUT)),$(if $(word 2,$(OUT)),$(error $(out_spaces)),$(if $(filter /,$(abspath \
+	$(OUT))),$(error OUT '$(OUT)' is the root directory: make $(1) would $(2)))),$(error OUT is \
+	empty: make $(1) would $(2)))
 # --check on every generator target (graphs, profiles, plans, schemas): `make plans
 # CHECK=--check` never writes; measure and bench, which cannot check, refuse it.
 CHECK :=
 no_check = $(if $(CHECK),$(error make $(1) has no --check: $(2)))
+# refused as the Makefile is read, before a prerequisite (install) runs
+ifneq ($(filter demo,$(MAKECMDGOALS)),)
+$(call out_ok,demo,write to /demo)
+endif
+ifneq ($(filter clean,$(MAKECMDGOALS)),)
+$(call out_ok,clean,remove /demo)
+endif
+ifneq ($(filter bench,$(MAKECMDGOALS)),)
+$(call no_check,bench,its planning times differ from run to run (make plans-check checks the \
+	committed artifacts))
+endif
+ifneq ($(filter measure,$(MAKECMDGOALS)),)
+$(call no_check,measure,a measurement cannot be reproduced (make plans-check validates the \
+	measured profile))
+endif
 
 # Analytic profiles per model: the cluster whose links the profile uses and its counts.
 A800_64 := --hardware a800 --cluster clusters/a800-8x8.yaml --validate
@@ -57,7 +73,6 @@ check: install
 # The main job: plan the shipped models on the default cluster, compare with the baselines,
 # then train tiny-clip on 4 local CPU ranks with its Spindle plan.
 demo: install
-	$(call out_ok,demo,write to /demo)
 	@mkdir -p $(OUT)/demo
 	$(SPINDLE) graph models/multitask-clip.yaml --task-set 4 -o $(OUT)/demo/multitask-clip-4.graph.yaml
 	$(SPINDLE) profile $(OUT)/demo/multitask-clip-4.graph.yaml $(A800_64) -o $(OUT)/demo/multitask-clip-4.profile.yaml
@@ -142,8 +157,6 @@ profile/tiny-clip-local-cpu: core $(call after,graph/tiny-clip)
 	it is stale" >&2; exit 1; }
 
 measure: install graph/tiny-clip
-	$(call no_check,measure,a measurement cannot be reproduced (make plans-check validates the \
-	measured profile))
 	$(SPINDLE) profile graphs/tiny-clip.yaml --hardware local --cluster clusters/local-cpu.yaml \
 		--validate --repeats 20 --no-cache -o profiles/tiny-clip-local-cpu.yaml
 	$(MAKE) --no-print-directory plan/tiny-clip-local-cpu plan/tiny-clip-local-cpu-2
@@ -162,8 +175,6 @@ plans-check:
 	input named above needs mending first" >&2; exit 1; }
 
 bench: install
-	$(call no_check,bench,its planning times differ from run to run (make plans-check checks \
-	the committed artifacts))
 	$(SPINDLE) bench --out docs/bench
 	$(SPINDLE) bench --dynamic --out docs/bench
 	$(PYTHON) benchmarks/bench_profile.py
@@ -176,6 +187,5 @@ schemas: install
 	$(PYTHON) -m spindle_cli.artifacts.schema $(CHECK) schemas/
 
 clean:
-	$(call out_ok,clean,remove /demo)
 	rm -rf $(OUT)/demo .make .spindle-cache
 	@rmdir $(OUT) 2>/dev/null || true

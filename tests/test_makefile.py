@@ -88,10 +88,11 @@ def test_clean_refuses_an_empty_out():
     assert "rm -rf" not in r.stdout
 
 
-@pytest.mark.parametrize("out", ["/", "//"])
+@pytest.mark.parametrize("out", ["/", "//", "/.", "/tmp/.."])
 @pytest.mark.parametrize(("target", "would"), [("clean", "remove"), ("demo", "write to")])
 def test_an_out_at_the_root_is_refused(target, would, out):
-    # OUT=/ passed the empty-OUT guard: `rm -rf //demo`
+    # OUT=/ passed the empty-OUT guard: `rm -rf //demo`; refused as the Makefile is read,
+    # before install runs (so nothing is printed in a fresh checkout either)
     r = subprocess.run(["make", "--no-print-directory", "-n", target, f"OUT={out}"], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
