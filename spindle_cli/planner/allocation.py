@@ -23,7 +23,7 @@ What does not live here: ordering tuples into waves (`waves.py`) and ranks (`pla
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -188,8 +188,8 @@ def _interpolate(counts: tuple[int, ...], s: tuple[float, ...], target: float) -
     if target > s[-1]:
         return math.inf
     i = bisect_right(s, target)
-    if i >= len(s):
-        return float(counts[-1])
+    if i >= len(s):  # the top speedup: the fewest counts that reach it
+        return float(counts[bisect_left(s, target)])
     lo, hi = i - 1, i
     n_lo, n_hi = counts[lo], counts[hi]
     return n_lo + (n_hi - n_lo) * (target - s[lo]) / (s[hi] - s[lo])
@@ -273,14 +273,16 @@ def _bisect_makespan(curves: list[OpCurve], num_devices: int,
                       for oc in curves))
     hi = sum(oc.work_ms for oc in curves)
     needs = [need(oc) for oc in curves]
-    # no C below the slowest MetaOp's time on its fastest count is reachable: where that one
-    # leaves devices over it is C* (bisection would only close in on it, leaving that
-    # MetaOp's n* a hair below its count); the next float up absorbs the division's rounding
+    # C* at the slowest MetaOp's time on its fastest count, where no C below it is feasible
+    # (a need that is infinite past the last count) and it leaves devices over: bisection
+    # would only close in on it, leaving that MetaOp's n* a hair below its count. The next
+    # float up absorbs the division's rounding.
     reach = max((oc.work_ms / oc.speedups[-1] for oc in curves if oc.speedups[-1] > 0),
                 default=0.0)
-    for c_ms in (reach, math.nextafter(reach, math.inf)):
-        if 0 < c_ms and lo <= c_ms <= hi and not _exceeds(needs, c_ms, num_devices):
-            return c_ms
+    if 0 < reach and lo <= reach and _exceeds(needs, math.nextafter(reach, 0.0), num_devices):
+        for c_ms in (reach, math.nextafter(reach, math.inf)):
+            if c_ms <= hi and not _exceeds(needs, c_ms, num_devices):
+                return c_ms
     for _ in range(_BISECTION_STEPS):
         if hi - lo <= _REL_TOL * hi:
             break

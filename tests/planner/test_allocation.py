@@ -296,6 +296,23 @@ def test_analytic_form_follows_equation_ten():
             assert t_hi * a.ops_hi + t_lo * a.ops_lo == pytest.approx(c_ms)
 
 
+def test_analytic_form_gives_out_every_device_past_a_metaops_last_count():
+    # a/x's batch ends its counts at 8, where it takes 10 ms: the interpolated form cannot
+    # finish sooner (C* = 10), but equation ten's continuous n runs on past the last count,
+    # so its C is where the two MetaOps' n add up to N (4 ms), not a/x's time at 8
+    from spindle_cli.planner.allocation import allocate_level_analytic, analytic_optimum_ms
+
+    g = graph([metaop("a/x", layers=1, batch=8), metaop("b/y", layers=1, batch=64)])
+    p = profile([alpha_beta_curve("a/x", 8, 0.0, 10.0), alpha_beta_curve("b/y", 64, 0.0, 0.5)])
+    curves = op_curves(g, p, 16)
+    ocs = [curves["a/x"], curves["b/y"]]
+    [level] = allocate(g, curves, 16)
+    assert level.c_star_ms == pytest.approx(10.0)
+    assert analytic_optimum_ms(ocs, 16) == pytest.approx(4.0)
+    analytic = allocate_level_analytic(0, ocs, 16)
+    assert sum(a.n_star for a in analytic.ops) == pytest.approx(16.0)
+
+
 def test_lower_bound_holds_when_speedup_is_superlinear():
     # Data parallel scales poorly to 2 devices (T = 4, 3 ms); tensor parallel of degree 2 on 4
     # devices is much faster (0.5 ms): speedups 1, 1.33, 8 are not concave. Running the two
