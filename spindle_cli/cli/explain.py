@@ -35,7 +35,13 @@ def explain(plan_path: str, metaop_id: str) -> None:
     """Explain the allocation and the waves of one MetaOp of PLAN."""
     from spindle_cli.planner import scaling
     from spindle_cli.planner.allocation import MIN_GAIN
-    from spindle_cli.planner.api import NEAR_BEST, PlanOptions, allocate, options_curves
+    from spindle_cli.planner.api import (
+        NEAR_BEST,
+        PlanOptions,
+        allocate,
+        options_curves,
+        planned_counts,
+    )
     from spindle_cli.planner.exact import exact_packing_ms
 
     plan = load_input(plan_path, Plan)
@@ -70,12 +76,25 @@ def explain(plan_path: str, metaop_id: str) -> None:
         table.add_row(str(n), scaling.strategy(oc.curve, n), f"{t:.4f}",
                       f"{m.num_layers * t:.3f}", f"{s:.2f}", source)
     print_table(table)
-    slower = _no_faster(oc, plan.num_devices, options.uneven_splits)
+    offered = planned_counts(oc.curve, plan.num_devices, uneven=options.uneven_splits,
+                             tensor_parallel=options.tensor_parallel,
+                             island_size=cluster.island_size)
+    left_out = [n for n in scaling.valid_counts(oc.curve, plan.num_devices,
+                                                uneven=options.uneven_splits)
+                if n not in offered]
+    if left_out:
+        why = ("this plan leaves tensor parallelism out (--no-tensor-parallel)"
+               if not options.tensor_parallel else
+               f"a degree that does not divide the island size of {cluster.island_size}")
+        out.print(f"not planned: {', '.join(map(str, left_out))} device(s), tensor parallel "
+                  f"({', '.join(dict.fromkeys(scaling.strategy(oc.curve, n) for n in left_out))})"
+                  f": {why}")
+    slower = _no_faster(oc, offered, options.uneven_splits)
     if slower:
         out.print(f"not offered: {', '.join(map(str, sorted(slower)))} device(s), no faster "
                   f"than fewer devices ({_as_fast(slower)}): they would only hold more")
-    missing = [n for n in profile.counts
-               if n <= plan.num_devices and n not in oc.counts and n not in slower]
+    missing = [n for n in profile.counts if n <= plan.num_devices and n not in oc.counts
+               and n not in slower and n not in left_out]
     undivided = [n for n in missing if m.batch_size % n and not options.uneven_splits]
     if undivided:
         out.print(f"not valid: {', '.join(map(str, undivided))} device(s), which do not divide "
@@ -168,16 +187,15 @@ def _times(value: float, base: float) -> str:
     return f"{value / base:.3f}x" if base > 0 else "-x"
 
 
-def _no_faster(oc: OpCurve, num_devices: int, uneven: bool) -> dict[int, int]:
-    """Valid counts the allocator does not offer because a smaller offered count runs as fast
-    (`allocation.op_curve`: with uneven splits, B = 64 runs 5 rows per device on 13 to 15),
-    each with the largest such count."""
-    from spindle_cli.planner import scaling
+def _no_faster(oc: OpCurve, counts: list[int], uneven: bool) -> dict[int, int]:
+    """The counts of `counts` (those `op_curves` offered: `api.planned_counts`) that
+    `allocation.op_curve` dropped because a smaller count runs as fast (with uneven splits,
+    B = 64 runs 5 rows per device on 13 to 15), each with the largest such count."""
     from spindle_cli.planner.allocation import op_time_ms
 
     kept = dict(zip(oc.counts[1:], oc.times_ms[1:], strict=True))
     slower = {}
-    for n in scaling.valid_counts(oc.curve, num_devices, uneven=uneven):
+    for n in counts:
         if n in kept:
             continue
         t = op_time_ms(oc.curve, n, uneven=uneven)

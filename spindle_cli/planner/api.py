@@ -355,10 +355,9 @@ def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven:
                     f"recomputation's extra forward: {e}",
                     hint="--recompute off, or check the profile's times") from None
         if m.signature not in counts_cache:
-            counts_cache[m.signature] = [
-                n for n in valid_counts(curve, num_devices, uneven=uneven)
-                if _tp_allowed(tp_degree(scaling.strategy(curve, n)), tensor_parallel,
-                               island_size)]
+            counts_cache[m.signature] = planned_counts(
+                curve, num_devices, uneven=uneven, tensor_parallel=tensor_parallel,
+                island_size=island_size)
         oc = op_curve(m, curve, num_devices, counts_cache[m.signature], uneven=uneven)
         if len(oc.counts) == 1:
             below, hint = _count_refusal(curve, num_devices, uneven=uneven,
@@ -417,6 +416,15 @@ def _tp_refusal(curve: Curve, tensor_parallel: bool, island_size: int | None) ->
         return (f"; no tensor-parallel degree of its curve ({', '.join(map(str, degrees))}) "
                 f"divides the island size {island_size}")
     return ""
+
+
+def planned_counts(curve: Curve, num_devices: int, *, uneven: bool, tensor_parallel: bool,
+                   island_size: int | None) -> list[int]:
+    """The valid counts <= N that `op_curves` offers `op_curve` for a MetaOp of `curve`: the
+    data-parallel ones, and tensor-parallel ones where `_tp_allowed` (op_curve then drops
+    those no faster than a smaller one)."""
+    return [n for n in valid_counts(curve, num_devices, uneven=uneven)
+            if _tp_allowed(tp_degree(scaling.strategy(curve, n)), tensor_parallel, island_size)]
 
 
 def _tp_allowed(degree: int, tensor_parallel: bool, island_size: int | None) -> bool:

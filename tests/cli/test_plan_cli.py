@@ -499,6 +499,28 @@ def test_explain_names_the_counts_no_faster_than_fewer(uneven_vision_explained):
         assert k in offered and k < n and -(-64 // n) == -(-64 // k)
 
 
+@pytest.mark.parametrize("tensor_parallel", [False, True])
+def test_explain_names_the_counts_a_plan_without_tensor_parallelism_leaves_out(
+        case, tensor_parallel):
+    # t1/img's curve runs tensor parallel (tp2) from 3 devices: without tensor parallelism its
+    # valid counts 4 and 8 are not planned, for that reason (not as no faster than fewer, nor
+    # as a profiled count the MetaOp cannot use)
+    data = yaml.safe_load(Path("profile.yaml").read_text())
+    curve = next(c for c in data["curves"] if c["signature"] == "t1/img")
+    piece = curve["pieces"][0]
+    curve["pieces"] = [{**piece, "n_hi": 3}, {**piece, "n_lo": 3, "strategy": "tp2"}]
+    Path("profile.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    flag = "--tensor-parallel" if tensor_parallel else "--no-tensor-parallel"
+    assert invoke(*plan_args(flag, "-o", "plan.yaml")).exit_code == 0
+    r = invoke("explain", "plan.yaml", "t1/img")
+    assert r.exit_code == 0, r.output
+    said = ("not planned: 4, 8 device(s), tensor parallel (tp2): this plan leaves tensor "
+            "parallelism out (--no-tensor-parallel)")
+    assert (said in r.output) != tensor_parallel
+    assert "not offered" not in r.output and "not valid" not in r.output
+    assert (4 in _curve_table_counts(r.output)) == tensor_parallel
+
+
 def test_explain_refuses_changed_inputs(case):
     invoke(*plan_args("-o", "plan.yaml"))
     text = Path("cluster.yaml").read_text().replace("name: test", "name: other")
