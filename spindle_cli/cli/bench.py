@@ -179,7 +179,10 @@ def _load_world(models_dir: str, clusters_dir: str, configs: list[lib.BenchConfi
         if c.task_set is not None:
             _check_task_sets(models[c.model], path, [c.task_set])
         _check_num_tasks(models[c.model], path, c.task_set, c.num_tasks)
-    clusters = {c.cluster: _cluster(clusters_dir, c.cluster, c.num_devices) for c in configs}
+    clusters: dict[str, ClusterSpec] = {}
+    for c in configs:
+        if c.cluster not in clusters:
+            clusters[c.cluster] = _cluster(clusters_dir, c.cluster, c.num_devices)
     return models, clusters
 
 

@@ -63,7 +63,8 @@ def test_a_task_name_may_hold_a_no_break_space_or_a_joiner(small_model_data, nam
     assert parse_artifact(small_model_data, "m.yaml", ModelSpec).tasks[0].name == name
 
 
-def test_a_description_is_one_line(small_model_data):
-    small_model_data["description"] = "first line\nsecond line"
-    with pytest.raises(ArtifactError, match=r"^m.yaml: description: must be one line$"):
+@pytest.mark.parametrize("text", ["first line\nsecond line", "folded\n", "a\vb", "a\x85b"])
+def test_a_description_is_one_line(small_model_data, text):
+    small_model_data["description"] = text
+    with pytest.raises(ArtifactError, match=r"^m.yaml: description: must be one line \(YAML's"):
         parse_artifact(small_model_data, "m.yaml", ModelSpec)
