@@ -111,7 +111,9 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
                    "step) at a step: int64 token ids [rows, seq_len], features [rows, "
                    "seq_len, dim], targets [rows, target_len]. Default: synthetic data.")
 @click.option("--trace", "trace_path", default=None, metavar="FILE.json",
-              help="Write a Chrome trace (per rank, per wave) with measured vs predicted time.")
+              help="Write a Chrome trace: per rank, the compute, send/recv and sync spans of "
+                   "every step and wave, with the measured step against the simulator's "
+                   "prediction and each slice's compute against its planned time.")
 @click.option("--metrics", "metrics_path", default=None, metavar="FILE.jsonl",
               help="Write one JSON line per trained step (step, steps, loss, losses by "
                    "task, step_ms); a resumed run keeps the lines of the steps it resumes "
@@ -161,9 +163,14 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     inputs = load_run_inputs(plan_path)
     _check_cluster(inputs.plan, plan_path)
     _note_changed_inputs(inputs.plan, plan_path)
-    if trace_path and Path(trace_path).exists() and os.path.samefile(trace_path, plan_path):
-        raise SpindleError(f"--trace {trace_path}: is the plan; writing the trace would "
-                           "replace it", hint="give the trace another name, e.g. trace.json")
+    read = _files_read(inputs.plan, plan_path, inputs.graph)
+    for flag, target, example in (("--trace", trace_path, "trace.json"),
+                                  ("--metrics", metrics_path, "metrics.jsonl")):
+        if target and Path(target).exists():
+            what = next((what for what, path in read if os.path.samefile(target, path)), None)
+            if what is not None:
+                raise SpindleError(f"{flag} {target}: is {what}; writing it would replace it",
+                                   hint=f"give the file another name, e.g. {example}")
     if nproc_per_node is None:
         nproc_per_node = _ranks_per_node(inputs.plan.num_devices, nnodes)
     check_world(inputs.plan, nproc_per_node * nnodes)
@@ -250,7 +257,42 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     if resolved == "gloo" and nproc_per_node > cores:
         err.print(f"note: {nproc_per_node} CPU ranks share {cores} core{'s' * (cores > 1)} here, "
                   "so they take turns and a step takes longer than the plan's prediction")
-    _launch(argv, backend=resolved)
+    before = _written_at(trace_path)
+    try:
+        _launch(argv, backend=resolved)
+    except SpindleError:
+        # the trace is written after the last step: a failed run's is not there, and a file
+        # of that name is an earlier run's
+        if trace_path and _written_at(trace_path) == before:
+            err.print("trace: not written, the run did not finish"
+                      + (f" ({trace_path} is an earlier run's)" if before is not None else ""))
+        raise
+
+
+def _written_at(path: str | None) -> int | None:
+    """The modification time of `path` in ns, None where there is no such file."""
+    try:
+        return None if path is None else os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _files_read(plan: Plan, plan_path: str, graph: MetaOpGraph) -> list[tuple[str, Path]]:
+    """(what it is, where) of the files a run reads: the plan, the inputs it records (its
+    graph, profile and cluster) and the graph's model, where they are found."""
+    names = {MetaOpGraph.KIND: "graph", Profile.KIND: "profile", ClusterSpec.KIND: "cluster"}
+    found = [("the plan", Path(plan_path))]
+    graph_path = None
+    for ref in plan.inputs:
+        where = find_recorded_input(ref, plan_path)
+        if where is not None and where.exists():
+            found.append((f"the plan's {names.get(ref.kind, ref.kind)}", where))
+            graph_path = where if ref.kind == MetaOpGraph.KIND else graph_path
+    for ref in graph.inputs if graph_path is not None else ():
+        where = find_recorded_input(ref, str(graph_path))
+        if where is not None and where.exists():
+            found.append(("the graph's model", where))
+    return found
 
 
 def _ranks_per_node(num_ranks: int, nnodes: int) -> int:

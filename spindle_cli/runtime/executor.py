@@ -359,15 +359,16 @@ class Executor:
     def train_step(self, step: int) -> dict[str, float]:
         """Forward, backward, gradient sync and AdamW for training step `step`; returns the
         loss of every task (the same on every rank)."""
+        shown = step + 1  # the trace numbers steps as the loss lines and --metrics do
         for b in self.buckets:
             if b.grads_from < 0:
                 b.zero_grads()
         st = StepState()
         pending: list[Any] = []
         for w in range(self.program.num_waves):
-            with self.tracer.span("send/recv", "comm", step=step, wave=w, phase="forward"):
+            with self.tracer.span("send/recv", "comm", step=shown, wave=w, phase="forward"):
                 self._forward_boundary(w, st)
-            with self.tracer.span("compute", "compute", step=step, wave=w, phase="forward"):
+            with self.tracer.span("compute", "compute", step=shown, wave=w, phase="forward"):
                 for sp in self.my_slices[w]:
                     self._forward_slice(sp, st, step)
         loss_reduction = self._reduce_losses(st)
@@ -377,17 +378,17 @@ class Executor:
                 if b.grads_from == w:
                     b.zero_grads()
             pending += self._issue_ready(st)
-            with self.tracer.span("compute", "compute", step=step, wave=w, phase="backward"):
+            with self.tracer.span("compute", "compute", step=shown, wave=w, phase="backward"):
                 for sp in self.my_slices[w]:
                     self._backward_slice(sp, st, pending)
             pending += self._issue_ready(st)
-            with self.tracer.span("send/recv", "comm", step=step, wave=w, phase="backward"):
+            with self.tracer.span("send/recv", "comm", step=shown, wave=w, phase="backward"):
                 self._backward_boundary(w, st)
-        with self.tracer.span("sync", "sync", step=step):
+        with self.tracer.span("sync", "sync", step=shown):
             losses = self._sync(pending, loss_reduction)
         self._await_gathers(list(self.gathering))
         if self.optimizer is not None:
-            with self.tracer.span("optimizer", "compute", step=step):
+            with self.tracer.span("optimizer", "compute", step=shown):
                 self._step()
         self._start_gathers()
         return losses
@@ -423,7 +424,7 @@ class Executor:
         flight, before the layer's operator runs (taken out of the forward's compute span)."""
         i = self.gathered_in.get(key)
         if i is not None and i in self.gathering:
-            with self.tracer.gap("all-gather", "sync", step=step, wave=wave):
+            with self.tracer.gap("all-gather", "sync", step=step + 1, wave=wave):
                 self._await_gathers([i])
 
     def _await_gathers(self, indices: list[int]) -> None:

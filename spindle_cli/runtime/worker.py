@@ -53,6 +53,7 @@ from spindle_cli.runtime.timeouts import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 from spindle_cli.runtime.trace import (
     Tracer,
     breakdown_ms,
+    compute_per_step_ms,
     drift_lines,
     slice_compute,
     trace_document,
@@ -444,15 +445,23 @@ def _write_trace(gathered: _Timings, result: TrainResult, plan: Plan, world: rdi
                "steps": len(result.step_ms), "measured_iteration_ms": measured,
                "predicted_iteration_ms": predicted.ms,
                "predicted_by": "plan estimate" if predicted.fallback else "simulator",
+               # as `spindle simulate --progress rank --sync SYNC` gives it
+               "predicted_with": ({} if predicted.fallback else
+                                  {"progress": "rank",
+                                   "sync": "chunked" if opts.overlap_sync else "per-set"}),
                "measured_over_predicted": measured / predicted.ms if predicted.ms > 0 else None,
                "breakdown_ms_per_step": {str(r): breakdown_ms(evs, len(ms))
                                          for r, (evs, ms, _) in enumerate(gathered)},
-               "slices": slice_compute(plan, [evs for evs, _, _ in gathered])}
+               "slices": slice_compute(plan, [evs for evs, _, _ in gathered]),
+               "compute_ms_per_step": compute_per_step_ms(plan, [evs for evs, _, _ in gathered])}
     assert opts.trace_path is not None
     write_json(trace_document([evs for evs, _, _ in gathered],
                               [origin for _, _, origin in gathered], summary), opts.trace_path)
     _say(f"trace: {opts.trace_path}")
-    for line in drift_lines(summary["slices"], predicted.ms):
+    shared = (world.backend == "gloo"
+              and world.local_world_size > len(os.sched_getaffinity(0)))
+    for line in drift_lines(summary["slices"], summary["compute_ms_per_step"], predicted.ms,
+                            shared_cores=shared):
         _say(line)
 
 

@@ -29,7 +29,7 @@ from spindle_cli.artifacts import (
     write_artifact,
 )
 from spindle_cli.cli import main
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import RuntimeFailure, SpindleError
 from spindle_cli.planner.api import PlanOptions, make_plan
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
@@ -40,16 +40,18 @@ HERE = Path(__file__).resolve().parent
 
 def write_plan_files(tmp: Path, cluster_name: str = "local-cpu-2",
                      edit: Callable[[MetaOpGraph], MetaOpGraph] = lambda g: g,
-                     options: PlanOptions | None = None, dtype: str = "fp32") -> Path:
-    """graph.yaml, profile.yaml and plan.yaml for tiny-clip under `tmp`, as `spindle plan`
-    would write them (from the graph in `dtype` as `edit` leaves it, with `options`)."""
+                     options: PlanOptions | None = None, dtype: str = "fp32",
+                     graph_name: str = "graph.yaml") -> Path:
+    """graph.yaml (or `graph_name`), profile.yaml and plan.yaml for tiny-clip under `tmp`, as
+    `spindle plan` would write them (from the graph in `dtype` as `edit` leaves it, with
+    `options`)."""
     model_path = str(REPO / "models" / "tiny-clip.yaml")
     model = load(model_path, ModelSpec)
     graph = edit(build_graph(model, dtype=dtype, inputs=[input_ref(model, model_path)]))
     cluster_path = str(REPO / "clusters" / f"{cluster_name}.yaml")
     cluster = load(cluster_path, ClusterSpec)
     profile = analytic_profile(graph, cluster, hardware="a800", counts=[1, 2])
-    graph_path, profile_path = str(tmp / "graph.yaml"), str(tmp / "profile.yaml")
+    graph_path, profile_path = str(tmp / graph_name), str(tmp / "profile.yaml")
     write_artifact(graph, graph_path)
     write_artifact(profile, profile_path)
     plan = make_plan(graph, profile, cluster, options=options or PlanOptions(),
@@ -85,7 +87,9 @@ def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
     # one time axis: a rank's sync span ends once the loss all-reduce issued at the end of
     # every rank's forward has completed, so after both ranks' forward compute (100 us of
     # slack for taking the two clocks' origins)
-    for step in (0, 1):
+    # steps numbered as the loss lines number them
+    assert {e["args"]["step"] for e in spans} == {1, 2}
+    for step in (1, 2):
         syncs = [e for e in spans if e["name"] == "sync" and e["args"]["step"] == step]
         assert len(syncs) == 2
         forward_end = max(e["ts"] + e["dur"] for e in spans if e["cat"] == "compute"
@@ -115,6 +119,30 @@ def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
     assert summary["predicted_iteration_ms"] == pytest.approx(
         simulate(*args, sync="per-set", progress="rank").iteration_ms)
     assert summary["predicted_by"] == "simulator"
+    assert summary["predicted_with"] == {"progress": "rank", "sync": "per-set"}
+    # the compute of a step, against which the slices' planned times are compared
+    assert f"slices' compute: measured {summary['compute_ms_per_step']:.2f} ms" in r.stderr
+
+
+@pytest.mark.parametrize("earlier", [False, True], ids=["no-file", "earlier-trace"])
+def test_a_failed_run_says_its_trace_was_not_written(tmp_path: Path, monkeypatch,
+                                                     earlier: bool) -> None:
+    # the trace is written after the last step: a file of that name is an earlier run's
+    plan = write_plan_files(tmp_path)
+    trace = tmp_path / "trace.json"
+    if earlier:
+        trace.write_text("{}")
+
+    def failing(argv, **_):
+        raise RuntimeFailure("run failed: rank 0: loss is nan (test)")
+
+    monkeypatch.setattr("spindle_cli.cli.run._launch", failing)
+    result = invoke("run", str(plan), "--trace", str(trace))
+    assert result.exit_code == 1
+    said = "trace: not written, the run did not finish" + (
+        f" ({trace} is an earlier run's)" if earlier else "")
+    assert said in result.stderr.splitlines()
+    assert result.stderr.splitlines()[-1] == "error: run failed: rank 0: loss is nan (test)"
 
 
 def _workers_of(plan: Path) -> list[int]:
@@ -503,9 +531,26 @@ def test_a_trace_over_the_plan_is_refused(tmp_path: Path, monkeypatch, dry_run: 
     before = as_json.read_text()
     result = invoke("run", str(as_json), "--trace", str(as_json), *["--dry-run"] * dry_run)
     assert result.exit_code == 2
-    assert f"--trace {as_json}: is the plan; writing the trace would replace it" in \
+    assert f"--trace {as_json}: is the plan; writing it would replace it" in \
         _one_line_error(result)
     assert not launched and as_json.read_text() == before
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
+def test_a_trace_over_an_input_of_the_plan_is_refused(tmp_path: Path, monkeypatch,
+                                                      dry_run: bool) -> None:
+    # a JSON graph passed the suffix check: the run replaced the plan's graph with its trace
+    plan = write_plan_files(tmp_path, graph_name="graph.json")
+    graph = tmp_path / "graph.json"
+    launched: list[list[str]] = []
+    monkeypatch.setattr("spindle_cli.cli.run._launch",
+                        lambda argv, **_: launched.append(argv))
+    before = graph.read_text()
+    result = invoke("run", str(plan), "--trace", str(graph), *["--dry-run"] * dry_run)
+    assert result.exit_code == 2
+    assert f"--trace {graph}: is the plan's graph; writing it would replace it" in \
+        _one_line_error(result)
+    assert not launched and graph.read_text() == before
 
 
 def _wider_batch(graph: MetaOpGraph) -> MetaOpGraph:

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from spindle_cli.artifacts import Plan, load
-from spindle_cli.runtime.trace import COMPUTE_DRIFT, drift_lines, slice_compute
+from spindle_cli.runtime.trace import (
+    COMPUTE_DRIFT,
+    compute_per_step_ms,
+    drift_lines,
+    slice_compute,
+)
 
 PLAN = (Path(__file__).resolve().parents[1] / "data" / "plan-tiny-clip-local-cpu"
         / "expected_plan.yaml")
@@ -59,8 +64,9 @@ def test_drift_names_the_slices_furthest_off() -> None:
     slices = sorted((s for w in plan.waves for s in w.slices), key=lambda s: -s.time_ms)
     heavy, second = slices[0], slices[1]
     factor = {heavy.id: 2.0, second.id: 1 + COMPUTE_DRIFT / 2}
-    rows = slice_compute(plan, _events(plan, lambda s, r, step: s.time_ms * factor.get(s.id, 1)))
-    lines = drift_lines(rows, plan.estimated_iteration_ms)
+    events = _events(plan, lambda s, r, step: s.time_ms * factor.get(s.id, 1))
+    rows = slice_compute(plan, events)
+    lines = drift_lines(rows, compute_per_step_ms(plan, events), plan.estimated_iteration_ms)
     planned = sum(s.time_ms for s in slices)
     measured = planned + heavy.time_ms + second.time_ms * COMPUTE_DRIFT / 2
     assert lines[0] == (f"slices' compute: measured {measured:.2f} ms, planned {planned:.2f} ms "
@@ -73,10 +79,36 @@ def test_drift_names_the_slices_furthest_off() -> None:
     assert lines[2].startswith("  1 slice(s) off by more than 25%: ")
     assert len(lines) == 3
     # a difference below DRIFT_FLOOR of the iteration is not named
-    assert drift_lines(rows, 1e6)[1:] == []
+    assert drift_lines(rows, measured, 1e6)[1:] == []
+    # ranks that took turns on fewer cores are not sent to measure again
+    shared = drift_lines(rows, measured, plan.estimated_iteration_ms, shared_cores=True)
+    assert shared[:2] == lines[:2]
+    assert shared[2].startswith("  1 slice(s) off by more than 25%: these ranks took turns on "
+                                "fewer cores than ranks") and "profile --hardware" not in shared[2]
     # compute as planned: nothing to name
-    exact = slice_compute(plan, _events(plan, lambda s, r, step: s.time_ms))
-    assert len(drift_lines(exact, plan.estimated_iteration_ms)) == 1
+    exact_events = _events(plan, lambda s, r, step: s.time_ms)
+    exact = slice_compute(plan, exact_events)
+    assert len(drift_lines(exact, compute_per_step_ms(plan, exact_events),
+                           plan.estimated_iteration_ms)) == 1
+
+
+def test_compute_per_step_is_the_median_of_the_steps_totals() -> None:
+    # steps 4-6 after warm-up step 3; each slice is 5 ms slower in one step, a different one
+    # for each slice: every slice's median is its planned time, but each step's total is above
+    plan = load(str(PLAN), Plan)
+    slices = [s for w in plan.waves for s in w.slices]
+    slow = {s.id: 4 + i % 3 for i, s in enumerate(slices)}
+    events: list[list[dict]] = [[] for _ in range(plan.num_devices)]
+    for w in plan.waves:
+        for s in w.slices:
+            for r in s.ranks:
+                for step in (3, 4, 5, 6):
+                    ms = 100.0 if step == 3 else s.time_ms + (5.0 if step == slow[s.id] else 0)
+                    events[r].append(_span(w.index, step, "forward", ms))
+    planned = sum(s.time_ms for s in slices)
+    assert sum(r["measured_ms"] for r in slice_compute(plan, events)) == pytest.approx(planned)
+    totals = sorted(planned + 5.0 * sum(1 for s in slices if slow[s.id] == k) for k in (4, 5, 6))
+    assert compute_per_step_ms(plan, events) == pytest.approx(totals[1])
 
 
 def test_breakdown_leaves_out_the_first_traced_step_after_a_resume() -> None:
