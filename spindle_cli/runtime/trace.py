@@ -205,3 +205,19 @@ def drift_lines(rows: list[dict[str, Any]], measured: float, predicted_ms: float
                      "does not describe these devices as they ran; measure them again "
                      "(spindle profile --hardware local --no-cache) and re-plan")
     return lines
+
+
+def parts_line(measured: dict[str, dict[str, float]], predicted: dict[str, float] | None,
+               ) -> str:
+    """Where a step's time went on the rank whose spans add up to the most (`breakdown_ms`,
+    per rank), beside the simulated parts of the rank that ends the iteration."""
+    rank = max(measured, key=lambda r: (sum(measured[r].values()), -int(r)))
+    got = measured[rank]
+    text = (f"parts of a step on rank {rank}, the longest: compute {got.get('compute', 0.0):.2f}, "
+            f"send/recv {got.get('comm', 0.0):.2f}, sync {got.get('sync', 0.0):.2f}, optimizer "
+            f"{got.get('optimizer', 0.0):.2f} ms")
+    if predicted is None:
+        return text
+    return (text + f"; simulated compute {predicted['compute']:.2f}, transfer "
+            f"{predicted['transfer']:.2f}, sync {predicted['sync']:.2f}, optimizer "
+            f"{predicted['optimizer']:.2f} ms")

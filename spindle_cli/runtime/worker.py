@@ -55,6 +55,7 @@ from spindle_cli.runtime.trace import (
     breakdown_ms,
     compute_per_step_ms,
     drift_lines,
+    parts_line,
     slice_compute,
     trace_document,
     write_json,
@@ -68,6 +69,9 @@ class Prediction:
     ms: float
     fallback: str | None = None
     """Why the plan's own estimate stands in for a simulation (None: simulated)."""
+    parts: dict[str, float] | None = None
+    """The simulated iteration's compute, transfer, sync and optimizer ms (those of the rank
+    that ends it); None for the plan's estimate."""
 
     def describe(self) -> str:
         why = f" (the plan's estimate: not simulated, {self.fallback})" if self.fallback else ""
@@ -452,12 +456,14 @@ def _write_trace(gathered: _Timings, result: TrainResult, plan: Plan, world: rdi
                "measured_over_predicted": measured / predicted.ms if predicted.ms > 0 else None,
                "breakdown_ms_per_step": {str(r): breakdown_ms(evs, len(ms))
                                          for r, (evs, ms, _) in enumerate(gathered)},
+               "predicted_parts_ms": predicted.parts,
                "slices": slice_compute(plan, [evs for evs, _, _ in gathered]),
                "compute_ms_per_step": compute_per_step_ms(plan, [evs for evs, _, _ in gathered])}
     assert opts.trace_path is not None
     write_json(trace_document([evs for evs, _, _ in gathered],
                               [origin for _, _, origin in gathered], summary), opts.trace_path)
     _say(f"trace: {opts.trace_path}")
+    _say(parts_line(summary["breakdown_ms_per_step"], predicted.parts))
     shared = (world.backend == "gloo"
               and world.local_world_size > len(os.sched_getaffinity(0)))
     for line in drift_lines(summary["slices"], summary["compute_ms_per_step"], predicted.ms,
@@ -475,9 +481,11 @@ def predicted_iteration(plan_path: str, plan: Plan, graph: MetaOpGraph,
     try:
         _, profile = load_recorded_input(plan, plan_path, Profile)
         _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
-        return Prediction(simulate(plan, graph, profile, cluster,
-                                   sync="chunked" if overlap_sync else "per-set",
-                                   progress="rank").iteration_ms)
+        sim = simulate(plan, graph, profile, cluster,
+                       sync="chunked" if overlap_sync else "per-set", progress="rank")
+        return Prediction(sim.iteration_ms, parts={
+            "compute": sim.compute_ms, "transfer": sim.transfer_ms, "sync": sim.sync_ms,
+            "optimizer": sim.optimizer_ms})
     except SpindleError as e:
         # every run predicts its step: a profile that cannot simulate the plan does not stop it
         return Prediction(plan.estimated_iteration_ms, str(e))

@@ -122,6 +122,17 @@ def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
     assert summary["predicted_with"] == {"progress": "rank", "sync": "per-set"}
     # the compute of a step, against which the slices' planned times are compared
     assert f"slices' compute: measured {summary['compute_ms_per_step']:.2f} ms" in r.stderr
+    # where a step's time went on the longest rank, beside the simulated rank's parts, which
+    # add up to the predicted iteration
+    parts = summary["predicted_parts_ms"]
+    assert sum(parts.values()) == pytest.approx(summary["predicted_iteration_ms"])
+    longest = max(summary["breakdown_ms_per_step"].items(), key=lambda kv: sum(kv[1].values()))
+    said = next(ln for ln in r.stderr.splitlines() if ln.startswith("parts of a step on rank "))
+    assert said.startswith(f"parts of a step on rank {longest[0]}, the longest: compute "
+                           f"{longest[1]['compute']:.2f}, ")
+    assert said.endswith(f"; simulated compute {parts['compute']:.2f}, transfer "
+                         f"{parts['transfer']:.2f}, sync {parts['sync']:.2f}, optimizer "
+                         f"{parts['optimizer']:.2f} ms")
 
 
 @pytest.mark.parametrize("earlier", [False, True], ids=["no-file", "earlier-trace"])

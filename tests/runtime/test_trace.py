@@ -12,6 +12,7 @@ from spindle_cli.runtime.trace import (
     COMPUTE_DRIFT,
     compute_per_step_ms,
     drift_lines,
+    parts_line,
     slice_compute,
 )
 
@@ -190,3 +191,15 @@ def test_a_gap_is_taken_out_of_the_span_it_interrupts():
     with alone.gap("all-gather", "sync", step=0):
         pass
     assert [e["name"] for e in alone.events] == ["all-gather"]
+
+
+def test_parts_line_names_the_longest_rank_and_the_simulated_parts() -> None:
+    measured = {"0": {"compute": 10.0, "comm": 1.0, "sync": 2.0, "optimizer": 0.5},
+                "1": {"compute": 9.0, "comm": 0.5, "sync": 6.0}}
+    simulated = {"compute": 11.0, "transfer": 0.25, "sync": 1.0, "optimizer": 0.5}
+    assert parts_line(measured, simulated) == (
+        "parts of a step on rank 1, the longest: compute 9.00, send/recv 0.50, sync 6.00, "
+        "optimizer 0.00 ms; simulated compute 11.00, transfer 0.25, sync 1.00, optimizer "
+        "0.50 ms")
+    # the plan's own estimate has no parts
+    assert parts_line(measured, None).endswith("optimizer 0.00 ms")
