@@ -50,7 +50,8 @@ A800_256 := --hardware a800 --cluster clusters/a800-32x8.yaml --validate \
 install: $(STAMP)
 core: $(CORE_STAMP)
 
-# torch is pinned to the CPU wheel that lies on this machine's disk (never a multi-GB CUDA build).
+# torch is pinned to the version whose CPU wheel lies on this project's machines' disk; the pin
+# does not choose a CPU build by itself (see README: plain PyPI serves Linux the CUDA one).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m pip install --quiet "torch==2.13.0"
 	$(PYTHON) -m pip install --quiet -e ".[runtime,test]"
