@@ -23,7 +23,7 @@ What does not live here: ordering tuples into waves (`waves.py`) and ranks (`pla
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -188,8 +188,8 @@ def _interpolate(counts: tuple[int, ...], s: tuple[float, ...], target: float) -
     if target > s[-1]:
         return math.inf
     i = bisect_right(s, target)
-    if i >= len(s):  # the top speedup: the fewest counts that reach it
-        return float(counts[bisect_left(s, target)])
+    if i >= len(s):
+        return float(counts[-1])
     lo, hi = i - 1, i
     n_lo, n_hi = counts[lo], counts[hi]
     return n_lo + (n_hi - n_lo) * (target - s[lo]) / (s[hi] - s[lo])
