@@ -23,7 +23,7 @@ from spindle_cli.cli.common import load_input
 from spindle_cli.cli.views import print_table, rank_text
 from spindle_cli.cli.views.plan import mixed_waves
 from spindle_cli.errors import SpindleError
-from spindle_cli.planner.allocation import OpCurve
+from spindle_cli.planner.allocation import OpCurve, op_time_ms
 
 A = TypeVar("A", bound=Artifact)
 
@@ -191,8 +191,6 @@ def _no_faster(oc: OpCurve, counts: list[int], uneven: bool) -> dict[int, int]:
     """The counts of `counts` (those `op_curves` offered: `api.planned_counts`) that
     `allocation.op_curve` dropped because a smaller count runs as fast (with uneven splits,
     B = 64 runs 5 rows per device on 13 to 15), each with the largest such count."""
-    from spindle_cli.planner.allocation import op_time_ms
-
     kept = dict(zip(oc.counts[1:], oc.times_ms[1:], strict=True))
     slower = {}
     for n in counts:
