@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from spindle_cli.artifacts.io import write_text_atomic
-from spindle_cli.artifacts.plan import Plan
+from spindle_cli.artifacts.plan import Plan, Slice
 
 COMPUTE_DRIFT = 0.25
 """A slice whose measured compute is off its planned time by more than this share is named
@@ -137,7 +137,7 @@ def write_json(document: dict[str, Any], path: str) -> None:
 
 
 def _slice_steps(plan: Plan, rank_events: list[list[dict[str, Any]]],
-                 ) -> list[tuple[int, Any, list[float]]]:
+                 ) -> list[tuple[int, Slice, list[float]]]:
     """Per slice of `plan`, in wave order: (wave, slice, its measured forward+backward compute
     in each traced step but the first, warm-up, when there are more): the compute spans of
     its wave on each of its ranks (a rank runs one slice per wave), the slowest rank."""

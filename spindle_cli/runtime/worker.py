@@ -445,6 +445,7 @@ def _write_trace(gathered: _Timings, result: TrainResult, plan: Plan, world: rdi
                  opts: TrainOptions, predicted: Prediction) -> None:
     # the iteration ends when the slowest rank ends it: take the slowest rank's median
     measured = max(measured_iteration_ms(ms) for _, ms, _ in gathered)
+    rank_events = [evs for evs, _, _ in gathered]
     summary = {"planner": plan.planner, "num_ranks": world.world_size, "backend": world.backend,
                "steps": len(result.step_ms), "measured_iteration_ms": measured,
                "predicted_iteration_ms": predicted.ms,
@@ -457,11 +458,11 @@ def _write_trace(gathered: _Timings, result: TrainResult, plan: Plan, world: rdi
                "breakdown_ms_per_step": {str(r): breakdown_ms(evs, len(ms))
                                          for r, (evs, ms, _) in enumerate(gathered)},
                "predicted_parts_ms": predicted.parts,
-               "slices": slice_compute(plan, [evs for evs, _, _ in gathered]),
-               "compute_ms_per_step": compute_per_step_ms(plan, [evs for evs, _, _ in gathered])}
+               "slices": slice_compute(plan, rank_events),
+               "compute_ms_per_step": compute_per_step_ms(plan, rank_events)}
     assert opts.trace_path is not None
-    write_json(trace_document([evs for evs, _, _ in gathered],
-                              [origin for _, _, origin in gathered], summary), opts.trace_path)
+    write_json(trace_document(rank_events, [origin for _, _, origin in gathered], summary),
+               opts.trace_path)
     _say(f"trace: {opts.trace_path}")
     _say(parts_line(summary["breakdown_ms_per_step"], predicted.parts))
     shared = (world.backend == "gloo"
