@@ -53,10 +53,16 @@ NAME_PATTERN = r"^(?=.*\S)[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
 break a one-line error); the loader asks the same (`_check_name`)."""
 
 
+def has_control(value: str) -> bool:
+    """Whether `value` holds a control character or a line or paragraph separator (what
+    would break a one-line error)."""
+    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in value)
+
+
 def _check_name(value: str, path: str) -> None:
     if not value.strip():
         raise FieldError(path, "must not be blank")
-    if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in value):
+    if has_control(value):
         raise FieldError(path, f"{value!r}: must not hold line breaks or control characters "
                                "(it names something in one-line errors)")
 

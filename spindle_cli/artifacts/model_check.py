@@ -5,11 +5,10 @@ Shape inference is also what the graph builder uses, so it lives with the contra
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from spindle_cli.artifacts.codec import field_path
+from spindle_cli.artifacts.codec import field_path, has_control
 from spindle_cli.errors import FieldError
 
 if TYPE_CHECKING:
@@ -33,7 +32,7 @@ def _check_label(name: str, path: str, what: str) -> None:
     (`codec.NAME_PATTERN`'s rule: a no-break space is fine)."""
     if not name.strip():
         raise FieldError(path, f"a {what} needs a name")
-    if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in name):
+    if has_control(name):
         raise FieldError(path, f"{name!r}: a {what} name must not hold line breaks or control "
                                f"characters (it names the {what} in one-line errors)")
 
