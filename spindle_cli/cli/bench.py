@@ -174,13 +174,12 @@ def _load_world(models_dir: str, clusters_dir: str, configs: list[lib.BenchConfi
                 ) -> tuple[dict[str, ModelSpec], dict[str, ClusterSpec]]:
     models = {m: load_input(str(Path(models_dir) / f"{m}.yaml"), ModelSpec)
               for m in dict.fromkeys(c.model for c in configs)}
+    clusters: dict[str, ClusterSpec] = {}
     for c in configs:
         path = str(Path(models_dir) / f"{c.model}.yaml")
         if c.task_set is not None:
             _check_task_sets(models[c.model], path, [c.task_set])
         _check_num_tasks(models[c.model], path, c.task_set, c.num_tasks)
-    clusters: dict[str, ClusterSpec] = {}
-    for c in configs:
         if c.cluster not in clusters:
             clusters[c.cluster] = _cluster(clusters_dir, c.cluster, c.num_devices)
     return models, clusters
@@ -347,12 +346,9 @@ def _swap_in(staging: Path, out_dir: Path, written: list[str], dropped: list[str
 
     modes: dict[str, int] = {}
     for name in written + dropped:
-        entry = out_dir / name
-        if entry.is_symlink() or not entry.exists():
-            continue
-        if entry.is_dir():
-            raise refused(name, os.strerror(errno.EISDIR))
-        modes[name] = stat.S_IMODE(output_file(entry).stat().st_mode)
+        replaced = _replaced(out_dir, name)
+        if replaced is not None:
+            modes[name] = stat.S_IMODE(replaced.stat().st_mode)
     try:
         aside = Path(tempfile.mkdtemp(dir=out_dir, prefix=".previous-"))
     except OSError as e:
@@ -383,6 +379,18 @@ def _swap_in(staging: Path, out_dir: Path, written: list[str], dropped: list[str
             shutil.rmtree(aside, ignore_errors=True)
             raise refused(name, e.strerror or str(e)) from None
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def _replaced(out_dir: Path, name: str) -> Path | None:
+    """The file that the swap's `name` replaces in `out_dir` (`io.output_file`; None where
+    there is none, or a symlink, which the swap replaces like a file); SpindleError where the
+    swap would refuse it: a directory, or a file `output_file` refuses (a read-only one)."""
+    entry = out_dir / name
+    if entry.is_symlink() or not entry.exists():
+        return None
+    if entry.is_dir():
+        raise SpindleError(f"--out {out_dir}: cannot write {name}: {os.strerror(errno.EISDIR)}")
+    return output_file(entry)
 
 
 @contextlib.contextmanager
@@ -522,12 +530,7 @@ def _checked_out_dir(out_dir: str, names: tuple[str, ...]) -> Path:
     check_parent(f"--out {out_dir}", target.parent)
     check_can_create(f"--out {out_dir}", target if target.exists() else target.parent)
     for name in names:
-        entry = target / name
-        if entry.is_dir() and not entry.is_symlink():
-            raise SpindleError(f"--out {out_dir}: cannot write {name}: "
-                               f"{os.strerror(errno.EISDIR)}")
-        if entry.exists() and not entry.is_symlink():
-            output_file(entry)
+        _replaced(target, name)
     return target
 
 

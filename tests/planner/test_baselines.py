@@ -131,16 +131,23 @@ def test_optimus_grows_a_task_past_a_member_valid_on_one_device_only():
     assert counts == {"t0/enc": 3, "t0/loss": 1}
 
 
+def _optimus_two_chains(a_ops: int, b_first_ms: float, b_ops: int, b_ms: float):
+    """Optimus's plan of two tasks of batch 1 on one device each: a, `a_ops` operators of
+    10 ms; b, one of `b_first_ms`, then `b_ops` of `b_ms`."""
+    g = graph([metaop("a/x", layers=a_ops, batch=1), metaop("b/e", layers=1, batch=1),
+               metaop("b/h", level=1, layers=b_ops, batch=1, preds=("b/e",))])
+    p = profile([alpha_beta_curve("a/x", 1, 10.0, 0.0),
+                 alpha_beta_curve("b/e", 1, b_first_ms, 0.0),
+                 alpha_beta_curve("b/h", 1, b_ms, 0.0)])
+    return make_plan(g, p, cluster(per_node=2), options=PlanOptions(planner="optimus"))
+
+
 def test_optimus_waves_are_shortened_as_spindle_levels_are():
     # a: 3 operators of 10 ms; b: one of 4 ms, then 4 of 6 ms; one device each. Aligned one
     # wave at a time: [a 10 | b 4], [a 20 | b 18], [b 6] = 36 ms. Moving b's last operator
     # into the second wave (24 ms) ends at 34 ms, the third wave gone; each task keeps its
     # order (a MetaOp's operators move only between the waves it runs in)
-    g = graph([metaop("a/x", layers=3, batch=1), metaop("b/e", layers=1, batch=1),
-               metaop("b/h", level=1, layers=4, batch=1, preds=("b/e",))])
-    p = profile([alpha_beta_curve("a/x", 1, 10.0, 0.0), alpha_beta_curve("b/e", 1, 4.0, 0.0),
-                 alpha_beta_curve("b/h", 1, 6.0, 0.0)])
-    plan = make_plan(g, p, cluster(per_node=2), options=PlanOptions(planner="optimus"))
+    plan = _optimus_two_chains(3, 4.0, 4, 6.0)
     assert sum(w.duration_ms for w in plan.waves) == pytest.approx(34.0)
     got = [sorted((s.metaop, s.first, s.last) for s in w.slices) for w in plan.waves]
     assert got == [[("a/x", 0, 1), ("b/e", 0, 1)], [("a/x", 1, 3), ("b/h", 0, 4)]]
@@ -150,11 +157,7 @@ def test_a_chain_sits_out_a_wave_its_operator_would_hold_long():
     # a: 2 operators of 10 ms; b: one of 1 ms, then 19 of 1 ms; one device each. Every chain
     # in every wave: [a 10 | b 1], [a 10 | b 10], [b 9] = 29 ms (shortening keeps it). With
     # a sitting out the 1 ms wave: [b 1], [a 20 | b 19] = 21 ms, near each task on its own (20)
-    g = graph([metaop("a/x", layers=2, batch=1), metaop("b/e", layers=1, batch=1),
-               metaop("b/h", level=1, layers=19, batch=1, preds=("b/e",))])
-    p = profile([alpha_beta_curve("a/x", 1, 10.0, 0.0), alpha_beta_curve("b/e", 1, 1.0, 0.0),
-                 alpha_beta_curve("b/h", 1, 1.0, 0.0)])
-    plan = make_plan(g, p, cluster(per_node=2), options=PlanOptions(planner="optimus"))
+    plan = _optimus_two_chains(2, 1.0, 19, 1.0)
     got = [(sorted((s.metaop, s.first, s.last) for s in w.slices), w.duration_ms)
            for w in plan.waves]
     assert got == [([("b/e", 0, 1)], pytest.approx(1.0)),

@@ -532,36 +532,27 @@ def test_bad_run_options_are_refused_before_launch(tmp_path: Path, monkeypatch,
 
 
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
-def test_a_trace_over_the_plan_is_refused(tmp_path: Path, monkeypatch, dry_run: bool) -> None:
-    plan = write_plan_files(tmp_path)
-    as_json = tmp_path / "plan.json"
-    as_json.write_text(json.dumps(yaml.safe_load(plan.read_text())))
-    launched: list[list[str]] = []
-    monkeypatch.setattr("spindle_cli.cli.run._launch",
-                        lambda argv, **_: launched.append(argv))
-    before = as_json.read_text()
-    result = invoke("run", str(as_json), "--trace", str(as_json), *["--dry-run"] * dry_run)
-    assert result.exit_code == 2
-    assert f"--trace {as_json}: is the plan; writing it would replace it" in \
-        _one_line_error(result)
-    assert not launched and as_json.read_text() == before
-
-
-@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
-def test_a_trace_over_an_input_of_the_plan_is_refused(tmp_path: Path, monkeypatch,
-                                                      dry_run: bool) -> None:
-    # a JSON graph passed the suffix check: the run replaced the plan's graph with its trace
+@pytest.mark.parametrize("over", ["plan", "graph"])
+def test_a_trace_over_a_file_the_run_reads_is_refused(tmp_path: Path, monkeypatch, over: str,
+                                                       dry_run: bool) -> None:
+    # the plan as JSON; a JSON graph passed the suffix check, and the run replaced the plan's
+    # graph with its trace
     plan = write_plan_files(tmp_path, graph_name="graph.json")
-    graph = tmp_path / "graph.json"
+    if over == "plan":
+        target = tmp_path / "plan.json"
+        target.write_text(json.dumps(yaml.safe_load(plan.read_text())))
+        plan, what = target, "the plan"
+    else:
+        target, what = tmp_path / "graph.json", "the plan's graph"
     launched: list[list[str]] = []
     monkeypatch.setattr("spindle_cli.cli.run._launch",
                         lambda argv, **_: launched.append(argv))
-    before = graph.read_text()
-    result = invoke("run", str(plan), "--trace", str(graph), *["--dry-run"] * dry_run)
+    before = target.read_text()
+    result = invoke("run", str(plan), "--trace", str(target), *["--dry-run"] * dry_run)
     assert result.exit_code == 2
-    assert f"--trace {graph}: is the plan's graph; writing it would replace it" in \
+    assert f"--trace {target}: is {what}; writing it would replace it" in \
         _one_line_error(result)
-    assert not launched and graph.read_text() == before
+    assert not launched and target.read_text() == before
 
 
 def _wider_batch(graph: MetaOpGraph) -> MetaOpGraph:
