@@ -113,7 +113,8 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--trace", "trace_path", default=None, metavar="FILE.json",
               help="Write a Chrome trace: per rank, the compute, send/recv and sync spans of "
                    "every step and wave, with the measured step against the simulator's "
-                   "prediction and each slice's compute against its planned time.")
+                   "prediction, each slice's compute against its planned time, and what "
+                   "each rank held at a step's turn against the plan's memory estimate.")
 @click.option("--metrics", "metrics_path", default=None, metavar="FILE.jsonl",
               help="Write one JSON line per trained step (step, steps, loss, losses by "
                    "task, step_ms); a resumed run keeps the lines of the steps it resumes "

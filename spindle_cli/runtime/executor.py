@@ -61,7 +61,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +77,7 @@ from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES, backend_sync, sync_buc
 from spindle_cli.runtime.data import DataSource, rows_problem, targets_name
 from spindle_cli.runtime.dist import World
 from spindle_cli.runtime.groups import Groups
+from spindle_cli.runtime.held import CATEGORIES, SavedTensors, storages
 from spindle_cli.runtime.model import (
     LayerKey,
     build_layers,
@@ -224,6 +225,11 @@ class Executor:
         self.dtype = dtype
         self.lr = lr
         self.tracer = tracer or Tracer(enabled=False, rank=world.rank)
+        # a traced run measures what the rank holds at the turn of every step (`held`)
+        self.saved = SavedTensors() if self.tracer.enabled else None
+        self.held: dict[str, int] = {}
+        """The most the rank held in each category (`held.CATEGORIES`) at a traced step's
+        turn."""
         me = self.rank
         self.my_slices = [[sp for sp in program.slices if sp.wave == w and me in sp.slice.ranks]
                           for w in range(program.num_waves)]
@@ -365,12 +371,17 @@ class Executor:
                 b.zero_grads()
         st = StepState()
         pending: list[Any] = []
-        for w in range(self.program.num_waves):
-            with self.tracer.span("send/recv", "comm", step=shown, wave=w, phase="forward"):
-                self._forward_boundary(w, st)
-            with self.tracer.span("compute", "compute", step=shown, wave=w, phase="forward"):
-                for sp in self.my_slices[w]:
-                    self._forward_slice(sp, st, step)
+        with self.saved.recording() if self.saved is not None else nullcontext():
+            for w in range(self.program.num_waves):
+                with self.tracer.span("send/recv", "comm", step=shown, wave=w,
+                                      phase="forward"):
+                    self._forward_boundary(w, st)
+                with self.tracer.span("compute", "compute", step=shown, wave=w,
+                                      phase="forward"):
+                    for sp in self.my_slices[w]:
+                        self._forward_slice(sp, st, step)
+        if self.saved is not None:
+            self._note_held(self.saved)
         loss_reduction = self._reduce_losses(st)
         for w in reversed(range(self.program.num_waves)):
             st.wave = w
@@ -392,6 +403,22 @@ class Executor:
                 self._step()
         self._start_gathers()
         return losses
+
+    def _note_held(self, saved: SavedTensors) -> None:
+        """Add the storages the rank holds now, at the turn, to `held` (each category's
+        most)."""
+        weights = storages(p for _, p in self.named)
+        grads = storages([*(b.flat for b in self.buckets),
+                          *(b.shard_grad for b in self.buckets if b.shard_grad is not None)])
+        state = [v for st in (self.optimizer.state.values() if self.optimizer else ())
+                 for v in st.values() if torch.is_tensor(v)]
+        optimizer = storages([*state, *self.masters])
+        now = dict(zip(CATEGORIES, (sum(weights.values()), sum(grads.values()),
+                                    sum(optimizer.values()),
+                                    saved.held_bytes({**weights, **grads, **optimizer})),
+                       strict=True))
+        for k, v in now.items():
+            self.held[k] = max(self.held.get(k, 0), v)
 
     def _step(self) -> None:
         """AdamW on what this rank steps; in bf16 on the fp32 masters, one bucket at a time

@@ -1,6 +1,7 @@
 """Chrome trace events (open in Perfetto or chrome://tracing) of a run: per rank, per wave, the
-compute, send/recv and sync spans, plus measured vs predicted iteration time and every slice's
-measured compute against its planned time (`slice_compute`, `drift_lines`).
+compute, send/recv and sync spans, plus measured vs predicted iteration time, every slice's
+measured compute against its planned time (`slice_compute`, `drift_lines`) and what every rank
+held at a step's turn against its plan's memory estimate (`memory_rows`, `memory_line`).
 
 Each rank records its own spans with a monotonic clock; the file has one process per rank
 ("pid" = rank), on one time axis: each rank's clock starts with its tracer (before its model
@@ -20,6 +21,7 @@ from typing import Any
 
 from spindle_cli.artifacts.io import write_text_atomic
 from spindle_cli.artifacts.plan import Plan, Slice
+from spindle_cli.units import fmt_bytes
 
 COMPUTE_DRIFT = 0.25
 """A slice whose measured compute is off its planned time by more than this share is named
@@ -221,3 +223,48 @@ def parts_line(measured: dict[str, dict[str, float]], predicted: dict[str, float
     return (text + f"; simulated compute {predicted['compute']:.2f}, transfer "
             f"{predicted['transfer']:.2f}, sync {predicted['sync']:.2f}, optimizer "
             f"{predicted['optimizer']:.2f} ms")
+
+
+STATE = ("param_bytes", "grad_bytes", "optimizer_bytes")
+"""The categories of what a rank keeps between steps (the plan's `RankMemory` fields)."""
+
+
+def memory_rows(plan: Plan, held: list[dict[str, int]]) -> list[dict[str, Any]]:
+    """Per rank: the plan's memory estimate by category beside what the rank held at a step's
+    turn (`runtime.held`; `held`, in rank order)."""
+    planned = {m.rank: m for m in plan.memory}
+    rows = []
+    for rank, measured in enumerate(held):
+        m = planned.get(rank)
+        rows.append({"rank": rank,
+                     "planned": {k: 0 if m is None else getattr(m, k)
+                                 for k in (*STATE, "activation_bytes")},
+                     "measured": dict(sorted(measured.items()))})
+    return rows
+
+
+def memory_line(rows: list[dict[str, Any]]) -> str:
+    """What a traced run says about `memory_rows`: on the rank with the most planned memory,
+    its activations held for backward and its weights, gradients and optimizer state, each
+    measured against planned, with the activations' ratio over every rank (and on CUDA the
+    allocator's peak over the run against the plan's total)."""
+    row = max(rows, key=lambda r: (sum(r["planned"].values()), -r["rank"]))
+    got, want = row["measured"], row["planned"]
+
+    def vs(measured: int, planned: int, more: str = "") -> str:
+        notes = [f"{measured / planned:.2f}x"] if planned else []
+        notes += [more] if more else []
+        return (f"{fmt_bytes(measured)}, planned {fmt_bytes(planned)}"
+                + (f" ({'; '.join(notes)})" if notes else ""))
+
+    ratios = [r["measured"]["activation_bytes"] / r["planned"]["activation_bytes"]
+              for r in rows if r["planned"]["activation_bytes"]]
+    spread = f"all ranks {min(ratios):.2f}-{max(ratios):.2f}x" if len(ratios) > 1 else ""
+    state = sum(got[k] for k in STATE), sum(want[k] for k in STATE)
+    text = (f"memory at a step's turn on rank {row['rank']}, the most planned: activations held "
+            f"for backward {vs(got['activation_bytes'], want['activation_bytes'], spread)}; "
+            f"weights, gradients and optimizer state {vs(*state)}")
+    if "peak_allocated_bytes" in got:
+        text += (f"; CUDA peak allocated {fmt_bytes(got['peak_allocated_bytes'])}, planned "
+                 f"{fmt_bytes(sum(want.values()))} in all")
+    return text

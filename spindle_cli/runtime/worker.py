@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -46,6 +46,7 @@ from spindle_cli.runtime import dist as rdist
 from spindle_cli.runtime.data import load_data_source
 from spindle_cli.runtime.executor import Executor, PeerLost, overlap_for
 from spindle_cli.runtime.groups import make_groups
+from spindle_cli.runtime.held import peak_allocated
 from spindle_cli.runtime.inputs import check_world, load_run_inputs
 from spindle_cli.runtime.model import DTYPES, run_dtype
 from spindle_cli.runtime.program import Program
@@ -55,6 +56,8 @@ from spindle_cli.runtime.trace import (
     breakdown_ms,
     compute_per_step_ms,
     drift_lines,
+    memory_line,
+    memory_rows,
     parts_line,
     slice_compute,
     trace_document,
@@ -351,11 +354,11 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
         if metrics is not None:
             metrics.close()
     if result.step_ms:
-        gathered = _gather_timings(tracer, result, world)
+        gathered = _gather_timings(tracer, result, ex, world)
         predicted = (opts.prediction if opts.prediction is not None
                      else Prediction(plan.estimated_iteration_ms, "no prediction was given"))
         if world.rank == 0 and log:
-            _say(timing_line(result.start_step, [ms for _, ms, _ in gathered], predicted))
+            _say(timing_line(result.start_step, [g.step_ms for g in gathered], predicted))
         if opts.trace_path is not None and world.rank == 0:
             _write_trace(gathered, result, plan, world, opts, predicted)
     elif opts.trace_path is not None and world.rank == 0:
@@ -414,18 +417,33 @@ def measured_iteration_ms(step_ms: list[float]) -> float:
     return statistics.median(times) if times else 0.0
 
 
-_Timings = list[tuple[list[Any], list[float], int]]
-"""Per rank: its trace events (none without --trace), step times (ms) and clock origin."""
+class RankTimings(NamedTuple):
+    """What one rank measured over the run."""
+
+    events: list[Any]
+    """Its trace events (none without --trace)."""
+    step_ms: list[float]
+    origin_wall_ns: int
+    """The wall-clock time of its trace clock's origin."""
+    held: dict[str, int]
+    """With --trace: the most it held in each category at a step's turn (`held`), and on
+    CUDA the allocator's peak over the run ('peak_allocated_bytes')."""
 
 
-def _gather_timings(tracer: Tracer, result: TrainResult, world: rdist.World) -> _Timings:
-    """Every rank's `_Timings` entry, on every rank (one collective after the last step)."""
-    mine = (tracer.events, result.step_ms, tracer.origin_wall_ns)
+def _gather_timings(tracer: Tracer, result: TrainResult, ex: Executor,
+                    world: rdist.World) -> list[RankTimings]:
+    """Every rank's `RankTimings`, in rank order, on every rank (one collective after the
+    last step)."""
+    held = dict(ex.held)
+    peak = peak_allocated(world.device)
+    if tracer.enabled and peak is not None:
+        held["peak_allocated_bytes"] = peak
+    mine = RankTimings(tracer.events, result.step_ms, tracer.origin_wall_ns, held)
     if world.world_size == 1:
         return [mine]
     gathered: list[Any] = [None] * world.world_size
     dist.all_gather_object(gathered, mine)
-    return gathered
+    return [RankTimings(*g) for g in gathered]
 
 
 def timing_line(start_step: int, step_ms: list[list[float]], predicted: Prediction) -> str:
@@ -441,11 +459,11 @@ def timing_line(start_step: int, step_ms: list[list[float]], predicted: Predicti
     return f"time: {measured:.2f} ms/step ({which}), {predicted.describe()}"
 
 
-def _write_trace(gathered: _Timings, result: TrainResult, plan: Plan, world: rdist.World,
+def _write_trace(gathered: list[RankTimings], result: TrainResult, plan: Plan, world: rdist.World,
                  opts: TrainOptions, predicted: Prediction) -> None:
     # the iteration ends when the slowest rank ends it: take the slowest rank's median
-    measured = max(measured_iteration_ms(ms) for _, ms, _ in gathered)
-    rank_events = [evs for evs, _, _ in gathered]
+    measured = max(measured_iteration_ms(g.step_ms) for g in gathered)
+    rank_events = [g.events for g in gathered]
     summary = {"planner": plan.planner, "num_ranks": world.world_size, "backend": world.backend,
                "steps": len(result.step_ms), "measured_iteration_ms": measured,
                "predicted_iteration_ms": predicted.ms,
@@ -455,16 +473,18 @@ def _write_trace(gathered: _Timings, result: TrainResult, plan: Plan, world: rdi
                                   {"progress": "rank",
                                    "sync": "chunked" if opts.overlap_sync else "per-set"}),
                "measured_over_predicted": measured / predicted.ms if predicted.ms > 0 else None,
-               "breakdown_ms_per_step": {str(r): breakdown_ms(evs, len(ms))
-                                         for r, (evs, ms, _) in enumerate(gathered)},
+               "breakdown_ms_per_step": {str(r): breakdown_ms(g.events, len(g.step_ms))
+                                         for r, g in enumerate(gathered)},
                "predicted_parts_ms": predicted.parts,
                "slices": slice_compute(plan, rank_events),
-               "compute_ms_per_step": compute_per_step_ms(plan, rank_events)}
+               "compute_ms_per_step": compute_per_step_ms(plan, rank_events),
+               "memory": memory_rows(plan, [g.held for g in gathered])}
     assert opts.trace_path is not None
-    write_json(trace_document(rank_events, [origin for _, _, origin in gathered], summary),
+    write_json(trace_document(rank_events, [g.origin_wall_ns for g in gathered], summary),
                opts.trace_path)
     _say(f"trace: {opts.trace_path}")
     _say(parts_line(summary["breakdown_ms_per_step"], predicted.parts))
+    _say(memory_line(summary["memory"]))
     shared = (world.backend == "gloo"
               and world.local_world_size > len(os.sched_getaffinity(0)))
     for line in drift_lines(summary["slices"], summary["compute_ms_per_step"], predicted.ms,

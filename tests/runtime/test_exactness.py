@@ -483,6 +483,41 @@ def test_bf16_holds_what_the_planner_counts_for_a_bf16_graph(graph: MetaOpGraph,
         assert dtypes == {torch.float32}
 
 
+
+def _held_at_turn(rank: int, world: int, plan: Plan, graph: MetaOpGraph, model: ModelSpec,
+                  dtype: Any) -> tuple[dict[str, int], int]:
+    """Two traced steps: (what the rank held at their turns, `Executor.held`; its buckets)."""
+    from spindle_cli.runtime.trace import Tracer
+
+    ex = _executor(rank, world, plan, graph, model, dtype, tracer=Tracer(enabled=True, rank=rank))
+    for step in range(2):
+        ex.train_step(step)
+    return ex.held, len(ex.buckets)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("zero", "recompute", "dtype"),
+                         [(0, False, "fp32"), (2, False, "bf16"), (0, True, "fp32")])
+def test_a_traced_rank_holds_what_its_plan_counts(zero: int, recompute: bool, dtype: str,
+                                                  model: ModelSpec, repo_root: Any) -> None:
+    """At the turn of a step each rank holds the weights, gradients and optimizer state its
+    plan counts (up to a shard's padding and AdamW's step counter: 64 bytes a bucket), and its
+    activations held for backward are no more than planned: without recomputation at least
+    half (tiny-clip: ~0.73x), with it only the operators' inputs, the plan also counting one
+    operator's stash alive again in backward."""
+    graph = build_graph(model, dtype=dtype)
+    plan = planned(graph, "local-cpu", "spindle", repo_root, zero=zero, recompute=recompute)
+    run_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    results = run_distributed(_held_at_turn, 4, plan, graph, model, run_dtype, timeout_s=90)
+    for m, (held, buckets) in zip(sorted(plan.memory, key=lambda m: m.rank), results,
+                                  strict=True):
+        for category in ("param_bytes", "grad_bytes", "optimizer_bytes"):
+            assert 0 <= held[category] - getattr(m, category) <= 64 * buckets, (m.rank,
+                                                                                  category)
+        assert held["activation_bytes"] <= m.activation_bytes
+        if not recompute:
+            assert held["activation_bytes"] >= m.activation_bytes / 2
+
 SMALL_MODEL = {
     "kind": "model", "version": 1, "name": "small-lm",
     "modules": {

@@ -133,6 +133,13 @@ def test_end_to_end_two_ranks_with_trace(tmp_path: Path) -> None:
     assert said.endswith(f"; simulated compute {parts['compute']:.2f}, transfer "
                          f"{parts['transfer']:.2f}, sync {parts['sync']:.2f}, optimizer "
                          f"{parts['optimizer']:.2f} ms")
+    # what each rank held at a step's turn beside its plan's estimate, and the line on it
+    assert [row["rank"] for row in summary["memory"]] == [0, 1]
+    for row in summary["memory"]:
+        assert row["measured"]["param_bytes"] == row["planned"]["param_bytes"] > 0
+        assert 0 < row["measured"]["activation_bytes"] <= row["planned"]["activation_bytes"]
+    assert sum(ln.startswith("memory at a step's turn on rank ")
+               for ln in r.stderr.splitlines()) == 1, r.stderr
 
 
 @pytest.mark.parametrize("earlier", [False, True], ids=["no-file", "earlier-trace"])

@@ -12,6 +12,8 @@ from spindle_cli.runtime.trace import (
     COMPUTE_DRIFT,
     compute_per_step_ms,
     drift_lines,
+    memory_line,
+    memory_rows,
     parts_line,
     slice_compute,
 )
@@ -203,3 +205,42 @@ def test_parts_line_names_the_longest_rank_and_the_simulated_parts() -> None:
         "0.50 ms")
     # the plan's own estimate has no parts
     assert parts_line(measured, None).endswith("optimizer 0.00 ms")
+
+
+def _held(activations: int, state: tuple[int, int, int] = (100, 100, 200)) -> dict[str, int]:
+    return dict(zip(("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"),
+                    (*state, activations), strict=True))
+
+
+def test_memory_rows_set_each_rank_beside_its_plan_estimate() -> None:
+    plan = load(str(PLAN), Plan)
+    held = [_held(1000 + r) for r in range(plan.num_devices)]
+    rows = memory_rows(plan, held)
+    assert [r["rank"] for r in rows] == list(range(plan.num_devices))
+    for row, m in zip(rows, sorted(plan.memory, key=lambda m: m.rank), strict=True):
+        assert row["planned"] == {"param_bytes": m.param_bytes, "grad_bytes": m.grad_bytes,
+                                  "optimizer_bytes": m.optimizer_bytes,
+                                  "activation_bytes": m.activation_bytes}
+        assert row["measured"] == held[row["rank"]]
+
+
+def test_memory_line_names_the_most_planned_rank_and_every_ranks_activation_ratio() -> None:
+    rows = [{"rank": 0, "planned": _held(1000), "measured": _held(700)},
+            {"rank": 1, "planned": _held(2 * 2**20, (2**20, 2**20, 2**21)),
+             "measured": _held(2**20, (2**20, 2**20, 2**21 + 16))},
+            {"rank": 2, "planned": _held(0, (0, 0, 0)), "measured": _held(0, (0, 0, 0))}]
+    assert memory_line(rows) == (
+        "memory at a step's turn on rank 1, the most planned: activations held for backward "
+        "1.0 MiB, planned 2.0 MiB (0.50x; all ranks 0.50-0.70x); weights, gradients and "
+        "optimizer state 4.0 MiB, planned 4.0 MiB (1.00x)")
+    # on CUDA, the allocator's peak over the run against the plan's total
+    rows[1]["measured"]["peak_allocated_bytes"] = 7 * 2**20
+    assert memory_line(rows).endswith(
+        "(1.00x); CUDA peak allocated 7.0 MiB, planned 6.0 MiB in all")
+    # one rank: no spread over ranks; nothing planned: no ratio
+    assert memory_line(rows[2:]) == (
+        "memory at a step's turn on rank 2, the most planned: activations held for backward "
+        "0 B, planned 0 B; weights, gradients and optimizer state 0 B, planned 0 B")
+    assert memory_line(rows[:1]).startswith(
+        "memory at a step's turn on rank 0, the most planned: activations held for backward "
+        "700 B, planned 1000 B (0.70x); ")
