@@ -22,8 +22,9 @@ global order, each once it is complete on the rank and the ones before it are is
 two ranks issue the collectives they share alike, whatever process groups they belong to (as
 NCCL needs); after the last backward wave the all-reduces are awaited, and AdamW
 steps the buckets' flat parameters. Under ZeRO-1 and -2 (Plan.options `zero` 1, 2) a bucket of
-several ranks is padded to equal shards: it is reduce-scattered instead, each rank's AdamW
-steps (and keeps state for) its own shard, a view of the flat parameter, and after the step the
+several ranks is padded to equal shards: it is reduce-scattered instead (under ZeRO-1 in place,
+into the rank's own range of the full gradient), each rank's AdamW steps (and keeps state for)
+its own shard, a view of the flat parameter, and after the step the
 buckets' all-gathers start, in bucket order; they overlap the next step's forward, which waits
 for a bucket's only before the first operator of its layers, inside the slice (Megatron's
 overlapped parameter gather; checkpoints and parameter reads wait for all). Under ZeRO-2 a
@@ -144,7 +145,7 @@ class Bucket:
     """ZeRO-1/2: this rank's range [lo, hi) of the flat tensors (the bucket is padded to a
     multiple of its ranks); None when the optimizer steps the whole bucket."""
     shard_grad: torch.Tensor | None = None
-    """ZeRO-1/2: the reduce-scattered gradient of `shard`."""
+    """ZeRO-1/2: the reduce-scattered gradient of `shard` (ZeRO-1: a view of `flat`)."""
     grads_from: int = -1
     """ZeRO-2: the backward wave that first adds to its gradients on this rank; `flat` has
     storage from then until its reduce-scatter has completed (-1: always)."""
@@ -343,9 +344,14 @@ class Executor:
                 p.grad = flat[view].view_as(p)
                 offset += p.numel()
         param.grad = flat
-        shard_grad = (None if shard is None else
-                      torch.zeros(shard[1] - shard[0], dtype=self.dtype,
-                                  device=self.world.device))
+        shard_grad = None
+        if shard is not None:
+            # ZeRO-1 reduce-scatters in place, into the rank's own range of the full gradient
+            # (NCCL's in-place form, as Megatron's distributed optimizer does), which the
+            # planner counts once; ZeRO-2 frees the full gradient, so its shard has its own
+            shard_grad = (flat[shard[0]:shard[1]] if self.zero == 1 else
+                          torch.zeros(shard[1] - shard[0], dtype=self.dtype,
+                                      device=self.world.device))
         return Bucket(ranks=ranks, group=self.groups.get(ranks), flat=flat, param=param,
                       ready_wave=due, layers=keys, after=after, shard=shard,
                       shard_grad=shard_grad)

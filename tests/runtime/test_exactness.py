@@ -497,11 +497,13 @@ def _held_at_turn(rank: int, world: int, plan: Plan, graph: MetaOpGraph, model: 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("zero", "recompute", "dtype"),
-                         [(0, False, "fp32"), (2, False, "bf16"), (0, True, "fp32")])
+                         [(0, False, "fp32"), (1, False, "fp32"), (2, False, "bf16"),
+                          (0, True, "fp32")])
 def test_a_traced_rank_holds_what_its_plan_counts(zero: int, recompute: bool, dtype: str,
                                                   model: ModelSpec, repo_root: Any) -> None:
     """At the turn of a step each rank holds the weights, gradients and optimizer state its
-    plan counts (up to a shard's padding and AdamW's step counter: 64 bytes a bucket), and its
+    plan counts (up to a shard's padding and AdamW's step counter: 64 bytes a bucket; ZeRO-1
+    reduce-scatters in place, where a separate shard buffer held a fraction more), and its
     activations held for backward are no more than planned: without recomputation at least
     half (tiny-clip: ~0.73x), with it only the operators' inputs, the plan also counting one
     operator's stash alive again in backward."""
