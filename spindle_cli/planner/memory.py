@@ -29,6 +29,7 @@ Memory strategies (`MemoryStrategy`), as Megatron/DeepSpeed apply them:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -225,10 +226,25 @@ class Ledger:
         """Bytes committed on every rank (kept up to date by `commit`)."""
         return self._used
 
-    def need(self, metaop: MetaOp, first: int, last: int, n: int, strategy: str) -> np.ndarray:
+    def wave_replicas(self, slices: Iterable[tuple[MetaOp, int, int, int, str]],
+                      ) -> dict[str, np.ndarray]:
+        """Per module, the replicas of each layer that one wave's slices (metaop, first, last,
+        n, strategy) will hold between them once placed: at least that many hold it after
+        the wave, since a wave uses a rank once (`need`'s `coming`)."""
+        out: dict[str, np.ndarray] = {}
+        for metaop, first, last, n, strategy in slices:
+            held = out.setdefault(metaop.module, np.zeros(len(self.held[metaop.module])))
+            held[metaop.first_layer + first:metaop.first_layer + last] += n / tp_degree(strategy)
+        return out
+
+    def need(self, metaop: MetaOp, first: int, last: int, n: int, strategy: str,
+             coming: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Extra bytes each rank would need to run the slice (rows rounded up, so the check
-        holds wherever the rank sits in the slice; sharded state as if the slice's n ranks
-        were the only new holders, which is the least sharing possible)."""
+        holds wherever the rank sits in the slice). Sharded state as if the slice's n ranks
+        were the only new holders, the least sharing possible, or with `coming`
+        (`wave_replicas` of the slice's wave) as if the wave's slices were: a slice that
+        shares a layer with a larger one of its wave is charged the shard it keeps once
+        that one is placed too, not the whole state."""
         frac = 1.0 / tp_degree(strategy)
         rows = max_rows_per_rank(metaop.batch_size, n, strategy)
         lo, hi = metaop.first_layer + first, metaop.first_layer + last
@@ -240,7 +256,7 @@ class Ledger:
         extra = missing * (per_layer * self.replicated_b) + stash
         if self.sharded_b:
             now = self._replicas(block)
-            after = np.maximum(now, n * frac)
+            after = np.maximum(now, n * frac if coming is None else coming[metaop.module][lo:hi])
             grown = (np.maximum(block, frac) / after[:, None]).sum(axis=0) - \
                 self._shards(block, now)
             extra = extra + grown * (per_layer * self.sharded_b)

@@ -285,6 +285,7 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
         wave = waves[wi]
         free = np.ones(n_dev, dtype=bool)
         ranks: list[np.ndarray | None] = [None] * len(wave)
+        coming = _wave_replicas(ledger, wave)
 
         def heaviest_in(i: int, wi: int = wi) -> int:
             return max((f.bytes for f in incoming.get((wi, i), [])), default=0)
@@ -294,7 +295,8 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
             return ledger.kept_per_sample(s.metaop) * s.metaop.batch_size * s.num_ops / s.n
 
         if wi in memory_first and by_need:
-            needs = [float(ledger.need(s.metaop, s.first, s.last, s.n, s.strategy).max())
+            needs = [float(ledger.need(s.metaop, s.first, s.last, s.n, s.strategy,
+                                       coming).max())
                      for s in wave]
             order = sorted(range(len(wave)), key=lambda i: (-needs[i], i))
         elif wi in memory_first:
@@ -317,7 +319,7 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
         for k, i in enumerate(order):
             s = wave[i]
             used = ledger.used()
-            need = ledger.need(s.metaop, s.first, s.last, s.n, s.strategy)
+            need = ledger.need(s.metaop, s.first, s.last, s.n, s.strategy, coming)
             ok = free & (used + need <= cap)
             if np.count_nonzero(ok) < s.n:
                 return _failure(wi, s, free, used, need, cap)
@@ -347,6 +349,14 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
         placed.append(_PlacedWave(order=order, ranks=[r for r in ranks if r is not None]))
         rows.append(placed[-1].ranks)
     return [[tuple(r.tolist()) for r in row] for row in rows], ledger
+
+
+def _wave_replicas(ledger: Ledger, wave: list[SliceSpec]) -> dict[str, np.ndarray] | None:
+    """The replicas of each layer the wave's slices will hold between them
+    (`Ledger.wave_replicas`), where ZeRO shards state over them (None: nothing sharded)."""
+    if not ledger.sharded_b:
+        return None
+    return ledger.wave_replicas((s.metaop, s.first, s.last, s.n, s.strategy) for s in wave)
 
 
 def _local_ranks(src: Ranks | np.ndarray, n: int) -> Ranks | np.ndarray:
@@ -492,6 +502,7 @@ def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster:
     for wi, wave in enumerate(waves):
         start = 0
         row: list[Ranks] = []
+        coming = _wave_replicas(ledger, wave)
         for s in wave:
             chosen = tuple(range(start, start + s.n))
             start += s.n
@@ -501,7 +512,8 @@ def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster:
                 raise PlanInfeasible(
                     f"sequential placement puts the tensor-parallel group {list(split)} of "
                     f"{_describe(s)} in wave {wi} across two islands")
-            used, need = ledger.used(), ledger.need(s.metaop, s.first, s.last, s.n, s.strategy)
+            used = ledger.used()
+            need = ledger.need(s.metaop, s.first, s.last, s.n, s.strategy, coming)
             over = [r for r in chosen if used[r] + need[r] > cap]
             if over:
                 r = over[0]

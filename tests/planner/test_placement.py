@@ -147,6 +147,34 @@ def test_zero_sharding_lets_placement_fit_what_replicas_do_not():
         assert [m.total_bytes for m in ledger.table()] == [16000 + 2000 + 64] * 4
 
 
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_a_slice_sharing_a_layer_with_a_larger_one_of_its_wave_is_charged_its_shard(zero):
+    """A layer that two slices of one wave run, on 1 and 3 ranks, ends with 4 holders: the
+    1-rank slice, whichever is placed first, needs a quarter of the sharded state, not all
+    of it (placed first by its incoming flow, it was refused where consecutive ranks fit:
+    'rank 0 needs 30.5 MiB more', the whole state, on 20-32 MB devices)."""
+    from spindle_cli.planner.api import _flows
+    from spindle_cli.planner.memory import MemoryStrategy
+
+    p = 10**6
+    pre = metaop("t0/pre", layers=1, batch=4, module="pre", params=0, act_bytes=10**6, stash=0)
+    a = metaop("t0/head", level=1, layers=2, batch=4, module="head", params=p,
+               preds=("t0/pre",), stash=1000)
+    b = metaop("t1/head", level=0, layers=2, batch=3, module="head", params=p, stash=1000)
+    g = graph([pre, a, b])
+    waves = [[spec(pre, 0, 1, 1)], [spec(b, 0, 2, 3), spec(a, 0, 2, 1)]]
+    memory = MemoryStrategy(zero=zero)
+    # what every rank ends with, consecutively placed
+    _, ledger = place(waves, _flows(g, waves), g, cluster(per_node=4, memory_bytes=10**9),
+                      mode="sequential", memory=memory)
+    peak = max(m.total_bytes for m in ledger.table())
+    c = cluster(per_node=4, memory_bytes=peak + 10**5)
+    for mode in ("island", "sequential"):
+        ranks, ledger = place(waves, _flows(g, waves), g, c, mode=mode, memory=memory)
+        assert sorted(len(r) for r in ranks[1]) == [1, 3]
+        assert max(m.total_bytes for m in ledger.table()) <= c.device.memory_bytes
+
 def test_reserved_ranks_stay_with_the_slice_whose_rows_are_there():
     # wave 2: a2 keeps half of its rows on rank 0 or on rank 2 (a tie); rank 2 holds a's big
     # parameters, so memory balance sends a2 to rank 0, which holds all of b2's rows. With
