@@ -51,6 +51,16 @@ class DerivedArtifact(Artifact):
     producer: str = field(metadata=meta("the Spindle version that wrote this file"))
     inputs: tuple[InputRef, ...] = field(metadata=meta("artifacts this one was made from"))
 
+    def __post_init__(self) -> None:
+        Artifact.__post_init__(self)
+        seen: set[str] = set()
+        for i, ref in enumerate(self.inputs):
+            if ref.kind in seen:
+                # readers take the first: a second would pass every check unread
+                raise FieldError(f"inputs[{i}].kind",
+                                 f"a second {ref.kind!r} input (one of each kind)")
+            seen.add(ref.kind)
+
     def input(self, kind: str) -> InputRef:
         """The (first) input of the given kind."""
         for ref in self.inputs:

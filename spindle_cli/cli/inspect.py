@@ -85,7 +85,16 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
     model = found.get("model")
     if isinstance(obj, MetaOpGraph) and isinstance(model, ModelSpec):
         check_graph_of_model(obj, path, model)
+    graph = found.get("metaop_graph")
+    if isinstance(obj, Profile) and isinstance(graph, MetaOpGraph):
+        # as `spindle plan` checks it: a curve for every signature, at the graph's sizes
+        check_profile(graph, obj, path)
     if isinstance(obj, Plan):
+        unrecorded = [k for k in Plan.INPUTS if k not in {ref.kind for ref in obj.inputs}]
+        if unrecorded:
+            raise ArtifactError(path, "inputs", f"no {unrecorded[0]} input recorded (a plan "
+                                "records the graph, profile and cluster it was made from, "
+                                "which simulate and run read)")
         graph, cluster = found.get("metaop_graph"), found.get("cluster")
         profile = found.get("profile")
         # errors name the plan first: a stale graph is reported for each plan made from it

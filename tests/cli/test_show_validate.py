@@ -278,6 +278,39 @@ def test_a_wave_without_slices_and_an_unknown_input_kind_are_clean_errors(tiny_p
     assert result.stderr == f"error: {tiny_plan}: inputs[0].kind: unknown kind 'foo'\n"
 
 
+
+def test_a_plan_records_each_of_its_inputs_once(tiny_plan, spindle):
+    """simulate and run read a plan's graph, profile and cluster: validate refuses a plan
+    that records none of one (it said ok), and every reader a second input of a kind, which
+    they passed over unread."""
+    data = yaml.safe_load(tiny_plan.read_text())
+    inputs = data["inputs"]
+    for kept, expected in (([], "inputs: no metaop_graph input recorded"),
+                           ([inputs[0], inputs[2]], "inputs: no profile input recorded")):
+        tiny_plan.write_text(yaml.safe_dump({**data, "inputs": kept}, sort_keys=False))
+        result = spindle("validate", str(tiny_plan))
+        assert result.exit_code == 2
+        assert result.stderr.startswith(f"error: {tiny_plan}: {expected} (a plan records ")
+    second = {"kind": "cluster", "path": "clusters/a800-2x8.yaml", "sha256": "0" * 64}
+    tiny_plan.write_text(yaml.safe_dump({**data, "inputs": [*inputs, second]}, sort_keys=False))
+    for command in ("validate", "show", "simulate"):
+        result = spindle(command, str(tiny_plan))
+        assert result.exit_code == 2
+        assert result.stderr == (f"error: {tiny_plan}: inputs[3].kind: a second 'cluster' "
+                                 "input (one of each kind)\n")
+
+
+def test_validate_checks_a_profile_against_its_graph(tiny_plan, spindle):
+    """As spindle plan does: a curve whose batch is not its MetaOps' is refused."""
+    profile = Path("profiles/tiny-clip-local-cpu.yaml")
+    data = yaml.safe_load(profile.read_text())
+    data["curves"][0]["batch_size"] += 4
+    profile.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = spindle("validate", str(profile))
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {profile}: curve ")
+    assert f"batch_size {data['curves'][0]['batch_size']}, but MetaOp " in result.stderr
+
 def test_validate_says_which_inputs_it_could_not_find(tiny_plan, spindle, tmp_path):
     alone = tmp_path / "elsewhere" / "p.yaml"
     alone.parent.mkdir()
