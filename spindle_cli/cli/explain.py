@@ -4,7 +4,8 @@ C* and to the exact packing of the level's tuples (small levels).
 
 The graph, profile and cluster are read from the paths recorded in the plan's `inputs` (as
 written, then relative to the plan's directory and the ones above it) and must still hash to
-the recorded sha256.
+the recorded sha256, and the plan is checked against them as `spindle simulate` checks it
+(`load_plan_inputs`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from typing import TypeVar
 import click
 from rich.table import Table
 
-from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_recorded_input
+from spindle_cli.artifacts import Plan
 from spindle_cli.artifacts.base import Artifact
 from spindle_cli.cli._console import out
 from spindle_cli.cli.common import load_input
+from spindle_cli.cli.simulate import load_plan_inputs
 from spindle_cli.cli.views import print_table, rank_text
 from spindle_cli.cli.views.plan import mixed_waves
 from spindle_cli.errors import SpindleError
@@ -45,9 +47,7 @@ def explain(plan_path: str, metaop_id: str) -> None:
     from spindle_cli.planner.exact import exact_packing_ms
 
     plan = load_input(plan_path, Plan)
-    graph_path, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
-    profile_path, profile = load_recorded_input(plan, plan_path, Profile)
-    _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
+    graph, profile, cluster, graph_path, profile_path = load_plan_inputs(plan, plan_path)
     ids = [m.id for m in graph.metaops]
     if metaop_id not in ids:
         # the same module in other tasks, else ids spelled alike ('' names no module)

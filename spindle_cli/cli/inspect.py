@@ -23,12 +23,13 @@ from spindle_cli.cli._console import err, out
 from spindle_cli.cli.views import VIEW_MODULES
 from spindle_cli.cli.views.gantt import check_chart_paths, check_image_path
 from spindle_cli.errors import ArtifactError, InputNotFound, SpindleError
-from spindle_cli.planner.api import PlanOptions
+from spindle_cli.planner.api import PlanOptions, options_curves
 from spindle_cli.planner.consistency import (
     check_cluster,
     check_plan,
     check_profile,
     check_recorded,
+    check_slice_times,
 )
 from spindle_cli.planner.graph import check_graph_of_model
 
@@ -110,6 +111,10 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
                 check_recorded(obj, graph, memory)
             if isinstance(cluster, ClusterSpec):
                 check_cluster(obj, cluster)
+            if (isinstance(graph, MetaOpGraph) and isinstance(profile, Profile)
+                    and isinstance(cluster, ClusterSpec)):
+                check_slice_times(obj, options_curves(graph, profile, cluster, PlanOptions.of(
+                    obj), profile_name=found_at["profile"]))
         except SpindleError as e:
             raise e.within(path) from None
     return missing

@@ -8,7 +8,7 @@ with inputs it was not made from.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 from rich.table import Table
@@ -16,14 +16,20 @@ from rich.table import Table
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_recorded_input
 from spindle_cli.artifacts.io import sha256
 from spindle_cli.cli._console import err, out
-from spindle_cli.cli.common import load_input
+from spindle_cli.cli.common import load_input, note_stale_graph
 from spindle_cli.cli.views import gantt as charts
 from spindle_cli.cli.views import print_table
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import PlanError, SpindleError
 from spindle_cli.planner import simulate as simulation
-from spindle_cli.planner.api import PLACEMENTS, place_again
+from spindle_cli.planner.api import PLACEMENTS, PlanOptions, options_curves, place_again
 from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
-from spindle_cli.planner.consistency import check_cluster, check_plan, check_profile
+from spindle_cli.planner.consistency import (
+    check_cluster,
+    check_plan,
+    check_profile,
+    check_recorded,
+    check_slice_times,
+)
 from spindle_cli.planner.simulate import SimResult
 from spindle_cli.units import fmt_bytes
 
@@ -36,31 +42,52 @@ SUMMARY_FIELDS = (
 """Scalar fields of the --json object, in order."""
 
 
-def load_plan_inputs(plan: Plan, plan_path: str) -> tuple[MetaOpGraph, Profile, ClusterSpec]:
-    """The graph, profile and cluster a plan was made from, checked against its sha256s, and
-    the profile against the graph."""
-    _, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
+class PlanInputs(NamedTuple):
+    """The graph, profile and cluster a plan was made from, and where the first two are."""
+
+    graph: MetaOpGraph
+    profile: Profile
+    cluster: ClusterSpec
+    graph_path: str
+    profile_path: str
+
+
+def load_plan_inputs(plan: Plan, plan_path: str) -> PlanInputs:
+    """The inputs a plan records, checked against their sha256s, the profile against the graph,
+    and the plan's slices against the graph and cluster. Where the numbers the plan records
+    beside its slices are not theirs (`check_recorded`, each slice's time by the profile's
+    `check_slice_times`), or the graph's model changed since, a note says so: a what-if on
+    an edited plan goes on, though validate and run refuse it."""
+    graph_path, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
     profile_path, profile = load_recorded_input(plan, plan_path, Profile)
     _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
+    note_stale_graph(graph, graph_path)
     check_profile(graph, profile, profile_path)
-    return graph, profile, cluster
-
-
-def simulate_file(plan_path: str, *, sync: SyncMode | None = None,
-                  progress: simulation.Progress = "wave",
-                  placement: str | None = None) -> tuple[Plan, SimResult, str]:
-    """Load a plan and its inputs and simulate it (`sync`: the gradient buckets, by default
-    those of the cluster's backend); with `placement`, its waves placed again that way first
-    (`api.place_again`), and that plan is the one returned; with the sha256 of the plan as
-    read (as a file made from it records it)."""
-    plan = load_input(plan_path, Plan)
-    read_sha256 = sha256(plan)
-    graph, profile, cluster = load_plan_inputs(plan, plan_path)
+    options = PlanOptions.of(plan)
     try:
         check_plan(plan, graph)
         check_cluster(plan, cluster)
     except SpindleError as e:
         raise e.within(plan_path) from None
+    try:
+        check_recorded(plan, graph, options.memory)
+        check_slice_times(plan, options_curves(graph, profile, cluster, options,
+                                               profile_name=profile_path))
+    except PlanError as e:
+        err.print(f"note: {plan_path}: {e}; validate and run refuse it", soft_wrap=True)
+    return PlanInputs(graph, profile, cluster, graph_path, profile_path)
+
+
+def simulate_file(plan_path: str, *, sync: SyncMode | None = None,
+                  progress: simulation.Progress = "wave",
+                  placement: str | None = None) -> tuple[Plan, SimResult, str]:
+    """Load a plan and its inputs (`load_plan_inputs`) and simulate it (`sync`: the gradient
+    buckets, by default those of the cluster's backend); with `placement`, its waves placed
+    again that way first (`api.place_again`), and that plan is the one returned; with the
+    sha256 of the plan as read (as a file made from it records it)."""
+    plan = load_input(plan_path, Plan)
+    read_sha256 = sha256(plan)
+    graph, profile, cluster, _, _ = load_plan_inputs(plan, plan_path)
     if placement is not None:
         try:
             plan = place_again(plan, graph, profile, cluster, placement=placement)

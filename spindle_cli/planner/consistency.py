@@ -6,12 +6,14 @@ plan says."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.artifacts.plan import Plan, Slice, Transfer
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import PlanError
+from spindle_cli.planner.allocation import OpCurve
 from spindle_cli.planner.memory import (
     MemoryStrategy,
     layer_params,
@@ -150,6 +152,20 @@ def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> No
                                 f"{getattr(recorded, name)}, but its slices need "
                                 f"{getattr(implied, name)} (edited since spindle plan wrote it?)")
 
+
+
+def check_slice_times(plan: Plan, curves: Mapping[str, OpCurve]) -> None:
+    """PlanError unless each slice's time is its operators' on its ranks by `curves` (the
+    planner's: `api.options_curves` of the plan's graph, profile, cluster and options), as
+    spindle plan recorded it; `check_recorded` holds the waves to their longest slice."""
+    for w in plan.waves:
+        for si, s in enumerate(w.slices):
+            curve, n = curves[s.metaop], len(s.ranks)
+            where = f"waves[{w.index}].slices[{si}]"
+            if n not in curve.counts[1:]:
+                raise PlanError(f"{where}.ranks: {n} ranks, which MetaOp {s.metaop}'s curve "
+                                "gives no time for (edited since spindle plan wrote it?)")
+            _same(f"{where}.time_ms", s.time_ms, (s.last - s.first) * curve.time_at(n))
 
 def _check_canonical_order(plan: Plan, ops: dict[str, MetaOp],
                            by_id: dict[str, tuple[int, int, Slice]]) -> None:

@@ -117,7 +117,8 @@ def test_a_stall_narrower_than_a_character_is_not_in_the_legend():
     plan = load(str(PLANS / "multitask-clip-4-a800-2x8.yaml"), Plan)
     from spindle_cli.cli.simulate import load_plan_inputs
 
-    r = simulate(plan, *load_plan_inputs(plan, str(PLANS / "multitask-clip-4-a800-2x8.yaml")))
+    inputs = load_plan_inputs(plan, str(PLANS / "multitask-clip-4-a800-2x8.yaml"))
+    r = simulate(plan, inputs.graph, inputs.profile, inputs.cluster)
     assert any(s.forward_stalls for s in r.slices)
     text = text_gantt(plan, width=100, sim=r)
     assert ":" not in "".join(_rows(text.splitlines()).values())

@@ -550,18 +550,12 @@ def _plan_with_fewer_curves() -> None:
     write_artifact(replace(plan, inputs=(plan.inputs[0], fewer, plan.inputs[2])), "plan.yaml")
 
 
-def test_explain_names_the_profile_without_a_curve(case, spindle):
-    _plan_with_fewer_curves()
-    r = spindle("explain", "plan.yaml", "t1/img")
-    assert r.exit_code == 2
-    assert r.stderr.startswith("error: fewer.yaml has no curve for signature"), r.stderr
-
-
-def test_simulate_and_validate_name_the_profile_without_a_curve(case, spindle):
+def test_simulate_explain_and_validate_name_the_profile_without_a_curve(case, spindle):
     _plan_with_fewer_curves()
     # validate reports file by file, so its line names the plan first
-    for command, named in (("simulate", "fewer.yaml"), ("validate", "plan.yaml: fewer.yaml")):
-        r = spindle(command, "plan.yaml")
+    for command, named in (("simulate", "fewer.yaml"), ("explain", "fewer.yaml"),
+                           ("validate", "plan.yaml: fewer.yaml")):
+        r = spindle(command, "plan.yaml", *(["t1/img"] if command == "explain" else []))
         assert r.exit_code == 2, r.stderr
         assert r.stderr.startswith(f"error: {named}: no curve for MetaOp "), r.stderr
         error, hint = r.stderr.splitlines()

@@ -311,6 +311,50 @@ def test_validate_checks_a_profile_against_its_graph(tiny_plan, spindle):
     assert result.stderr.startswith(f"error: {profile}: curve ")
     assert f"batch_size {data['curves'][0]['batch_size']}, but MetaOp " in result.stderr
 
+
+def _shorter_slice(data: dict) -> tuple[str, float]:
+    """A slice of the plan that is not its wave's longest, made 1.5x longer (its wave is
+    still as long): where it was, and its new time."""
+    for w in data["waves"]:
+        for si, s in enumerate(w["slices"]):
+            if 1.5 * s["time_ms"] < w["duration_ms"]:
+                s["time_ms"] *= 1.5
+                return f"waves[{w['index']}].slices[{si}].time_ms", s["time_ms"]
+    raise AssertionError("every slice is its wave's longest")
+
+
+def test_simulate_and_explain_note_what_validate_refuses(tiny_plan, spindle):
+    """They read the plan's numbers and its slices' times: where its recorded numbers are not
+    its slices' (its estimate, a slice's time by the profile), which validate and run refuse,
+    they say so and go on (a what-if on an edited plan), where simulate printed the edited
+    estimate as the plan's without a word."""
+    data = yaml.safe_load(tiny_plan.read_text())
+    metaop = data["waves"][0]["slices"][0]["metaop"]
+    edited = {**data, "estimated_iteration_ms": data["estimated_iteration_ms"] * 0.9}
+    where, ms = _shorter_slice(data)
+    for plan, field, recorded in ((edited, "estimated_iteration_ms",
+                                   edited["estimated_iteration_ms"]), (data, where, ms)):
+        tiny_plan.write_text(yaml.safe_dump(plan, sort_keys=False))
+        said = f"{tiny_plan}: {field}: recorded {recorded:g}, but "
+        result = spindle("validate", str(tiny_plan))
+        assert result.exit_code == 2
+        assert result.stderr.startswith(f"error: {said}")
+        for args in (("simulate", "--json"), ("explain", metaop)):
+            result = spindle(args[0], str(tiny_plan), *args[1:])
+            assert result.exit_code == 0, result.stderr
+            assert result.stderr.startswith(f"note: {said}")
+            assert result.stderr.endswith("; validate and run refuse it\n")
+
+
+def test_simulate_notes_a_graph_whose_model_changed(tiny_plan, spindle):
+    """A what-if on an edited model goes on, saying that validate and run refuse it."""
+    model = Path("models/tiny-clip.yaml")
+    model.write_text(model.read_text().replace("ffn: 64", "ffn: 96", 1))
+    result = spindle("simulate", str(tiny_plan))
+    assert result.exit_code == 0, result.stderr
+    assert "note: " in result.stderr
+    assert "validate and run refuse what is made from it" in result.stderr
+
 def test_validate_says_which_inputs_it_could_not_find(tiny_plan, spindle, tmp_path):
     alone = tmp_path / "elsewhere" / "p.yaml"
     alone.parent.mkdir()
