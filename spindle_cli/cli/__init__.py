@@ -3,7 +3,8 @@ imported only when it runs, so `spindle plan` never pays for (or imports) torch.
 
 Exit codes (the only place they are decided):
   0  success
-  1  `--check`/`diff` found a difference, or a distributed run failed
+  1  `--check`/`diff` found a difference, a distributed run failed, or `bench` could not
+     plan some configuration
   2  bad input: an artifact, option or file the user gave is invalid (one-line error), or
      the machine refused to write the output (a full disk)
   123 internal error (a bug)

@@ -32,8 +32,8 @@ from rich.table import Table
 
 from spindle_cli.artifacts import ClusterSpec, ModelSpec
 from spindle_cli.artifacts.io import check_can_create, output_file, write_text_atomic
-from spindle_cli.cli._console import err, out
-from spindle_cli.cli.common import check_parent, load_input
+from spindle_cli.cli._console import err
+from spindle_cli.cli.common import check_parent, exit_with, load_input
 from spindle_cli.cli.views import print_table
 from spindle_cli.errors import ArtifactError, SpindleError
 from spindle_cli.planner import bench as lib
@@ -438,13 +438,23 @@ def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
         print_table(_rich("the same plans with each rank on its own, as spindle run executes "
                           "them: iteration ms (change from wave by wave); * fastest",
                           *executed))
-        for line in _failures(rows):
-            out.print(f"failed: {line}")
     if out_dir is not None:
         with _staged(out_dir, MATRIX_FILES) as staging:
             _write_matrix(rows, records, fig8, detail, executed, staging)
             _gantt(models, clusters, configs, staging)
         err.print(f"wrote {out_dir}/bench.{{csv,json,md}} and charts")
+    _fail_with(_failures(rows))
+
+
+def _fail_with(failures: list[str]) -> None:
+    """Each configuration that could not be planned, on stderr, and exit 1 (the tables and
+    files hold the others): a bench run by CI as a gate fails where one did."""
+    if not failures:
+        return
+    for line in failures:
+        err.print(f"failed: {line}")
+    err.print(f"error: {len(failures)} of the bench's rows failed (above)")
+    exit_with(1)
 
 
 def _write_matrix(rows: list[lib.BenchRow], records: list[dict[str, Any]],
@@ -498,15 +508,13 @@ def _run_dynamic(models_dir: str, clusters_dir: str, schedule: tuple[str, ...], 
     else:
         print_table(_rich(f"dynamic task sets, {rows[0].iterations} iterations per phase",
                           header, body))
-        for r in rows:
-            if r.error:
-                out.print(f"failed: {r.planner} phase {r.phase}: {r.error}")
     if out_dir is not None:
         with _staged(out_dir, ()) as staging:
             write_text_atomic(staging / "dynamic.json", json.dumps(report, indent=2) + "\n")
             write_text_atomic(staging / "dynamic.csv", _csv(records))
             write_text_atomic(staging / "dynamic.md", _markdown(header, body))
         err.print(f"wrote {out_dir}/dynamic.{{csv,json,md}}")
+    _fail_with([f"{r.planner} phase {r.phase}: {r.error}" for r in rows if r.error])
 
 
 def _checked_out_dir(out_dir: str, names: tuple[str, ...]) -> Path:
@@ -553,7 +561,10 @@ def _checked_out_dir(out_dir: str, names: tuple[str, ...]) -> Path:
               help="Cluster specs.")
 def bench(as_json: bool, out_dir: str | None, quick: bool, dynamic: bool, schedule: str | None,
           models_dir: str, clusters_dir: str) -> None:
-    """Reproduce the paper's evaluation on simulated a800 clusters."""
+    """Reproduce the paper's evaluation on simulated a800 clusters.
+
+    Exit 1 when some configuration could not be planned: its rows say why, a 'failed:' line
+    on stderr names each, and the other rows, tables and files are complete."""
     target = (None if out_dir is None else
               _checked_out_dir(out_dir, DYNAMIC_FILES if dynamic else MATRIX_FILES))
     for flag, given in (("--models-dir", models_dir), ("--clusters-dir", clusters_dir)):

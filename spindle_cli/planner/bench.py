@@ -219,19 +219,28 @@ def config_graph(model: ModelSpec, config: BenchConfig) -> MetaOpGraph:
 def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> list[BenchRow]:
     """Every variant's row plus the optimum's, for one configuration."""
     graph = config_graph(model, config)
-    profile = profile_for(graph, cluster)
-    try:
-        bound: float | None = lower_bound_ms(graph, profile, cluster)
-    except SpindleError:
-        bound = None
     # (planner, placement, kept plan, its simulation, planning seconds, error)
     results: list[tuple[str, str, Plan | None, SimResult | None, float | None, str]] = []
-    for planner, placement in VARIANTS:
+    try:
+        profile = profile_for(graph, cluster)
+    except SpindleError as e:
+        # no curves on this cluster (a MetaOp fits no count of its devices): every variant
+        # fails alike, and the other configurations go on
+        results = [(planner, placement, None, None, None, f"profile: {e}")
+                   for planner, placement in VARIANTS]
+        bound: float | None = None
+    else:
         try:
-            plan, sim, seconds = plan_and_simulate(graph, profile, cluster, planner, placement)
-            results.append((planner, placement, plan, sim, seconds, ""))
-        except SpindleError as e:
-            results.append((planner, placement, None, None, None, str(e)))
+            bound = lower_bound_ms(graph, profile, cluster)
+        except SpindleError:
+            bound = None
+        for planner, placement in VARIANTS:
+            try:
+                plan, sim, seconds = plan_and_simulate(graph, profile, cluster, planner,
+                                                       placement)
+                results.append((planner, placement, plan, sim, seconds, ""))
+            except SpindleError as e:
+                results.append((planner, placement, None, None, None, str(e)))
     baseline = next((s.iteration_ms for p, _, _, s, _, _ in results
                      if p == "sequential" and s is not None), None)
     key = (config.model, config.num_tasks, config.num_devices)

@@ -61,6 +61,32 @@ def test_json_is_a_list_of_rows(tiny_matrix):
     assert "bench: tiny-clip" in res.stderr  # progress goes to stderr
 
 
+
+def test_a_configuration_that_cannot_be_planned_fails_the_bench(monkeypatch, tmp_path):
+    """Its rows say why, the other configurations go on, and the bench exits 1 naming each
+    failed row on stderr (CI gates on it): a cluster too small for every MetaOp aborted the
+    whole bench with a hint about options bench does not have, and a planner that failed a
+    configuration exited 0 with a 'failed:' line among the tables."""
+    on16 = lib.BenchConfig(model="tiny-clip", task_set="2", num_tasks=2, num_devices=16)
+    monkeypatch.setattr(lib, "matrix", lambda quick=False: [TINY, on16])
+    clusters = tmp_path / "clusters"
+    shutil.copytree(REPO / "clusters", clusters)
+    small = clusters / "a800-1x8.yaml"
+    data = yaml.safe_load(small.read_text())
+    data["device"]["memory_bytes"] = 2**16  # below the tiny model's optimizer state
+    small.write_text(yaml.safe_dump(data))
+    res = run(["bench", "--json", "--models-dir", str(REPO / "models"),
+               "--clusters-dir", str(clusters)])
+    assert res.exit_code == 1, res.stderr
+    rows = json.loads(res.stdout)
+    failed = [r for r in rows if r["error"]]
+    assert {r["num_devices"] for r in failed} == {8}
+    assert len(failed) == len(lib.VARIANTS) + 1  # and the optimum
+    assert all(r["iteration_ms"] for r in rows if r["num_devices"] == 16)
+    said = [ln for ln in res.stderr.splitlines() if ln.startswith("failed: tiny-clip 2 tasks @8 ")]
+    assert len(said) == len(failed)
+    assert res.stderr.splitlines()[-1] == f"error: {len(failed)} of the bench's rows failed (above)"
+
 def test_tables_on_stdout(tiny_matrix):
     res = run(["bench", *repo_dirs()])
     assert res.exit_code == 0, res.stderr
