@@ -128,8 +128,9 @@ def test_messages_wait_for_the_boundary_of_their_consumers_wave():
     assert [(f.start_ms, f.end_ms) for f in acts] == pytest.approx([(5.0, 25.0)] * 2)
     assert (aux.forward_start_ms, aux.forward_end_ms) == pytest.approx((4.0, 5.0))
     assert (head.forward_start_ms, head.forward_end_ms) == pytest.approx((25.0, 26.0))
-    # Backward: head 26-28, then its boundary sends the gradients back 28-48 and every rank
-    # waits for it (aux too, though it needs none of them): aux 48-50, enc 50-58.
+    # Backward: head 26-28, then its boundary sends the gradients back 28-48, and ranks 2-3,
+    # which send them, wait for them before aux (the executor's batch wait): aux 48-50, enc
+    # 50-58.
     grads = [f for f in r.flows if f.kind == "gradient"]
     assert [(f.start_ms, f.end_ms) for f in grads] == pytest.approx([(28.0, 48.0)] * 2)
     assert (aux.backward_start_ms, aux.backward_end_ms) == pytest.approx((48.0, 50.0))
@@ -398,6 +399,32 @@ def test_simulated_compute_matches_the_planners_estimate(planner):
             == pytest.approx(r.iteration_ms))
     assert 0.0 <= r.idle_fraction < 1.0
 
+
+
+def test_a_gradient_message_holds_up_only_the_waves_of_its_ranks():
+    """With waves as barriers, the wave after a backward boundary waited for all of its
+    messages, though a rank that sends or receives none of them goes on in the executor: enc
+    on rank 0 feeds head on rank 2 across wave 1, whose aux runs on rank 3. Forward: enc 0-8,
+    aux 8-10, the 400 MB 8-28 over the NICs, head 28-30. Backward: head 30-34, its gradients
+    go back 34-54; aux, on a rank neither sends nor receives, runs 34-38 (it waited until 54),
+    and enc from 54 to 70, as with each rank on its own (the iteration was 74)."""
+    base = fx.plan_skipping_a_wave()
+    ranks = {"t/enc": (0,), "t/aux": (3,), "t/head": (2,)}
+    plan = dataclasses.replace(
+        base,
+        waves=tuple(dataclasses.replace(w, slices=tuple(
+            dataclasses.replace(s, ranks=ranks[s.metaop]) for s in w.slices))
+            for w in base.waves),
+        transfers=(dataclasses.replace(base.transfers[0], src_ranks=(0,), dst_ranks=(2,)),),
+        param_groups=tuple(dataclasses.replace(g, ranks=ranks[f"t/{g.module}"])
+                           for g in base.param_groups))
+    args = (plan, fx.graph_with_aux(), fx.profile_with_aux(), fx.cluster())
+    enc, aux, head = simulate(*args).waves
+    assert (head.backward_start_ms, head.backward_end_ms) == pytest.approx((30.0, 34.0))
+    assert (aux.backward_start_ms, aux.backward_end_ms) == pytest.approx((34.0, 38.0))
+    assert (enc.backward_start_ms, enc.backward_end_ms) == pytest.approx((54.0, 70.0))
+    assert simulate(*args).iteration_ms == pytest.approx(70.0)
+    assert simulate(*args, progress="rank").iteration_ms == pytest.approx(70.0)
 
 def test_ranks_on_their_own_run_ahead_of_the_waves():
     # As the executor runs them: ranks 2-3 have nothing to receive before aux, so aux runs
