@@ -87,9 +87,16 @@ class MetaOpGraph(DerivedArtifact):
         if not self.metaops:
             raise FieldError("metaops", "a graph needs at least one MetaOp")
         ids: dict[str, int] = {}
+        by_signature: dict[str, MetaOp] = {}
         for i, m in enumerate(self.metaops):
             if m.id in ids:
                 raise FieldError(f"metaops[{i}].id", f"duplicate MetaOp id {m.id!r}")
+            # one signature, one workload: they share a scaling curve, fitted at one batch
+            same = by_signature.setdefault(m.signature, m)
+            if same.batch_size != m.batch_size:
+                raise FieldError(f"metaops[{i}].batch_size",
+                                 f"{m.batch_size}, but {same.id!r} of the same signature runs "
+                                 f"{same.batch_size}")
             if m.task not in tasks:
                 raise FieldError(f"metaops[{i}].task", f"unknown task {m.task!r} (not in tasks)")
             ids[m.id] = m.level

@@ -71,15 +71,11 @@ class Job:
 
 
 def signature_ops(graph: MetaOpGraph) -> list[MetaOp]:
-    """One representative MetaOp per signature (the first by id), sorted by signature."""
+    """One representative MetaOp per signature (the first by id), sorted by signature (a graph
+    holds MetaOps of one signature to one batch size: `MetaOpGraph`)."""
     reps: dict[str, MetaOp] = {}
     for m in sorted(graph.metaops, key=lambda m: m.id):
-        first = reps.setdefault(m.signature, m)
-        if first.batch_size != m.batch_size:
-            raise SpindleError(
-                f"MetaOps {first.id!r} and {m.id!r} share signature {m.signature!r} "
-                f"but have batch sizes {first.batch_size} and {m.batch_size}"
-            )
+        reps.setdefault(m.signature, m)
     return [reps[s] for s in sorted(reps)]
 
 

@@ -146,6 +146,10 @@ GRAPH_CASES: dict[str, tuple[Edit, str]] = {
                                    "metaops[0].level: expected 0 (it has no predecessors), got 2"),
     "level-huge": (_set("metaops.0.level", 10**18),
                    f"metaops[0].level: expected 0 (it has no predecessors), got {10**18}"),
+    # metaops 2 and 4, text_vision's and thumb_text's text embedding, share a signature
+    "signature-of-another-batch": (_set("metaops.4.batch_size", 12),
+                                   "metaops[4].batch_size: 12, but 'text_vision/text_embed' of "
+                                   "the same signature runs 8"),
 }
 
 
