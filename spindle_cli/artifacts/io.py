@@ -505,7 +505,10 @@ def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -
     found = _find(ref, owner_path)
     if found is None:
         raise InputNotFound(owner_path, f"inputs[{index}].path",
-                            f"{cls.KIND} file {ref.path!r} not found")
+                            f"{cls.KIND} file {ref.path!r} not found",
+                            hint=f"it is looked for at that path from the working directory "
+                                 f"and from each directory above {owner_path}: put the "
+                                 f"{cls.KIND} there (its sha256 must be {ref.sha256[:12]}...)")
     place, obj = found
     if obj is None:
         load(str(place), cls)  # the first file's error where it is invalid or of another kind

@@ -50,7 +50,7 @@ def check_world(plan: Plan, world_size: int, *, rank: int | None = None,
     `memory_bytes`) the rank's estimated memory."""
     if world_size != plan.num_devices:
         raise SpindleError(f"the plan needs {plan.num_devices} ranks, the run has {world_size}",
-                           hint=f"use --nproc-per-node x --nnodes = {plan.num_devices}")
+                           hint=f"--nproc-per-node times --nnodes must be {plan.num_devices}")
     if rank is None or memory_bytes is None:
         return
     need = next((m.total_bytes for m in plan.memory if m.rank == rank), 0)

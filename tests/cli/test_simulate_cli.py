@@ -211,15 +211,16 @@ def test_changed_input_is_a_one_line_error(tmp_path):
     assert "Traceback" not in res.stderr
 
 
-def test_missing_input_is_a_one_line_error(tmp_path):
+def test_missing_input_is_a_one_line_error_with_where_it_was_looked_for(tmp_path):
     plan_path = write_case(tmp_path)
     (tmp_path / "profile.yaml").unlink()
     res = _run(["simulate", str(plan_path)])
     assert res.exit_code == 2
-    assert len(res.stderr.splitlines()) == 1
-    assert res.stderr.startswith("error: ")
-    assert "inputs[1].path: profile file" in res.stderr and "not found" in res.stderr
-    assert "Traceback" not in res.stderr
+    error, hint = res.stderr.splitlines()
+    assert error.startswith("error: ")
+    assert "inputs[1].path: profile file" in error and "not found" in error
+    assert hint.startswith("hint: it is looked for at that path from the working directory and "
+                           f"from each directory above {plan_path}: put the profile there")
 
 
 def test_bad_gantt_extension_writes_nothing(tmp_path):

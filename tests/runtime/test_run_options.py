@@ -535,3 +535,16 @@ def test_a_loss_line_stdout_refuses_is_an_output_error(tmp_path: Path,
     assert record["message"] == f"rank 0: {said}"
     assert record["spindle"]["refused_output"] == said
     assert record["spindle"]["hint"] == e.value.hint
+
+
+def test_a_world_of_another_size_says_how_many_ranks_the_plan_needs() -> None:
+    from spindle_cli.artifacts import Plan, load
+    from spindle_cli.runtime.inputs import check_world
+
+    plan = load(str(Path(__file__).resolve().parents[2] / "plans" / "tiny-clip-local-cpu.yaml"),
+                Plan)
+    check_world(plan, plan.num_devices)
+    with pytest.raises(SpindleError) as e:
+        check_world(plan, 2)
+    assert str(e.value) == f"the plan needs {plan.num_devices} ranks, the run has 2"
+    assert e.value.hint == f"--nproc-per-node times --nnodes must be {plan.num_devices}"
