@@ -1,8 +1,14 @@
 """Device placement (paper §3.5): concrete ranks for every slice of every wave.
 
 Island-aware placement, greedy wave by wave:
-  - a slice that fits in one NVLink island stays inside one island, and a tensor-parallel
-    slice that does not takes whole groups from each island (no group spans two);
+  - a slice that fits in one NVLink island stays inside one island where one still has
+    room when its turn comes, and a tensor-parallel slice that does not takes whole groups
+    from each island (no group spans two). Slices that chose earlier may leave no island
+    room for a later one, which then spans two (OFASys 4 tasks on 2x8 GPUs: an 8-rank
+    decoder after two 4-rank adapters took an island each); choosing islands so that every
+    later slice still fits in one (first fit, largest first) made the two committed plans
+    where this happens simulate slower (62.6 -> 65.0 and 138.5 -> 140.5 ms), their flows
+    kept on fewer ranks, so it is not done;
   - inside a wave, the slice with the heaviest incoming flow chooses first, so the heaviest
     flows claim producer/consumer co-location (on the simulator this cut the transfer wait of
     multitask-clip-4 on 32 devices from 34% to 23% of the iteration, against ordering by
