@@ -45,7 +45,21 @@ A800_64 := --hardware a800 --cluster clusters/a800-8x8.yaml --validate
 A800_256 := --hardware a800 --cluster clusters/a800-32x8.yaml --validate \
 	--counts 1,2,4,8,16,32,64,128,256
 
-.PHONY: install core demo test check graphs profiles measure plans plans-check bench schemas clean
+.PHONY: help install core demo test check graphs profiles measure plans plans-check bench \
+	schemas clean
+
+# `make` alone lists the targets (it installed torch, the first target's work)
+help:
+	@echo "make demo         plan multitask-clip on a800-2x8, bench against the baselines, train tiny-clip on 4 CPU ranks (OUT=dir)"
+	@echo "make test         plans-check, then the whole test suite"
+	@echo "make check        ruff, the schemas and plans-check"
+	@echo "make plans        regenerate every committed graph, profile and plan (CHECK=--check: only check)"
+	@echo "make plans-check  check that every committed artifact is what the code makes now"
+	@echo "make measure      measure tiny-clip's profile on this machine, and its plans"
+	@echo "make bench        regenerate docs/bench and run the benchmarks/ scripts"
+	@echo "make schemas      regenerate schemas/ (CHECK=--check: only check)"
+	@echo "make install      install torch and spindle with its test tools (PYTHON=interpreter)"
+	@echo "make clean        remove the demo's files and the install stamps"
 
 install: $(STAMP)
 core: $(CORE_STAMP)

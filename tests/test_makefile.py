@@ -138,3 +138,17 @@ def test_artifact_targets_install_the_planner_without_torch():
     installs = [line for line in text.splitlines() if "pip install" in line]
     assert installs == ["fresh-python -m pip install --quiet -e ."]
     assert "fresh-python -m spindle_cli graph models/tiny-clip.yaml" in text
+
+
+def test_make_alone_lists_the_targets_and_installs_nothing():
+    """`make` alone ran the first target, which installed torch."""
+    shown = subprocess.run(["make", "--no-print-directory"], cwd=REPO, capture_output=True,
+                           text=True, check=True, timeout=60).stdout
+    listed = [line.split()[1] for line in shown.splitlines()]
+    assert listed[:2] == ["demo", "test"]  # the README's two commands first
+    phony = re.search(r"^\.PHONY:(.*?[^\\])$", (REPO / "Makefile").read_text(),
+                      re.MULTILINE | re.DOTALL).group(1).replace("\\", " ").split()
+    assert set(listed) <= set(phony) and len(set(listed)) == len(listed)
+    dry = subprocess.run(["make", "-n"], cwd=REPO, capture_output=True, text=True, check=True,
+                         timeout=60).stdout
+    assert "pip" not in dry
