@@ -158,7 +158,7 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
     new = rendered_for(obj, output)
     if check:
         try:
-            old = Path(output).read_text(encoding="utf-8")
+            old = _read_exactly(output)
         except FileNotFoundError:
             err.print(f"{output}: missing (would be created)", soft_wrap=True)
             return 1
@@ -170,6 +170,11 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
             raise ArtifactError(output, "", f"cannot read: {e.strerror or e}") from None
         if old != new:
             err.print(f"{output}: out of date (regenerate it)", soft_wrap=True)
+            if old.replace("\r\n", "\n") == new:
+                err.print("  only its line endings: CRLF, where spindle writes LF (a checkout "
+                          "with git's core.autocrlf? '*.yaml text eol=lf' in .gitattributes "
+                          "keeps LF)", soft_wrap=True)
+                return 1
             for line in stale_lines(output, old, new, obj):
                 err.print(f"  {line}", soft_wrap=True)
             return 1
@@ -188,9 +193,16 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
 def _holds_already(output: str, text: str) -> bool:
     """Whether the file `output` (a regular file, through its symlinks) holds exactly `text`."""
     try:
-        return Path(output).is_file() and Path(output).read_text(encoding="utf-8") == text
+        return Path(output).is_file() and _read_exactly(output) == text
     except (OSError, UnicodeDecodeError):
         return False
+
+
+def _read_exactly(path: str) -> str:
+    """The UTF-8 text of a file with its line endings as they are (read_text turns CRLF into
+    LF, so a file that differs from what spindle writes only there passed --check)."""
+    with open(path, encoding="utf-8", newline="") as f:
+        return f.read()
 
 
 STALE_TEXT_LINES = 8

@@ -75,6 +75,20 @@ def test_check_detects_drift_and_writes_nothing(case):
     assert r.exit_code == 1 and not Path("missing.yaml").exists()
 
 
+
+def test_a_plan_with_crlf_line_endings_is_stale_and_rewritten(case):
+    """Only its line endings differ (a checkout with git's core.autocrlf): --check said up to
+    date, and a plain run said 'unchanged (not rewritten)' and left it so."""
+    assert invoke(*plan_args("-o", "plan.yaml")).exit_code == 0
+    lf = Path("plan.yaml").read_bytes()
+    Path("plan.yaml").write_bytes(lf.replace(b"\n", b"\r\n"))
+    r = invoke(*plan_args("-o", "plan.yaml", "--check"))
+    assert r.exit_code == 1
+    assert r.output.splitlines()[-1].startswith("  only its line endings: CRLF, where spindle "
+                                                "writes LF")
+    assert invoke(*plan_args("-o", "plan.yaml")).exit_code == 0
+    assert Path("plan.yaml").read_bytes() == lf
+
 def test_absolute_input_paths_in_the_working_directory_make_the_same_plan(case):
     # a script that spells its inputs as $PWD/... records them as `make` does, relative
     invoke(*plan_args("-o", "plan.yaml"))
