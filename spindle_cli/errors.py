@@ -6,6 +6,26 @@ its `exit_code`. Anything else escaping to the CLI is a bug.
 
 from __future__ import annotations
 
+import unicodedata
+
+_CONTROL = ("Cc", "Zl", "Zp")
+"""Unicode categories that break a line of output: control characters, line and paragraph
+separators."""
+
+
+def has_control(value: str) -> bool:
+    """Whether `value` holds a control character or a line or paragraph separator (what
+    would break a one-line error)."""
+    return any(unicodedata.category(c) in _CONTROL for c in value)
+
+
+def one_line(text: str) -> str:
+    """`text` with its control characters and line separators escaped as Python writes them
+    ('\\n', '\\x1b'): a file name holding them printed a two-line error, or sent escape codes
+    to the terminal."""
+    return "".join(c.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(c) in _CONTROL else c for c in text)
+
 
 class SpindleError(Exception):
     """An error caused by the user's input or environment; printed as one line."""

@@ -22,10 +22,9 @@ import functools
 import math
 import types
 import typing
-import unicodedata
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
-from spindle_cli.errors import FieldError
+from spindle_cli.errors import FieldError, has_control
 
 T = TypeVar("T")
 
@@ -51,12 +50,6 @@ def meta(doc: str, *, ge_why: str = "", le_why: str = "", name: bool = False,
 NAME_PATTERN = r"^(?=.*\S)[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
 """A name: something besides spaces, and no control character or line separator (what would
 break a one-line error); the loader asks the same (`_check_name`)."""
-
-
-def has_control(value: str) -> bool:
-    """Whether `value` holds a control character or a line or paragraph separator (what
-    would break a one-line error)."""
-    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in value)
 
 
 def _check_name(value: str, path: str) -> None:

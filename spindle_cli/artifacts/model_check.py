@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from spindle_cli.artifacts.codec import field_path, has_control
-from spindle_cli.errors import FieldError
+from spindle_cli.artifacts.codec import field_path
+from spindle_cli.errors import FieldError, has_control
 
 if TYPE_CHECKING:
     from spindle_cli.artifacts.model import ModelSpec, TaskSpec

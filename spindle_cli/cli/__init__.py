@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 import click
 
 from spindle_cli import __version__
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import SpindleError, one_line
 
 # command name -> (module under spindle_cli.cli, function name, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -99,8 +99,9 @@ def _main(argv: list[str] | None) -> Any:
     from spindle_cli.cli._console import err
 
     def say(line: str) -> None:
-        # One unwrapped line per message: CI logs and scripts grep these.
-        sys.stderr.write(line + "\n")
+        # One unwrapped line per message: CI logs and scripts grep these (a file name's
+        # newline or escape code is written escaped)
+        sys.stderr.write(one_line(line) + "\n")
 
     debug = os.environ.get("SPINDLE_DEBUG") == "1"
     try:
@@ -118,7 +119,7 @@ def _main(argv: list[str] | None) -> Any:
         say("error: interrupted by SIGTERM")
         sys.exit(e.code)
     except _NO_ARGS_HELP as e:  # `spindle` alone: the help, as click 8.1 printed it
-        say(e.format_message())
+        sys.stderr.write(e.format_message() + "\n")
         sys.exit(2)
     except click.UsageError as e:
         say(f"error: {e.format_message()}")

@@ -22,7 +22,7 @@ from spindle_cli.artifacts.io import kinds, load_recorded_input
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.views import VIEW_MODULES
 from spindle_cli.cli.views.gantt import check_chart_paths, check_image_path
-from spindle_cli.errors import ArtifactError, InputNotFound, SpindleError
+from spindle_cli.errors import ArtifactError, InputNotFound, SpindleError, one_line
 from spindle_cli.planner.api import PlanOptions, options_curves
 from spindle_cli.planner.consistency import (
     check_cluster,
@@ -54,12 +54,12 @@ def validate(files: tuple[str, ...]) -> None:
                 raise
             invalid += 1
             # one unwrapped line per file, like the ok lines, so scripts can grep them
-            err.print(f"error: {e}", soft_wrap=True)
+            err.print(one_line(f"error: {e}"), soft_wrap=True)
             if e.hint:
                 err.print(f"hint: {e.hint}", soft_wrap=True)
             continue
         note = (f"; not checked against {', '.join(missing)}: not found" if missing else "")
-        out.print(f"ok {path} ({obj.kind}{note})", soft_wrap=True)
+        out.print(one_line(f"ok {path} ({obj.kind}{note})"), soft_wrap=True)
     if invalid:
         raise SpindleError(f"{invalid} of {len(files)} files are invalid (named above)")
 

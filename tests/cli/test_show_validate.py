@@ -548,3 +548,17 @@ def test_show_gives_no_per_level_gap_where_the_graph_is_not_found(tmp_path, monk
     gaps = [ln.split("│")[4].strip() for ln in rows.splitlines() if ln.startswith("│")]
     assert gaps and set(gaps) == {"-"}
     assert "no per-level gap: without the plan's graph (not found)" in result.stdout
+
+
+def test_a_file_name_with_a_newline_or_an_escape_code_stays_on_one_line(tmp_path, spindle):
+    """Written escaped, as Python writes them: the name's newline made a two-line ok or
+    error line, and its escape code reached the terminal."""
+    good = tmp_path / "bad\nname.yaml"
+    good.write_text((REPO / "models" / "tiny-clip.yaml").read_text())
+    missing = tmp_path / "no\x1b[31mfile.yaml"
+    result = spindle("validate", str(good), str(missing))
+    assert result.exit_code == 2
+    assert result.stdout == f"ok {tmp_path}/bad\\nname.yaml (model)\n"
+    assert result.stderr.splitlines()[0] == f"error: {tmp_path}/no\\x1b[31mfile.yaml: no such file"
+    result = spindle("show", str(missing))
+    assert result.stderr == f"error: {tmp_path}/no\\x1b[31mfile.yaml: no such file\n"
