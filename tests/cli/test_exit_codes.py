@@ -7,6 +7,7 @@ the same `main` every subcommand runs under.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import types
 
@@ -72,3 +73,19 @@ def test_ctrl_c_inside_a_command_is_exit_130(raising, spindle):
     # the line `spindle run` prints when Ctrl-C stops its ranks
     assert res.stderr.splitlines()[-1] == "error: interrupted by SIGINT"
     assert "Traceback" not in res.stderr
+
+
+def test_ctrl_c_while_the_cli_loads_is_its_one_line_and_130():
+    """Ctrl-C while `spindle` still imports click, rich and numpy (its first half second)
+    printed a KeyboardInterrupt traceback: here the import of the CLI is interrupted."""
+    code = ("import sys\n"
+            "class Interrupting:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'spindle_cli.cli':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Interrupting())\n"
+            "from spindle_cli.__main__ import run\n"
+            "run()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert (r.returncode, r.stderr) == (130, "error: interrupted by SIGINT\n")
