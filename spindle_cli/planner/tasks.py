@@ -234,22 +234,29 @@ def task_sizes(graph: MetaOpGraph, curves: dict[str, OpCurve],
     best = balanced_counts(tasks, options, curves, num_devices)
     if best is None:
         return []
-    limit = NEAR_LONGEST * max(chain_ms(ms, curves, n) for ms, n in zip(tasks, best, strict=True))
+    # each task's chain at its count, a count up and a count down (None: no such count),
+    # worked out once: a neighbour changes two of them
+    base = [chain_ms(ms, curves, n) for ms, n in zip(tasks, best, strict=True)]
+    limit = NEAR_LONGEST * max(base)
+    ups = [next((n for n in options[i] if n > best[i]), None) for i in range(len(tasks))]
+    downs = [max((n for n in options[i] if n < best[i]), default=None)
+             for i in range(len(tasks))]
+    up_ms = [0.0 if n is None else chain_ms(ms, curves, n)
+             for ms, n in zip(tasks, ups, strict=True)]
+    down_ms = [0.0 if n is None else chain_ms(ms, curves, n)
+               for ms, n in zip(tasks, downs, strict=True)]
     # (longest chain, sum of chains) and sizes of each neighbour within the limit
     near: list[tuple[tuple[float, float], list[int]]] = []
-    for i in range(len(tasks)):
-        up = next((n for n in options[i] if n > best[i]), None)
+    for i, up in enumerate(ups):
+        if up is None:
+            continue
         for j in (None, *range(len(tasks))):
-            if up is None or j == i:
+            if j == i or (j is not None and downs[j] is None):
                 continue
-            sizes = list(best)
-            sizes[i] = up
+            sizes, times = list(best), list(base)
+            sizes[i], times[i] = up, up_ms[i]
             if j is not None:
-                down = [n for n in options[j] if n < best[j]]
-                if not down:
-                    continue
-                sizes[j] = down[-1]
-            times = [chain_ms(ms, curves, n) for ms, n in zip(tasks, sizes, strict=True)]
+                sizes[j], times[j] = downs[j], down_ms[j]
             if sum(sizes) <= num_devices and max(times) <= limit:
                 near.append(((max(times), sum(times)), sizes))
     near.sort(key=lambda x: x[0])
