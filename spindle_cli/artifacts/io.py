@@ -194,6 +194,18 @@ _FastDumper.yaml_implicit_resolvers = {
     first: list(resolvers) for first, resolvers in _Dumper.yaml_implicit_resolvers.items()}
 
 
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.SequenceNode:
+    """A list of integers on one line, `ranks: [0, 1, 2, 3]` (wrapped past the line width),
+    other lists a line per item: a plan's rank lists took a line per rank, 3.3x the lines
+    of a 256-device plan, and a diff showed a changed rank without its slice."""
+    flow = bool(data) and all(type(x) is int for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+for _dumper in (_Dumper, _FastDumper):
+    _dumper.add_representer(list, _represent_list)
+
+
 def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
     if len(obj) < len(pairs):
