@@ -146,8 +146,9 @@ def print_report(result: SimResult, path: str, progress: simulation.Progress = "
     for name, ms in rows:
         table.add_row(name, f"{ms:.2f}", _pct(ms, r.iteration_ms))
         if name == "parameter sync" and r.gather_wait_ms:
-            # ZeRO: the forward's waits for all-gathers, not the gradients' reduction
-            table.add_row("  of it, forward waiting for all-gathers", f"{r.gather_wait_ms:.2f}",
+            # ZeRO: the waits for all-gathers (the forward's; ZeRO-3's backward too), not the
+            # gradients' reduction
+            table.add_row("  of it, waiting for all-gathers", f"{r.gather_wait_ms:.2f}",
                           _pct(r.gather_wait_ms, r.iteration_ms))
     table.add_section()
     table.add_row("iteration", f"{r.iteration_ms:.2f}", "100.0%")

@@ -241,9 +241,10 @@ class SimResult:
     transfer_ms: float
     sync_ms: float
     gather_wait_ms: float | None
-    """With waves as barriers, the part of sync_ms the forward spent waiting for parameter
-    all-gathers (ZeRO-1/2: the previous step's, stalls inside slices included; ZeRO-3: the
-    weights); None with ranks on their own, whose waiting counts them with the transfers."""
+    """With waves as barriers, the part of sync_ms the waves spent waiting for parameter
+    all-gathers (ZeRO-1/2: the forward's, for the previous step's, stalls inside slices
+    included; ZeRO-3: the weights, in the forward and again in the backward); None with ranks
+    on their own, whose waiting counts them with the transfers."""
     optimizer_ms: float
     idle_fraction: float
     """1 - (sum of rank busy time) / (num_devices x iteration_ms)."""
