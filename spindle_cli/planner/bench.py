@@ -120,7 +120,7 @@ class BenchRow:
     transfer_ms: float | None
     sync_ms: float | None
     gather_wait_ms: float | None
-    """The part of sync_ms the forward waited for ZeRO's parameter all-gathers
+    """The part of sync_ms the waves waited for ZeRO's parameter all-gathers
     (`SimResult.gather_wait_ms`)."""
     transfer_fraction: float | None
     """Exposed inter-wave transfer time / iteration time."""
