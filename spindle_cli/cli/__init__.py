@@ -1,16 +1,8 @@
 """The `spindle` command: one click group; each subcommand lives in its own module and is
 imported only when it runs, so `spindle plan` never pays for (or imports) torch.
 
-Exit codes (the only place they are decided):
-  0  success
-  1  `--check`/`diff` found a difference, a distributed run failed, or `bench` could not
-     plan some configuration
-  2  bad input: an artifact, option or file the user gave is invalid (one-line error), or
-     the machine refused to write the output (a full disk)
-  123 internal error (a bug)
-  130 interrupted (Ctrl-C); 143 stopped by SIGTERM (128 + the signal): 'error: interrupted
-     by SIGINT' (or SIGTERM), the line `spindle run` prints when it stops its ranks
-SPINDLE_DEBUG=1 adds the traceback to an error; the exit code stays the same.
+Exit codes are decided here only (`_main`); `EXIT_CODES`, which `spindle --help` prints,
+lists them.
 """
 
 from __future__ import annotations
@@ -64,7 +56,20 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+EXIT_CODES = """\b
+Exit codes (every command):
+  0    success
+  1    --check or diff found a difference, a run failed, bench could not plan
+       some configuration
+  2    bad input (one line naming the file, field and problem), or an output
+       the machine refused
+  123  internal error (a bug)
+  130  Ctrl-C; 143 SIGTERM
+SPINDLE_DEBUG=1 adds the traceback to an error; the exit code stays."""
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=EXIT_CODES)
 @click.version_option(__version__, prog_name="spindle")
 def cli() -> None:
     """Spindle: plan and run multi-task multi-modal training with wavefront scheduling.

@@ -88,7 +88,18 @@ def test_spindle_alone_prints_its_help_not_an_error():
                           timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith("Usage: spindle [OPTIONS] COMMAND [ARGS]...")
-    assert "error" not in proc.stderr and "Commands:" in proc.stderr
+    assert "Commands:" in proc.stderr
+    assert not any(line.startswith("error") for line in proc.stderr.splitlines())
+
+
+def test_help_lists_the_exit_codes_the_readme_gives():
+    """A CI user reading `spindle --help` learns the exit codes (only diff, validate and
+    --check named theirs)."""
+    shown = _invoke("--help").stdout
+    listed = re.findall(r"^ +(\d+) ", shown.split("Exit codes")[1], re.MULTILINE)
+    table = (REPO / "README.md").read_text().split("### Exit codes")[1].split("\n\n")[1]
+    documented = re.findall(r"^\| (\d+) \|", table, re.MULTILINE)
+    assert listed == sorted(set(documented), key=int) == ["0", "1", "2", "123", "130"]
 
 
 def test_show_graph_lists_metaops_by_level(files):
