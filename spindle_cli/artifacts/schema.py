@@ -65,8 +65,13 @@ def stale_schemas(directory: Path) -> dict[str, tuple[str, list[str]]]:
         if not path.is_file():
             stale[name] = ("missing (regenerate it)", [])
             continue
-        old = path.read_text(encoding="utf-8", errors="replace")
-        if old != text:
+        # line endings as they are (read_text turns CRLF into LF)
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            old = f.read()
+        if old.replace("\r\n", "\n") == text != old:
+            stale[name] = ("out of date (regenerate it)",
+                           ["only its line endings: CRLF, where the code writes LF"])
+        elif old != text:
             lines = list(difflib.unified_diff(old.splitlines(), text.splitlines(),
                                               f"{name} (file)", f"{name} (code)", lineterm="",
                                               n=1))

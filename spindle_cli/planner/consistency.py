@@ -153,7 +153,6 @@ def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> No
                                 f"{getattr(implied, name)} (edited since spindle plan wrote it?)")
 
 
-
 def check_slice_times(plan: Plan, curves: Mapping[str, OpCurve]) -> None:
     """PlanError unless each slice's time is its operators' on its ranks by `curves` (the
     planner's: `api.options_curves` of the plan's graph, profile, cluster and options), as
@@ -166,6 +165,7 @@ def check_slice_times(plan: Plan, curves: Mapping[str, OpCurve]) -> None:
                 raise PlanError(f"{where}.ranks: {n} ranks, which MetaOp {s.metaop}'s curve "
                                 "gives no time for (edited since spindle plan wrote it?)")
             _same(f"{where}.time_ms", s.time_ms, (s.last - s.first) * curve.time_at(n))
+
 
 def _check_canonical_order(plan: Plan, ops: dict[str, MetaOp],
                            by_id: dict[str, tuple[int, int, Slice]]) -> None:

@@ -75,6 +75,20 @@ def test_check_mode_reports_drift(tmp_path, capsys):
     assert main(["--check", str(tmp_path)]) == 0
 
 
+
+def test_check_mode_reports_a_schema_with_crlf_line_endings(tmp_path, capsys):
+    """As spindle --check does: read_text turned CRLF into LF, so it passed."""
+    write_schemas(tmp_path)
+    crlf = (tmp_path / "plan.json").read_bytes().replace(b"\n", b"\r\n")
+    (tmp_path / "plan.json").write_bytes(crlf)
+    capsys.readouterr()
+    assert main(["--check", str(tmp_path)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert f"{tmp_path / 'plan.json'}: out of date (regenerate it)" in lines
+    assert "  only its line endings: CRLF, where the code writes LF" in lines
+    assert main([str(tmp_path)]) == 0
+    assert main(["--check", str(tmp_path)]) == 0
+
 def test_help_and_unknown_options_are_not_directories(capsys):
     assert main(["--help"]) == 0
     assert "--check" in capsys.readouterr().out
