@@ -55,9 +55,10 @@ class PlanInputs(NamedTuple):
 def load_plan_inputs(plan: Plan, plan_path: str) -> PlanInputs:
     """The inputs a plan records, checked against their sha256s, the profile against the graph,
     and the plan's slices against the graph and cluster. Where the numbers the plan records
-    beside its slices are not theirs (`check_recorded`, each slice's time by the profile's
-    `check_slice_times`), or the graph's model changed since, a note says so: a what-if on
-    an edited plan goes on, though validate and run refuse it."""
+    beside its slices are not theirs (`check_recorded`, which validate and run check), a
+    slice's time is not the profile's (`check_slice_times`, which validate checks: run reads
+    no profile), or the graph's model changed since, a note says so: a what-if on an edited
+    plan goes on."""
     graph_path, graph = load_recorded_input(plan, plan_path, MetaOpGraph)
     profile_path, profile = load_recorded_input(plan, plan_path, Profile)
     _, cluster = load_recorded_input(plan, plan_path, ClusterSpec)
@@ -71,10 +72,14 @@ def load_plan_inputs(plan: Plan, plan_path: str) -> PlanInputs:
         raise e.within(plan_path) from None
     try:
         check_recorded(plan, graph, options.memory)
+    except PlanError as e:
+        err.print(f"note: {plan_path}: {e}; validate and run refuse it", soft_wrap=True)
+    try:
         check_slice_times(plan, options_curves(graph, profile, cluster, options,
                                                profile_name=profile_path))
     except PlanError as e:
-        err.print(f"note: {plan_path}: {e}; validate and run refuse it", soft_wrap=True)
+        # run reads no profile: it cannot tell
+        err.print(f"note: {plan_path}: {e}; validate refuses it", soft_wrap=True)
     return PlanInputs(graph, profile, cluster, graph_path, profile_path)
 
 

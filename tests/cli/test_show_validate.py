@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import re
@@ -341,10 +342,12 @@ def test_simulate_and_explain_note_what_validate_refuses(tiny_plan, spindle):
     estimate as the plan's without a word."""
     data = yaml.safe_load(tiny_plan.read_text())
     metaop = data["waves"][0]["slices"][0]["metaop"]
-    edited = {**data, "estimated_iteration_ms": data["estimated_iteration_ms"] * 0.9}
+    edited = {**copy.deepcopy(data), "estimated_iteration_ms": data["estimated_iteration_ms"] * 0.9}
     where, ms = _shorter_slice(data)
-    for plan, field, recorded in ((edited, "estimated_iteration_ms",
-                                   edited["estimated_iteration_ms"]), (data, where, ms)):
+    # run checks the recorded numbers; it reads no profile, so not a slice's time
+    for plan, field, recorded, refusing in (
+            (edited, "estimated_iteration_ms", edited["estimated_iteration_ms"],
+             "validate and run refuse it"), (data, where, ms, "validate refuses it")):
         tiny_plan.write_text(yaml.safe_dump(plan, sort_keys=False))
         said = f"{tiny_plan}: {field}: recorded {recorded:g}, but "
         result = spindle("validate", str(tiny_plan))
@@ -354,7 +357,7 @@ def test_simulate_and_explain_note_what_validate_refuses(tiny_plan, spindle):
             result = spindle(args[0], str(tiny_plan), *args[1:])
             assert result.exit_code == 0, result.stderr
             assert result.stderr.startswith(f"note: {said}")
-            assert result.stderr.endswith("; validate and run refuse it\n")
+            assert result.stderr.endswith(f"; {refusing}\n")
 
 
 def test_simulate_notes_a_graph_whose_model_changed(tiny_plan, spindle):
