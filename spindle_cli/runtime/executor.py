@@ -407,12 +407,15 @@ class Executor:
         if self.optimizer is not None:
             with self.tracer.span("optimizer", "compute", step=shown):
                 self._step()
+        if self.saved is not None:
+            self._note_held(None)
         self._start_gathers()
         return losses
 
-    def _note_held(self, saved: SavedTensors) -> None:
-        """Add the storages the rank holds now, at the turn, to `held` (each category's
-        most)."""
+    def _note_held(self, saved: SavedTensors | None) -> None:
+        """Add the storages the rank holds now to `held` (each category's most): at the turn,
+        with the activations `saved`, and after the optimizer step without (AdamW makes its
+        state in the first step, after the first turn)."""
         weights = storages(p for _, p in self.named)
         grads = storages([*(b.flat for b in self.buckets),
                           *(b.shard_grad for b in self.buckets if b.shard_grad is not None)])
@@ -421,6 +424,7 @@ class Executor:
         optimizer = storages([*state, *self.masters])
         now = dict(zip(CATEGORIES, (sum(weights.values()), sum(grads.values()),
                                     sum(optimizer.values()),
+                                    0 if saved is None else
                                     saved.held_bytes({**weights, **grads, **optimizer})),
                        strict=True))
         for k, v in now.items():

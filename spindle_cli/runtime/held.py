@@ -6,9 +6,10 @@ The turn is where the planner's model puts a rank's peak: every slice's stash is
 Activations are the storages autograd still holds for backward (`SavedTensors`, through
 `torch.autograd.graph.saved_tensors_hooks`; under recomputation a checkpointed operator saves
 only its input), apart from the weights, gradients and optimizer state, which are counted on
-their own. Each storage is counted once, whole, however many saved tensors view it. This works
-on any device (the CPU has no allocator statistics); on CUDA the allocator's peak over the run
-comes beside it (`peak_allocated`).
+their own. Each storage is counted once, whole, however many saved tensors view it. A
+slice's output or a received activation that no operator saved is not counted (on tiny-clip
+2-4% more). This works on any device (the CPU has no allocator statistics); on CUDA the
+allocator's peak over the steps comes beside it (`peak_allocated`).
 """
 
 from __future__ import annotations
@@ -64,8 +65,16 @@ def _unpack(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def reset_peak(device: torch.device) -> None:
+    """Start `peak_allocated` afresh on a CUDA `device` (before the first step: building the
+    model and loading a checkpoint, which holds a second copy of the state for a moment, are
+    not a step's peak)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def peak_allocated(device: torch.device) -> int | None:
-    """The CUDA allocator's peak bytes on `device` so far (None elsewhere)."""
+    """The CUDA allocator's peak bytes on `device` since `reset_peak` (None elsewhere)."""
     if device.type != "cuda":
         return None
     return int(torch.cuda.max_memory_allocated(device))

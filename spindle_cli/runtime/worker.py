@@ -46,7 +46,7 @@ from spindle_cli.runtime import dist as rdist
 from spindle_cli.runtime.data import load_data_source
 from spindle_cli.runtime.executor import Executor, PeerLost, overlap_for
 from spindle_cli.runtime.groups import make_groups
-from spindle_cli.runtime.held import peak_allocated
+from spindle_cli.runtime.held import peak_allocated, reset_peak
 from spindle_cli.runtime.inputs import check_world, load_run_inputs
 from spindle_cli.runtime.model import DTYPES, run_dtype
 from spindle_cli.runtime.program import Program
@@ -325,6 +325,8 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
     result = TrainResult(start_step=start)
     metrics = (Metrics(opts.metrics_path, start)
                if opts.metrics_path is not None and world.rank == 0 else None)
+    if tracer.enabled:
+        reset_peak(world.device)
     try:
         for step in range(start, opts.steps):
             if synchronize is not None:

@@ -36,9 +36,12 @@ def test_a_storage_saved_through_two_views_counts_once_and_recording_starts_afre
     base = torch.randn(6, 4, requires_grad=True)
     saved = SavedTensors()
     with saved.recording():
-        a, b = base[:3] * 1.0, base[3:] * 1.0
-        out = (a * a).sum() + (b * b).sum() + (a * b).sum()
-    assert saved.held_bytes({}) == 3 * 4 * 4 * 2  # a and b: two storages, each saved twice
+        # mul saves both factors: two views of base's one storage
+        out = (base[:3] * base[3:]).sum()
+        # and x * x saves x twice
+        x = base * 2.0
+        out = out + (x * x).sum()
+    assert saved.held_bytes({}) == 2 * 6 * 4 * 4  # base's storage and x's, once each
     with saved.recording():
         pass
     assert saved.held_bytes({}) == 0
@@ -61,3 +64,20 @@ def test_a_freed_storage_holds_nothing() -> None:
     assert storages([flat, flat[2:5]]) == {flat.untyped_storage().data_ptr(): 40}
     flat.untyped_storage().resize_(0)
     assert storages([flat]) == {}
+
+
+def test_the_cuda_peak_starts_afresh_before_the_steps(monkeypatch) -> None:
+    """A rank's building and a checkpoint's loading (a second copy of the state) are not a
+    step's peak; the CPU has no allocator statistics. CUDA stands in here (no GPU)."""
+    from spindle_cli.runtime import held
+
+    peak = {"bytes": 7 << 30}
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device: peak.update(bytes=0))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: peak["bytes"])
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert held.peak_allocated(gpu) == 7 << 30
+    held.reset_peak(cpu)
+    assert held.peak_allocated(cpu) is None and peak["bytes"] == 7 << 30
+    held.reset_peak(gpu)
+    assert held.peak_allocated(gpu) == 0
