@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import click
 import pytest
@@ -86,6 +87,7 @@ def test_ctrl_c_while_the_cli_loads_is_its_one_line_and_130():
             "sys.meta_path.insert(0, Interrupting())\n"
             "from spindle_cli.__main__ import run\n"
             "run()\n")
+    # from the checkout's top, whose spindle_cli `-c` imports first, wherever pytest runs
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=60)
+                       timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert (r.returncode, r.stderr) == (130, "error: interrupted by SIGINT\n")
