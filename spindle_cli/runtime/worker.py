@@ -428,7 +428,7 @@ class RankTimings(NamedTuple):
     origin_wall_ns: int
     """The wall-clock time of its trace clock's origin."""
     held: dict[str, int]
-    """With --trace: the most it held in each category at a step's turn (`held`), and on
+    """With --trace: the most it held in each category in its first step (`held`), and on
     CUDA the allocator's peak over the run ('peak_allocated_bytes')."""
 
 

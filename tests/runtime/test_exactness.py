@@ -485,14 +485,25 @@ def test_bf16_holds_what_the_planner_counts_for_a_bf16_graph(graph: MetaOpGraph,
 
 
 def _held_at_turn(rank: int, world: int, plan: Plan, graph: MetaOpGraph, model: ModelSpec,
-                  dtype: Any) -> tuple[dict[str, int], int]:
-    """One traced step, the first: (what the rank held, `Executor.held`; its buckets). AdamW
-    makes its state in that step's optimizer step, after the turn."""
+                  dtype: Any) -> tuple[dict[str, int], int, int]:
+    """Two traced steps: (what the rank held, `Executor.held`, measured in the first only,
+    where AdamW makes its state in the optimizer step, after the turn; its buckets; how many
+    steps recorded what autograd saves)."""
     from spindle_cli.runtime.trace import Tracer
 
     ex = _executor(rank, world, plan, graph, model, dtype, tracer=Tracer(enabled=True, rank=rank))
+    recording, recorded = ex.saved.recording, [0]
+
+    def counted() -> Any:
+        recorded[0] += 1
+        return recording()
+
+    ex.saved.recording = counted
     ex.train_step(0)
-    return ex.held, len(ex.buckets)
+    first = dict(ex.held)
+    ex.train_step(1)
+    assert ex.held == first
+    return ex.held, len(ex.buckets), recorded[0]
 
 
 @pytest.mark.timeout(120)
@@ -511,8 +522,10 @@ def test_a_traced_rank_holds_what_its_plan_counts(zero: int, recompute: bool, dt
     plan = planned(graph, "local-cpu", "spindle", repo_root, zero=zero, recompute=recompute)
     run_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     results = run_distributed(_held_at_turn, 4, plan, graph, model, run_dtype, timeout_s=90)
-    for m, (held, buckets) in zip(sorted(plan.memory, key=lambda m: m.rank), results,
-                                  strict=True):
+    for m, (held, buckets, recorded) in zip(sorted(plan.memory, key=lambda m: m.rank),
+                                            results, strict=True):
+        # only the first step, which the step times leave out, pays for the recording
+        assert recorded == 1
         for category in ("param_bytes", "grad_bytes", "optimizer_bytes"):
             assert 0 <= held[category] - getattr(m, category) <= 64 * buckets, (m.rank,
                                                                                   category)
