@@ -369,6 +369,29 @@ def test_simulate_notes_a_graph_whose_model_changed(tiny_plan, spindle):
     assert "note: " in result.stderr
     assert "validate and run refuse what is made from it" in result.stderr
 
+
+def test_show_notes_a_plan_whose_inputs_changed(tiny_plan, spindle):
+    """It said nothing (validate, simulate and run refuse or note such a plan), and called a
+    changed graph not found."""
+    assert spindle("show", str(tiny_plan)).stderr == ""
+    cluster = Path("clusters/local-cpu.yaml")
+    cluster.write_text(cluster.read_text().replace("name: local-cpu", "name: local-cpu-edited"))
+    result = spindle("show", str(tiny_plan))
+    assert result.exit_code == 0
+    assert result.stderr == (f"note: {tiny_plan}: inputs[2].sha256: cluster "
+                             "'clusters/local-cpu.yaml' changed since the plan was made (sha256 "
+                             "mismatch)\n")
+    graph = Path("graphs/tiny-clip.yaml")
+    graph.write_text(graph.read_text() + "# edited\n")  # the same content: not a change
+    assert spindle("show", str(tiny_plan)).stderr.count("note: ") == 1
+    graph.write_text(graph.read_text().replace("batch_size: 8", "batch_size: 16"))
+    result = spindle("show", str(tiny_plan))
+    assert "no per-level gap: without the plan's graph (see the note above)" in result.stdout
+    assert result.stderr.count("note: ") == 2
+    graph.unlink()
+    result = spindle("show", str(tiny_plan))
+    assert "no per-level gap: without the plan's graph (not found)" in result.stdout
+
 def test_validate_says_which_inputs_it_could_not_find(tiny_plan, spindle, tmp_path):
     alone = tmp_path / "elsewhere" / "p.yaml"
     alone.parent.mkdir()

@@ -4,13 +4,29 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from spindle_cli.artifacts import MetaOpGraph, load_recorded_input
+from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, load_recorded_input
 from spindle_cli.artifacts.plan import Plan
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.views import print_table, rank_text
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import InputNotFound, SpindleError
 from spindle_cli.units import fmt_bytes
 
+
+def _recorded_graph(plan: Plan, path: str) -> tuple[MetaOpGraph | None, str]:
+    """The plan's graph, or None and why not. A recorded input found changed since (or
+    invalid), the graph, profile or cluster, gets a note on stderr: the plan shown is then not
+    what its inputs make, which validate, simulate and run refuse or note."""
+    found: dict[str, object] = {}
+    for cls in (MetaOpGraph, Profile, ClusterSpec):
+        try:
+            found[cls.KIND] = load_recorded_input(plan, path, cls)[1]
+        except InputNotFound:
+            found[cls.KIND] = "not found"
+        except SpindleError as e:  # changed since, or invalid; or not recorded at all
+            err.print(f"note: {e}", soft_wrap=True)
+            found[cls.KIND] = "see the note above"
+    graph = found[MetaOpGraph.KIND]
+    return (graph, "") if isinstance(graph, MetaOpGraph) else (None, str(graph))
 
 def gap(plan: Plan) -> float:
     """Estimated iteration / sum of the levels' C* (1.0 for an empty bound)."""
@@ -105,18 +121,15 @@ def show(obj: Plan, path: str, *, gantt: str | None = None, utilization: str | N
               f"`spindle simulate` adds transfers and sync); relaxed optimum C* "
               f"{obj.lower_bound_ms:.2f} ms; gap {gap(obj):.3f}x")
     print_table(wave_table(obj))
-    mixed: int | None
-    try:
-        _, graph = load_recorded_input(obj, path, MetaOpGraph)
-        mixed = mixed_waves(obj, graph)
-    except SpindleError:
-        mixed = None  # without its graph, a plan's levels cannot be told apart
+    graph, why = _recorded_graph(obj, path)
+    # without its graph, a plan's levels cannot be told apart
+    mixed = None if graph is None else mixed_waves(obj, graph)
     print_table(level_table(obj, mixed))
     if mixed:
         out.print(f"{mixed} of {len(obj.waves)} waves run several levels at once, each counted "
                   "under its lowest level: only the total compares with C*")
     elif mixed is None:
-        out.print("no per-level gap: without the plan's graph (not found) its waves' levels "
+        out.print(f"no per-level gap: without the plan's graph ({why}) its waves' levels "
                   "cannot be told apart; only the total compares with C*")
     print_table(memory_table(obj))
     peak = max(obj.memory, key=lambda m: (m.total_bytes, -m.rank))
