@@ -155,6 +155,12 @@ class ParamGroup:
         _check_rank_list("ranks", self.ranks, "a parameter group needs at least one rank")
 
 
+STATE_CATEGORIES = ("param_bytes", "grad_bytes", "optimizer_bytes")
+"""The `RankMemory` categories a rank keeps between steps."""
+MEMORY_CATEGORIES = (*STATE_CATEGORIES, "activation_bytes")
+"""Every `RankMemory` category, in field order."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankMemory:
     """Estimated peak memory of one rank, by category."""

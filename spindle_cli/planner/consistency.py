@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.artifacts.plan import Plan, Slice, Transfer
+from spindle_cli.artifacts.plan import MEMORY_CATEGORIES, Plan, Slice, Transfer
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import PlanError
 from spindle_cli.planner.allocation import OpCurve
@@ -146,7 +146,7 @@ def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> No
             raise PlanError(f"param_groups[{i}].bytes: recorded {g.bytes}, but its layers' "
                             f"gradients take {held} (edited since spindle plan wrote it?)")
     for recorded, implied in zip(plan.memory, replayed_table(plan, graph, memory), strict=True):
-        for name in ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"):
+        for name in MEMORY_CATEGORIES:
             if getattr(recorded, name) != getattr(implied, name):
                 raise PlanError(f"memory[{recorded.rank}].{name}: recorded "
                                 f"{getattr(recorded, name)}, but its slices need "

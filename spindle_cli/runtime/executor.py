@@ -72,13 +72,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from spindle_cli.artifacts.model import ModelSpec
-from spindle_cli.artifacts.plan import Plan
+from spindle_cli.artifacts.plan import MEMORY_CATEGORIES, Plan
 from spindle_cli.errors import RuntimeFailure
 from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES, backend_sync, sync_buckets
 from spindle_cli.runtime.data import DataSource, rows_problem, targets_name
 from spindle_cli.runtime.dist import World
 from spindle_cli.runtime.groups import Groups
-from spindle_cli.runtime.held import CATEGORIES, SavedTensors, storages
+from spindle_cli.runtime.held import SavedTensors, storages
 from spindle_cli.runtime.model import (
     LayerKey,
     build_layers,
@@ -232,7 +232,7 @@ class Executor:
         # ranks, 19 -> 23 ms)
         self.saved = SavedTensors() if self.tracer.enabled else None
         self.held: dict[str, int] = {}
-        """The most the rank held in each category (`held.CATEGORIES`) in that step: at its
+        """The most the rank held in each category (`plan.MEMORY_CATEGORIES`) in that step: at its
         turn, and its state after its optimizer step."""
         me = self.rank
         self.my_slices = [[sp for sp in program.slices if sp.wave == w and me in sp.slice.ranks]
@@ -426,7 +426,7 @@ class Executor:
         state = [v for st in (self.optimizer.state.values() if self.optimizer else ())
                  for v in st.values() if torch.is_tensor(v)]
         optimizer = storages([*state, *self.masters])
-        now = dict(zip(CATEGORIES, (sum(weights.values()), sum(grads.values()),
+        now = dict(zip(MEMORY_CATEGORIES, (sum(weights.values()), sum(grads.values()),
                                     sum(optimizer.values()),
                                     0 if saved is None else
                                     saved.held_bytes({**weights, **grads, **optimizer})),

@@ -20,9 +20,6 @@ from contextlib import contextmanager
 
 import torch
 
-CATEGORIES = ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes")
-"""The measured categories, named as the plan's `RankMemory` fields."""
-
 
 def storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
     """The distinct storages under `tensors`: address -> bytes (a freed storage has none)."""

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from spindle_cli.artifacts.io import write_text_atomic
-from spindle_cli.artifacts.plan import Plan, Slice
+from spindle_cli.artifacts.plan import MEMORY_CATEGORIES, STATE_CATEGORIES, Plan, Slice
 from spindle_cli.units import fmt_bytes
 
 COMPUTE_DRIFT = 0.25
@@ -225,10 +225,6 @@ def parts_line(measured: dict[str, dict[str, float]], predicted: dict[str, float
             f"{predicted['optimizer']:.2f} ms")
 
 
-STATE = ("param_bytes", "grad_bytes", "optimizer_bytes")
-"""The categories of what a rank keeps between steps (the plan's `RankMemory` fields)."""
-
-
 def memory_rows(plan: Plan, held: list[dict[str, int]]) -> list[dict[str, Any]]:
     """Per rank: the plan's memory estimate by category beside what the rank held at a step's
     turn (`runtime.held`; `held`, in rank order)."""
@@ -238,7 +234,7 @@ def memory_rows(plan: Plan, held: list[dict[str, int]]) -> list[dict[str, Any]]:
         m = planned.get(rank)
         rows.append({"rank": rank,
                      "planned": {k: 0 if m is None else getattr(m, k)
-                                 for k in (*STATE, "activation_bytes")},
+                                 for k in MEMORY_CATEGORIES},
                      "measured": dict(sorted(measured.items()))})
     return rows
 
@@ -260,7 +256,7 @@ def memory_line(rows: list[dict[str, Any]]) -> str:
     ratios = [r["measured"]["activation_bytes"] / r["planned"]["activation_bytes"]
               for r in rows if r["planned"]["activation_bytes"]]
     spread = f"all ranks {min(ratios):.2f}-{max(ratios):.2f}x" if len(ratios) > 1 else ""
-    state = sum(got[k] for k in STATE), sum(want[k] for k in STATE)
+    state = sum(got[k] for k in STATE_CATEGORIES), sum(want[k] for k in STATE_CATEGORIES)
     text = (f"memory at a step's turn on rank {row['rank']}, the most planned: activations held "
             f"for backward {vs(got['activation_bytes'], want['activation_bytes'], spread)}; "
             f"weights, gradients and optimizer state {vs(*state)}")

@@ -8,15 +8,15 @@ from torch.utils.checkpoint import checkpoint
 from spindle_cli.runtime.held import SavedTensors, storages
 
 
-def _mlp() -> torch.nn.Sequential:
+def _mlp_and_input() -> tuple[torch.nn.Sequential, dict[int, int], torch.Tensor]:
+    """A small MLP, its weights' storages and a 4-row input that requires grad."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+    return mlp, storages(mlp.parameters()), torch.randn(4, 8, requires_grad=True)
 
 
 def test_saved_tensors_count_what_backward_still_needs_and_not_the_weights() -> None:
-    mlp = _mlp()
-    weights = storages(mlp.parameters())
-    x = torch.randn(4, 8, requires_grad=True)
+    mlp, weights, x = _mlp_and_input()
     saved = SavedTensors()
     with saved.recording():
         y = mlp(x)
@@ -49,9 +49,7 @@ def test_a_storage_saved_through_two_views_counts_once_and_recording_starts_afre
 
 
 def test_under_checkpoint_only_the_operators_input_is_held() -> None:
-    mlp = _mlp()
-    weights = storages(mlp.parameters())
-    x = torch.randn(4, 8, requires_grad=True)
+    mlp, weights, x = _mlp_and_input()
     saved = SavedTensors()
     with saved.recording():
         y = checkpoint(mlp, x, use_reentrant=False)

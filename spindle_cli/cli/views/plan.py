@@ -16,17 +16,19 @@ def _recorded_graph(plan: Plan, path: str) -> tuple[MetaOpGraph | None, str]:
     """The plan's graph, or None and why not. A recorded input found changed since (or
     invalid), the graph, profile or cluster, gets a note on stderr: the plan shown is then not
     what its inputs make, which validate, simulate and run refuse or note."""
-    found: dict[str, object] = {}
+    graph, why = None, "not found"
     for cls in (MetaOpGraph, Profile, ClusterSpec):
         try:
-            found[cls.KIND] = load_recorded_input(plan, path, cls)[1]
+            _, found = load_recorded_input(plan, path, cls)
         except InputNotFound:
-            found[cls.KIND] = "not found"
+            continue
         except SpindleError as e:  # changed since, or invalid; or not recorded at all
             err.print(f"note: {e}", soft_wrap=True)
-            found[cls.KIND] = "see the note above"
-    graph = found[MetaOpGraph.KIND]
-    return (graph, "") if isinstance(graph, MetaOpGraph) else (None, str(graph))
+            why = "see the note above" if cls is MetaOpGraph else why
+            continue
+        if isinstance(found, MetaOpGraph):
+            graph = found
+    return graph, why
 
 def gap(plan: Plan) -> float:
     """Estimated iteration / sum of the levels' C* (1.0 for an empty bound)."""
