@@ -81,7 +81,7 @@ def balanced_counts(chains: list[list[MetaOp]], options: list[list[int]],
     """One group size per chain, from its `options`, summing to at most N, that minimizes the
     longest chain (`chain_ms`), then the sum of all chains, then the sizes themselves in
     order. Exact: the longest chain is one of the chains' times, the smallest feasible one
-    is found by bisection, and under it `_least_sum` minimizes the sum. The task-level
+    is found by bisection (`_fits`), and under it `_least_sum` minimizes the sum. The task-level
     counterpart of the level allocator's equal finish; Optimus's marginal-gain rule instead
     feeds whichever task gains most per device, which need not shorten the longest one.
     None when the smallest groups do not fit."""
@@ -91,11 +91,23 @@ def balanced_counts(chains: list[list[MetaOp]], options: list[list[int]],
     lo, hi = 0, len(bounds)
     while lo < hi:
         mid = (lo + hi) // 2
-        if _least_sum(timed, bounds[mid], num_devices) is None:
-            lo = mid + 1
-        else:
+        if _fits(timed, bounds[mid], num_devices):
             hi = mid
+        else:
+            lo = mid + 1
     return None if lo == len(bounds) else _least_sum(timed, bounds[lo], num_devices)
+
+
+def _fits(timed: list[list[tuple[int, float]]], bound_ms: float, num_devices: int) -> bool:
+    """Whether every chain has a size within `bound_ms` and their smallest such sizes sum to
+    at most N: exactly when `_least_sum` finds sizes, without its dynamic programming."""
+    need = 0
+    for chain_times in timed:
+        within = [n for n, t in chain_times if t <= bound_ms]
+        if not within:
+            return False
+        need += min(within)
+    return need <= num_devices
 
 
 def _least_sum(timed: list[list[tuple[int, float]]], bound_ms: float,
@@ -146,8 +158,9 @@ def concurrent(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGra
 def _side_by_side(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGraph,
                   max_ops: MaxOps | None, sit_out: float | None) -> list[PlannedWave]:
     """`concurrent`'s waves with one `SIT_OUT` rule, before shortening."""
+    metaops = {m.id: m for m in graph.metaops}
     pos = [0] * len(chains)
-    left = [graph.metaop(c[0][0]).num_layers if c else 0 for c in chains]
+    left = [metaops[c[0][0]].num_layers if c else 0 for c in chains]
     waves: list[PlannedWave] = []
     while True:
         active = [i for i, c in enumerate(chains) if pos[i] < len(c)]
@@ -171,8 +184,8 @@ def _side_by_side(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOp
             if left[i] == 0:
                 pos[i] += 1
                 if pos[i] < len(chains[i]):
-                    left[i] = graph.metaop(chains[i][pos[i]][0]).num_layers
-        level = min(graph.metaop(s.metaop).level for s in slots)
+                    left[i] = metaops[chains[i][pos[i]][0]].num_layers
+        level = min(metaops[s.metaop].level for s in slots)
         merge_or_append(waves, PlannedWave(level=level, slots=slots), max_ops)
 
 
