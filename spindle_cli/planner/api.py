@@ -50,6 +50,7 @@ from spindle_cli.planner.memory import (
     state_bytes_per_param,
 )
 from spindle_cli.planner.placement import Flow, PlacedWaves, Ranks, SliceSpec, place
+from spindle_cli.planner.profiling import allowed_curve, tp_allowed
 from spindle_cli.planner.simulate import QuickCost, simulated_cost
 from spindle_cli.planner.tasks import lane_waves, task_lanes, task_sizes, task_stable
 from spindle_cli.planner.waves import (
@@ -332,20 +333,24 @@ def op_curves(graph: MetaOpGraph, profile: Profile, num_devices: int, *, uneven:
               profile_name: str = "the profile") -> dict[str, OpCurve]:
     """Every MetaOp's curve restricted to its valid counts <= N (the data-parallel ones only
     without `tensor_parallel`; with `island_size`, no tensor-parallel degree that does not
-    divide it; times with the extra forward of recomputation when asked). A tensor-parallel
+    divide it: the curve fitted again without the strategies left out, `allowed_curve`;
+    times with the extra forward of recomputation when asked). A tensor-parallel
     group stays inside one island, and when its degree divides the island size the islands
     split into whole groups: with islands of 3, three tp2 slices on 6 devices would need
     three islands; and a profile made for larger islands may hold degrees that fit in none."""
     counts_cache: dict[str, list[int]] = {}
+    allowed: dict[str, Curve] = {}
     result = {}
     for m in graph.metaops:
-        try:
-            curve = profile.curve(m.signature)
-        except KeyError:
-            raise SpindleError(
-                f"{profile_name} has no curve for signature {m.signature!r} (MetaOp {m.id})",
-                hint="profile the same graph (spindle profile GRAPH ...)",
-            ) from None
+        if m.signature not in allowed:
+            try:
+                allowed[m.signature] = allowed_curve(profile, m, tensor_parallel, island_size)
+            except KeyError:
+                raise SpindleError(
+                    f"{profile_name} has no curve for signature {m.signature!r} (MetaOp "
+                    f"{m.id})", hint="profile the same graph (spindle profile GRAPH ...)",
+                ) from None
+        curve = allowed[m.signature]
         if recompute:
             try:
                 curve = _with_recompute(curve)
@@ -394,7 +399,7 @@ def _count_refusal(curve: Curve, num_devices: int, *, uneven: bool, tensor_paral
     uneven_only = [] if uneven else [
         n for n in range(low, int(min(high, num_devices)) + 1)
         if scaling.is_valid(curve, n, uneven=True) and not scaling.is_valid(curve, n)
-        and _tp_allowed(tp_degree(scaling.strategy(curve, n)), tensor_parallel, island_size)]
+        and tp_allowed(tp_degree(scaling.strategy(curve, n)), tensor_parallel, island_size)]
     counts = ", ".join(map(str, uneven_only))
     if uneven_only:
         parts.append(f"{counts} {'does' if len(uneven_only) == 1 else 'do'} not divide the "
@@ -421,16 +426,10 @@ def _tp_refusal(curve: Curve, tensor_parallel: bool, island_size: int | None) ->
 def planned_counts(curve: Curve, num_devices: int, *, uneven: bool, tensor_parallel: bool,
                    island_size: int | None) -> list[int]:
     """The valid counts <= N that `op_curves` offers `op_curve` for a MetaOp of `curve`: the
-    data-parallel ones, and tensor-parallel ones where `_tp_allowed` (op_curve then drops
-    those no faster than a smaller one)."""
+    data-parallel ones, and tensor-parallel ones where `tp_allowed` (op_curve then drops those
+    no faster than a smaller one)."""
     return [n for n in valid_counts(curve, num_devices, uneven=uneven)
-            if _tp_allowed(tp_degree(scaling.strategy(curve, n)), tensor_parallel, island_size)]
-
-
-def _tp_allowed(degree: int, tensor_parallel: bool, island_size: int | None) -> bool:
-    """Whether a count of this tensor-parallel degree may be planned (`op_curves`)."""
-    return degree == 1 or (tensor_parallel
-                           and (island_size is None or island_size % degree == 0))
+            if tp_allowed(tp_degree(scaling.strategy(curve, n)), tensor_parallel, island_size)]
 
 
 def options_curves(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,

@@ -220,6 +220,35 @@ def build_curve(
     return replace(curve, heldout_rel_error=max(errors) if errors else None)
 
 
+def tp_allowed(degree: int, tensor_parallel: bool, island_size: int | None) -> bool:
+    """Whether a plan may use a strategy of this tensor-parallel degree (1: data parallel):
+    only with `tensor_parallel`, and with `island_size`, only a degree that divides it (a
+    group stays inside one island, and the islands split into whole groups)."""
+    return degree == 1 or (tensor_parallel
+                           and (island_size is None or island_size % degree == 0))
+
+
+def allowed_curve(profile: Profile, op: MetaOp, tensor_parallel: bool,
+                  island_size: int | None) -> Curve:
+    """The curve of `op`'s signature as a plan sees it that may use only the strategies
+    `tp_allowed`: the profile's own where its pieces use only those; else fitted again from
+    the points of the strategies allowed, as `spindle profile` fits all of them (the
+    profile's curve runs each count's fastest strategy, and where that is tp2 the
+    data-parallel point of the same count may be nearly as fast: dropping the count would
+    hold a MetaOp to fewer devices); the profile's own where none of those points is
+    feasible at a fitted count (the planner then leaves its counts out, saying why)."""
+    curve = profile.curve(op.signature)
+    if all(tp_allowed(tp_degree(p.strategy), tensor_parallel, island_size)
+           for p in curve.pieces):
+        return curve
+    points = [p for p in curve.points
+              if tp_allowed(tp_degree(p.strategy), tensor_parallel, island_size)]
+    if not any(p.feasible and p.num_devices in profile.counts for p in points):
+        return curve
+    return build_curve(op, points, counts=profile.counts, memory=curve.memory, validate=False,
+                       noise_rel=MEASURED_NOISE_REL if profile.source == "measured" else 0.0)
+
+
 def _work_splits(op: MetaOp, samples: Sequence[Sample]) -> bool:
     """Whether the samples' counts split the work of `op` between more devices. The
     contrastive loss's does not: each rank computes it on the whole batch

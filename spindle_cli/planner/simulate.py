@@ -3,7 +3,9 @@
 What is modelled (and what is not):
 
 - Compute. A slice runs `num_layers` operators of its MetaOp on `len(ranks)` devices; one
-  operator takes the profile curve's time T(n) = alpha + beta * b, with b the per-device work.
+  operator takes the profile curve's time T(n) = alpha + beta * b, with b the per-device work
+  (the curve as the planner saw it: without the strategies the plan may not use,
+  `profiling.allowed_curve`).
   Rows are split over the data-parallel groups of the slice (groups of t ranks under 'tp<t>')
   with `split_rows`, so an uneven split costs the time of the largest share. The curves give
   forward+backward time; forward is 1/3 and backward 2/3 of it (the usual 1:2 FLOP ratio of
@@ -115,6 +117,7 @@ from spindle_cli.errors import SpindleError
 from spindle_cli.planner.buckets import SyncBucket, SyncMode, backend_sync, sync_buckets
 from spindle_cli.planner.consistency import check_plan
 from spindle_cli.planner.memory import MemoryStrategy, replayed_table, state_bytes_per_param
+from spindle_cli.planner.profiling import allowed_curve
 
 FORWARD_SHARE = 1.0 / 3.0
 """Forward share of an operator's forward+backward time; backward is the rest."""
@@ -607,6 +610,22 @@ def _recompute(plan: Plan) -> bool:
     return plan.options.get("recompute", "false") == "true"
 
 
+def _plan_curves(plan: Plan, metaops: dict[str, MetaOp], profile: Profile,
+                 cluster: ClusterSpec) -> dict[str, Curve]:
+    """The curves the plan was made from, by signature (of the MetaOps the profile has one
+    for): without tensor parallelism, or with degrees that do not divide the cluster's
+    islands, fitted again from the strategies left (`profiling.allowed_curve`), as the
+    planner saw them."""
+    tensor_parallel = plan.options.get("tensor_parallel") != "false"
+    have = {c.signature for c in profile.curves}
+    curves: dict[str, Curve] = {}
+    for m in metaops.values():
+        if m.signature in have and m.signature not in curves:
+            curves[m.signature] = allowed_curve(profile, m, tensor_parallel,
+                                                cluster.island_size)
+    return curves
+
+
 def _slice_costs(plan: Plan, metaops: dict[str, MetaOp],
                  curves: dict[str, Curve]) -> dict[str, _SliceCost]:
     """Every slice's times; `metaops` by id, `curves` by signature."""
@@ -812,7 +831,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     """The event-driven timeline of `simulate`; raises _GaveUp once the clock passes
     `give_up_ms`. Without `record_flows` the timeline's `flow_meta` stays empty."""
     metaops = {m.id: m for m in graph.metaops}
-    curves = {c.signature: c for c in profile.curves}
+    curves = _plan_curves(plan, metaops, profile, cluster)
     _check_inputs(plan, graph, metaops, curves, cluster)
     costs = _slice_costs(plan, metaops, curves)
     latency_s = cluster.link_latency_s

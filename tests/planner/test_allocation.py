@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from plan_builders import (
@@ -15,6 +16,7 @@ from plan_builders import (
     two_point_curve,
 )
 
+from spindle_cli.artifacts.profile import MemoryModel, ProfilePoint
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import scaling
 from spindle_cli.planner.allocation import (
@@ -25,7 +27,10 @@ from spindle_cli.planner.allocation import (
     single_count,
     split,
 )
-from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves
+from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves, options_curves
+from spindle_cli.planner.consistency import check_slice_times
+from spindle_cli.planner.profiling import build_curve
+from spindle_cli.planner.simulate import simulate
 
 C_MS = 100.0
 
@@ -352,6 +357,43 @@ def test_without_tensor_parallelism_only_data_parallel_counts_are_planned(tensor
     assert ("tp2" in strategies) == tensor_parallel
     assert ("tensor_parallel" in plan.options) == (not tensor_parallel)
     assert PlanOptions.of(plan) == options
+
+
+DP_MS = {1: 8.0, 2: 4.2, 4: 2.3, 8: 1.4}
+"""Data-parallel points of `_tp_fastest_at_eight`'s profile; tp2 is a little faster at 8."""
+
+
+def _tp_fastest_at_eight():
+    m = metaop("a/x", layers=4, batch=8)
+    points = [ProfilePoint(num_devices=n, strategy=st, feasible=True, time_ms=t,
+                           peak_memory_bytes=0)
+              for st, times in (("dp", DP_MS), ("tp2", {2: 4.6, 4: 2.5, 8: 1.3}))
+              for n, t in times.items()]
+    c = build_curve(m, points, counts=(1, 2, 4, 8), validate=False,
+                    memory=MemoryModel(param_bytes=0, grad_bytes=0, optimizer_bytes=0,
+                                       activation_bytes_per_sample=0))
+    return graph([m]), replace(profile([c]), counts=(1, 2, 4, 8))
+
+
+def test_without_tensor_parallelism_a_count_fitted_with_it_runs_its_data_parallel_point():
+    # the profile's curve runs tp2 at 8 devices (1.3 ms against data parallel's 1.4): a plan
+    # without tensor parallelism still has 8 devices, at the data-parallel time, not 4
+    g, p = _tp_fastest_at_eight()
+    assert scaling.strategy(p.curve("a/x"), 8) == "tp2"
+    assert op_curves(g, p, 8)["a/x"].time_at(8) == pytest.approx(1.3)
+    without = op_curves(g, p, 8, tensor_parallel=False)["a/x"]
+    assert without.counts == (0, 1, 2, 4, 8)
+    assert {scaling.strategy(without.curve, n) for n in without.counts[1:]} == {"dp"}
+    for n, t in DP_MS.items():
+        assert without.time_at(n) == pytest.approx(t)
+    # the plan, the simulator and validate's slice times read the same curve
+    eight = cluster(per_node=8)
+    options = PlanOptions(tensor_parallel=False)
+    plan = make_plan(g, p, eight, options=options)
+    assert {(len(s.ranks), s.strategy) for _, s in plan.slices()} == {(8, "dp")}
+    assert plan.estimated_iteration_ms == pytest.approx(4 * DP_MS[8])
+    check_slice_times(plan, options_curves(g, p, eight, options))
+    assert simulate(plan, g, p, eight).compute_ms == pytest.approx(plan.estimated_iteration_ms)
 
 
 def test_tensor_parallel_degrees_must_divide_the_island_size():
