@@ -126,7 +126,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         choices = get_args(tp)
         if value not in choices or isinstance(value, bool):
             allowed = ", ".join(repr(c) for c in choices)
-            raise FieldError(path, f"must be one of {allowed}, got {value!r}")
+            got = (repr(value) if isinstance(value, str | int | float)
+                   and not isinstance(value, bool) else describe_value(value))
+            raise FieldError(path, f"must be one of {allowed}, got {got}")
         return value
     if tp is bool:
         if not isinstance(value, bool):

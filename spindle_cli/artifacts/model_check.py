@@ -5,6 +5,7 @@ Shape inference is also what the graph builder uses, so it lives with the contra
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -178,13 +179,22 @@ def check_model(model: ModelSpec) -> None:
         for si, step in enumerate(task.steps):
             sp = f"{where}.steps[{si}]"
             _check_name(step.name, f"{sp}.name", "step")
-            if step.name in names or step.name in task.inputs:
+            if step.name in names:
                 raise FieldError(f"{sp}.name", f"duplicate step name {step.name!r}")
+            if step.name in task.inputs:
+                raise FieldError(f"{sp}.name", f"step name {step.name!r} is also an input of "
+                                               "the task (steps name what they output, and "
+                                               "later steps read inputs and outputs by name)")
             names.add(step.name)
             if step.module not in model.modules:
                 raise FieldError(f"{sp}.module", f"unknown module {step.module!r}")
             if not step.inputs:
                 raise FieldError(f"{sp}.inputs", "a step needs at least one input")
+            if model.modules[step.module].kind == "contrastive_loss" and task.batch_size < 2:
+                raise FieldError(f"{where}.batch_size",
+                                 f"{task.batch_size}, but step {step.name!r} is a contrastive "
+                                 "loss, which scores each sample against the others of its "
+                                 "batch: with none it is 0 and trains nothing (at least 2)")
         used: set[str] = set()
         for si, step in enumerate(task.steps):
             for ii, src in enumerate(step.inputs):
@@ -229,6 +239,10 @@ def check_model(model: ModelSpec) -> None:
             raise FieldError(where, "a task set needs at least one task")
         for i, t in enumerate(members):
             if t not in seen_tasks:
-                raise FieldError(f"{where}[{i}]", f"unknown task {t!r}")
+                known = [task.name for task in model.tasks]
+                near = difflib.get_close_matches(str(t), known, n=1)
+                raise FieldError(f"{where}[{i}]", f"unknown task {t!r} " + (
+                    f"(did you mean {near[0]!r}?)" if near else
+                    f"(the model's tasks: {', '.join(known)})"))
         if len(set(members)) != len(members):
             raise FieldError(where, "a task is listed twice")
