@@ -360,14 +360,18 @@ def test_simulate_and_explain_note_what_validate_refuses(tiny_plan, spindle):
             assert result.stderr.endswith(f"; {refusing}\n")
 
 
-def test_simulate_notes_a_graph_whose_model_changed(tiny_plan, spindle):
-    """A what-if on an edited model goes on, saying that validate and run refuse it."""
+@pytest.mark.parametrize("command", ["simulate", "show"])
+def test_simulate_and_show_note_a_graph_whose_model_changed(tiny_plan, spindle, command):
+    """A what-if on an edited model goes on, saying that validate and run refuse it (show said
+    nothing)."""
+    assert spindle(command, str(tiny_plan)).stderr == ""
     model = Path("models/tiny-clip.yaml")
     model.write_text(model.read_text().replace("ffn: 64", "ffn: 96", 1))
-    result = spindle("simulate", str(tiny_plan))
+    result = spindle(command, str(tiny_plan))
     assert result.exit_code == 0, result.stderr
-    assert "note: " in result.stderr
-    assert "validate and run refuse what is made from it" in result.stderr
+    assert result.stderr.startswith("note: graphs/tiny-clip.yaml: inputs[0].sha256: model "
+                                    "'models/tiny-clip.yaml' changed since")
+    assert result.stderr.endswith("validate and run refuse what is made from it\n")
 
 
 def test_show_notes_a_plan_whose_inputs_changed(tiny_plan, spindle):

@@ -7,6 +7,7 @@ from rich.table import Table
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, load_recorded_input
 from spindle_cli.artifacts.plan import Plan
 from spindle_cli.cli._console import err, out
+from spindle_cli.cli.common import note_stale_graph
 from spindle_cli.cli.views import print_table, rank_text
 from spindle_cli.errors import InputNotFound, SpindleError
 from spindle_cli.units import fmt_bytes
@@ -14,12 +15,13 @@ from spindle_cli.units import fmt_bytes
 
 def _recorded_graph(plan: Plan, path: str) -> tuple[MetaOpGraph | None, str]:
     """The plan's graph, or None and why not. A recorded input found changed since (or
-    invalid), the graph, profile or cluster, gets a note on stderr: the plan shown is then not
-    what its inputs make, which validate, simulate and run refuse or note."""
+    invalid), the graph, profile or cluster, gets a note on stderr, and so does a graph whose
+    own model changed since (`note_stale_graph`): the plan shown is then not what its inputs
+    make, which validate, simulate and run refuse or note."""
     graph, why = None, "not found"
     for cls in (MetaOpGraph, Profile, ClusterSpec):
         try:
-            _, found = load_recorded_input(plan, path, cls)
+            found_path, found = load_recorded_input(plan, path, cls)
         except InputNotFound:
             continue
         except SpindleError as e:  # changed since, or invalid; or not recorded at all
@@ -28,6 +30,7 @@ def _recorded_graph(plan: Plan, path: str) -> tuple[MetaOpGraph | None, str]:
             continue
         if isinstance(found, MetaOpGraph):
             graph = found
+            note_stale_graph(graph, found_path)
     return graph, why
 
 def gap(plan: Plan) -> float:
