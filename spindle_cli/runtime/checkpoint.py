@@ -31,9 +31,12 @@ import torch
 import torch.distributed as dist
 
 from spindle_cli.artifacts.io import check_can_create
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import ArtifactError, SpindleError
 
 MANIFEST = "manifest.json"
+WRITTEN_BY = "checkpoint"
+"""The key of a rank file's state under which `save` records the rank and step it wrote it
+for (`load` checks and removes it)."""
 
 
 @contextlib.contextmanager
@@ -73,18 +76,21 @@ def step_dir(directory: str, step: int) -> Path:
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
-    """torch.save through a hidden temporary file; a failed write (a full disk: torch says
-    only 'unexpected pos N vs M') is a SpindleError naming the file, the checkpoints before
-    it left whole."""
+    """torch.save through a hidden temporary file; a failed write is an output the machine
+    refused (ArtifactError 'cannot write ...': the run ends with exit code 2, as every
+    command's does) naming the file, the checkpoints before it left whole. A full disk makes
+    torch say only '[enforce fail at inline_container.cc] unexpected pos N vs M'."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         torch.save(obj, tmp)
     except (RuntimeError, OSError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else \
-            (str(e).splitlines() or [type(e).__name__])[0]
-        raise SpindleError(f"{path}: cannot write the checkpoint (a full disk?): {reason}",
-                           hint="free space where --checkpoint-dir lies, then --resume: the "
-                                "checkpoints before this one are whole") from None
+        text = (str(e).splitlines() or [type(e).__name__])[0]
+        reason = (e.strerror if isinstance(e, OSError) and e.strerror else
+                  "the file system took fewer bytes than were written" if "unexpected pos" in text
+                  else text)
+        raise ArtifactError(str(path), "", f"cannot write the checkpoint (a full disk?): {reason}",
+                            hint="free space where --checkpoint-dir lies, then --resume: the "
+                                 "checkpoints before this one are whole") from None
     os.replace(tmp, path)
 
 
@@ -101,10 +107,17 @@ def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[s
     final = step_dir(directory, step)
     tmp = final.with_name(f".{final.name}.tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    _atomic_torch_save(state, tmp / rank_file(rank))
+    _atomic_torch_save({**state, WRITTEN_BY: {"rank": rank, "step": step}},
+                       tmp / rank_file(rank))
     if world_size > 1:
         dist.barrier()
     if rank == 0:
+        # a directory not shared by every node (`check_shared` found it so at the start, but
+        # a mount may go since): committing would leave a checkpoint no resume can load
+        problem = _rank_files_problem(tmp, world_size)
+        if problem is not None:
+            raise SpindleError(f"{tmp}: after every rank wrote its file, the {problem}",
+                               hint=_SHARED_HINT)
         manifest = {"step": step, "data_position": step, "world_size": world_size, **meta}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         # a checkpoint of the same step is replaced by renames only: a crash leaves it whole,
@@ -117,10 +130,49 @@ def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[s
         os.replace(tmp, final)
         if old.exists():
             shutil.rmtree(old)
+        _remove_hidden(directory)
         if keep:
             prune(directory, keep)
     if world_size > 1:
         dist.barrier()
+
+
+def _remove_hidden(directory: str) -> None:
+    """Remove what crashed saves left hidden under `directory` (`.step-N.tmp`, `.step-N.old`):
+    no checkpoint is read from them, and only this run writes there (`hold`), whose save of
+    this step has just committed. They may hold a whole disk's worth: the space a failed save
+    asks to free."""
+    for path in Path(directory).glob(".step-*"):
+        if path.name.endswith((".tmp", ".old")) and path.is_dir():
+            shutil.rmtree(path)
+
+
+_SHARED_HINT = ("give --checkpoint-dir on a file system every node mounts: each rank writes "
+                "its own file into it and rank 0 commits them")
+
+
+def check_shared(directory: str, *, rank: int, world_size: int) -> None:
+    """Collective, before the first step: SpindleError on rank 0 unless it sees the file every
+    rank writes into `directory` (made if missing). A directory that is not shared by every
+    node (node-local disks) let a run finish with exit code 0 and checkpoints none of which
+    would load (a rank's file missing), found only at --resume."""
+    probe = Path(directory) / f".probe-rank-{rank:05d}"
+    try:
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text(f"{rank}\n")
+        dist.barrier()
+        if rank == 0:
+            unseen = [r for r in range(world_size)
+                      if not (probe.parent / f".probe-rank-{r:05d}").is_file()]
+            if unseen:
+                raise SpindleError(
+                    f"--checkpoint-dir {directory}: rank 0 does not see the files rank(s) "
+                    f"{', '.join(map(str, unseen[:8]))}{' ...' if len(unseen) > 8 else ''} "
+                    "wrote there: the directory is not shared by every node",
+                    hint=_SHARED_HINT)
+        dist.barrier()
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def prune(directory: str, keep: int) -> None:
@@ -298,7 +350,6 @@ def load(path: Path, *, rank: int, world_size: int, meta: dict[str, Any],
     if problem is None:
         try:
             state: dict[str, Any] = torch.load(file, map_location=device, weights_only=True)
-            return step, state
         except pickle.UnpicklingError:
             # torch's message advises weights_only=False, which is no cure for damage
             problem = "its state does not unpickle (damaged?)"
@@ -309,8 +360,27 @@ def load(path: Path, *, rank: int, world_size: int, meta: dict[str, Any],
                                f"{(str(e).splitlines() or [type(e).__name__])[0]}",
                                hint="its archive is whole (its CRC-32s match): --resume again "
                                     "once the cause is gone") from None
+        else:
+            # a file copied or renamed from another rank, or from another step, loads and
+            # trains on silently where the shapes agree (ZeRO shards of one size)
+            problem = _misplaced(state.pop(WRITTEN_BY, None), rank=rank, step=step)
+            if problem is None:
+                return step, state
     raise SpindleError(f"{file}: cannot load the checkpoint: {problem}",
                        hint=_damaged_hint(path))
+
+
+def _misplaced(written: dict[str, int] | None, *, rank: int, step: int) -> str | None:
+    """What makes a rank file another rank's or another step's than the manifest says, by
+    the rank and step `save` wrote into it (`WRITTEN_BY`; None in a checkpoint saved before
+    it did), or None."""
+    if written is None:
+        return None
+    if written.get("rank") != rank:
+        return f"it holds rank {written.get('rank')}'s state (copied or renamed?)"
+    if written.get("step") != step:
+        return f"it holds the state after step {written.get('step')}, its {MANIFEST} says {step}"
+    return None
 
 
 def _damage(file: Path) -> str | None:

@@ -297,6 +297,9 @@ def train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
 def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
            world: rdist.World, opts: TrainOptions,
            log: Callable[[str], None] | None) -> TrainResult:
+    if opts.checkpoint_dir is not None and world.world_size > 1:
+        checkpoint.check_shared(opts.checkpoint_dir, rank=world.rank,
+                                world_size=world.world_size)
     dtype = DTYPES[opts.dtype]
     groups = make_groups(program, world.rank)
     data = load_data_source(opts.dataset, model, opts.seed, dtype)

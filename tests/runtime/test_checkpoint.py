@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import ArtifactError, SpindleError
 from spindle_cli.runtime import checkpoint
 
 META = {"plan_sha256": "ab" * 32, "seed": 0, "dtype": "fp32", "dataset": "synthetic"}
@@ -138,9 +138,12 @@ def test_a_failed_write_names_the_file_and_keeps_the_checkpoints_before(
         checkpoint.save(str(tmp_path), 2, rank=0, world_size=1, state={"w": torch.ones(2)},
                         meta=META)
     assert str(e.value) == (f"{tmp_path / '.step-000002.tmp' / 'rank-00000.pt'}: cannot write "
-                            "the checkpoint (a full disk?): [enforce fail at "
-                            "inline_container.cc:672] . unexpected pos 224256 vs 224144")
+                            "the checkpoint (a full disk?): the file system took fewer bytes "
+                            "than were written")
     assert e.value.hint is not None and "--resume" in e.value.hint
+    # an output the machine refused: the run ends with exit code 2, as every command's does
+    # (it ended with 1)
+    assert isinstance(e.value, ArtifactError) and e.value.problem.startswith("cannot write")
     monkeypatch.undo()
     assert checkpoint.latest(str(tmp_path)) == checkpoint.step_dir(str(tmp_path), 1)
 
@@ -214,3 +217,33 @@ def test_a_checkpoint_of_another_dtype_names_the_flag(tmp_path: Path) -> None:
                                  meta={**META, "dtype": "bf16"})
     assert e.value.hint == ("resume with --dtype fp32, or give this run another "
                             "--checkpoint-dir")
+
+
+def test_a_rank_file_of_another_rank_or_step_is_refused(tmp_path: Path) -> None:
+    """Under ZeRO the ranks' files hold the same names and shard sizes: rank 0's file copied
+    over rank 1's, or a manifest edited to another step, loaded and trained on silently."""
+    checkpoint.save(str(tmp_path), 2, rank=0, world_size=1, state={"step": 2}, meta=META)
+    found = checkpoint.step_dir(str(tmp_path), 2)
+    rank_file = found / "rank-00000.pt"
+    saved = torch.load(rank_file, weights_only=True)
+    torch.save({**saved, "checkpoint": {"rank": 1, "step": 2}}, rank_file)
+    with pytest.raises(SpindleError, match=re.escape(
+            f"{rank_file}: cannot load the checkpoint: it holds rank 1's state (copied or "
+            "renamed?)")):
+        checkpoint.load(found, rank=0, world_size=1, meta=META)
+    torch.save(saved, rank_file)
+    manifest = found / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"step": 2', '"step": 5'))
+    with pytest.raises(SpindleError, match=re.escape(
+            "it holds the state after step 2, its manifest.json says 5")):
+        checkpoint.load(found, rank=0, world_size=1, meta=META)
+
+
+def test_a_save_removes_what_crashed_saves_left_hidden(tmp_path: Path) -> None:
+    """A crash (or a full disk) mid-save leaves a hidden directory that no checkpoint is read
+    from, which stayed, taking the space the failed save's hint asks to free."""
+    for name in (".step-000121.tmp", ".step-000007.old"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rank-00000.pt").write_bytes(b"partial")
+    checkpoint.save(str(tmp_path), 3, rank=0, world_size=1, state={"step": 3}, meta=META)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000003"]

@@ -205,3 +205,36 @@ def test_shape_mismatch_fails_every_rank_naming_the_cause(setup: Any) -> None:
     # rank 1 fails because rank 0 left, well before the harness deadline
     peer_lost = ("Connection closed", "Connection reset", "Broken pipe", "Timed out")
     assert any(s in errors[1] for s in peer_lost), errors[1]
+
+
+def _check_shared_in(rank: int, world: int, dirs: list[str]) -> None:
+    from spindle_cli.runtime import checkpoint
+
+    checkpoint.check_shared(dirs[rank], rank=rank, world_size=world)
+
+
+def _save_in(rank: int, world: int, dirs: list[str]) -> None:
+    from spindle_cli.runtime import checkpoint
+
+    checkpoint.save(dirs[rank], 1, rank=rank, world_size=world, state={"step": 1}, meta={})
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_directory_not_shared_by_every_rank_is_refused(tmp_path: Path) -> None:
+    """Node-local directories let a run finish with exit code 0 and checkpoints none of which
+    would load (rank 1's file was in the other directory), found only at --resume: the run
+    checks before its first step, and rank 0 before it commits a checkpoint."""
+    shared = str(tmp_path / "shared")
+    run_distributed(_check_shared_in, 2, [shared, shared])
+    assert list(Path(shared).iterdir()) == []  # no probe left behind
+    apart = [str(tmp_path / "a"), str(tmp_path / "b")]
+    with pytest.raises(RanksFailed) as e:
+        run_distributed(_check_shared_in, 2, apart, pg_timeout_s=5)
+    assert (f"SpindleError: --checkpoint-dir {apart[0]}: rank 0 does not see the files rank(s) "
+            "1 wrote there: the directory is not shared by every node") in e.value.errors[0]
+    assert [list(Path(d).iterdir()) for d in apart] == [[], []]
+    with pytest.raises(RanksFailed) as e:
+        run_distributed(_save_in, 2, apart, pg_timeout_s=5)
+    assert "after every rank wrote its file, the checkpoint lacks rank-00001.pt" in \
+        e.value.errors[0]
+    assert not list(Path(apart[0]).glob("step-*"))  # nothing committed
