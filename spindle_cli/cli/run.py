@@ -261,10 +261,12 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     before = _written_at(trace_path)
     try:
         _launch(argv, backend=resolved)
-    except SpindleError:
+    except SpindleError as e:
         # the trace is written after the last step: a failed run's is not there, and a file
-        # of that name is an earlier run's
-        if trace_path and _written_at(trace_path) == before:
+        # of that name is an earlier run's (unless the failure was the trace's own write,
+        # which the error names)
+        if trace_path and _written_at(trace_path) == before \
+                and not str(e).startswith(f"{trace_path}: "):
             err.print("trace: not written, the run did not finish"
                       + (f" ({trace_path} is an earlier run's)" if before is not None else ""))
         raise
@@ -445,6 +447,11 @@ def _launch(argv: list[str], *, backend: str) -> None:
     except (DistError, RendezvousError) as e:
         # the message's first line; torch appends a C++ backtrace
         endpoint = argv[argv.index("--rdzv-endpoint") + 1] if "--rdzv-endpoint" in argv else ""
+        if endpoint and "EADDRINUSE" in str(e):
+            # node 0 serves the rendezvous on that port: nothing about the other nodes
+            raise SpindleError(f"--rdzv-endpoint {endpoint}: the port is in use on this node",
+                               hint="give a free port (the same on every node), or end what "
+                                    "holds it") from None
         raise RuntimeFailure(
             f"the nodes did not meet at {endpoint or 'the rendezvous'}: "
             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}",
@@ -576,10 +583,13 @@ def _root_cause(e: object) -> str:
         data = failures[rank].error_file_data
         return bool(isinstance(data, dict) and data.get("spindle", {}).get("secondary"))
 
+    def peers(rank: int) -> list[int]:
+        """The peers the line of `rank`, a lost peer's, says it lost contact with."""
+        return list(failures[rank].error_file_data["spindle"].get("peers", ()))
+
     def lost_by(rank: int) -> list[int]:
         """The ranks whose lines say they lost contact with `rank`, earliest first."""
-        return sorted((r for r in failures if line(r) and secondary(r)
-                       and rank in failures[r].error_file_data["spindle"].get("peers", ())),
+        return sorted((r for r in failures if line(r) and secondary(r) and rank in peers(r)),
                       key=when)
 
     def killed_hung(rank: int) -> bool:
@@ -621,9 +631,20 @@ def _root_cause(e: object) -> str:
         # instead, a kill from outside (torch's timestamps, whole seconds, cannot tell)
         lost = [r for r in others if lost_by(r) and not any(
             re.search(r"time[ d]*out", line(p), re.IGNORECASE) for p in lost_by(r))]
-        if lost:
-            text += (f"; rank(s) {', '.join(map(str, lost))} had ended by SIGTERM from outside "
-                     "the run (its peers saw its connection close, not time out)")
+        # a line lost in a collective names every peer of it, the launcher's SIGTERMs among
+        # them; one that names a single one of them (a transfer) says which it was
+        named = sorted({r for p in reported if secondary(p) for r in lost
+                        if [q for q in peers(p) if q in lost] == [r]})
+        if named:
+            lost = named
+        if len(lost) == 1:
+            text += (f"; rank {lost[0]} had ended by SIGTERM from outside the run (its peers "
+                     "saw its connection close, not time out)")
+        elif lost:
+            text += (f"; of rank(s) {', '.join(map(str, lost))}, one or more had ended by "
+                     "SIGTERM from outside the run and the launcher stopped the others (their "
+                     "peers saw a connection close in a collective of them all, not time out: "
+                     "which, they cannot tell)")
         stopped = [r for r in others if r not in lost]
         if stopped:
             text += (f"; the launcher {'also ' if hung or lost else 'then '}stopped rank(s) "

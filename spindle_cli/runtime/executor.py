@@ -557,12 +557,16 @@ class Executor:
 
     def _load(self, sp: SliceProgram, name: str, step: int, lo: int, hi: int) -> torch.Tensor:
         task = self.model.task(sp.metaop.task)
-        x = self.data.rows(task.name, name, step, lo, hi)
+        # steps numbered as the loss lines number them (from 1); rows() takes them from 0
+        where = (f"data {task.name}/{name} at step {step + 1} (rows({task.name!r}, {name!r}, "
+                 f"{step}, {lo}, {hi}))")
+        try:
+            x = self.data.rows(task.name, name, step, lo, hi)
+        except Exception as e:  # a --dataset's code: whatever it raises, said where
+            raise RuntimeFailure(f"{where} raised {e!r}") from None
         problem = rows_problem(x, self.model, task, name, lo, hi)
         if problem is not None:
-            # steps numbered as the loss lines number them (from 1); rows() takes them from 0
-            raise ShapeMismatch(f"data {task.name}/{name} at step {step + 1} (rows("
-                                f"{task.name!r}, {name!r}, {step}, {lo}, {hi})): {problem}")
+            raise ShapeMismatch(f"{where}: {problem}")
         is_ids = x.dtype == torch.int64
         return x.to(self.world.device, dtype=None if is_ids else self.dtype)
 
