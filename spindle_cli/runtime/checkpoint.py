@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from spindle_cli.artifacts.io import check_can_create
 from spindle_cli.errors import ArtifactError, SpindleError
+from spindle_cli.runtime.dist import with_peers
 
 MANIFEST = "manifest.json"
 WRITTEN_BY = "checkpoint"
@@ -110,7 +111,7 @@ def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[s
     _atomic_torch_save({**state, WRITTEN_BY: {"rank": rank, "step": step}},
                        tmp / rank_file(rank))
     if world_size > 1:
-        dist.barrier()
+        _barrier(f"the checkpoint of step {step}", rank, world_size)
     if rank == 0:
         # a directory not shared by every node (`check_shared` found it so at the start, but
         # a mount may go since): committing would leave a checkpoint no resume can load
@@ -134,6 +135,13 @@ def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[s
         if keep:
             prune(directory, keep)
     if world_size > 1:
+        _barrier(f"the checkpoint of step {step}", rank, world_size)
+
+
+def _barrier(where: str, rank: int, world_size: int) -> None:
+    """A barrier of every rank; a peer lost in it is PeerLost naming `where` (a rank that
+    failed meanwhile, as rank 0 committing a checkpoint: its own line says why)."""
+    with with_peers(where, [r for r in range(world_size) if r != rank]):
         dist.barrier()
 
 
@@ -160,7 +168,7 @@ def check_shared(directory: str, *, rank: int, world_size: int) -> None:
     try:
         probe.parent.mkdir(parents=True, exist_ok=True)
         probe.write_text(f"{rank}\n")
-        dist.barrier()
+        _barrier("the check of --checkpoint-dir", rank, world_size)
         if rank == 0:
             unseen = [r for r in range(world_size)
                       if not (probe.parent / f".probe-rank-{r:05d}").is_file()]
@@ -170,7 +178,7 @@ def check_shared(directory: str, *, rank: int, world_size: int) -> None:
                     f"{', '.join(map(str, unseen[:8]))}{' ...' if len(unseen) > 8 else ''} "
                     "wrote there: the directory is not shared by every node",
                     hint=_SHARED_HINT)
-        dist.barrier()
+        _barrier("the check of --checkpoint-dir", rank, world_size)
     finally:
         probe.unlink(missing_ok=True)
 

@@ -9,13 +9,44 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from spindle_cli.errors import SpindleError
+from spindle_cli.errors import RuntimeFailure, SpindleError
 from spindle_cli.runtime.timeouts import DEFAULT_TIMEOUT_S
+
+
+class PeerLost(RuntimeFailure):
+    """A message or collective with other ranks failed: they crashed, hung or disagreed. The
+    root cause is usually on one of `peers`."""
+
+    def __init__(self, where: str, peers: list[int], cause: BaseException) -> None:
+        text = str(cause).strip()
+        # gloo prefixes a source location and appends advice; keep the first sentence
+        first = re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0] if text else "")
+        first = first.split(". ")[0] or type(cause).__name__
+        super().__init__(f"lost contact with rank(s) {', '.join(map(str, peers))} in {where} "
+                         f"({first})")
+        self.peers = peers
+
+
+@contextmanager
+def with_peers(where: str, peers: list[int]) -> Iterator[None]:
+    """Turn a failed communication into PeerLost naming where it happened and with whom. Out
+    of memory is this rank's own failure, not a lost peer: torch raises it as a RuntimeError
+    (torch.OutOfMemoryError) from the buffers a collective allocates (NCCL's, lazily), and
+    as PeerLost it was a secondary line the launcher put behind its peers' lines."""
+    try:
+        yield
+    except (RuntimeError, dist.DistError) as e:
+        if isinstance(e, RuntimeFailure | torch.OutOfMemoryError):
+            raise
+        raise PeerLost(where, sorted(set(peers)), e) from e
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,5 +122,8 @@ def teardown(*, synchronize: bool = False) -> None:
     last collective)."""
     if dist.is_initialized():
         if synchronize:
-            dist.barrier()
+            rank = dist.get_rank()
+            with with_peers("the barrier that ends the run",
+                            [r for r in range(dist.get_world_size()) if r != rank]):
+                dist.barrier()
         dist.destroy_process_group()

@@ -60,9 +60,7 @@ gradient of its own rows, and adds 1/n of the temperature's gradient (the all-re
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +74,7 @@ from spindle_cli.artifacts.plan import MEMORY_CATEGORIES, Plan
 from spindle_cli.errors import RuntimeFailure
 from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES, backend_sync, sync_buckets
 from spindle_cli.runtime.data import DataSource, rows_problem, targets_name
-from spindle_cli.runtime.dist import World
+from spindle_cli.runtime.dist import World, with_peers
 from spindle_cli.runtime.groups import Groups
 from spindle_cli.runtime.held import SavedTensors, storages
 from spindle_cli.runtime.model import (
@@ -92,34 +90,6 @@ from spindle_cli.runtime.trace import Tracer
 
 class ShapeMismatch(RuntimeFailure):
     """A tensor did not have the shape the plan and model imply."""
-
-
-class PeerLost(RuntimeFailure):
-    """A message or collective with other ranks failed: they crashed, hung or disagreed. The
-    root cause is usually on one of `peers`."""
-
-    def __init__(self, where: str, peers: list[int], cause: BaseException) -> None:
-        text = str(cause).strip()
-        # gloo prefixes a source location and appends advice; keep the first sentence
-        first = re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0] if text else "")
-        first = first.split(". ")[0] or type(cause).__name__
-        super().__init__(f"lost contact with rank(s) {', '.join(map(str, peers))} in {where} "
-                         f"({first})")
-        self.peers = peers
-
-
-@contextmanager
-def _with_peers(where: str, peers: list[int]) -> Iterator[None]:
-    """Turn a failed communication into PeerLost naming where it happened and with whom. Out
-    of memory is this rank's own failure, not a lost peer: torch raises it as a RuntimeError
-    (torch.OutOfMemoryError) from the buffers a collective allocates (NCCL's, lazily), and
-    as PeerLost it was a secondary line the launcher put behind its peers' lines."""
-    try:
-        yield
-    except (RuntimeError, dist.DistError) as e:
-        if isinstance(e, RuntimeFailure | torch.OutOfMemoryError):
-            raise
-        raise PeerLost(where, sorted(set(peers)), e) from e
 
 
 @dataclass(slots=True)
@@ -453,7 +423,7 @@ class Executor:
         reads the parameters waits for all of them (`_await_gathers`)."""
         peers = [r for b in self.buckets if b.shard is not None for r in b.ranks
                  if r != self.rank]
-        with _with_peers("the parameter all-gather", peers):
+        with with_peers("the parameter all-gather", peers):
             for i, b in reversed(list(enumerate(self.buckets))):
                 if b.shard is not None:
                     lo, hi = b.shard
@@ -473,7 +443,7 @@ class Executor:
         waiting = [i for i in indices if i in self.gathering]
         if not waiting:
             return
-        with _with_peers("the parameter all-gather",
+        with with_peers("the parameter all-gather",
                          [r for i in waiting for r in self.buckets[i].ranks if r != self.rank]):
             for i in waiting:
                 self.gathering.pop(i).wait()
@@ -488,7 +458,7 @@ class Executor:
         works = []
         while st.issued < len(self.queue) and self._complete(self.queue[st.issued], st):
             b = self.queue[st.issued]
-            with _with_peers("the gradient sync", [r for r in b.ranks if r != self.rank]):
+            with with_peers("the gradient sync", [r for r in b.ranks if r != self.rank]):
                 if b.shard is None:
                     works.append(dist.all_reduce(b.flat, op=dist.ReduceOp.SUM,
                                                  group=b.group, async_op=True))
@@ -536,12 +506,12 @@ class Executor:
         if self.world.world_size == 1:
             return vec, None
         others = [r for r in range(self.world.world_size) if r != self.rank]
-        with _with_peers("the loss reduction", others):
+        with with_peers("the loss reduction", others):
             return vec, dist.all_reduce(vec, op=dist.ReduceOp.SUM, async_op=True)
 
     def _sync(self, pending: list[Any], losses: tuple[torch.Tensor, Any]) -> dict[str, float]:
         """Await the bucket all-reduces and the loss reduction; returns the losses."""
-        with _with_peers("the gradient sync", [r for b in self.buckets for r in b.ranks
+        with with_peers("the gradient sync", [r for b in self.buckets for r in b.ranks
                                                if b.group is not None and r != self.rank]):
             for work in pending:
                 work.wait()
@@ -549,7 +519,7 @@ class Executor:
         vec, work = losses
         if work is not None:
             others = [r for r in range(self.world.world_size) if r != self.rank]
-            with _with_peers("the loss reduction", others):
+            with with_peers("the loss reduction", others):
                 work.wait()
         return dict(zip(self.program.tasks, vec.tolist(), strict=True))
 
@@ -636,7 +606,7 @@ class Executor:
         padded = torch.zeros((width, *x.shape[1:]), dtype=x.dtype, device=x.device)
         padded[: x.shape[0]] = x.detach()
         pieces = [torch.empty_like(padded) for _ in ranks]
-        with _with_peers(f"the batch gather of slice {sp.slice.id}",
+        with with_peers(f"the batch gather of slice {sp.slice.id}",
                          [r for r in ranks if r != self.rank]):
             dist.all_gather(pieces, padded, group=self.groups[ranks])
         rows = [hi - lo for lo, hi in
@@ -686,7 +656,7 @@ class Executor:
 
     def _run_ops(self, ops: list[dist.P2POp], where: str) -> None:
         if ops:
-            with _with_peers(where, [op.peer for op in ops]):
+            with with_peers(where, [op.peer for op in ops]):
                 for work in dist.batch_isend_irecv(ops):
                     work.wait()
 

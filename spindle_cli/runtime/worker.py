@@ -44,7 +44,7 @@ from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES
 from spindle_cli.runtime import checkpoint
 from spindle_cli.runtime import dist as rdist
 from spindle_cli.runtime.data import load_data_source
-from spindle_cli.runtime.executor import Executor, PeerLost, overlap_for
+from spindle_cli.runtime.executor import Executor, overlap_for
 from spindle_cli.runtime.groups import make_groups
 from spindle_cli.runtime.held import peak_allocated, reset_peak
 from spindle_cli.runtime.inputs import check_world, load_run_inputs
@@ -588,8 +588,8 @@ def _report_failure(rank: int, e: BaseException) -> int:
     else:
         cause, code = f"{type(e).__name__}: {e}", 1
     # a rank that lost a peer is rarely the root cause; the launcher prefers other ranks' lines
-    secondary = isinstance(e, PeerLost)
-    peers = e.peers if isinstance(e, PeerLost) else []
+    secondary = isinstance(e, rdist.PeerLost)
+    peers = e.peers if isinstance(e, rdist.PeerLost) else []
     line = f"rank {rank}: {cause}"
     _say(f"error: {line}")
     if os.environ.get("SPINDLE_DEBUG") == "1":

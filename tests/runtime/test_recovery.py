@@ -232,6 +232,9 @@ def test_a_checkpoint_directory_not_shared_by_every_rank_is_refused(tmp_path: Pa
         run_distributed(_check_shared_in, 2, apart, pg_timeout_s=5)
     assert (f"SpindleError: --checkpoint-dir {apart[0]}: rank 0 does not see the files rank(s) "
             "1 wrote there: the directory is not shared by every node") in e.value.errors[0]
+    # rank 1 lost rank 0 in the check, and says so (gloo's own line, 'GLHF!', was the error)
+    assert "PeerLost: lost contact with rank(s) 0 in the check of --checkpoint-dir" in \
+        e.value.errors[1]
     assert [list(Path(d).iterdir()) for d in apart] == [[], []]
     with pytest.raises(RanksFailed) as e:
         run_distributed(_save_in, 2, apart, pg_timeout_s=5)

@@ -268,13 +268,13 @@ def test_out_of_memory_in_a_collective_is_the_ranks_own_failure() -> None:
     puts behind its peers' lines."""
     import torch
 
-    from spindle_cli.runtime.executor import PeerLost, _with_peers
+    from spindle_cli.runtime.dist import PeerLost, with_peers
 
     with pytest.raises(torch.OutOfMemoryError):
-        with _with_peers("the parameter all-gather", [1]):
+        with with_peers("the parameter all-gather", [1]):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     with pytest.raises(PeerLost, match=r"lost contact with rank\(s\) 1 in the gradient sync"):
-        with _with_peers("the gradient sync", [1]):
+        with with_peers("the gradient sync", [1]):
             raise RuntimeError("Connection closed by peer")
 
 
@@ -282,7 +282,7 @@ def test_a_rank_that_lost_peers_names_them_to_the_launcher(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The error file marks a lost-peer line secondary and lists the peers, so the launcher
     can tell a peer it killed for hanging from one killed from outside (`cli.run`)."""
-    from spindle_cli.runtime.executor import PeerLost
+    from spindle_cli.runtime.dist import PeerLost
 
     monkeypatch.setattr("sys.stderr", _Writes())
     error_file = tmp_path / "error.json"
