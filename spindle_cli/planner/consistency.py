@@ -21,6 +21,13 @@ from spindle_cli.planner.memory import (
     state_bytes_per_param,
 )
 
+EDITED = "edited since spindle plan wrote it?"
+"""What a number a plan records that is not the one it implies suggests (`_same`)."""
+EDITED_OR_VERSION = ("edited since spindle plan wrote it, or written by another version of "
+                     "spindle, which read the profile otherwise? `spindle plan --check` tells")
+"""The same for a slice's time, which a change to how the planner reads a profile's curves
+moves too (`check_slice_times`)."""
+
 
 def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[int, ...]]:
     """PlanError unless: the plan is for the graph's model; every slice runs operators of a
@@ -137,20 +144,20 @@ def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> No
         sent = graph.metaop(metaop_of[t.src]).activation_out_bytes
         if t.bytes != sent:
             raise PlanError(f"transfers[{i}].bytes: recorded {t.bytes}, but {t.src} sends "
-                            f"{sent} (edited since spindle plan wrote it?)")
+                            f"{sent} ({EDITED})")
     per_layer = layer_params(graph)
     grad_b = state_bytes_per_param(graph.dtype)[1]
     for i, g in enumerate(plan.param_groups):
         held = (g.last_layer - g.first_layer) * per_layer.get(g.module, 0) * grad_b
         if g.bytes != held:
             raise PlanError(f"param_groups[{i}].bytes: recorded {g.bytes}, but its layers' "
-                            f"gradients take {held} (edited since spindle plan wrote it?)")
+                            f"gradients take {held} ({EDITED})")
     for recorded, implied in zip(plan.memory, replayed_table(plan, graph, memory), strict=True):
         for name in MEMORY_CATEGORIES:
             if getattr(recorded, name) != getattr(implied, name):
                 raise PlanError(f"memory[{recorded.rank}].{name}: recorded "
                                 f"{getattr(recorded, name)}, but its slices need "
-                                f"{getattr(implied, name)} (edited since spindle plan wrote it?)")
+                                f"{getattr(implied, name)} ({EDITED})")
 
 
 def check_slice_times(plan: Plan, curves: Mapping[str, OpCurve]) -> None:
@@ -163,8 +170,9 @@ def check_slice_times(plan: Plan, curves: Mapping[str, OpCurve]) -> None:
             where = f"waves[{w.index}].slices[{si}]"
             if n not in curve.counts[1:]:
                 raise PlanError(f"{where}.ranks: {n} ranks, which MetaOp {s.metaop}'s curve "
-                                "gives no time for (edited since spindle plan wrote it?)")
-            _same(f"{where}.time_ms", s.time_ms, (s.last - s.first) * curve.time_at(n))
+                                f"gives no time for ({EDITED_OR_VERSION})")
+            _same(f"{where}.time_ms", s.time_ms, (s.last - s.first) * curve.time_at(n),
+                  EDITED_OR_VERSION)
 
 
 def _check_canonical_order(plan: Plan, ops: dict[str, MetaOp],
@@ -232,8 +240,8 @@ def check_cluster(plan: Plan, cluster: ClusterSpec) -> None:
                         f"is {cluster.name!r}")
 
 
-def _same(field: str, recorded: float, implied: float) -> None:
+def _same(field: str, recorded: float, implied: float, why: str = EDITED) -> None:
     """PlanError unless `recorded` is `implied`, up to the digits a file keeps."""
     if not math.isclose(recorded, implied, rel_tol=1e-6, abs_tol=1e-6):
         raise PlanError(f"{field}: recorded {recorded:g}, but the plan implies {implied:g} "
-                        "(edited since spindle plan wrote it?)")
+                        f"({why})")

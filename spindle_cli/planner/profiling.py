@@ -235,18 +235,28 @@ def allowed_curve(profile: Profile, op: MetaOp, tensor_parallel: bool,
     the points of the strategies allowed, as `spindle profile` fits all of them (the
     profile's curve runs each count's fastest strategy, and where that is tp2 the
     data-parallel point of the same count may be nearly as fast: dropping the count would
-    hold a MetaOp to fewer devices); the profile's own where none of those points is
-    feasible at a fitted count (the planner then leaves its counts out, saying why)."""
+    hold a MetaOp to fewer devices). The profile's own where none of those points is
+    feasible at a fitted count, or where the fit again would end before a count the
+    profile's runs with a strategy allowed (a measured data-parallel point that timed out at
+    4 devices, where tp2 ran, would end it at 2, and 8 and 16 were data parallel): the
+    planner then leaves out the counts it may not use, saying why."""
     curve = profile.curve(op.signature)
-    if all(tp_allowed(tp_degree(p.strategy), tensor_parallel, island_size)
-           for p in curve.pieces):
+
+    def allowed(strategy: str) -> bool:
+        return tp_allowed(tp_degree(strategy), tensor_parallel, island_size)
+
+    if all(allowed(p.strategy) for p in curve.pieces):
         return curve
-    points = [p for p in curve.points
-              if tp_allowed(tp_degree(p.strategy), tensor_parallel, island_size)]
+    points = [p for p in curve.points if allowed(p.strategy)]
     if not any(p.feasible and p.num_devices in profile.counts for p in points):
         return curve
-    return build_curve(op, points, counts=profile.counts, memory=curve.memory, validate=False,
-                       noise_rel=MEASURED_NOISE_REL if profile.source == "measured" else 0.0)
+    refit = build_curve(op, points, counts=profile.counts, memory=curve.memory,
+                        validate=False,
+                        noise_rel=MEASURED_NOISE_REL if profile.source == "measured" else 0.0)
+    low, high = scaling.count_range(curve)
+    reach = max((n for n in profile.counts
+                 if low <= n <= high and allowed(scaling.strategy(curve, n))), default=0)
+    return curve if scaling.count_range(refit)[1] < reach else refit
 
 
 def _work_splits(op: MetaOp, samples: Sequence[Sample]) -> bool:

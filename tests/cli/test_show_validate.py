@@ -353,6 +353,10 @@ def test_simulate_and_explain_note_what_validate_refuses(tiny_plan, spindle):
         result = spindle("validate", str(tiny_plan))
         assert result.exit_code == 2
         assert result.stderr.startswith(f"error: {said}")
+        # a slice's time moves where a spindle version reads the profile otherwise, too (a
+        # --no-tensor-parallel plan of the version before curves were fitted again for it)
+        assert ("or written by another version of spindle, which read the profile otherwise? "
+                "`spindle plan --check` tells)" in result.stderr) == (field == where)
         for args in (("simulate", "--json"), ("explain", metaop)):
             result = spindle(args[0], str(tiny_plan), *args[1:])
             assert result.exit_code == 0, result.stderr

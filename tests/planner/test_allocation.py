@@ -363,16 +363,22 @@ DP_MS = {1: 8.0, 2: 4.2, 4: 2.3, 8: 1.4}
 """Data-parallel points of `_tp_fastest_at_eight`'s profile; tp2 is a little faster at 8."""
 
 
-def _tp_fastest_at_eight():
-    m = metaop("a/x", layers=4, batch=8)
-    points = [ProfilePoint(num_devices=n, strategy=st, feasible=True, time_ms=t,
-                           peak_memory_bytes=0)
-              for st, times in (("dp", DP_MS), ("tp2", {2: 4.6, 4: 2.5, 8: 1.3}))
-              for n, t in times.items()]
-    c = build_curve(m, points, counts=(1, 2, 4, 8), validate=False,
+def _profiled(batch: int, dp: dict[int, float | None], tp2: dict[int, float]):
+    """A graph of one MetaOp and a profile fitted from these points (None: infeasible)."""
+    m = metaop("a/x", layers=4, batch=batch)
+    points = [ProfilePoint(num_devices=n, strategy=st, feasible=t is not None,
+                           time_ms=t or 0.0, peak_memory_bytes=0,
+                           note="" if t is not None else "timed out")
+              for st, times in (("dp", dp), ("tp2", tp2)) for n, t in times.items()]
+    counts = tuple(sorted(dp))
+    c = build_curve(m, points, counts=counts, validate=False,
                     memory=MemoryModel(param_bytes=0, grad_bytes=0, optimizer_bytes=0,
                                        activation_bytes_per_sample=0))
-    return graph([m]), replace(profile([c]), counts=(1, 2, 4, 8))
+    return graph([m]), replace(profile([c]), counts=counts)
+
+
+def _tp_fastest_at_eight():
+    return _profiled(8, DP_MS, {2: 4.6, 4: 2.5, 8: 1.3})
 
 
 def test_without_tensor_parallelism_a_count_fitted_with_it_runs_its_data_parallel_point():
@@ -394,6 +400,19 @@ def test_without_tensor_parallelism_a_count_fitted_with_it_runs_its_data_paralle
     assert plan.estimated_iteration_ms == pytest.approx(4 * DP_MS[8])
     check_slice_times(plan, options_curves(g, p, eight, options))
     assert simulate(plan, g, p, eight).compute_ms == pytest.approx(plan.estimated_iteration_ms)
+
+
+def test_a_curve_is_not_fitted_again_to_end_before_counts_it_ran_data_parallel():
+    # the data-parallel point at 4 devices timed out, where tp2 ran: fitted again from the
+    # data-parallel points the curve would end at 2 (a diff review), where the profile's
+    # runs 8 and 16 data parallel
+    g, p = _profiled(16, {1: 8.0, 2: 4.2, 4: None, 8: 1.4, 16: 1.0},
+                     {2: 4.5, 4: 2.4, 8: 1.5, 16: 1.2})
+    assert [scaling.strategy(p.curve("a/x"), n) for n in (1, 2, 4, 8, 16)] == [
+        "dp", "dp", "tp2", "dp", "dp"]
+    without = op_curves(g, p, 16, tensor_parallel=False)["a/x"]
+    assert without.counts == (0, 1, 2, 8, 16)
+    assert without.curve is p.curve("a/x")
 
 
 def test_tensor_parallel_degrees_must_divide_the_island_size():
