@@ -76,6 +76,21 @@ def step_dir(directory: str, step: int) -> Path:
     return Path(directory) / f"step-{step:06d}"
 
 
+_FREE_SPACE_HINT = ("free space where --checkpoint-dir lies, then --resume: the checkpoints "
+                    "before this one are whole")
+
+
+@contextlib.contextmanager
+def _refused(path: Path) -> Iterator[None]:
+    """An OSError making `path` (a full disk, a read-only file system) is an output the
+    machine refused (exit code 2, as `_atomic_torch_save`'s)."""
+    try:
+        yield
+    except OSError as e:
+        raise ArtifactError(str(path), "", f"cannot write the checkpoint: {e.strerror or e}",
+                            hint=_FREE_SPACE_HINT) from None
+
+
 def _atomic_torch_save(obj: Any, path: Path) -> None:
     """torch.save through a hidden temporary file; a failed write is an output the machine
     refused (ArtifactError 'cannot write ...': the run ends with exit code 2, as every
@@ -90,8 +105,7 @@ def _atomic_torch_save(obj: Any, path: Path) -> None:
                   "the file system took fewer bytes than were written" if "unexpected pos" in text
                   else text)
         raise ArtifactError(str(path), "", f"cannot write the checkpoint (a full disk?): {reason}",
-                            hint="free space where --checkpoint-dir lies, then --resume: the "
-                                 "checkpoints before this one are whole") from None
+                            hint=_FREE_SPACE_HINT) from None
     os.replace(tmp, path)
 
 
@@ -107,7 +121,8 @@ def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[s
     (`prune`)."""
     final = step_dir(directory, step)
     tmp = final.with_name(f".{final.name}.tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
+    with _refused(tmp):
+        tmp.mkdir(parents=True, exist_ok=True)
     _atomic_torch_save({**state, WRITTEN_BY: {"rank": rank, "step": step}},
                        tmp / rank_file(rank))
     if world_size > 1:
@@ -120,7 +135,8 @@ def save(directory: str, step: int, *, rank: int, world_size: int, state: dict[s
             raise SpindleError(f"{tmp}: after every rank wrote its file, the {problem}",
                                hint=_SHARED_HINT)
         manifest = {"step": step, "data_position": step, "world_size": world_size, **meta}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        with _refused(tmp / MANIFEST):
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         # a checkpoint of the same step is replaced by renames only: a crash leaves it whole,
         # or hidden, never half deleted
         old = final.with_name(f".{final.name}.old")
@@ -167,6 +183,11 @@ def check_shared(directory: str, *, rank: int, world_size: int) -> None:
     probe = Path(directory) / f".probe-rank-{rank:05d}"
     try:
         probe.parent.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            # those a killed run left: another node's would pass for one written now
+            for stale in probe.parent.glob(".probe-rank-*"):
+                stale.unlink(missing_ok=True)
+        _barrier("the check of --checkpoint-dir", rank, world_size)
         probe.write_text(f"{rank}\n")
         _barrier("the check of --checkpoint-dir", rank, world_size)
         if rank == 0:
@@ -371,23 +392,22 @@ def load(path: Path, *, rank: int, world_size: int, meta: dict[str, Any],
         else:
             # a file copied or renamed from another rank, or from another step, loads and
             # trains on silently where the shapes agree (ZeRO shards of one size)
-            problem = _misplaced(state.pop(WRITTEN_BY, None), rank=rank, step=step)
+            problem = _misplaced(state.pop(WRITTEN_BY, None) or {"step": state.get("step")},
+                                 rank=rank, step=step)
             if problem is None:
                 return step, state
     raise SpindleError(f"{file}: cannot load the checkpoint: {problem}",
                        hint=_damaged_hint(path))
 
 
-def _misplaced(written: dict[str, int] | None, *, rank: int, step: int) -> str | None:
+def _misplaced(written: dict[str, Any], *, rank: int, step: int) -> str | None:
     """What makes a rank file another rank's or another step's than the manifest says, by
-    the rank and step `save` wrote into it (`WRITTEN_BY`; None in a checkpoint saved before
-    it did), or None."""
-    if written is None:
-        return None
-    if written.get("rank") != rank:
-        return f"it holds rank {written.get('rank')}'s state (copied or renamed?)"
-    if written.get("step") != step:
-        return f"it holds the state after step {written.get('step')}, its {MANIFEST} says {step}"
+    the rank and step `save` wrote into it (`WRITTEN_BY`; a checkpoint saved before it did
+    has only the executor's step, and nothing says whose the file is), or None."""
+    if written.get("rank", rank) != rank:
+        return f"it holds rank {written['rank']}'s state (copied or renamed?)"
+    if written.get("step", step) not in (step, None):
+        return f"it holds the state after step {written['step']}, its {MANIFEST} says {step}"
     return None
 
 

@@ -237,6 +237,30 @@ def test_a_rank_file_of_another_rank_or_step_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpindleError, match=re.escape(
             "it holds the state after step 2, its manifest.json says 5")):
         checkpoint.load(found, rank=0, world_size=1, meta=META)
+    # a rank file saved before the rank and step were recorded: the executor's step decides
+    torch.save({k: v for k, v in saved.items() if k != "checkpoint"}, rank_file)
+    with pytest.raises(SpindleError, match=re.escape(
+            "it holds the state after step 2, its manifest.json says 5")):
+        checkpoint.load(found, rank=0, world_size=1, meta=META)
+    manifest.write_text(manifest.read_text().replace('"step": 5', '"step": 2'))
+    assert checkpoint.load(found, rank=0, world_size=1, meta=META) == (2, {"step": 2})
+
+
+def test_a_full_disk_anywhere_in_a_save_is_a_refused_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Making the step's directory or writing its manifest on a full disk raised a bare
+    OSError (exit code 1); like the rank file's, it is an output the machine refused."""
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    for target in ("mkdir", "write_text"):
+        with monkeypatch.context() as m:
+            m.setattr(Path, target, full)
+            with pytest.raises(ArtifactError) as e:
+                checkpoint.save(str(tmp_path), 2, rank=0, world_size=1, state={"step": 2},
+                                meta=META)
+        assert e.value.problem == "cannot write the checkpoint: No space left on device"
+        assert e.value.hint is not None and "--resume" in e.value.hint
 
 
 def test_a_save_removes_what_crashed_saves_left_hidden(tmp_path: Path) -> None:

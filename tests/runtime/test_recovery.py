@@ -228,6 +228,9 @@ def test_a_checkpoint_directory_not_shared_by_every_rank_is_refused(tmp_path: Pa
     run_distributed(_check_shared_in, 2, [shared, shared])
     assert list(Path(shared).iterdir()) == []  # no probe left behind
     apart = [str(tmp_path / "a"), str(tmp_path / "b")]
+    # rank 1's probe, as a killed run left it where the directory was shared: not this run's
+    Path(apart[0]).mkdir()
+    (Path(apart[0]) / ".probe-rank-00001").write_text("1\n")
     with pytest.raises(RanksFailed) as e:
         run_distributed(_check_shared_in, 2, apart, pg_timeout_s=5)
     assert (f"SpindleError: --checkpoint-dir {apart[0]}: rank 0 does not see the files rank(s) "
