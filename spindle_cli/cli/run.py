@@ -632,16 +632,16 @@ def _root_cause(e: object) -> str:
         lost = [r for r in others if lost_by(r) and not any(
             re.search(r"time[ d]*out", line(p), re.IGNORECASE) for p in lost_by(r))]
         # a line lost in a collective names every peer of it, the launcher's SIGTERMs among
-        # them; one that names a single one of them (a transfer) says which it was
-        named = sorted({r for p in reported if secondary(p) for r in lost
-                        if [q for q in peers(p) if q in lost] == [r]})
-        if named:
-            lost = named
-        if len(lost) == 1:
-            text += (f"; rank {lost[0]} had ended by SIGTERM from outside the run (its peers "
-                     "saw its connection close, not time out)")
+        # them; a line that names one peer alone (a transfer) says which it lost
+        named = sorted({peers(p)[0] for p in reported
+                        if secondary(p) and len(peers(p)) == 1 and peers(p)[0] in lost})
+        if named or len(lost) == 1:
+            lost = named or lost
+            text += (f"; rank{'s' * (len(lost) > 1)} {', '.join(map(str, lost))} had ended by "
+                     "SIGTERM from outside the run (its peers saw its connection close, not "
+                     "time out)")
         elif lost:
-            text += (f"; of rank(s) {', '.join(map(str, lost))}, one or more had ended by "
+            text += (f"; of ranks {', '.join(map(str, lost))}, one or more had ended by "
                      "SIGTERM from outside the run and the launcher stopped the others (their "
                      "peers saw a connection close in a collective of them all, not time out: "
                      "which, they cannot tell)")

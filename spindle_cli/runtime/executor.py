@@ -71,7 +71,7 @@ from torch.utils.checkpoint import checkpoint
 
 from spindle_cli.artifacts.model import ModelSpec
 from spindle_cli.artifacts.plan import MEMORY_CATEGORIES, Plan
-from spindle_cli.errors import RuntimeFailure
+from spindle_cli.errors import RuntimeFailure, SpindleError
 from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES, backend_sync, sync_buckets
 from spindle_cli.runtime.data import DataSource, rows_problem, targets_name
 from spindle_cli.runtime.dist import World, with_peers
@@ -532,8 +532,11 @@ class Executor:
                  f"{step}, {lo}, {hi}))")
         try:
             x = self.data.rows(task.name, name, step, lo, hi)
-        except Exception as e:  # a --dataset's code: whatever it raises, said where
-            raise RuntimeFailure(f"{where} raised {e!r}") from None
+        except SpindleError:
+            raise  # its own line and hint
+        except Exception as e:  # a --dataset's code: whatever it raises, said where (its
+            # traceback chained, for SPINDLE_DEBUG=1)
+            raise RuntimeFailure(f"{where} raised {e!r}") from e
         problem = rows_problem(x, self.model, task, name, lo, hi)
         if problem is not None:
             raise ShapeMismatch(f"{where}: {problem}")

@@ -979,7 +979,7 @@ def _failure(exitcode: int, timestamp: int, message: str = "",
     ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1, 3 in the gradient sync",
                   secondary=True, peers=(1, 3)),
       1: _failure(-15, 1), 2: _failure(-15, 1), 3: _failure(-15, 1)},
-     "rank 0: lost contact with rank(s) 1, 3 in the gradient sync; of rank(s) 1, 3, one or "
+     "rank 0: lost contact with rank(s) 1, 3 in the gradient sync; of ranks 1, 3, one or "
      "more had ended by SIGTERM from outside the run and the launcher stopped the others "
      "(their peers saw a connection close in a collective of them all, not time out: which, "
      "they cannot tell); the launcher also stopped rank(s) 2"),
@@ -992,6 +992,18 @@ def _failure(exitcode: int, timestamp: int, message: str = "",
      "rank 0: lost contact with rank(s) 1, 3 in the gradient sync; rank 3 had ended by SIGTERM "
      "from outside the run (its peers saw its connection close, not time out); the launcher "
      "also stopped rank(s) 1"),
+    # ... and a collective's line naming one of them beside a live peer does not (a diff
+    # review: rank 2 lost rank 3 in a reduction of 0, 1 and 3; rank 0 then lost 2 in a
+    # sync of 1 and 2, which named rank 1 as the one killed from outside)
+    ({2: _failure(1, 1, "rank 2: lost contact with rank(s) 0, 1, 3 in the loss reduction",
+                  secondary=True, peers=(0, 1, 3)),
+      0: _failure(1, 2, "rank 0: lost contact with rank(s) 1, 2 in the gradient sync",
+                  secondary=True, peers=(1, 2)),
+      1: _failure(-15, 2), 3: _failure(-15, 1)},
+     "rank 2: lost contact with rank(s) 0, 1, 3 in the loss reduction; of ranks 1, 3, one or "
+     "more had ended by SIGTERM from outside the run and the launcher stopped the others "
+     "(their peers saw a connection close in a collective of them all, not time out: which, "
+     "they cannot tell)"),
     # ... and where the peer timed out waiting for it, it hung and the launcher stopped it
     ({0: _failure(1, 1, "rank 0: lost contact with rank(s) 1 (Application timeout caused "
                         "pair closure)", secondary=True, peers=(1,)),

@@ -548,3 +548,35 @@ def test_a_world_of_another_size_says_how_many_ranks_the_plan_needs() -> None:
         check_world(plan, 2)
     assert str(e.value) == f"the plan needs {plan.num_devices} ranks, the run has 2"
     assert e.value.hint == f"--nproc-per-node times --nnodes must be {plan.num_devices}"
+
+
+def test_a_datasets_error_names_where_and_keeps_its_traceback() -> None:
+    """An error raised by a --dataset's rows() said only 'ValueError: boom'; it now names the
+    task, item, step and rows, and chains the dataset's own exception (its frames are what
+    SPINDLE_DEBUG=1 prints), while a SpindleError keeps its own line and hint."""
+    from types import SimpleNamespace
+
+    from spindle_cli.artifacts import ModelSpec, load
+    from spindle_cli.runtime.executor import Executor
+
+    model = load(str(Path(__file__).resolve().parents[2] / "models" / "tiny-clip.yaml"),
+                 ModelSpec)
+    task = model.tasks[0]
+    name = next(iter(task.inputs))
+    sp = SimpleNamespace(metaop=SimpleNamespace(task=task.name))
+
+    def executor(error: Exception) -> Any:
+        def rows(*args: object) -> None:
+            raise error
+        return SimpleNamespace(model=model, data=SimpleNamespace(rows=rows))
+
+    boom = ValueError("boom")
+    with pytest.raises(RuntimeFailure) as e:
+        Executor._load(executor(boom), sp, name, 2, 0, 4)
+    assert str(e.value) == (f"data {task.name}/{name} at step 3 (rows({task.name!r}, "
+                            f"{name!r}, 2, 0, 4)) raised ValueError('boom')")
+    assert e.value.__cause__ is boom
+    own = SpindleError("no such shard", hint="mount it")
+    with pytest.raises(SpindleError) as e:
+        Executor._load(executor(own), sp, name, 2, 0, 4)
+    assert e.value is own
