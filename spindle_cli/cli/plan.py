@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 @click.option("--placement", type=click.Choice(["island", "sequential"]), default="island",
               show_default=True, help="Rank placement (sequential: the naive ablation).")
 @click.option("--uneven-splits", is_flag=True,
-              help="Allow data-parallel counts that do not divide the batch.")
+              help="Allow data-parallel counts that do not divide the batch (Spindle keeps "
+                   "the plan with even splits only where that simulates faster).")
 @click.option("--memory", type=click.Choice(["auto", "none", "zero1", "zero2", "zero3"]),
               default="auto", show_default=True,
               help="ZeRO stage (sharding optimizer state, + gradients, + weights); auto: the "
@@ -88,6 +89,9 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
     err.print(f"{planner}: {len(result.waves)} waves, estimated compute "
               f"{result.estimated_iteration_ms:.2f} ms ({gap:.3f}x of C* "
               f"{result.lower_bound_ms:.2f} ms){simulated}{memory_text(result)}")
+    if options.uneven_splits and result.options.get("uneven_splits") != "true":
+        err.print("note: --uneven-splits: the plan with even splits only simulated faster, "
+                  "and is kept (its options say uneven_splits false)")
     if not check:
         try:
             check_executable(result)
