@@ -30,6 +30,7 @@ from spindle_cli.planner.consistency import (
     check_profile,
     check_recorded,
     check_slice_times,
+    check_transfers,
 )
 from spindle_cli.planner.graph import check_graph_of_model
 
@@ -109,6 +110,8 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
             if isinstance(graph, MetaOpGraph):
                 check_plan(obj, graph)
                 check_recorded(obj, graph, memory)
+            else:
+                check_transfers(obj)  # what the plan says of itself
             if isinstance(cluster, ClusterSpec):
                 check_cluster(obj, cluster)
             if (isinstance(graph, MetaOpGraph) and isinstance(profile, Profile)

@@ -41,29 +41,13 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
         raise PlanError(f"model: the plan is for model {plan.model!r}, its graph for "
                         f"{graph.model!r}")
     ops = {m.id: m for m in graph.metaops}
-    by_id: dict[str, tuple[int, int, Slice]] = {}  # (wave, position in it, slice)
     for w in plan.waves:
         for j, s in enumerate(w.slices):
             if s.metaop not in ops:
                 raise PlanError(f"waves[{w.index}].slices[{j}].metaop: unknown MetaOp "
                                 f"{s.metaop!r}")
-            if s.id != f"w{w.index}.{j}":
-                raise PlanError(f"waves[{w.index}].slices[{j}]: id {s.id!r} is not "
-                                f"'w{w.index}.{j}' (slices are numbered by wave and position)")
-            by_id[s.id] = (w.index, j, s)
+    by_id, feeding = check_transfers(plan)
     _check_canonical_order(plan, ops, by_id)
-    feeding: dict[str, set[str]] = {}
-    for ti, t in enumerate(plan.transfers):
-        (src_wave, _, src), (dst_wave, _, dst) = by_id[t.src], by_id[t.dst]
-        if src.metaop in feeding.setdefault(t.dst, set()):
-            raise PlanError(f"transfers[{ti}]: two transfers from {src.metaop!r} into slice "
-                            f"{t.dst}")
-        if src_wave >= dst_wave:
-            raise PlanError(f"transfers[{ti}]: {t.src} is not in an earlier wave than {t.dst}")
-        if t.src_ranks != src.ranks or t.dst_ranks != dst.ranks:
-            raise PlanError(f"transfers[{ti}]: {t.src} -> {t.dst}: ranks differ from its "
-                            "slices'")
-        feeding[t.dst].add(src.metaop)
     covered: dict[str, list[tuple[int, int]]] = {}
     holders: dict[tuple[str, int], set[int]] = {}
     for sid, (w, j, s) in by_id.items():
@@ -96,6 +80,35 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
     frozen = {k: tuple(sorted(v)) for k, v in sorted(holders.items())}
     _check_param_groups(plan, frozen)
     return frozen
+
+
+def check_transfers(plan: Plan) -> tuple[dict[str, tuple[int, int, Slice]],
+                                          dict[str, set[str]]]:
+    """PlanError unless the slices are numbered by wave and position and each transfer runs
+    from an earlier wave, between its two slices' ranks, at most one per producer MetaOp into
+    a slice: what a plan says of itself, checked without its graph (validate of a plan whose
+    graph is not found said ok to one whose transfers' ranks were not its slices'). Returns
+    the slices by id, (wave, position, slice), and per slice the MetaOps its transfers bring."""
+    by_id: dict[str, tuple[int, int, Slice]] = {}
+    for w in plan.waves:
+        for j, s in enumerate(w.slices):
+            if s.id != f"w{w.index}.{j}":
+                raise PlanError(f"waves[{w.index}].slices[{j}]: id {s.id!r} is not "
+                                f"'w{w.index}.{j}' (slices are numbered by wave and position)")
+            by_id[s.id] = (w.index, j, s)
+    feeding: dict[str, set[str]] = {}
+    for ti, t in enumerate(plan.transfers):
+        (src_wave, _, src), (dst_wave, _, dst) = by_id[t.src], by_id[t.dst]
+        if src.metaop in feeding.setdefault(t.dst, set()):
+            raise PlanError(f"transfers[{ti}]: two transfers from {src.metaop!r} into slice "
+                            f"{t.dst}")
+        if src_wave >= dst_wave:
+            raise PlanError(f"transfers[{ti}]: {t.src} is not in an earlier wave than {t.dst}")
+        if t.src_ranks != src.ranks or t.dst_ranks != dst.ranks:
+            raise PlanError(f"transfers[{ti}]: {t.src} -> {t.dst}: ranks differ from its "
+                            "slices'")
+        feeding[t.dst].add(src.metaop)
+    return by_id, feeding
 
 
 def check_profile(graph: MetaOpGraph, profile: Profile, profile_path: str) -> None:

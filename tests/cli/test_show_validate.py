@@ -412,6 +412,24 @@ def test_validate_says_which_inputs_it_could_not_find(tiny_plan, spindle, tmp_pa
                              "profiles/tiny-clip-local-cpu.yaml: not found)\n")
 
 
+def test_validate_checks_what_a_plan_says_of_itself_without_its_inputs(tiny_plan, spindle,
+                                                                       tmp_path):
+    """Found nowhere, its graph could not be checked, and validate said ok to a plan whose
+    transfers' ranks were not its slices' (a review swapped two slices' ranks)."""
+    data = yaml.safe_load(tiny_plan.read_text())
+    t = data["transfers"][0]
+    t["dst_ranks"] = [r for r in range(data["num_devices"]) if r not in t["dst_ranks"]][
+        :len(t["dst_ranks"])]
+    alone = tmp_path / "elsewhere" / "p.yaml"
+    alone.parent.mkdir()
+    alone.write_text(yaml.safe_dump(data, sort_keys=False))
+    Path("graphs/tiny-clip.yaml").unlink()
+    result = spindle("validate", "elsewhere/p.yaml")
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: elsewhere/p.yaml: transfers[0]: {t['src']} -> {t['dst']}: "
+                             "ranks differ from its slices'\n")
+
+
 def test_show_rejects_options_of_other_kinds(files, spindle):
     for option in (["--plot", "p.png"], ["--text-gantt"], ["--utilization", "u.png"]):
         result = spindle("show", files["metaop_graph"], *option)
