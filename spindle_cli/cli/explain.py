@@ -174,7 +174,7 @@ def explain(plan_path: str, metaop_id: str) -> None:
     else:
         line = f"level {m.level} planned {planned:.3f} ms = {_times(planned, c_star)} C*"
     if best is not None:
-        line += (f"; exact packing of the {len(tuples)} tuples above {best:.3f} ms "
+        line += (f"; exact packing of the level's {len(tuples)} tuples {best:.3f} ms "
                  f"({_times(best, c_star)} C*")
         line += (")" if mixed else
                  f"; the waves take {_times(planned, best)} of it, below 1 where giving idle "

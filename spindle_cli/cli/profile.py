@@ -218,8 +218,9 @@ def _summary(result: Any, validate: bool) -> None:
         from spindle_cli.planner.profiling import heldout_counts
 
         held_out = ",".join(map(str, heldout_counts(result.counts)))
-        line += (f"; no curve can run at the held-out counts {held_out} (a data-parallel "
-                 "count divides the batch): the planner uses only profiled counts"
+        line += (f"; the held-out counts {held_out} are measured, but no curve is compared "
+                 "there: none is a count a plan may use (a data-parallel count divides the "
+                 "batch; --uneven-splits plans are not checked there)"
                  if held_out else
                  "; no held-out count lies between the profiled counts (1,4 holds out 2)")
     from spindle_cli.planner import scaling

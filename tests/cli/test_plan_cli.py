@@ -124,7 +124,7 @@ def test_check_says_why_a_plan_is_stale(case):
     assert not any(x.startswith("  input metaop_graph") or x.startswith("  input cluster")
                    for x in said)
     # the semantic difference: three times the per-operator time is a longer iteration
-    line = next(x for x in said if x.startswith("  estimated iteration: "))
+    line = next(x for x in said if x.startswith("  estimated compute: "))
     assert f"{kept.estimated_iteration_ms:.3f} -> " in line and "+" in line.split("(")[1]
     assert any(x.startswith("  text: ") for x in said)
     assert load("plan.yaml", Plan) == kept
@@ -289,7 +289,7 @@ def test_diff_is_semantic(case):
     invoke(*plan_args("--uneven-splits", "-o", "d.yaml"))
     assert "option uneven_splits: false -> true" in invoke("diff", "a.yaml", "d.yaml").output
     assert "allocation t1/img:" in r.output
-    assert "estimated iteration:" in r.output
+    assert "estimated compute:" in r.output
     # a level whose schedule differs, with both estimates; the same C* (same graph and profile)
     a, c = load("a.yaml", Plan), load("c.yaml", Plan)
     x, y = next((x, y) for x, y in zip(a.levels, c.levels, strict=True)

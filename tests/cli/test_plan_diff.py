@@ -116,7 +116,7 @@ def test_estimates_wave_levels_and_islands_are_named(plan, edit, expected):
 def test_an_iteration_from_no_time_has_no_relative_change(plan):
     # no percentage of zero, rather than a '+0.0%' that reads as no change
     b = replace(plan, estimated_iteration_ms=0.0)
-    assert differences(b, plan) == ["estimated iteration: 0.000 -> 26.300 ms (+26.300 ms)"]
+    assert differences(b, plan) == ["estimated compute: 0.000 -> 26.300 ms (+26.300 ms)"]
 
 
 def test_memory_names_the_ranks_and_the_biggest_change(plan):
@@ -135,7 +135,7 @@ def test_an_iteration_change_below_the_printed_digits_is_shown(plan):
     # +0.0004 ms printed as '+0.000 ms' and still made the plans differ
     b = replace(plan, estimated_iteration_ms=plan.estimated_iteration_ms + 0.0004)
     (line,) = differences(plan, b)
-    assert line == (f"estimated iteration: {plan.estimated_iteration_ms:.4f} -> "
+    assert line == (f"estimated compute: {plan.estimated_iteration_ms:.4f} -> "
                     f"{b.estimated_iteration_ms:.4f} ms (+0.0004 ms, +0.0%)")
 
 

@@ -140,7 +140,7 @@ def differences(a: Plan, b: Plan) -> list[str]:
         rel = (f", {delta / a.estimated_iteration_ms:+.1%}" if a.estimated_iteration_ms
                else "")
         digits = _digits(a.estimated_iteration_ms, b.estimated_iteration_ms)
-        lines.append(f"estimated iteration: {a.estimated_iteration_ms:.{digits}f} -> "
+        lines.append(f"estimated compute: {a.estimated_iteration_ms:.{digits}f} -> "
                      f"{b.estimated_iteration_ms:.{digits}f} ms ({delta:+.{digits}f} ms{rel})")
     if a.lower_bound_ms != b.lower_bound_ms:
         lines.append(f"C*: {_change_ms(a.lower_bound_ms, b.lower_bound_ms)}")
