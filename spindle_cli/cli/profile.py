@@ -314,7 +314,7 @@ def _measured(graph: MetaOpGraph, graph_path: str, output: str, cluster: Cluster
     err.print(f"{measured} point(s) measured, {cached} from the cache"
               + (f", {unrunnable} with fewer samples than data-parallel groups (not run)"
                  if unrunnable else ""))
-    optimizer = measure.measure_optimizer(target, settings)
+    optimizer = measure.cached_optimizer(target, settings, cache_dir, reuse=not no_cache)
     device_name = target.device_name
     if any(p.strategy != "dp" for pts in points.values() for p in pts):
         device_name += "; tensor-parallel collectives modelled from the cluster's links"

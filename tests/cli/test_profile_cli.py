@@ -133,11 +133,16 @@ def test_measured_profile_resumes_from_the_cache(workdir, capsys, torch_threads)
         assert all(p.time_ms > 0 for p in curve.points if p.feasible)
         if not curve.signature.startswith("contrastive_loss"):
             assert not scaling.is_valid(curve, 16)
-    assert len(list(Path(".spindle-cache/profile").glob("*.json"))) == runnable
+    cache = Path(".spindle-cache/profile")
+    assert len(list(cache.glob("*.json"))) == runnable + 1  # and the optimizer step's
+    assert len(list(cache.glob("optimizer-*.json"))) == 1
+    first = Path("m.yaml").read_bytes()
 
     code, _, err = _run(args, capsys)
     assert code == 0
     assert f"0 point(s) measured, {runnable} from the cache" in err
+    # the same profile: its optimizer step, timed at every run, made it differ
+    assert Path("m.yaml").read_bytes() == first
 
     code, _, err = _run([*args, "--no-cache"], capsys)
     assert code == 0
