@@ -479,6 +479,11 @@ def _write_matrix(rows: list[lib.BenchRow], records: list[dict[str, Any]],
     _charts(rows, out_dir)
 
 
+def _iterations(k: int) -> str:
+    """'k iterations per phase' (one iteration: a one-set schedule is ahead from its first)."""
+    return f"{k} iteration{'s' * (k != 1)} per phase"
+
+
 def _run_dynamic(models_dir: str, clusters_dir: str, schedule: tuple[str, ...], as_json: bool,
                  out_dir: Path | None) -> None:
     cluster_name = lib.CLUSTERS[lib.DYNAMIC_DEVICES]
@@ -501,12 +506,12 @@ def _run_dynamic(models_dir: str, clusters_dir: str, schedule: tuple[str, ...], 
         body.append([t.planner, *(_num(r.iteration_ms, ".1f") + " ms" if r.iteration_ms
                                   else "failed" for r in phases),
                      _num(t.train_s, ".2f"), _num(t.replan_s, ".3f"), _num(t.total_s, ".2f"),
-                     "" if t.spindle_ahead_beyond is None
-                     else f"{math.floor(t.spindle_ahead_beyond) + 1} iterations per phase"])
+                     "" if t.spindle_ahead_beyond is None else _iterations(
+                         math.floor(t.spindle_ahead_beyond) + 1)])
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
-        print_table(_rich(f"dynamic task sets, {rows[0].iterations} iterations per phase",
+        print_table(_rich(f"dynamic task sets, {_iterations(rows[0].iterations)}",
                           header, body))
     if out_dir is not None:
         with _staged(out_dir, ()) as staging:

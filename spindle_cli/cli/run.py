@@ -252,7 +252,8 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     argv = [*launch, "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0",
             "-m", "spindle_cli.runtime.rank", *worker_args]
     err.print(f"spindle run: {inputs.plan.planner} plan, {len(inputs.plan.waves)} waves, "
-              f"{inputs.plan.num_devices} ranks{memory_text(inputs.plan)}, {dtype}, {steps} "
+              f"{inputs.plan.num_devices} rank{'s' * (inputs.plan.num_devices > 1)}"
+              f"{memory_text(inputs.plan)}, {dtype}, {steps} "
               f"step{'s' * (steps > 1)}")
     cores = len(os.sched_getaffinity(0))
     if resolved == "gloo" and nproc_per_node > cores:

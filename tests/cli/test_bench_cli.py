@@ -199,7 +199,8 @@ def test_dynamic_reports_each_planner(monkeypatch, tmp_path):
     assert totals["spindle"]["spindle_ahead_beyond"] is None
     for t in totals.values():
         if t["spindle_ahead_beyond"] is not None:
-            assert f"| {math.floor(t['spindle_ahead_beyond']) + 1} iterations per phase |" in table
+            k = math.floor(t["spindle_ahead_beyond"]) + 1
+            assert f"| {k} iteration{'s' * (k != 1)} per phase |" in table
 
 
 def test_missing_models_dir_is_a_one_line_error(tiny_matrix, tmp_path):
