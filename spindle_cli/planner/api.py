@@ -6,6 +6,7 @@ The plan's semantics (slices, transfers, parameter groups) are fixed in docs/CON
 
 from __future__ import annotations
 
+import contextlib
 import math
 from bisect import bisect_right
 from collections.abc import Callable
@@ -179,26 +180,23 @@ def fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Cluste
     if not options.uneven_splits or options.planner != "spindle":
         return _fitting_plan_with_cost(graph, profile, cluster, options=options, ladder=ladder,
                                        inputs=inputs)
+    def planned(splits: PlanOptions) -> tuple[Plan, float | None]:
+        return _fitting_plan_with_cost(graph, profile, cluster, options=splits, ladder=ladder,
+                                       inputs=inputs)
+
     even = replace(options, uneven_splits=False)
     try:
-        plan, iteration_ms = _fitting_plan_with_cost(graph, profile, cluster, options=options,
-                                                     ladder=ladder, inputs=inputs)
-    except PlanInfeasible:
+        plan, iteration_ms = planned(options)
+    except PlanInfeasible as uneven:
         try:
-            return _fitting_plan_with_cost(graph, profile, cluster, options=even,
-                                           ladder=ladder, inputs=inputs)
+            return planned(even)
         except PlanInfeasible:
-            pass
-        raise
-    if iteration_ms is None:  # above SIMULATED_CHOICE_MAX_DEVICES: nothing to compare by
-        return plan, iteration_ms
-    try:
-        other, other_ms = _fitting_plan_with_cost(graph, profile, cluster, options=even,
-                                                  ladder=ladder, inputs=inputs)
-    except PlanInfeasible:
-        return plan, iteration_ms
-    if other_ms is not None and other_ms < iteration_ms - 1e-9:
-        return other, other_ms
+            raise uneven from None
+    if iteration_ms is not None:  # None above SIMULATED_CHOICE_MAX_DEVICES: nothing to compare
+        with contextlib.suppress(PlanInfeasible):
+            other, other_ms = planned(even)
+            if other_ms is not None and other_ms < iteration_ms - 1e-9:
+                return other, other_ms
     return plan, iteration_ms
 
 

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -365,41 +366,52 @@ def measure_optimizer(target: Target, settings: Settings) -> OptimizerCost:
 
 def cached_optimizer(target: Target, settings: Settings, cache_dir: Path | None,
                      reuse: bool = True) -> OptimizerCost:
-    """`measure_optimizer`, through the cache as `cached_measure` (keyed by the sizes timed,
-    the repeats, torch version, device and dtype); an entry that holds no valid cost is timed
-    again."""
+    """`measure_optimizer`, through the cache as `cached_measure` (keyed by the sizes timed as
+    a point by its shape, `_entry_name`); an entry that holds no valid cost is timed again."""
     if cache_dir is None:
         return measure_optimizer(target, settings)
-    key = {"optimizer": list(OPTIMIZER_SIZES[target.device.type]),
-           "repeats": max(settings.repeats, OPTIMIZER_MIN_REPEATS), "warmup": settings.warmup,
-           "torch": str(torch.__version__), "device": target.device_name,
-           "dtype": target.dtype_name, "method": METHOD}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
-    path = cache_dir / f"optimizer-{digest[:32]}.json"
+    path = cache_dir / _entry_name(
+        {"optimizer": list(OPTIMIZER_SIZES[target.device.type]),
+         "optimizer_repeats": max(settings.repeats, OPTIMIZER_MIN_REPEATS)},
+        target=target, settings=settings, prefix="optimizer-")
     if reuse:
         try:
             return from_data(OptimizerCost, json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError):  # unreadable, not JSON, or no valid cost (FieldError)
             pass
     cost = measure_optimizer(target, settings)
-    try:  # as `cached_measure`: a cache that fails mid-run is timed again next time
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(asdict(cost), sort_keys=True))
-    except (OSError, ArtifactError):
-        pass
+    _store(path, asdict(cost))
     return cost
 
 
 def cache_key(op: MetaOp, n: int, batch: int, strategy: str, *, target: Target,
               settings: Settings) -> str:
     """The file name of a point in the cache."""
-    point = {
-        "signature": op.signature, "num_devices": n, "batch": batch, "strategy": strategy,
-        "repeats": settings.repeats, "warmup": settings.warmup, "torch": str(torch.__version__),
-        "device": target.device_name, "dtype": target.dtype_name, "method": METHOD,
-    }
-    digest = hashlib.sha256(json.dumps(point, sort_keys=True).encode()).hexdigest()
-    return f"{digest[:32]}.json"
+    return _entry_name({"signature": op.signature, "num_devices": n, "batch": batch,
+                        "strategy": strategy}, target=target, settings=settings)
+
+
+def _entry_name(what: dict[str, Any], *, target: Target, settings: Settings,
+                prefix: str = "") -> str:
+    """The file name of a cache entry for `what` was timed, how (repeats, warm-up, `METHOD`)
+    and where (torch version, device, dtype)."""
+    key = {**what, "repeats": settings.repeats, "warmup": settings.warmup,
+           "torch": str(torch.__version__), "device": target.device_name,
+           "dtype": target.dtype_name, "method": METHOD}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return f"{prefix}{digest[:32]}.json"
+
+
+def _store(path: Path, data: dict[str, Any]) -> None:
+    """Write a cache entry through a temp file of its own (two runs measuring the same point
+    at once each write one). The CLI checks the cache can be written before it starts
+    (`cli.profile._usable_cache`), so a failure here is the cache failing mid-run (the disk
+    full): the entry is measured again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(data, sort_keys=True))
+    except (OSError, ArtifactError):
+        pass
 
 
 def _cached(path: Path) -> Measurement | None:
@@ -446,12 +458,5 @@ def cached_measure(
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
         return result, False
-    # a temp file of its own (two runs measuring the same point at once each write one); the
-    # CLI checks the cache can be written before it starts (`cli.profile._usable_cache`), so
-    # this is the cache failing mid-run (the disk full): the point is measured again next time
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(asdict(result), sort_keys=True))
-    except (OSError, ArtifactError):
-        pass
+    _store(path, asdict(result))
     return result, False
