@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ from spindle_cli.artifacts import (
     write_artifact,
 )
 from spindle_cli.cli import cli
+from spindle_cli.cli.views.plan_diff import allocations
 from spindle_cli.units import fmt_bytes
 
 CASE = Path(__file__).resolve().parents[1] / "data" / "plan-two-node-multitask"
@@ -298,6 +300,32 @@ def test_diff_is_semantic(case):
             f"C* {x.lower_bound_ms:.3f} -> {y.lower_bound_ms:.3f} ms") in r.output
 
 
+def test_diff_json_gives_the_lines_and_the_figures_as_pairs(case):
+    invoke(*plan_args("-o", "a.yaml"))
+    invoke(*plan_args("--planner", "sequential", "-o", "c.yaml"))
+    shutil.copy("a.yaml", "b.yaml")
+    r = invoke("diff", "a.yaml", "b.yaml", "--json")
+    assert r.exit_code == 0
+    same = json.loads(r.output)
+    assert same["same"] is True and same["differences"] == [] and same["allocations"] == {}
+    r = invoke("diff", "a.yaml", "c.yaml", "--json")
+    assert r.exit_code == 1
+    got = json.loads(r.output)
+    a, c = load("a.yaml", Plan), load("c.yaml", Plan)
+    assert (got["a"], got["b"], got["same"]) == ("a.yaml", "c.yaml", False)
+    # the lines are the text diff's, less its two header lines
+    assert got["differences"] == invoke("diff", "a.yaml", "c.yaml").output.splitlines()[2:]
+    assert got["estimated_compute_ms"] == [a.estimated_iteration_ms, c.estimated_iteration_ms]
+    assert got["lower_bound_ms"] == [a.lower_bound_ms, c.lower_bound_ms]
+    assert got["num_waves"] == [len(a.waves), len(c.waves)]
+    assert got["peak_memory_bytes"] == [max(m.total_bytes for m in p.memory) for p in (a, c)]
+    # the MetaOps whose allocation differs, and only those, as the text names them
+    before, after = allocations(a), allocations(c)
+    assert got["allocations"] == {m: [before[m], after[m]] for m in before
+                                  if before[m] != after[m]}
+    assert got["allocations"] and len(got["allocations"]) < len(before)
+
+
 def test_diff_lists_how_the_plans_were_made(case):
     # the same schedule from a moved profile, and from a profile whose content changed
     shutil.copy("profile.yaml", "moved.yaml")
@@ -326,12 +354,14 @@ def test_diff_lists_how_the_plans_were_made(case):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("as_json", [(), ("--json",)])
 @pytest.mark.parametrize(("b", "code"), [("a.yaml", 0), ("c.yaml", 1)])
-def test_diff_keeps_its_exit_code_when_the_reader_goes(case, b, code):
+def test_diff_keeps_its_exit_code_when_the_reader_goes(case, b, code, as_json):
     # `spindle diff A B | head -1`: the reader closes the pipe; "they differ" is still 1
     invoke(*plan_args("-o", "a.yaml"))
     invoke(*plan_args("--planner", "sequential", "-o", "c.yaml"))
-    proc = subprocess.Popen([sys.executable, "-m", "spindle_cli", "diff", "a.yaml", b],
+    proc = subprocess.Popen([sys.executable, "-m", "spindle_cli", "diff", "a.yaml", b,
+                             *as_json],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # before the plans are even loaded

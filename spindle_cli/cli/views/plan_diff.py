@@ -83,6 +83,27 @@ def _total(m: RankMemory | None) -> int:
     return 0 if m is None else m.total_bytes
 
 
+def _peak(plan: Plan) -> int:
+    return max((m.total_bytes for m in plan.memory), default=0)
+
+
+def figures(a: Plan, b: Plan) -> dict[str, object]:
+    """What `spindle diff --json` gives beside the lines, each as [a, b]: the estimated
+    compute and C* (ms), the peak memory of a rank (bytes), the waves, and the allocations
+    of the MetaOps whose allocation differs (`allocations`' text; null where a plan has no
+    such MetaOp)."""
+    alloc_a, alloc_b = allocations(a), allocations(b)
+    return {
+        "estimated_compute_ms": [a.estimated_iteration_ms, b.estimated_iteration_ms],
+        "lower_bound_ms": [a.lower_bound_ms, b.lower_bound_ms],
+        "peak_memory_bytes": [_peak(a), _peak(b)],
+        "num_waves": [len(a.waves), len(b.waves)],
+        "allocations": {m: [alloc_a.get(m), alloc_b.get(m)]
+                        for m in sorted(set(alloc_a) | set(alloc_b))
+                        if alloc_a.get(m) != alloc_b.get(m)},
+    }
+
+
 def differences(a: Plan, b: Plan) -> list[str]:
     """Human-readable lines, one per difference; empty when the plans are the same."""
     lines: list[str] = []
@@ -154,8 +175,7 @@ def differences(a: Plan, b: Plan) -> list[str]:
     numbers_a, numbers_b = ([str(lv.level) for lv in p.levels] for p in (a, b))
     if numbers_a != numbers_b:
         lines.append(f"levels: {', '.join(numbers_a)} -> {', '.join(numbers_b)}")
-    peak_a = max((m.total_bytes for m in a.memory), default=0)
-    peak_b = max((m.total_bytes for m in b.memory), default=0)
+    peak_a, peak_b = _peak(a), _peak(b)
     if peak_a != peak_b:
         lines.append(f"peak memory: {_bytes_change(peak_a, peak_b)}")
     mem_a, mem_b = {m.rank: m for m in a.memory}, {m.rank: m for m in b.memory}
