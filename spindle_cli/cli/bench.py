@@ -281,7 +281,8 @@ def _charts(rows: list[lib.BenchRow], out_dir: Path) -> None:
     _bar_chart(out_dir / "fig12_plan_time.png",
                "Planning time of spindle plan, its search over memory settings included "
                "(cf. paper Fig. 12: < 3 s)",
-               "seconds", groups, {p: col(p, "plan_seconds") for p in PLANNER_ORDER})
+               "seconds", groups, {p: col(p, "plan_seconds") for p in PLANNER_ORDER},
+               reference=paper_numbers.FIG12_MAX_PLAN_SECONDS)
 
 
 def _gantt(models: dict[str, ModelSpec], clusters: dict[str, ClusterSpec],
@@ -508,16 +509,18 @@ def _run_dynamic(models_dir: str, clusters_dir: str, schedule: tuple[str, ...], 
                      _num(t.train_s, ".2f"), _num(t.replan_s, ".3f"), _num(t.total_s, ".2f"),
                      "" if t.spindle_ahead_beyond is None else _iterations(
                          math.floor(t.spindle_ahead_beyond) + 1)])
+    title = (f"dynamic task sets: {lib.DYNAMIC_MODEL} on {cluster_name}, "
+             f"{_iterations(rows[0].iterations)}")
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
-        print_table(_rich(f"dynamic task sets, {_iterations(rows[0].iterations)}",
-                          header, body))
+        print_table(_rich(title, header, body))
     if out_dir is not None:
         with _staged(out_dir, ()) as staging:
             write_text_atomic(staging / "dynamic.json", json.dumps(report, indent=2) + "\n")
             write_text_atomic(staging / "dynamic.csv", _csv(records))
-            write_text_atomic(staging / "dynamic.md", _markdown(header, body))
+            write_text_atomic(staging / "dynamic.md",
+                              f"## {title[0].upper()}{title[1:]}\n\n" + _markdown(header, body))
         err.print(f"wrote {out_dir}/dynamic.{{csv,json,md}}")
     _fail_with([f"{r.planner} phase {r.phase}: {r.error}" for r in rows if r.error])
 

@@ -144,7 +144,9 @@ class BenchRow:
     """Which of the spindle planner's candidates was kept (Plan.candidate; '' otherwise)."""
     plan_seconds: float | None
     """Seconds `spindle plan` spends planning this configuration: the whole search over
-    memory settings (`plan_and_simulate`), reading and writing files not counted."""
+    memory settings (`plan_and_simulate`), reading and writing files not counted; where it
+    cannot plan, the seconds until it says so (None where there was no profile to plan
+    from)."""
     paper_speedup: float | None
     """The paper's speedup over DeepSpeed for this planner and cell (Fig. 8), if any."""
     paper_transfer_share: float | None
@@ -235,12 +237,15 @@ def run_config(model: ModelSpec, cluster: ClusterSpec, config: BenchConfig) -> l
         except SpindleError:
             bound = None
         for planner, placement in VARIANTS:
+            start = time.perf_counter()
             try:
                 plan, sim, seconds = plan_and_simulate(graph, profile, cluster, planner,
                                                        placement)
                 results.append((planner, placement, plan, sim, seconds, ""))
             except SpindleError as e:
-                results.append((planner, placement, None, None, None, str(e)))
+                # how long `spindle plan` takes to say it cannot
+                results.append((planner, placement, None, None, time.perf_counter() - start,
+                                str(e)))
     baseline = next((s.iteration_ms for p, _, _, s, _, _ in results
                      if p == "sequential" and s is not None), None)
     key = (config.model, config.num_tasks, config.num_devices)

@@ -195,6 +195,10 @@ def test_dynamic_reports_each_planner(monkeypatch, tmp_path):
             assert t["train_s"] == pytest.approx(sum(r["phase_ms"] for r in mine) / 1e3)
             assert t["total_s"] == pytest.approx(t["train_s"] + t["replan_s"])
     table = (tmp_path / "d" / "dynamic.md").read_text()
+    # titled like the terminal's table: what ran where, for how long
+    iterations = rows[0]["iterations"]
+    assert table.startswith(f"## Dynamic task sets: tiny-clip on a800-1x8, {iterations} "
+                            f"iteration{'s' * (iterations != 1)} per phase\n\n| planner |")
     assert "replanning s" in table and "Spindle ahead from" in table
     assert totals["spindle"]["spindle_ahead_beyond"] is None
     for t in totals.values():

@@ -174,10 +174,18 @@ def test_papers_shares_sit_on_the_row_of_the_share_they_compare_with(monkeypatch
 
 
 def test_planning_failures_become_rows_with_the_reason(monkeypatch):
-    monkeypatch.setattr(lib, "fitting_plan_with_cost", refusing("out of memory (test)"))
+    refuse = refusing("out of memory (test)")
+
+    def slow_refusal(*args, **kwargs):
+        time.sleep(0.05)
+        refuse()
+
+    monkeypatch.setattr(lib, "fitting_plan_with_cost", slow_refusal)
     rows = tiny_rows()
     failed = rows[:-1]
     assert all(r.iteration_ms is None and r.error == "out of memory (test)" for r in failed)
+    # the time planning took to fail, as spindle plan would spend it
+    assert all(r.plan_seconds is not None and r.plan_seconds >= 0.05 for r in failed)
     assert all(r.speedup_vs_sequential is None for r in rows)
     assert rows[-1].planner == lib.OPTIMUM and rows[-1].iteration_ms > 0
 
