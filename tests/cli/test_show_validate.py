@@ -582,16 +582,18 @@ def test_validate_names_a_plan_whose_graphs_model_changed(tmp_path, monkeypatch,
         "'models/tiny-clip.yaml' changed since the metaop graph was made (sha256 mismatch)")
 
 
-def test_show_writes_its_charts_before_a_closed_pipe_ends_it(tmp_path, monkeypatch, spindle):
-    # `spindle show PLAN --gantt g.svg | head -1`: the tables went first, the reader's close
-    # ended the command with exit 0, and the chart was never drawn
+@pytest.mark.parametrize(("artifact", "flag"), [("plans/tiny-clip-local-cpu.yaml", "--gantt"),
+                                               ("profiles/tiny-clip-local-cpu.yaml", "--plot")])
+def test_show_writes_its_charts_before_a_closed_pipe_ends_it(tmp_path, monkeypatch, spindle,
+                                                             artifact, flag):
+    # `spindle show PLAN --gantt g.svg | head -1` (and a profile's --plot): the tables went
+    # first, the reader's close ended the command with exit 0, and the chart was never drawn
     root = Path(__file__).resolve().parents[2]
     chart = tmp_path / "g.svg"
     with open(tmp_path / "stdout", "w") as f:
         monkeypatch.setattr(sys, "stdout", _ClosedPipe(f.fileno()))
         monkeypatch.setattr(out, "quiet", False)
-        result = spindle("show", str(root / "plans" / "tiny-clip-local-cpu.yaml"),
-                         "--gantt", str(chart))
+        result = spindle("show", str(root / artifact), flag, str(chart))
     assert result.exit_code == 0
     assert chart.read_text().startswith("<?xml")
 

@@ -96,7 +96,12 @@ def _curve_table(curve: Curve, fitted: set[int]) -> Table:
 
 def show(obj: Profile, path: str, plot: str | None = None) -> None:
     """Print a header, then per curve its points against the fit and a speedup sparkline;
-    with `plot`, also draw the speedup curves to an SVG or PNG (`gantt.save_figure`)."""
+    with `plot`, also draw the speedup curves to an SVG or PNG (`gantt.save_figure`), first:
+    a reader closing the pipe (`show PROFILE --plot F | head`) ends the command at its next
+    line."""
+    if plot is not None:
+        plot_profile(obj, plot)
+        err.print(f"wrote {plot}")
     f = obj.fingerprint
     torch = f", torch {f.torch_version}" if f.torch_version else ""
     out.print(
@@ -126,9 +131,6 @@ def show(obj: Profile, path: str, plot: str | None = None) -> None:
             else "  no valid count"
         )
         out.print("")
-    if plot is not None:
-        plot_profile(obj, plot)
-        err.print(f"wrote {plot}")
 
 
 def plot_profile(obj: Profile, path: str) -> None:
