@@ -201,7 +201,8 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
         raise SpindleError("a multi-node run needs --rdzv-endpoint HOST:PORT")
     if resolved == "gloo":
         try:
-            _check_cpu_memory(inputs.plan, nproc_per_node, node_rank)
+            _check_cpu_memory(inputs.plan, nproc_per_node, node_rank, inputs.graph.dtype,
+                              dtype)
         except PlanError as e:
             if not dry_run:
                 raise
@@ -314,10 +315,9 @@ def _bytes_ratio(dtype: str, graph: MetaOpGraph) -> str:
     activations and messages by the element size, the state per parameter as
     `memory.state_bytes_per_param` counts it (an fp32 run and bf16 mixed precision both keep
     16 bytes)."""
-    from spindle_cli.planner.memory import state_bytes_per_param
-    from spindle_cli.runtime.model import DTYPES
+    from spindle_cli.planner.memory import ELEMENT_BYTES, state_bytes_per_param
 
-    acts = DTYPES[dtype].itemsize / graph.dtype_bytes
+    acts = ELEMENT_BYTES[dtype] / graph.dtype_bytes
     state = sum(state_bytes_per_param(dtype)) / sum(state_bytes_per_param(graph.dtype))
     if acts == state:
         return f"they take {acts:g}x the plan's bytes"
@@ -325,11 +325,12 @@ def _bytes_ratio(dtype: str, graph: MetaOpGraph) -> str:
             f"state {state:g}x")
 
 
-def _check_cpu_memory(plan: Plan, nproc_per_node: int, node_rank: int) -> None:
-    """PlanError unless every rank of this node fits its share of the node's RAM, the check
-    each CPU rank makes after the process group is up (`worker.main`): a plan made for GPUs
-    started its 16 CPU ranks here, and the run ended on a raw gloo 'connectFullMesh failed'
-    line."""
+def _check_cpu_memory(plan: Plan, nproc_per_node: int, node_rank: int, planned: str,
+                      dtype: str) -> None:
+    """PlanError unless every rank of this node fits its share of the node's RAM, trained in
+    `dtype` (the plan counts in `planned`), the check each CPU rank makes after the process
+    group is up (`worker.main`): a plan made for GPUs started its 16 CPU ranks here, and the
+    run ended on a raw gloo 'connectFullMesh failed' line."""
     from spindle_cli.runtime.inputs import check_world
     from spindle_cli.runtime.worker import cpu_memory_bytes
 
@@ -337,7 +338,8 @@ def _check_cpu_memory(plan: Plan, nproc_per_node: int, node_rank: int) -> None:
     first = node_rank * nproc_per_node
     try:
         for rank in range(first, first + nproc_per_node):
-            check_world(plan, plan.num_devices, rank=rank, memory_bytes=share)
+            check_world(plan, plan.num_devices, rank=rank, memory_bytes=share,
+                        planned=planned, dtype=dtype)
     except PlanError as e:
         raise PlanError(f"{e} (its share of this node's RAM, with {nproc_per_node} CPU ranks)",
                         hint="run it on the devices it was planned for, or plan for this "

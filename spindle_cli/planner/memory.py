@@ -60,6 +60,21 @@ NO_SAVING = MemoryStrategy()
 
 
 
+ELEMENT_BYTES = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2}
+"""Bytes of one element of each dtype a graph counts in or a run trains in."""
+
+
+def run_bytes(memory: RankMemory, planned: str, dtype: str) -> int:
+    """A rank's estimated bytes (`memory`, counted in its graph's dtype `planned`) when the run
+    trains in `dtype`: activations by the element size, each state category by its bytes per
+    parameter (`state_bytes_per_param`)."""
+    ratios = [new / old for new, old in zip(state_bytes_per_param(dtype),
+                                            state_bytes_per_param(planned), strict=True)]
+    return round(memory.param_bytes * ratios[0] + memory.grad_bytes * ratios[1]
+                 + memory.optimizer_bytes * ratios[2]
+                 + memory.activation_bytes * ELEMENT_BYTES[dtype] / ELEMENT_BYTES[planned])
+
+
 def state_bytes_per_param(dtype: str) -> tuple[int, int, int]:
     """(weights, gradients, optimizer state) bytes per parameter: a 16-bit dtype's mixed
     precision keeps fp32 master weights and moments; fp32, and fp64 (a `spindle run --dtype

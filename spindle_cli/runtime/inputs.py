@@ -14,7 +14,9 @@ from spindle_cli.errors import SpindleError
 from spindle_cli.planner.api import PlanOptions
 from spindle_cli.planner.consistency import check_recorded
 from spindle_cli.planner.graph import model_of
+from spindle_cli.planner.memory import run_bytes
 from spindle_cli.runtime.program import PlanError, Program, build_program
+from spindle_cli.units import fmt_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,15 +47,20 @@ def load_run_inputs(plan_path: str) -> RunInputs:
 
 
 def check_world(plan: Plan, world_size: int, *, rank: int | None = None,
-                memory_bytes: int | None = None) -> None:
+                memory_bytes: int | None = None, planned: str = "", dtype: str = "") -> None:
     """Refuse a plan that does not fit the world: its size, and (with `rank` and
-    `memory_bytes`) the rank's estimated memory."""
+    `memory_bytes`) the rank's estimated memory, counted in `planned` (its graph's dtype)
+    and trained in `dtype` (`memory.run_bytes`; as planned where either is '')."""
     if world_size != plan.num_devices:
         raise SpindleError(f"the plan needs {plan.num_devices} ranks, the run has {world_size}",
                            hint=f"--nproc-per-node times --nnodes must be {plan.num_devices}")
     if rank is None or memory_bytes is None:
         return
-    need = next((m.total_bytes for m in plan.memory if m.rank == rank), 0)
+    memory = next((m for m in plan.memory if m.rank == rank), None)
+    if memory is None:
+        return
+    need = run_bytes(memory, planned, dtype) if planned and dtype else memory.total_bytes
     if need > memory_bytes:
-        raise PlanError(f"rank {rank} needs an estimated {need / 2**30:.2f} GiB, its device has "
-                        f"{memory_bytes / 2**30:.2f} GiB")
+        trained = f" trained in {dtype}" if planned != dtype else ""
+        raise PlanError(f"rank {rank} needs an estimated {fmt_bytes(need)}{trained}, its device "
+                        f"has {fmt_bytes(memory_bytes)}")

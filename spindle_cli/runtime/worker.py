@@ -621,7 +621,8 @@ def main(argv: list[str] | None = None) -> int:
         world = rdist.init(args.backend, timeout_s=args.timeout_s)
         try:
             check_world(inputs.plan, world.world_size, rank=world.rank,
-                        memory_bytes=_device_memory_bytes(world))
+                        memory_bytes=_device_memory_bytes(world), planned=inputs.graph.dtype,
+                        dtype=opts.dtype)
             overlap = overlap_for(args.sync, world.backend)
             predicted = (predicted_iteration(args.plan, inputs.plan, inputs.graph,
                                              overlap_sync=overlap)

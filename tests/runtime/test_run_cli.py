@@ -33,6 +33,7 @@ from spindle_cli.errors import RuntimeFailure, SpindleError
 from spindle_cli.planner.api import PlanOptions, make_plan
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
+from spindle_cli.units import fmt_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -1302,7 +1303,7 @@ def test_cpu_ranks_that_do_not_fit_the_nodes_ram_are_refused_before_launch(
     monkeypatch.setattr("spindle_cli.cli.run._launch", lambda argv, **_: launched.append(argv))
     flags = ["--dry-run"] if dry_run else []
     result = invoke("run", "plans/multitask-clip-4-a800-2x8.yaml", "--backend", "gloo", *flags)
-    problem = (r"rank 0 needs an estimated [\d.]+ GiB, its device has 2\.00 GiB \(its share "
+    problem = (r"rank 0 needs an estimated [\d.]+ GiB, its device has 2\.0 GiB \(its share "
                r"of this node's RAM, with 16 CPU ranks\)")
     if dry_run:
         assert result.exit_code == 0, result.stderr
@@ -1315,6 +1316,27 @@ def test_cpu_ranks_that_do_not_fit_the_nodes_ram_are_refused_before_launch(
     result = invoke("run", "plans/tiny-clip-local-cpu-2.yaml", "--backend", "gloo", *flags)
     assert result.exit_code == 0, getattr(result, "stderr", "")
     assert len(launched) == (0 if dry_run else 1)
+
+
+def test_the_ram_check_counts_the_bytes_of_the_dtype_the_run_trains_in(monkeypatch) -> None:
+    """The plan counts its bytes in its graph's dtype (tiny-clip: fp32); a --dtype fp64 run
+    takes twice them, and was checked against the plan's bytes as written."""
+    monkeypatch.chdir(REPO)
+    plan = load("plans/tiny-clip-local-cpu-2.yaml", Plan)
+    need = max(m.total_bytes for m in plan.memory)
+    monkeypatch.setattr("spindle_cli.runtime.worker.cpu_memory_bytes",
+                        lambda ranks_per_node: int(1.5 * need))
+    launched: list[list[str]] = []
+    monkeypatch.setattr("spindle_cli.cli.run._launch", lambda argv, **_: launched.append(argv))
+    result = invoke("run", "plans/tiny-clip-local-cpu-2.yaml", "--dtype", "fp32")
+    assert result.exit_code == 0, getattr(result, "stderr", "")
+    result = invoke("run", "plans/tiny-clip-local-cpu-2.yaml", "--dtype", "fp64")
+    assert result.exit_code == 2
+    rank0 = next(m for m in plan.memory if m.rank == 0)
+    assert _one_line_error(result).startswith(
+        f"error: rank 0 needs an estimated {fmt_bytes(2 * rank0.total_bytes)} trained in fp64, "
+        f"its device has {fmt_bytes(int(1.5 * need))}")
+    assert len(launched) == 1
 
 
 def test_metrics_go_to_the_workers_and_a_bad_name_is_refused_before_launch(
