@@ -366,14 +366,15 @@ def _print_checkpoints(opts: TrainOptions, found: tuple[Path, int] | None) -> No
 
 def _check_cluster(plan: Plan, plan_path: str) -> None:
     """The plan's recorded cluster, where this node has it, must hold as many devices as the
-    plan (workers need only the plan, its graph and its model, so a node without the file
-    skips this; its other contents do not matter to a run)."""
+    plan, in its islands (workers need only the plan, its graph and its model, so a node
+    without the file skips this; its other contents, its name included, do not matter to a
+    run: `_note_changed_inputs` notes a file changed since)."""
     ref = next((r for r in plan.inputs if r.kind == "cluster"), None)
     found = None if ref is None else find_recorded_input(ref, plan_path)
     if found is None:
         return
     try:
-        check_cluster(plan, load(str(found), ClusterSpec))
+        check_cluster(plan, load(str(found), ClusterSpec), name=False)
     except PlanError as e:
         raise PlanError(f"{plan_path}: {e}") from None
 

@@ -237,10 +237,10 @@ def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ..
                             f"layer {layer} of module {module!r} is held by ranks {list(ranks)}")
 
 
-def check_cluster(plan: Plan, cluster: ClusterSpec) -> None:
+def check_cluster(plan: Plan, cluster: ClusterSpec, *, name: bool = True) -> None:
     """PlanError unless the plan is for as many devices as its cluster has, in its NVLink
-    islands (the plan keeps every tensor-parallel group inside one of its own islands), named
-    as it is."""
+    islands (the plan keeps every tensor-parallel group inside one of its own islands), and
+    (with `name`) named as it is."""
     if cluster.num_devices != plan.num_devices:
         raise PlanError(f"the plan is for {plan.num_devices} devices but its cluster has "
                         f"{cluster.num_devices}")
@@ -248,7 +248,7 @@ def check_cluster(plan: Plan, cluster: ClusterSpec) -> None:
         raise PlanError(f"islands: the plan's NVLink islands are not its cluster's (islands of "
                         f"{cluster.island_size} consecutive ranks; edited since spindle plan "
                         "wrote it?)")
-    if plan.cluster != cluster.name:
+    if name and plan.cluster != cluster.name:
         raise PlanError(f"cluster: the plan is for cluster {plan.cluster!r}, its cluster file "
                         f"is {cluster.name!r}")
 

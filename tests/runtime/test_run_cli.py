@@ -634,6 +634,23 @@ def test_a_plan_for_another_cluster_size_is_refused(tmp_path: Path) -> None:
                                        "cluster has 2")
 
 
+def test_a_renamed_cluster_file_is_noted_not_refused(tmp_path: Path) -> None:
+    # the plan's cluster file renamed since (its devices and islands as they were): a run
+    # needs neither its name nor its figures, so it notes the change and goes on, as for any
+    # other change to the file
+    plan = write_plan_files(tmp_path)
+    data = yaml.safe_load(plan.read_text())
+    ref = next(r for r in data["inputs"] if r["kind"] == "cluster")
+    renamed = tmp_path / "renamed.yaml"
+    renamed.write_text((REPO / "clusters" / "local-cpu-2.yaml").read_text().replace(
+        "name: local-cpu-2", "name: my-laptop"))
+    ref["path"] = str(renamed)
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = invoke("run", str(plan), "--dry-run")
+    assert result.exit_code == 0, getattr(result, "stderr", "")
+    assert "changed since the plan was made" in result.stderr
+
+
 def test_a_dataset_module_in_the_working_directory_is_found(tmp_path: Path,
                                                            monkeypatch) -> None:
     plan_path = write_plan_files(tmp_path)
