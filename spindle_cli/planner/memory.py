@@ -126,17 +126,24 @@ def layer_params(graph: MetaOpGraph) -> dict[str, int]:
     return per_layer
 
 
-def split_rows(batch: int, groups: int) -> list[int]:
-    """Rows of each data-parallel group: contiguous, the first batch % groups get one more."""
-    base, extra = divmod(batch, groups)
-    return [base + (1 if g < extra else 0) for g in range(groups)]
+def split_rows(num_rows: int, num_parts: int) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) row ranges of `num_rows` over `num_parts` data-parallel groups; the
+    first `num_rows % num_parts` get one extra row (docs/CONTRACTS.md). The one rule the
+    planner's memory, the simulator's flows and the runtime's messages share."""
+    base, extra = divmod(num_rows, num_parts)
+    out, lo = [], 0
+    for i in range(num_parts):
+        hi = lo + base + (i < extra)
+        out.append((lo, hi))
+        lo = hi
+    return out
 
 
 def rows_per_rank(batch: int, num_ranks: int, strategy: str) -> list[int]:
     """Rows each rank of a slice processes (ranks ascending; a tensor-parallel group of t
     consecutive ranks shares its group's rows)."""
     t = tp_group_size(num_ranks, strategy)
-    return [r for r in split_rows(batch, num_ranks // t) for _ in range(t)]
+    return [hi - lo for lo, hi in split_rows(batch, num_ranks // t) for _ in range(t)]
 
 
 @lru_cache(maxsize=4096)

@@ -116,7 +116,12 @@ from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.buckets import SyncBucket, SyncMode, backend_sync, sync_buckets
 from spindle_cli.planner.consistency import check_plan
-from spindle_cli.planner.memory import MemoryStrategy, replayed_table, state_bytes_per_param
+from spindle_cli.planner.memory import (
+    MemoryStrategy,
+    replayed_table,
+    split_rows,
+    state_bytes_per_param,
+)
 from spindle_cli.planner.profiling import allowed_curve
 
 FORWARD_SHARE = 1.0 / 3.0
@@ -271,17 +276,6 @@ class SimResult:
     def transfer_fraction(self) -> float:
         """Share of the iteration spent waiting for inter-wave transfers."""
         return self.transfer_ms / self.iteration_ms if self.iteration_ms > 0 else 0.0
-
-
-def split_rows(num_rows: int, num_parts: int) -> list[tuple[int, int]]:
-    """Contiguous [lo, hi) row ranges; the first num_rows % num_parts parts get one extra."""
-    base, extra = divmod(num_rows, num_parts)
-    out, lo = [], 0
-    for i in range(num_parts):
-        hi = lo + base + (1 if i < extra else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
 
 
 def operator_ms(curve: Curve, s: Slice) -> float:

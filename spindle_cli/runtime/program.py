@@ -16,18 +16,7 @@ from spindle_cli.artifacts.model_check import Shape, infer_shapes
 from spindle_cli.artifacts.plan import Plan, Slice
 from spindle_cli.errors import PlanError
 from spindle_cli.planner.consistency import check_plan
-
-
-def split_rows(num_rows: int, num_parts: int) -> list[tuple[int, int]]:
-    """Contiguous row ranges of `num_rows` over `num_parts` ranks; the first
-    `num_rows % num_parts` ranks get one extra row (docs/CONTRACTS.md)."""
-    base, rem = divmod(num_rows, num_parts)
-    out, start = [], 0
-    for i in range(num_parts):
-        end = start + base + (i < rem)
-        out.append((start, end))
-        start = end
-    return out
+from spindle_cli.planner.memory import split_rows
 
 
 def rows_of(num_rows: int, ranks: tuple[int, ...], rank: int) -> tuple[int, int]:

@@ -23,13 +23,13 @@ from spindle_cli.artifacts.profile import OptimizerCost
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api, placement
 from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.memory import split_rows
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import (
     _Network,
     row_flows,
     simulate,
     simulated_cost,
-    split_rows,
 )
 from spindle_cli.planner.waves import (
     VARIANTS,

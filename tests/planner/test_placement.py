@@ -17,7 +17,8 @@ def spec(m, first, last, n, strategy="dp"):
 
 
 def test_split_rows_gives_the_first_groups_one_extra_row():
-    assert split_rows(10, 4) == [3, 3, 2, 2]
+    assert split_rows(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert split_rows(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
     assert rows_per_rank(10, 8, "tp2") == [3, 3, 3, 3, 2, 2, 2, 2]
     assert state_bytes_per_param("bf16") == (2, 2, 12)
     assert state_bytes_per_param("fp32") == (4, 4, 8)
@@ -332,11 +333,7 @@ def _rows_kept(src, dst, batch):
     """Rows each consumer rank already holds from the producer: both split `batch` in rank
     order (`split_rows`), so position j of a slice owns the j-th contiguous range."""
     def ranges(ranks):
-        out, lo = {}, 0
-        for r, n in zip(ranks, split_rows(batch, len(ranks)), strict=True):
-            out[r] = (lo, lo + n)
-            lo += n
-        return out
+        return dict(zip(ranks, split_rows(batch, len(ranks)), strict=True))
 
     have, need = ranges(src), ranges(dst)
     return sum(max(0, min(need[r][1], have[r][1]) - max(need[r][0], have[r][0]))

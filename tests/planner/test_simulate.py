@@ -26,7 +26,7 @@ from spindle_cli.errors import SpindleError
 from spindle_cli.planner.api import PlanOptions, make_plan
 from spindle_cli.planner.bench import profile_for
 from spindle_cli.planner.graph import build_graph
-from spindle_cli.planner.simulate import row_flows, simulate, simulated_cost, split_rows
+from spindle_cli.planner.simulate import row_flows, simulate, simulated_cost
 
 
 def run(plan=None, *, latency_s: float = 0.0, batch: int = fx.BATCH, num_nodes: int = 2,
@@ -321,11 +321,6 @@ def test_utilization_per_rank_and_metaop():
     # 2 layers x 6 GFLOP over 24 device-ms at 1 TFLOP/s peak = 12e9 / 24e9.
     assert enc.device_ms == pytest.approx(24.0)
     assert enc.mfu == pytest.approx(0.5)
-
-
-def test_split_rows_gives_extra_rows_to_the_first_parts():
-    assert split_rows(7, 3) == [(0, 3), (3, 5), (5, 7)]
-    assert split_rows(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
 
 
 def test_row_flows_match_overlapping_rows():

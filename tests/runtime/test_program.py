@@ -12,23 +12,18 @@ from hypothesis import strategies as st
 from plans import hand_plan, whole
 from spindle_cli.artifacts import MetaOpGraph, ModelSpec, load
 from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.memory import split_rows
 from spindle_cli.runtime.program import (
     PlanError,
     build_program,
     check_executable,
     messages,
-    split_rows,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 
 rank_sets = st.lists(st.integers(0, 7), min_size=1, max_size=8, unique=True).map(
     lambda r: tuple(sorted(r)))
-
-
-def test_split_rows_gives_the_first_ranks_one_extra_row() -> None:
-    assert split_rows(8, 3) == [(0, 3), (3, 6), (6, 8)]
-    assert split_rows(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
 
 
 @given(st.integers(0, 40), rank_sets, rank_sets)
