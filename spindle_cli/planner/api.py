@@ -52,7 +52,7 @@ from spindle_cli.planner.memory import (
 )
 from spindle_cli.planner.placement import Flow, PlacedWaves, Ranks, SliceSpec, place
 from spindle_cli.planner.profiling import allowed_curve, tp_allowed
-from spindle_cli.planner.simulate import QuickCost, simulated_cost
+from spindle_cli.planner.simulate import FORWARD_SHARE, QuickCost, simulated_cost
 from spindle_cli.planner.tasks import lane_waves, task_lanes, task_sizes, task_stable
 from spindle_cli.planner.waves import (
     LARGE_LEVEL,
@@ -137,9 +137,9 @@ class PlanOptions:
         return options
 
 
-RECOMPUTE_TIME_FACTOR = 4.0 / 3.0
-"""Slice time under recomputation: one extra forward, 1/3 of forward+backward (the 1:2 FLOP
-ratio of planner/costs.py and the simulator)."""
+RECOMPUTE_TIME_FACTOR = 1.0 + FORWARD_SHARE
+"""Slice time under recomputation: one extra forward, the simulator's share of
+forward+backward (1/3: the 1:2 FLOP ratio of planner/costs.py)."""
 
 MEMORY_MODES = ("auto", "none", "zero1", "zero2", "zero3")
 RECOMPUTE_MODES = ("auto", "on", "off")
