@@ -92,13 +92,18 @@ def _refused(path: Path) -> Iterator[None]:
 
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
-    """torch.save through a hidden temporary file; a failed write is an output the machine
-    refused (ArtifactError 'cannot write ...': the run ends with exit code 2, as every
-    command's does) naming the file, the checkpoints before it left whole. A full disk makes
-    torch say only '[enforce fail at inline_container.cc] unexpected pos N vs M'."""
+    """torch.save through a hidden temporary file, on disk (fsync) before it is renamed, as
+    `io.replace_atomic` makes every other file: a checkpoint committed and then lost with
+    the machine's power must not hold a rank file the disk never got. A failed write is an
+    output the machine refused (ArtifactError 'cannot write ...': the run ends with exit
+    code 2, as every command's does) naming the file, the checkpoints before it left whole.
+    A full disk makes torch say only '[enforce fail at inline_container.cc] unexpected pos N
+    vs M'."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         torch.save(obj, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
     except (RuntimeError, OSError) as e:
         text = (str(e).splitlines() or [type(e).__name__])[0]
         reason = (e.strerror if isinstance(e, OSError) and e.strerror else

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -120,6 +121,30 @@ def test_a_damaged_checkpoint_whose_predecessors_are_damaged_too_says_so(
         checkpoint.load(found, rank=0, world_size=1, meta=META)
     assert e.value.hint == ("the checkpoints before it are damaged too: train from step 0 "
                             "with another --checkpoint-dir")
+
+
+def test_a_rank_file_is_on_disk_before_it_is_renamed(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every other file Spindle writes is fsynced before its rename (`io.replace_atomic`);
+    the rank files were not, so a checkpoint committed just before a power loss could hold
+    one the disk never got."""
+    events: list[str] = []
+    fsync, replace = os.fsync, os.replace
+
+    def synced(fd: int) -> None:
+        events.append(f"fsync {os.readlink(f'/proc/self/fd/{fd}')}")
+        fsync(fd)
+
+    def renamed(src: object, dst: object) -> None:
+        events.append(f"replace {src}")
+        replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "fsync", synced)
+    monkeypatch.setattr(checkpoint.os, "replace", renamed)
+    checkpoint.save(str(tmp_path), 1, rank=0, world_size=1, state={"w": torch.ones(2)},
+                    meta=META)
+    tmp = tmp_path / ".step-000001.tmp" / ".rank-00000.pt.tmp"
+    assert events.index(f"fsync {tmp}") < events.index(f"replace {tmp}")
 
 
 def test_a_failed_write_names_the_file_and_keeps_the_checkpoints_before(
