@@ -75,23 +75,6 @@ def field_path(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _type_name(tp: Any) -> str:
-    origin = get_origin(tp)
-    if tp is int:
-        return "an integer"
-    if tp is float:
-        return "a number"
-    if tp is str:
-        return "a string"
-    if tp is bool:
-        return "a boolean"
-    if origin is tuple:
-        return "a list"
-    if origin is dict or dataclasses.is_dataclass(tp):
-        return "a mapping"
-    return str(tp)
-
-
 def describe_value(value: Any) -> str:
     """What a parsed value is, for error messages: 'a list', 'an integer', 'null', ..."""
     if value is None:

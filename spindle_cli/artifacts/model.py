@@ -41,8 +41,6 @@ bidirectional / causal.
 `contrastive_loss`: symmetric InfoNCE over two [B,hidden] embeddings (learned temperature).
 `lm_loss`: LN + vocabulary head + next-token cross-entropy over the last `target_len` positions."""
 
-SEQUENCE_KINDS = ("patch_embed", "transformer_encoder", "transformer_decoder", "adapter")
-
 KIND_FIELDS = {
     "heads": ("transformer_encoder", "transformer_decoder"),
     "ffn": ("transformer_encoder", "transformer_decoder"),

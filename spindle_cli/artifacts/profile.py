@@ -21,10 +21,6 @@ from spindle_cli.artifacts.limits import (
 )
 from spindle_cli.errors import FieldError
 
-Strategy = str
-"""'dp' (data parallel: batch split over n devices) or 'tp<t>' (tensor parallel of degree t
-inside one island, data parallel over n / t groups), e.g. 'tp2'."""
-
 
 def tp_degree(strategy: str) -> int:
     """The tensor-parallel degree of a strategy ('dp' -> 1)."""

@@ -197,9 +197,10 @@ def print_report(result: SimResult, path: str, progress: simulation.Progress = "
               help="Gradient buckets: chunked, chunks of a rank set's layers each as soon as "
                    "the backward wave that completes them has passed them (what `spindle run` "
                    "does on nccl); per-wave, one per rank set and wave once that wave's "
-                   "slices of its layers have finished their backward; per-set, one per rank set once all its layers are done (on gloo); "
-                   "after-backward, every group after the last backward wave; auto, those of "
-                   "the cluster's backend (what the planner simulates).")
+                   "slices of its layers have finished their backward; per-set, one per "
+                   "rank set once all its layers are done (on gloo); after-backward, every "
+                   "group after the last backward wave; auto, those of the cluster's backend "
+                   "(what the planner simulates).")
 @click.option("--progress", type=click.Choice(simulation.PROGRESS_MODES), default="wave",
               show_default=True,
               help="wave: every wave is a barrier (the planner's model); rank: each rank "

@@ -196,8 +196,13 @@ def _interpolate(counts: tuple[int, ...], s: tuple[float, ...], target: float) -
 
 
 def _envelope_need(oc: OpCurve) -> Callable[[float], float]:
-    """`n_envelope` of one MetaOp as a function of C (the envelope and the work computed once,
-    for the bisection's many evaluations)."""
+    """Like `n_lin`, but along the upper concave envelope of the speedups, as a function of C
+    (the envelope and the work computed once, for the bisection's many evaluations): mixing
+    the two envelope counts around a point (time-sharing, as the bi-point split does) reaches
+    it, so the relaxed optimum on the envelope is a lower bound for any schedule on valid
+    counts. It equals `n_lin` when speedups are concave; a strategy switch that is
+    superlinear between valid counts (the paper's own worked example has one) makes it
+    smaller."""
     idx = _upper_hull(oc.counts, oc.speedups)
     counts = tuple(oc.counts[i] for i in idx)
     speedups = tuple(oc.speedups[i] for i in idx)
@@ -209,15 +214,6 @@ def _lin_need(oc: OpCurve) -> Callable[[float], float]:
     """`n_lin` of one MetaOp as a function of C (the work computed once)."""
     counts, speedups, work_ms = oc.counts, oc.speedups, oc.work_ms
     return lambda c_ms: _interpolate(counts, speedups, work_ms / c_ms)
-
-
-def n_envelope(oc: OpCurve, c_ms: float) -> float:
-    """Like `n_lin`, but along the upper concave envelope of the speedups: mixing the two
-    envelope counts around a point (time-sharing, as the bi-point split does) reaches it, so
-    the relaxed optimum on the envelope is a lower bound for any schedule on valid counts. It
-    equals `n_lin` when speedups are concave; a strategy switch that is superlinear between
-    valid counts (the paper's own worked example has one) makes it smaller."""
-    return _envelope_need(oc)(c_ms)
 
 
 def n_lin(oc: OpCurve, c_ms: float) -> float:
@@ -314,7 +310,7 @@ def relaxed_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:
 
 
 def lower_bound_ms(curves: list[OpCurve], num_devices: int) -> float:
-    """The relaxed optimum on the speedup envelope (`n_envelope`): a lower bound for the level
+    """The relaxed optimum on the speedup envelope (`_envelope_need`): a lower bound for the level
     under any planner that runs it between barriers; equal to C* when every speedup curve is
     concave. Schedules that overlap levels (`api.fused_waves`, the optimus and distmm
     baselines) are not bounded by the sum over levels."""

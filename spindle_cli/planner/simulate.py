@@ -678,7 +678,7 @@ def simulate(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterS
     PlanError when the plan does not schedule `graph` consistently (`consistency.check_plan`).
     """
     check_plan(plan, graph)
-    return _result(plan, graph, profile, cluster,
+    return _result(plan, graph, cluster,
                    _run(plan, graph, profile, cluster, progress=progress,
                         sync=backend_sync(cluster.backend) if sync is None else sync))
 
@@ -1443,8 +1443,8 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                      else param_wait_ms[0] + stalled_ms[0], parts=parts)
 
 
-def _result(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
-            timeline: _Timeline) -> SimResult:
+def _result(plan: Plan, graph: MetaOpGraph, cluster: ClusterSpec, timeline: _Timeline
+            ) -> SimResult:
     costs, starts, net, flow_meta = (timeline.costs, timeline.starts, timeline.net,
                                      timeline.flow_meta)
     fwd_timing, bwd_timing = timeline.fwd_timing, timeline.bwd_timing
