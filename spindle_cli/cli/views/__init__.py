@@ -29,7 +29,8 @@ def fmt_count(n: float) -> str:
     if abs(n) >= 1e8:
         return f"{n / 1e9:.2f}B"
     for scale, suffix in ((1e6, "M"), (1e3, "K")):
-        if abs(n) >= scale:
+        # 999_950 is 1.0M, not 1000.0K
+        if abs(n) >= scale or (scale > 1e3 and round(abs(n) / 1e3, 1) >= 1000):
             return f"{n / scale:.1f}{suffix}"
     return f"{n:g}"
 
