@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-CLI = REPO / "spindle_cli" / "cli"
 TINY = "models/tiny-clip.yaml"
 CLUSTER = "clusters/a800-1x8.yaml"
 
@@ -60,12 +59,16 @@ def _commands(tmp: Path) -> dict[str, list[list[str]]]:
         "validate": [graph, ["validate", TINY, CLUSTER, str(tmp / "g.yaml")]],
         "show": [graph, ["show", TINY], ["show", str(tmp / "g.yaml")]],
     }
-    if (CLI / "profile.py").exists():
-        commands["profile"] = [graph, profile]
-        if (CLI / "plan.py").exists():
-            plan = ["plan", str(tmp / "g.yaml"), str(tmp / "p.yaml"), "--cluster", CLUSTER,
-                    "-o", str(tmp / "plan.yaml")]
-            commands["plan"] = [graph, profile, plan]
+    plan = ["plan", str(tmp / "g.yaml"), str(tmp / "p.yaml"), "--cluster", CLUSTER,
+            "-o", str(tmp / "plan.yaml")]
+    made = [graph, profile, plan]
+    commands |= {
+        "profile": [graph, profile],
+        "plan": made,
+        "simulate": [*made, ["simulate", str(tmp / "plan.yaml"), "--json"]],
+        "explain": [*made, ["explain", str(tmp / "plan.yaml"), "text_audio/audio_embed"]],
+        "diff": [*made, ["diff", str(tmp / "plan.yaml"), str(tmp / "plan.yaml")]],
+    }
     return commands
 
 
