@@ -89,7 +89,8 @@ class MemoryModel:
     param_bytes: int = field(metadata=meta("parameters (training dtype) per layer", ge=0))
     grad_bytes: int = field(metadata=meta("gradients per layer", ge=0))
     optimizer_bytes: int = field(
-        metadata=meta("fp32 master weights + Adam moments per layer", ge=0)
+        metadata=meta("optimizer state per layer: Adam moments, and fp32 master weights with a "
+                      "16-bit dtype", ge=0)
     )
     activation_bytes_per_sample: int = field(
         metadata=meta("activations kept for backward per sample per layer", ge=0)

@@ -50,6 +50,7 @@ from spindle_cli.artifacts.limits import MAX_MS
 from spindle_cli.artifacts.model import ModuleSpec
 from spindle_cli.artifacts.profile import OptimizerCost, tp_degree
 from spindle_cli.errors import ArtifactError
+from spindle_cli.planner.memory import state_bytes_per_param
 from spindle_cli.runtime.layers import build_layer
 from spindle_cli.runtime.model import DTYPES, make_optimizer, step_mixed
 
@@ -184,14 +185,16 @@ def _inputs(spec: ModuleSpec, op: MetaOp, batch: int, target: Target) -> list[to
 
 
 def _adam_bytes(num_params: int, dtype_name: str) -> int:
-    """fp32 master weights and two moments for 16-bit training; the moments alone in fp32."""
-    return num_params * (8 if dtype_name == "fp32" else 12)
+    """The optimizer state of `num_params` parameters, as the planner counts it
+    (`memory.state_bytes_per_param`: fp32 master weights and two moments for 16-bit
+    training, the moments alone at a wider dtype's width)."""
+    return num_params * state_bytes_per_param(dtype_name)[2]
 
 
 def _estimate_bytes(op: MetaOp, batch: int, t: int, dtype_name: str) -> int:
-    elem = 4 if dtype_name == "fp32" else 2
+    weights, grads, optimizer = state_bytes_per_param(dtype_name)
     params = op.params_per_layer / t
-    return int(params * 2 * elem + _adam_bytes(int(params), dtype_name)
+    return int(params * (weights + grads) + int(params) * optimizer
                + op.stash_bytes_per_sample * batch)
 
 
