@@ -467,11 +467,20 @@ def _places(ref: InputRef, owner_path: str) -> list[Path]:
     owner = Path(owner_path).resolve()
     top = work_tree(owner)
     inside = [d for d in owner.parents if top is None or d.is_relative_to(top)]
-    found = [p for p in (Path(ref.path), *(d / ref.path for d in inside)) if p.is_file()]
+    found = [p for p in (Path(ref.path), *(d / ref.path for d in inside)) if _is_file(p)]
     if found or top is None:
         return found
     return [d / ref.path for d in owner.parents if not d.is_relative_to(top)
-            and (d / ref.path).is_file()]
+            and _is_file(d / ref.path)]
+
+
+def _is_file(path: Path) -> bool:
+    """Whether `path` is a file one may read; False where the name cannot be looked at (too
+    long, a directory without search permission), which Path.is_file raises."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _find(ref: InputRef, owner_path: str) -> tuple[Path, Artifact | None] | None:

@@ -142,6 +142,11 @@ def _main(argv: list[str] | None) -> Any:
     except BrokenPipeError:
         sys.exit(0)
     except OSError as e:
+        if e.errno in _PATH_REFUSED and e.filename is not None:
+            if debug:
+                err.print_exception()
+            say(f"error: {e.filename}: {e.strerror}")
+            sys.exit(2)
         if e.errno not in _FULL_OR_FAILED:
             raise_internal(e, debug, say)
         if debug:
@@ -162,6 +167,12 @@ _FULL_OR_FAILED = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.ERO
 device error, a read-only file system): the output's, not spindle's, failure. Writers of
 files turn theirs into errors naming the file, so one that gets here without a file name was
 a write to stdout (`spindle show PLAN > /dev/full`)."""
+
+
+_PATH_REFUSED = {errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.ELOOP, errno.ENOTDIR}
+"""errno values of a path the machine refused to look at (a name too long, a directory
+without search permission, too many symlinks): the name's problem, which the first check of
+a path that gets it (Path.is_dir, is_file) raises wherever it sits."""
 
 
 def raise_internal(e: Exception, debug: bool, say: Callable[[str], None]) -> NoReturn:

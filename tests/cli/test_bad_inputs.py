@@ -432,6 +432,9 @@ def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spind
      "error: ./g.yaml: is also an input of this command (g.yaml)"),
     (("plan", "g.yaml", "f.yaml", "--cluster", "c.yaml", "-o", "c.yaml"),
      "error: c.yaml: is also an input of this command (c.yaml)"),
+    # a name longer than the file system takes (it was an internal error, exit 123)
+    (("graph", "m.yaml", "-o", f"{'n' * 300}.yaml"), ".yaml: File name too long"),
+    (("show", "p.yaml", "--gantt", f"{'n' * 300}.svg"), ".svg: File name too long"),
 ])
 def test_an_unwritable_output_fails_before_any_work(args, expected, workdir, spindle):
     # an output that is a directory, under a file, read-only, or where no file can be made, is
@@ -454,6 +457,20 @@ def test_an_unwritable_output_fails_before_any_work(args, expected, workdir, spi
     result = spindle(*args)
     _assert_one_line_error(result, expected)
     assert _listing(Path()) == before
+
+
+def test_a_name_too_long_to_look_at_is_bad_input_not_a_bug(workdir, spindle):
+    # given, or recorded in an artifact: Path.is_dir and is_file raise ENAMETOOLONG (and
+    # EACCES in a directory without search permission), an internal error (exit 123)
+    root = Path(__file__).resolve().parents[2]
+    long = f"{'n' * 300}.yaml"
+    _assert_one_line_error(spindle("validate", long), f"{long}: File name too long")
+    plan = yaml.safe_load((root / "plans" / "tiny-clip-local-cpu.yaml").read_text())
+    plan["inputs"][0]["path"] = long
+    Path("p.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
+    result = spindle("simulate", "p.yaml")
+    _assert_one_line_error(result, f"p.yaml: inputs[0].path: metaop_graph file {long!r} not "
+                                   "found")
 
 
 def test_check_against_a_file_that_is_not_text_says_so(small_model_data, workdir, spindle):
