@@ -48,6 +48,9 @@ class Artifact:
 class DerivedArtifact(Artifact):
     """An artifact produced by a Spindle command from other artifacts."""
 
+    INPUT_KINDS: ClassVar[tuple[str, ...]] = ()
+    """The kinds of artifact this kind is made from."""
+
     producer: str = field(metadata=meta("the Spindle version that wrote this file"))
     inputs: tuple[InputRef, ...] = field(metadata=meta("artifacts this one was made from"))
 
@@ -55,6 +58,11 @@ class DerivedArtifact(Artifact):
         Artifact.__post_init__(self)
         seen: set[str] = set()
         for i, ref in enumerate(self.inputs):
+            if ref.kind not in self.INPUT_KINDS:
+                # readers look inputs up by kind: one of another kind is never read
+                raise FieldError(f"inputs[{i}].kind",
+                                 f"expected one of {', '.join(self.INPUT_KINDS)} (what a "
+                                 f"{self.KIND.replace('_', ' ')} is made from), got {ref.kind!r}")
             if ref.kind in seen:
                 # readers take the first: a second would pass every check unread
                 raise FieldError(f"inputs[{i}].kind",

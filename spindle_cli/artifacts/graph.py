@@ -69,6 +69,7 @@ class MetaOpGraph(DerivedArtifact):
     """MetaOps of the selected tasks, ordered by (level, id)."""
 
     KIND = "metaop_graph"
+    INPUT_KINDS = ("model",)
     VERSION = 1
 
     model: str = field(metadata=meta("model name"))

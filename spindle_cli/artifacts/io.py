@@ -492,7 +492,7 @@ def _find(ref: InputRef, owner_path: str) -> tuple[Path, Artifact | None] | None
             obj = load_artifact(str(place))
         except ArtifactError:
             continue
-        if sha256(obj) == ref.sha256:
+        if obj.kind == ref.kind and sha256(obj) == ref.sha256:
             return place, obj
     return (places[0], None) if places else None
 
@@ -532,7 +532,11 @@ def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -
                                  f"{cls.KIND} there (its sha256 must be {ref.sha256[:12]}...)")
     place, obj = found
     if obj is None:
-        load(str(place), cls)  # the first file's error where it is invalid or of another kind
+        there = load_artifact(str(place))  # the first file's error where it is invalid
+        if there.kind != cls.KIND:
+            raise ArtifactError(owner_path, f"inputs[{index}].kind",
+                                f"a {cls.KIND} input recorded, but {str(place)!r} is a "
+                                f"{there.kind}", hint=f"regenerate {owner_path}")
         raise ArtifactError(
             owner_path, f"inputs[{index}].sha256",
             f"{cls.KIND} {str(place)!r} changed since the {owner.kind.replace('_', ' ')} was "

@@ -7,7 +7,6 @@ runtime consume it. Times are estimates from the profile's curves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from spindle_cli.artifacts.base import DerivedArtifact
 from spindle_cli.artifacts.codec import field_path, meta
@@ -196,8 +195,8 @@ class Plan(DerivedArtifact):
     """A whole training iteration: waves, transfers, parameter groups, memory, estimates."""
 
     KIND = "plan"
+    INPUT_KINDS = ("metaop_graph", "profile", "cluster")
     VERSION = 1
-    INPUTS: ClassVar[tuple[str, ...]] = ("metaop_graph", "profile", "cluster")
     """The inputs a plan file records (`spindle validate` refuses one without them)."""
 
     model: str = field(metadata=meta("model name"))

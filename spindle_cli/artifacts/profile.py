@@ -178,6 +178,7 @@ class Profile(DerivedArtifact):
     """Scaling curves for every operator signature of a MetaOp graph."""
 
     KIND = "profile"
+    INPUT_KINDS = ("metaop_graph", "model", "cluster")
     VERSION = 1
 
     source: Literal["measured", "analytic"] = field(metadata=meta("how the points were made"))

@@ -74,9 +74,7 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
     found: dict[str, Artifact] = {}
     found_at: dict[str, str] = {}
     missing = []
-    for i, ref in enumerate(obj.inputs):
-        if ref.kind not in registry:
-            raise ArtifactError(path, f"inputs[{i}].kind", f"unknown kind {ref.kind!r}")
+    for ref in obj.inputs:
         if ref.kind in found:
             continue
         try:
@@ -92,7 +90,7 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
         # as `spindle plan` checks it: a curve for every signature, at the graph's sizes
         check_profile(graph, obj, path)
     if isinstance(obj, Plan):
-        unrecorded = [k for k in Plan.INPUTS if k not in {ref.kind for ref in obj.inputs}]
+        unrecorded = [k for k in Plan.INPUT_KINDS if k not in {ref.kind for ref in obj.inputs}]
         if unrecorded:
             raise ArtifactError(path, "inputs", f"no {unrecorded[0]} input recorded (a plan "
                                 "records the graph, profile and cluster it was made from, "

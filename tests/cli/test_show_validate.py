@@ -287,8 +287,49 @@ def test_a_wave_without_slices_and_an_unknown_input_kind_are_clean_errors(tiny_p
     tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
     result = spindle("validate", str(tiny_plan))
     assert result.exit_code == 2
-    assert result.stderr == f"error: {tiny_plan}: inputs[0].kind: unknown kind 'foo'\n"
+    assert result.stderr == (f"error: {tiny_plan}: inputs[0].kind: expected one of "
+                             "metaop_graph, profile, cluster (what a plan is made from), got "
+                             "'foo'\n")
 
+
+
+@pytest.mark.parametrize("command", ["validate", "simulate", "show", "explain"])
+def test_inputs_whose_kinds_were_swapped_are_bad_input(tiny_plan, spindle, command):
+    # the graph's and the profile's kinds swapped in a plan: each file was found by its
+    # sha256 and then asserted to be of the recorded kind, an internal error (exit 123)
+    data = yaml.safe_load(tiny_plan.read_text())
+    graph, profile = data["inputs"][0], data["inputs"][1]
+    graph["kind"], profile["kind"] = profile["kind"], graph["kind"]
+    tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    args = [command, str(tiny_plan)] + (["text_audio/audio_embed"] if command == "explain"
+                                        else [])
+    result = spindle(*args)
+    if command == "show":  # a summary notes what it cannot read and goes on
+        assert result.exit_code == 0, result.stderr
+        assert f"note: {tiny_plan}: inputs[0].kind: a profile input recorded, but " \
+               "'graphs/tiny-clip.yaml' is a metaop_graph" in result.stderr
+        return
+    assert result.exit_code == 2, result.stderr
+    # whichever input the command reads first
+    assert result.stderr.splitlines()[0] in (
+        f"error: {tiny_plan}: inputs[0].kind: a profile input recorded, but "
+        "'graphs/tiny-clip.yaml' is a metaop_graph",
+        f"error: {tiny_plan}: inputs[1].kind: a metaop_graph input recorded, but "
+        "'profiles/tiny-clip-local-cpu.yaml' is a profile")
+
+
+def test_an_input_of_a_kind_an_artifact_is_not_made_from_is_refused(tiny_plan, tmp_path,
+                                                                     spindle):
+    # a graph recording a plan as its input: profile, plan and show took it and wrote on
+    root = Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((root / "graphs" / "tiny-clip.yaml").read_text())
+    data["inputs"][0]["kind"] = "plan"
+    graph = tmp_path / "g.yaml"
+    graph.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = spindle("show", str(graph))
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: {graph}: inputs[0].kind: expected one of model (what a "
+                             "metaop graph is made from), got 'plan'\n")
 
 
 def test_a_plan_records_each_of_its_inputs_once(tiny_plan, spindle):
