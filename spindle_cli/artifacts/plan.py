@@ -225,6 +225,7 @@ class Plan(DerivedArtifact):
     def __post_init__(self) -> None:
         DerivedArtifact.__post_init__(self)
         self._check_options()
+        self._check_islands()
         ids: set[str] = set()
         island_of = {r: i for i, island in enumerate(self.islands) for r in island}
         for wi, w in enumerate(self.waves):
@@ -284,6 +285,24 @@ class Plan(DerivedArtifact):
         if self.options.get("planner", self.planner) != self.planner:
             raise FieldError("options.planner", f"{self.options['planner']!r} differs from "
                                                 f"the plan's planner {self.planner!r}")
+
+    def _check_islands(self) -> None:
+        """FieldError unless the islands hold every rank of the plan once (an empty island or
+        a rank outside the plan loaded, and `diff` and `--check` failed on it)."""
+        seen: set[int] = set()
+        for i, island in enumerate(self.islands):
+            if not island:
+                raise FieldError(f"islands[{i}]", "an empty island")
+            for r in island:
+                if not 0 <= r < self.num_devices:
+                    raise FieldError(f"islands[{i}]", f"rank {r} is not one of the plan's "
+                                                      f"ranks 0-{self.num_devices - 1}")
+                if r in seen:
+                    raise FieldError(f"islands[{i}]", f"rank {r} is in another island too")
+                seen.add(r)
+        if len(seen) != self.num_devices:
+            missing = min(set(range(self.num_devices)) - seen)
+            raise FieldError("islands", f"rank {missing} is in no island")
 
     def _check_ranks(self, where: str, ranks: tuple[int, ...]) -> None:
         """FieldError at `where` when a rank is not below num_devices (callers that check

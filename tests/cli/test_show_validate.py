@@ -332,6 +332,25 @@ def test_an_input_of_a_kind_an_artifact_is_not_made_from_is_refused(tiny_plan, t
                              "metaop graph is made from), got 'plan'\n")
 
 
+@pytest.mark.parametrize(("islands", "problem"), [
+    ([[]], "islands[0]: an empty island"),
+    ([[-1, 0, 1, 2, 3]], "islands[0]: rank -1 is not one of the plan's ranks 0-3"),
+    ([[0, 1], [1, 2, 3]], "islands[1]: rank 1 is in another island too"),
+    ([[0, 1, 3]], "islands: rank 2 is in no island"),
+])
+@pytest.mark.parametrize("command", ["validate", "diff"])
+def test_islands_that_do_not_hold_every_rank_once_are_refused(tiny_plan, spindle, islands,
+                                                               problem, command):
+    # `islands: [[]]` loaded, and diff and --check ended in an IndexError (exit 123)
+    data = yaml.safe_load(tiny_plan.read_text())
+    data["islands"] = islands
+    tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    args = [str(tiny_plan)] * (2 if command == "diff" else 1)
+    result = spindle(command, *args)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {tiny_plan}: {problem}\n"
+
+
 def test_a_plan_records_each_of_its_inputs_once(tiny_plan, spindle):
     """simulate and run read a plan's graph, profile and cluster: validate refuses a plan
     that records none of one (it said ok), and every reader a second input of a kind, which
