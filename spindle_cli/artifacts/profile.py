@@ -160,9 +160,11 @@ class OptimizerCost:
     """Time of one AdamW step on one device: a fixed cost per parameter tensor stepped (the
     executor steps one flat tensor per gradient bucket) plus a cost per parameter."""
 
-    ms_per_tensor: float = field(metadata=meta("fixed cost per parameter tensor, ms", ge=0))
+    ms_per_tensor: float = field(metadata=meta("fixed cost per parameter tensor, ms", ge=0,
+                                               le=MAX_MS, le_why=MAX_MS_WHY))
     ms_per_million_params: float = field(
-        metadata=meta("cost per million parameters (fp32 optimizer state), ms", ge=0)
+        metadata=meta("cost per million parameters (fp32 optimizer state), ms", ge=0,
+                      le=MAX_MS, le_why=MAX_MS_WHY)
     )
 
     def time_ms(self, num_tensors: int, num_params: float) -> float:
