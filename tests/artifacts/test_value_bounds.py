@@ -231,15 +231,14 @@ PROFILE_CASES: dict[str, tuple[Edit, str]] = {
                                       "is 1e+307 ms at n = 1, above 1e+12 ms (about 30 years; "
                                       "an iteration takes seconds)"),
     # a planned iteration of inf ms, and simulate --json wrote Infinity, which is no JSON
-    "optimizer-per-tensor-huge": (_set("optimizer", {"ms_per_tensor": 1.7e308,
-                                                                "ms_per_million_params": 1.0}),
-                                  "optimizer.ms_per_tensor: must be <= 1000000000000.0, got "
-                                  "1.7e+308 (about 30 years; an iteration takes seconds)"),
-    "optimizer-per-parameter-huge": (_set("optimizer", {
-        "ms_per_tensor": 0.01, "ms_per_million_params": 1.7e308}),
-                                     "optimizer.ms_per_million_params: must be <= "
-                                     "1000000000000.0, got 1.7e+308 (about 30 years; an "
-                                     "iteration takes seconds)"),
+    "optimizer-per-tensor-huge": (
+        _set("optimizer", {"ms_per_tensor": 1.7e308, "ms_per_million_params": 1.0}),
+        "optimizer.ms_per_tensor: must be <= 1000000000000.0, got 1.7e+308 (about 30 years; "
+        "an iteration takes seconds)"),
+    "optimizer-per-parameter-huge": (
+        _set("optimizer", {"ms_per_tensor": 0.01, "ms_per_million_params": 1.7e308}),
+        "optimizer.ms_per_million_params: must be <= 1000000000000.0, got 1.7e+308 (about 30 "
+        "years; an iteration takes seconds)"),
     "counts-empty": (_set("counts", []), "counts: a profile needs at least one device count"),
     "counts-unsorted": (_set("counts", [4, 1, 2]),
                         "counts: device counts must be ascending, each once"),
