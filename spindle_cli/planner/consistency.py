@@ -218,7 +218,9 @@ def _check_canonical_order(plan: Plan, ops: dict[str, MetaOp],
 
 def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ...]]) -> None:
     """Every layer a slice runs must be in exactly one ParamGroup whose ranks are exactly its
-    holders: the gradient sync relies on it."""
+    holders, and a group only layers some slice runs: the gradient sync relies on it (a group
+    of a module no slice runs, or of layers past its end, synced nothing the simulator and
+    the run's prediction counted)."""
     seen: dict[tuple[str, int], int] = {}
     for i, g in enumerate(plan.param_groups):
         for layer in range(g.first_layer, g.last_layer):
@@ -226,6 +228,9 @@ def _check_param_groups(plan: Plan, holders: dict[tuple[str, int], tuple[int, ..
             if key in seen:
                 raise PlanError(f"param_groups[{i}]: layer {layer} of {g.module!r} is in two "
                                 "groups")
+            if key not in holders:
+                raise PlanError(f"param_groups[{i}]: no slice runs layer {layer} of module "
+                                f"{g.module!r}")
             seen[key] = i
     for (module, layer), ranks in holders.items():
         if (module, layer) not in seen:

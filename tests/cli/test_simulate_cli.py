@@ -347,6 +347,14 @@ def _also_on_ranks_2_3(plan: Plan) -> Plan:
         p.param_groups[0], dataclasses.replace(p.param_groups[0], first_layer=1),
         *p.param_groups[1:])),
      "error: param_groups[1]: layer 1 of 'enc' is in two groups"),
+    # a group of layers past the module's end, and one of a module no slice runs: the
+    # gradient sync and its prediction counted them (a review's fuzzing)
+    (lambda p: dataclasses.replace(p, param_groups=(
+        dataclasses.replace(p.param_groups[0], last_layer=99), *p.param_groups[1:])),
+     "error: param_groups[0]: no slice runs layer 2 of module 'enc'"),
+    (lambda p: dataclasses.replace(p, param_groups=(
+        *p.param_groups, dataclasses.replace(p.param_groups[0], module="nowhere", bytes=0))),
+     "error: param_groups[2]: no slice runs layer 0 of module 'nowhere'"),
 ])
 def test_a_plan_that_contradicts_its_graph_is_refused(tmp_path, edit, expected):
     # a hand-edited plan that no longer schedules its graph as the executor would run it
