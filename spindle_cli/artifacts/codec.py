@@ -47,17 +47,38 @@ def meta(doc: str, *, ge_why: str = "", le_why: str = "", name: bool = False,
     return {"doc": doc, **bounds, **whys, **({"name": True} if name else {})}
 
 
+TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
+"""Any string: no control character or line separator (`_check_text`)."""
+
 NAME_PATTERN = r"^(?=.*\S)[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
 """A name: something besides spaces, and no control character or line separator (what would
 break a one-line error); the loader asks the same (`_check_name`)."""
 
 
 def _check_name(value: str, path: str) -> None:
+    """A name is not blank (and, as every string, one line: `_check_text`)."""
     if not value.strip():
         raise FieldError(path, "must not be blank")
-    if has_control(value):
-        raise FieldError(path, f"{value!r}: must not hold line breaks or control characters "
-                               "(it names something in one-line errors)")
+
+
+def _check_text(value: str, path: str) -> None:
+    """Every string of an artifact is one line without control characters: views print them
+    as they are (a description holding an escape code reset the terminal under `spindle
+    show`), and errors quote them on one line."""
+    if not has_control(value):
+        return
+    if value.endswith("\n") and not has_control(value[:-1]):
+        raise FieldError(path, "must be one line (YAML's > and | blocks keep a final line "
+                               "break, >- does not)")
+    raise FieldError(path, f"{shown(value)}: must not hold line breaks or control characters")
+
+
+def shown(value: str, most: int = 60) -> str:
+    """`value` quoted as Python writes it, cut to its first `most` characters where longer
+    (an error is one line: a 5000-character value filled the terminal)."""
+    if len(value) <= most:
+        return repr(value)
+    return f"{value[:most]!r}... ({len(value)} characters)"
 
 
 def canonical_float(x: float) -> float:
@@ -141,6 +162,7 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     if tp is str:
         if not isinstance(value, str):
             raise FieldError(path, f"expected a string, got {describe_value(value)}")
+        _check_text(value, path)
         return value
     if origin is tuple:
         if not isinstance(value, list):
@@ -298,7 +320,9 @@ def _schema_for(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
         return {"anyOf": [_schema_for(inner, defs), {"type": "null"}]}
     if origin is Literal:
         return {"enum": list(get_args(tp))}
-    simple = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    if tp is str:
+        return {"type": "string", "pattern": TEXT_PATTERN}
+    simple = {bool: "boolean", int: "integer", float: "number"}
     if tp in simple:
         return {"type": simple[tp]}
     if origin is tuple:

@@ -161,9 +161,6 @@ def check_model(model: ModelSpec) -> None:
     """Validate references, uniqueness, DAG structure and shapes; raise FieldError."""
     if not model.tasks:
         raise FieldError("tasks", "a model needs at least one task")
-    if "".join(model.description.splitlines()) != model.description:
-        raise FieldError("description", "must be one line (YAML's > and | blocks keep a final "
-                                        "line break, >- does not)")
     for name in model.modules:
         _check_label(name, field_path("modules", name), "module")
     seen_tasks: set[str] = set()

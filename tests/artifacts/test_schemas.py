@@ -140,6 +140,29 @@ def test_schema_rejects_what_the_loader_rejects(small_model_data):
         assert not v.is_valid(data), data
 
 
+def test_every_string_is_one_line_without_control_characters(cluster_data, tmp_path):
+    # not names alone: `spindle show` printed a description's terminal escape codes as they
+    # were (set-title, clear-screen), and errors quote any field (a review's fuzzing)
+    for text in ("\x1b]0;title\x07", "a\x1b[2Jb", "two\nlines"):
+        data = copy.deepcopy(cluster_data)
+        data["description"] = text
+        assert not _validator("cluster").is_valid(data)
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(ArtifactError) as e:
+            load_artifact(str(path))
+        assert str(e.value) == (f"{path}: description: {text!r}: must not hold line breaks or "
+                                "control characters")
+    # a long value is quoted in part: the error stays one readable line
+    data = copy.deepcopy(cluster_data)
+    data["description"] = "x" * 5000 + "\x1b"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ArtifactError) as e:
+        load_artifact(str(path))
+    assert str(e.value) == (f"{path}: description: {'x' * 60!r}... (5001 characters): must "
+                            "not hold line breaks or control characters")
+
+
 @pytest.mark.parametrize("name", ["", "  ", "a800\nx", "a800\x00", "a800\x1b[31m",
                                   "a800\u2028x"])
 def test_a_blank_or_unprintable_name_is_refused_by_loader_and_schema(cluster_data, tmp_path,

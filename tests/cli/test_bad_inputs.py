@@ -120,14 +120,14 @@ MODEL_CASES: dict[str, tuple[Callable[[Data], Data], str]] = {
     "task-name-with-comma": (_edit(lambda d: d["tasks"][0].update(name="a,b")),
                              "tasks[0].name: 'a,b': a task name cannot hold ','"),
     "task-name-with-line-break": (_edit(lambda d: d["tasks"][0].update(name="a\nb")),
-                                  "tasks[0].name: 'a\\nb': a task name must not hold line "
-                                  "breaks or control characters"),
+                                  "tasks[0].name: 'a\\nb': must not hold line breaks or "
+                                  "control characters"),
     "task-name-ending-in-a-space": (_edit(lambda d: d["tasks"][0].update(name="pairs ")),
                                     "tasks[0].name: 'pairs ': a task name cannot begin or end "
                                     "with a space (--tasks strips the names it is given)"),
     "module-name-with-line-break": (_edit(lambda d: _rename_module(d, "text_enc", "text\nenc")),
-                                    "modules.'text\\nenc': 'text\\nenc': a module name must "
-                                    "not hold line breaks or control characters"),
+                                    "tasks[0].steps[1].module: 'text\\nenc': must not hold "
+                                    "line breaks or control characters"),
     "blank-module-name": (_edit(lambda d: _rename_module(d, "text_enc", " ")),
                           "modules. : a module needs a name"),
     "blank-step-name": (_edit(lambda d: d["tasks"][0]["steps"][0].update(name="")),
