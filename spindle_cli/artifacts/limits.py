@@ -19,6 +19,16 @@ MAX_LAYERS = 100_000
 
 MAX_LAYERS_WHY = "the deepest real models have a few hundred layers per module"
 
+MAX_WIDTH = 2**20
+"""Widest layer dimension a model may declare (hidden, ffn, in_dim, heads)."""
+
+MAX_WIDTH_WHY = "about a million; the widest real layers are ~10**5"
+
+MAX_TOKENS = 2**24
+"""Largest vocabulary and longest sequence a model may declare."""
+
+MAX_TOKENS_WHY = "about 16 million; real vocabularies and contexts are ~10**6 at most"
+
 MAX_BATCH = 2**30
 """Largest global batch of a task (samples per iteration)."""
 

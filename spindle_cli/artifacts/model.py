@@ -18,7 +18,16 @@ from typing import Literal
 from spindle_cli.artifacts.base import Artifact
 from spindle_cli.artifacts.codec import meta
 from spindle_cli.artifacts.io import register
-from spindle_cli.artifacts.limits import MAX_BATCH, MAX_BATCH_WHY, MAX_LAYERS, MAX_LAYERS_WHY
+from spindle_cli.artifacts.limits import (
+    MAX_BATCH,
+    MAX_BATCH_WHY,
+    MAX_LAYERS,
+    MAX_LAYERS_WHY,
+    MAX_TOKENS,
+    MAX_TOKENS_WHY,
+    MAX_WIDTH,
+    MAX_WIDTH_WHY,
+)
 from spindle_cli.artifacts.model_check import article
 from spindle_cli.errors import FieldError
 
@@ -63,18 +72,25 @@ class ModuleSpec:
         default=1,
         metadata=meta("identical layers in the stack", ge=1, le=MAX_LAYERS, le_why=MAX_LAYERS_WHY),
     )
-    hidden: int = field(metadata=meta("output width (model dimension)", ge=1))
-    heads: int = field(default=0, metadata=meta("attention heads (transformer kinds)", ge=0))
-    ffn: int = field(default=0, metadata=meta("MLP inner width (transformer kinds)", ge=0))
+    hidden: int = field(metadata=meta("output width (model dimension)", ge=1, le=MAX_WIDTH,
+                                      le_why=MAX_WIDTH_WHY))
+    heads: int = field(default=0, metadata=meta("attention heads (transformer kinds)", ge=0,
+                                                le=MAX_WIDTH, le_why=MAX_WIDTH_WHY))
+    ffn: int = field(default=0, metadata=meta("MLP inner width (transformer kinds)", ge=0,
+                                              le=MAX_WIDTH, le_why=MAX_WIDTH_WHY))
     in_dim: int = field(
-        default=0, metadata=meta("input width (patch_embed, adapter, projection)", ge=0)
+        default=0, metadata=meta("input width (patch_embed, adapter, projection)", ge=0,
+                                 le=MAX_WIDTH, le_why=MAX_WIDTH_WHY)
     )
-    vocab_size: int = field(default=0, metadata=meta("vocabulary (embedding, lm_loss)", ge=0))
+    vocab_size: int = field(default=0, metadata=meta("vocabulary (embedding, lm_loss)", ge=0,
+                                                     le=MAX_TOKENS, le_why=MAX_TOKENS_WHY))
     max_seq_len: int = field(
-        default=0, metadata=meta("position table size (embedding, patch_embed)", ge=0)
+        default=0, metadata=meta("position table size (embedding, patch_embed)", ge=0,
+                                 le=MAX_TOKENS, le_why=MAX_TOKENS_WHY)
     )
     pool: Literal["cls", "mean"] = field(default="cls", metadata=meta("projection pooling"))
-    target_len: int = field(default=0, metadata=meta("lm_loss: trailing positions scored", ge=0))
+    target_len: int = field(default=0, metadata=meta("lm_loss: trailing positions scored", ge=0,
+                                                     le=MAX_TOKENS, le_why=MAX_TOKENS_WHY))
 
     def __post_init__(self) -> None:
         k = self.kind

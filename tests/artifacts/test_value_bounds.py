@@ -335,7 +335,15 @@ def test_bad_plan(case, plan_data):
     (_set("tasks.0.batch_size", 2**31),
      "tasks[0].batch_size: must be <= 1073741824, got 2147483648 (about a billion samples; "
      "real global batches are below ~10**7)"),
-], ids=["layers-huge", "batch-huge"])
+    # sizes that passed validate and then overflowed the graph's 64-bit byte counts, an
+    # error naming the graph file spindle graph was writing (a review's fuzzing)
+    (_set("modules.text_embed.vocab_size", 2**63 - 1),
+     f"modules.text_embed.vocab_size: must be <= 16777216, got {2**63 - 1} (about 16 million; "
+     "real vocabularies and contexts are ~10**6 at most)"),
+    (_set("modules.text_enc.ffn", 2**40),
+     f"modules.text_enc.ffn: must be <= 1048576, got {2**40} (about a million; the widest "
+     "real layers are ~10**5)"),
+], ids=["layers-huge", "batch-huge", "vocabulary-huge", "width-huge"])
 def test_bad_model(small_model_data, edit, expected):
     _check(ModelSpec, small_model_data, edit, expected)
 
