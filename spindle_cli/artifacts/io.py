@@ -418,6 +418,9 @@ def parse_artifact(data: Any, path: str, expect: type[A] | None = None) -> Artif
         raise ArtifactError(path, "kind", f"expected a {expect.KIND!r} artifact, got {kind!r}",
                             hint=MADE_BY.get((kind, expect.KIND), "").format(path=path) or None)
     version = data.get("version")
+    if "version" not in data:
+        raise ArtifactError(path, "version", "missing required field (the format version, "
+                                             "an integer from 1)")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         got = version if isinstance(version, int) and not isinstance(version, bool) else (
             describe_value(version))

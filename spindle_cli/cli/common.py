@@ -111,6 +111,9 @@ def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json
         return
     if not path:
         raise SpindleError(f"'': an empty file name (expected a {_one_of(suffixes)} file)")
+    if path.endswith(("/", os.sep)):
+        # Path drops the slash, and the file was written where a shell would refuse
+        raise SpindleError(f"{path}: names a directory (a trailing slash), not a file")
     target = Path(path)
     if target.suffix.lower() not in suffixes:
         raise SpindleError(f"{path}: unknown {what} (expected {_one_of(suffixes)})")

@@ -190,6 +190,9 @@ def _check_output_path(flag: str, path: str, suffix: str, what: str) -> None:
     target)."""
     target = Path(path)
     example = f"{flag[2:]}{suffix}"
+    if path.endswith(("/", os.sep)):
+        # Path drops the slash, and the file was written where a shell would refuse
+        raise SpindleError(f"{flag} {path}: names a directory (a trailing slash), not a file")
     if target.is_dir():
         raise SpindleError(f"{flag} {path}: is a directory",
                            hint=f"give a file name, e.g. {target / example}")

@@ -230,6 +230,11 @@ def test_dash_writes_yaml_to_stdout(small_model, capsys):
          "version: expected a format version (an integer from 1), got -1"),
         ("m.yaml", "kind: model\nversion: '1'\n",
          "version: expected a format version (an integer from 1), got a string"),
+        # as a missing kind is named (it said got null)
+        ("m.yaml", "kind: model\n",
+         "version: missing required field (the format version, an integer from 1)"),
+        ("m.yaml", "kind: model\nversion:\n",
+         "version: expected a format version (an integer from 1), got null"),
     ],
 )
 def test_read_errors_name_file_field_and_problem(tmp_path, name, content, problem):

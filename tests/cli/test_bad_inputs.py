@@ -435,6 +435,11 @@ def test_a_bad_image_name_fails_before_any_output(args, expected, workdir, spind
     # a name longer than the file system takes (it was an internal error, exit 123)
     (("graph", "m.yaml", "-o", f"{'n' * 300}.yaml"), ".yaml: File name too long"),
     (("show", "p.yaml", "--gantt", f"{'n' * 300}.svg"), ".svg: File name too long"),
+    # a trailing slash: Path drops it, and new.yaml was written where a shell would refuse
+    (("graph", "m.yaml", "-o", "new.yaml/"),
+     "error: new.yaml/: names a directory (a trailing slash), not a file"),
+    (("show", "p.yaml", "--gantt", "new.svg/"),
+     "error: new.svg/: names a directory (a trailing slash), not a file"),
 ])
 def test_an_unwritable_output_fails_before_any_work(args, expected, workdir, spindle):
     # an output that is a directory, under a file, read-only, or where no file can be made, is

@@ -70,6 +70,11 @@ def test_check_dir_refuses_a_file_on_the_path(tmp_path: Path, target: str, said:
     ({"trace_path": "{tmp}/nowhere/trace.json"}, 300.0, "directory does not exist"),
     ({"metrics_path": "{tmp}/m.json"}, 300.0, "metrics (JSON lines) is a .jsonl file"),
     ({"metrics_path": "{tmp}"}, 300.0, "is a directory"),
+    # Path drops a trailing slash: the file was written as if it were not there
+    ({"trace_path": "{tmp}/t.json/"}, 300.0, "t.json/: names a directory (a trailing slash), "
+     "not a file"),
+    ({"metrics_path": "{tmp}/m.jsonl/"}, 300.0, "m.jsonl/: names a directory (a trailing "
+     "slash), not a file"),
     ({"metrics_path": ""}, 300.0, "--metrics: an empty path"),
     ({"trace_path": "{tmp}/file/trace.json"}, 300.0, "/file is not a directory"),
     ({"trace_path": "/sys/t.json"}, 300.0, "--trace /sys/t.json: cannot write in '/sys'"),
