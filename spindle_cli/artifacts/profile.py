@@ -121,6 +121,12 @@ class Curve:
                 raise FieldError(f"pieces[{i}].n_lo", "pieces must be contiguous")
         last = len(self.pieces) - 1
         for i, p in enumerate(self.pieces):
+            t = tp_degree(p.strategy)
+            if t > p.n_hi:
+                # its counts are all below the degree: a group it could never form
+                raise FieldError(f"pieces[{i}].strategy", f"{p.strategy!r} on {p.n_lo} to "
+                                                          f"{p.n_hi} devices: fewer than one "
+                                                          "tensor-parallel group")
             # T(n) = alpha + beta * B / n falls with n (beta >= 0), so its least value over the
             # counts a piece covers is at the highest: n_hi, or for the last piece (which
             # extends up) the most devices the batch can use, t * B under 'tp<t>'. Lines

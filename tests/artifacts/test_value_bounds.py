@@ -239,6 +239,12 @@ PROFILE_CASES: dict[str, tuple[Edit, str]] = {
         _set("optimizer", {"ms_per_tensor": 0.01, "ms_per_million_params": 1.7e308}),
         "optimizer.ms_per_million_params: must be <= 1000000000000.0, got 1.7e+308 (about 30 "
         "years; an iteration takes seconds)"),
+    # a degree above every count of its piece: validated, its counts silently dropped
+    "strategy-above-its-counts": (_set("curves.2.pieces", [
+        {"n_lo": 1, "n_hi": 2, "alpha_ms": 1.0, "beta_ms": 1.0, "strategy": "tp999"},
+        {"n_lo": 2, "n_hi": 8, "alpha_ms": 1.0, "beta_ms": 1.0, "strategy": "dp"}]),
+                                  "curves[2].pieces[0].strategy: 'tp999' on 1 to 2 devices: "
+                                  "fewer than one tensor-parallel group"),
     "counts-empty": (_set("counts", []), "counts: a profile needs at least one device count"),
     "counts-unsorted": (_set("counts", [4, 1, 2]),
                         "counts: device counts must be ascending, each once"),
