@@ -205,14 +205,19 @@ def test_a_graph_that_would_not_load_is_not_written(tmp_path):
     """Sizes a model may hold can multiply into byte counts beyond 64 bits: the graph is
     refused before it is written, not by the next stage."""
     data = yaml.safe_load((REPO / "models" / "tiny-clip.yaml").read_text())
+    # every size at its bound (modules' widths 2^20, sequences 2^24, batches 2^30)
     for module in data["modules"].values():
-        if module["kind"] == "embedding":
-            module["max_seq_len"] = 2**40
+        module["hidden"] = 2**20
+        if "in_dim" in module and module["kind"] != "patch_embed":
+            module["in_dim"] = 2**20
+        if "ffn" in module:
+            module["ffn"] = 2**20
+        if "max_seq_len" in module:
+            module["max_seq_len"] = 2**24
     for task in data["tasks"]:
         task["batch_size"] = 2**30
         for item in task["inputs"].values():
-            if "dim" not in item:
-                item["seq_len"] = 2**40
+            item["seq_len"] = 2**24
     model = tmp_path / "m.yaml"
     model.write_text(yaml.safe_dump(data, sort_keys=False))
     out = tmp_path / "g.yaml"
