@@ -413,9 +413,9 @@ def _count_refusal(curve: Curve, num_devices: int, *, uneven: bool, tensor_paral
     """Why no count up to `num_devices` is valid for the curve's own reasons (`op_curves`'
     infeasibility message, after a colon: '' when there are none of them), and a hint when
     --uneven-splits would give a count: where the curve starts above 1, the profile's reasons
-    for the counts below it (it judges a layer's weights, gradients, optimizer state and
-    activations whole, so no memory setting of the planner brings those counts back); the
-    counts on the curve that do not divide the batch."""
+    for the counts below it (no memory setting of the planner brings those counts back: the
+    profile has no time there; its notes say how it judged them); the counts on the curve
+    that do not divide the batch."""
     low, high = scaling.count_range(curve)
     parts = []
     if low > 1:
@@ -425,9 +425,8 @@ def _count_refusal(curve: Curve, num_devices: int, *, uneven: bool, tensor_paral
                 why.setdefault(p.num_devices, p.note)
         found = ", ".join(f"{n} device{'s' if n > 1 else ''} {note}"
                           for n, note in why.items())
-        parts.append(f"its curve starts at {low} devices" + (
-            f", the profile finding {found} (a layer's weights, gradients, optimizer state and "
-            "activations whole: no ZeRO or recomputation)" if why else ""))
+        parts.append(f"its curve starts at {low} devices"
+                     + (f", the profile finding {found}" if why else ""))
     uneven_only = [] if uneven else [
         n for n in range(low, int(min(high, num_devices)) + 1)
         if scaling.is_valid(curve, n, uneven=True) and not scaling.is_valid(curve, n)

@@ -189,6 +189,20 @@ def max_ops_per_slice(metaop: MetaOp, n: int, strategy: str, dtype: str,
     return max(1, int(budget // per_layer))
 
 
+def least_layer_bytes(metaop: MetaOp, n: int, strategy: str, dtype: str) -> float:
+    """The least memory one operator of the MetaOp needs on each of n ranks under the memory
+    settings the planner tries (every ZeRO stage, with and without recomputation: its state
+    sharded over the copies, under ZeRO-3 its weights gathered while it computes; with
+    recomputation its input kept for backward and its stash alive again in its backward;
+    on one device ZeRO shards nothing and only adds): where this does not fit a device, no
+    plan runs it on n."""
+    return min(layer_bytes_per_rank(metaop, n, strategy, dtype, m)
+               + _recompute_peak(metaop, n, strategy, m)
+               + _gather_buffer(metaop, strategy, dtype, m)
+               for m in (MemoryStrategy(zero=z, recompute=r)
+                         for z in ZERO_STAGES for r in (False, True)))
+
+
 def _gather_buffer(metaop: MetaOp, strategy: str, dtype: str, memory: MemoryStrategy) -> float:
     """ZeRO-3: one layer's weights gathered on a rank while it computes."""
     if memory.zero < 3:

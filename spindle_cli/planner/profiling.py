@@ -41,6 +41,7 @@ from spindle_cli.artifacts.profile import (
 from spindle_cli.errors import CurveError, FieldError, SpindleError
 from spindle_cli.planner import roofline, scaling
 from spindle_cli.planner.curves import MEASURED_NOISE_REL, Sample, fit_curve
+from spindle_cli.planner.memory import ELEMENT_BYTES, least_layer_bytes
 
 NO_SAMPLES_NOTE = "more data-parallel groups than samples"
 
@@ -376,7 +377,6 @@ def analytic_profile(
     links = roofline.links_for(device, cluster)
     all_counts = sorted(fit_counts + (heldout_counts(fit_counts) if validate else ()))
     memory_bytes = cluster.device.memory_bytes if cluster is not None else device.memory_bytes
-    dtype_bytes = graph.dtype_bytes
 
     def strategies(op: MetaOp, n: int) -> list[str]:
         return roofline.strategies(op, n, links.island_size)
@@ -384,7 +384,7 @@ def analytic_profile(
     points: dict[str, list[ProfilePoint]] = {}
     for job in plan_jobs(signature_ops(graph), all_counts, strategies):
         points.setdefault(job.op.signature, []).append(
-            _analytic_point(job, device, links, dtype_bytes, memory_bytes)
+            _analytic_point(job, device, links, graph.dtype, memory_bytes)
         )
     return assemble_profile(
         graph,
@@ -401,20 +401,26 @@ def analytic_profile(
 
 
 def _analytic_point(
-    job: Job, device: roofline.DeviceModel, links: roofline.Links, dtype_bytes: int, memory: int
+    job: Job, device: roofline.DeviceModel, links: roofline.Links, dtype: str, memory: int
 ) -> ProfilePoint:
+    """A point of the roofline model; out of memory only where no memory setting the planner
+    tries fits one layer (`memory.least_layer_bytes`): the planner's memory search decides
+    the rest (a point judged by the layer whole made `spindle profile` refuse a graph that
+    ZeRO fits)."""
     if job.batch is None:
         return unrunnable_point(job)
     t = tp_degree(job.strategy)
+    dtype_bytes = ELEMENT_BYTES[dtype]
     peak = roofline.peak_memory_bytes(job.op, job.batch, t, dtype_bytes)
-    if peak > memory:
+    least = math.ceil(least_layer_bytes(job.op, job.num_devices, job.strategy, dtype))
+    if least > memory:
         return ProfilePoint(
             num_devices=job.num_devices,
             strategy=job.strategy,
             feasible=False,
             time_ms=0.0,
             peak_memory_bytes=peak,
-            note=f"out of memory: needs {peak} of {memory} bytes",
+            note=f"out of memory: needs {least} of {memory} bytes under every memory setting",
         )
     time_s = roofline.operator_time_s(
         job.op, job.batch, job.strategy, device=device, links=links, dtype_bytes=dtype_bytes

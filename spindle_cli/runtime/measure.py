@@ -225,7 +225,8 @@ def _over_limit(op: MetaOp, batch: int, strategy: str, *, target: Target,
         return None
     return Measurement(
         feasible=False, time_ms=0.0, peak_memory_bytes=need,
-        note=f"out of memory: needs about {need} of {settings.memory_limit_bytes} bytes",
+        note=f"out of memory: needs about {need} of {settings.memory_limit_bytes} bytes (the "
+             "layer whole: no ZeRO or recomputation)",
     )
 
 

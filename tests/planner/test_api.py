@@ -176,8 +176,7 @@ def test_no_count_says_why_and_that_no_memory_setting_helps():
     assert str(e.value) == (
         "MetaOp t/a has no valid device count <= 3 (batch 64, strategy dp): its curve starts at "
         "3 devices, the profile finding 1 device out of memory: needs 900 of 400 bytes, 2 "
-        "devices out of memory: needs 450 of 400 bytes (a layer's weights, gradients, optimizer "
-        "state and activations whole: no ZeRO or recomputation); 3 does not divide the batch")
+        "devices out of memory: needs 450 of 400 bytes; 3 does not divide the batch")
     assert e.value.hint == "--uneven-splits plans counts that do not divide the batch (here 3)"
     plan, _ = fitting_plan_with_cost(g, p, cluster(per_node=3),
                                      options=PlanOptions(uneven_splits=True))

@@ -3,6 +3,7 @@ how the planner sees them through scaling.is_valid, held-out validation, determi
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ from spindle_cli.artifacts.profile import Fingerprint, ProfilePoint
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner import roofline, scaling
 from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.memory import least_layer_bytes
 from spindle_cli.planner.profiling import (
     NO_SAMPLES_NOTE,
     analytic_profile,
@@ -131,21 +133,43 @@ def test_tensor_parallel_past_the_batch_is_used_only_when_it_helps(three_tasks):
         assert scaling.time_ms(curve, n) == pytest.approx(claimed.time_ms, rel=1e-9)
 
 
+def _least(op, n: int, strategy: str = "dp") -> int:
+    return math.ceil(least_layer_bytes(op, n, strategy, "bf16"))
+
+
 def test_out_of_memory_points_are_infeasible(three_tasks):
-    # a device between the text encoder's needs at 64 and at 32 samples: 1 device is too few
+    # a device between the text encoder's least needs on 1 and on 2 devices (under the
+    # memory setting that needs least there): 1 device is too few
     enc = three_tasks.metaop("b/enc")
-    limit = (roofline.peak_memory_bytes(enc, 64, 1, 2) + roofline.peak_memory_bytes(enc, 32, 1, 2))
-    small = _cluster(memory_bytes=limit // 2)
+    assert three_tasks.dtype == "bf16"
+    small = _cluster(memory_bytes=(_least(enc, 1) + _least(enc, 2)) // 2)
     profile = analytic_profile(three_tasks, small, hardware="a800", counts=COUNTS)
     curve = profile.curve(enc.signature)
     for p in curve.points:
-        assert p.feasible == (p.peak_memory_bytes <= small.device.memory_bytes), p
+        fits = _least(enc, p.num_devices, p.strategy) <= small.device.memory_bytes
+        assert p.feasible == fits, p
         if not p.feasible:
-            assert p.note.startswith("out of memory")
+            assert p.note == (f"out of memory: needs {_least(enc, p.num_devices, p.strategy)} of "
+                              f"{small.device.memory_bytes} bytes under every memory setting")
     first = curve.pieces[0].n_lo
     assert first > 1, "the smallest counts should not fit"
     assert not scaling.is_valid(curve, 1)
     assert scaling.is_valid(curve, first)
+
+
+def test_a_count_that_only_a_memory_setting_fits_is_profiled(three_tasks):
+    """A point was judged by its layer whole (no ZeRO, no recomputation): `spindle profile`
+    refused a graph whose every count ZeRO fits, and the planner never searched its memory
+    settings (a review's random models). Now only a layer no setting fits is out of memory;
+    the planner's memory search decides the rest."""
+    enc = three_tasks.metaop("b/enc")
+    # on 2 devices ZeRO shards the state over the two copies; on 1 it shards nothing
+    whole = roofline.peak_memory_bytes(enc, 32, 1, 2)
+    assert _least(enc, 1) == roofline.peak_memory_bytes(enc, 64, 1, 2)
+    assert _least(enc, 2) < whole
+    small = _cluster(memory_bytes=(_least(enc, 2) + whole) // 2)
+    profile = analytic_profile(three_tasks, small, hardware="a800", counts=COUNTS)
+    assert scaling.is_valid(profile.curve(enc.signature), 2)
 
 
 def test_no_feasible_count_is_an_error(three_tasks):
