@@ -194,8 +194,10 @@ def least_layer_bytes(metaop: MetaOp, n: int, strategy: str, dtype: str) -> floa
     settings the planner tries (every ZeRO stage, with and without recomputation: its state
     sharded over the copies, under ZeRO-3 its weights gathered while it computes; with
     recomputation its input kept for backward and its stash alive again in its backward;
-    on one device ZeRO shards nothing and only adds): where this does not fit a device, no
-    plan runs it on n."""
+    on one device ZeRO shards nothing and only adds), its state sharded over the slice's own
+    copies as `max_ops_per_slice` sizes slices (a module another slice holds too may shard
+    over more ranks in placement): where this does not fit a device, the planner does not run
+    the MetaOp on n."""
     return min(layer_bytes_per_rank(metaop, n, strategy, dtype, m)
                + _recompute_peak(metaop, n, strategy, m)
                + _gather_buffer(metaop, strategy, dtype, m)

@@ -420,7 +420,8 @@ def _analytic_point(
             feasible=False,
             time_ms=0.0,
             peak_memory_bytes=peak,
-            note=f"out of memory: needs {least} of {memory} bytes under every memory setting",
+            note=f"out of memory: needs {least} of {memory} bytes under every memory setting "
+                 f"(ZeRO sharding over these {job.num_devices})",
         )
     time_s = roofline.operator_time_s(
         job.op, job.batch, job.strategy, device=device, links=links, dtype_bytes=dtype_bytes

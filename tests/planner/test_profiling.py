@@ -150,7 +150,8 @@ def test_out_of_memory_points_are_infeasible(three_tasks):
         assert p.feasible == fits, p
         if not p.feasible:
             assert p.note == (f"out of memory: needs {_least(enc, p.num_devices, p.strategy)} of "
-                              f"{small.device.memory_bytes} bytes under every memory setting")
+                              f"{small.device.memory_bytes} bytes under every memory setting "
+                              f"(ZeRO sharding over these {p.num_devices})")
     first = curve.pieces[0].n_lo
     assert first > 1, "the smallest counts should not fit"
     assert not scaling.is_valid(curve, 1)
