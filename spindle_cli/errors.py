@@ -82,6 +82,11 @@ class NoValidCount(PlanInfeasible):
     setting (its batch, the profile's feasible counts, tensor parallelism, islands)."""
 
 
+class SplitGroup(PlanInfeasible):
+    """Sequential placement would put a tensor-parallel group across two islands, whatever
+    the memory setting."""
+
+
 class RuntimeFailure(SpindleError):
     """A distributed run failed (a rank crashed, timed out or disagreed about shapes)."""
 

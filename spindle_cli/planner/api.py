@@ -30,7 +30,13 @@ from spindle_cli.artifacts.plan import (
     Wave,
 )
 from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
-from spindle_cli.errors import FieldError, NoValidCount, PlanInfeasible, SpindleError
+from spindle_cli.errors import (
+    FieldError,
+    NoValidCount,
+    PlanInfeasible,
+    SpindleError,
+    SplitGroup,
+)
 from spindle_cli.planner import baselines, scaling
 from spindle_cli.planner.allocation import (
     AslTuple,
@@ -261,8 +267,8 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
                 best = finer
     if best is None:
         assert error is not None
-        if isinstance(error, NoValidCount):
-            raise error  # no memory setting changes the counts a curve allows
+        if isinstance(error, (NoValidCount, SplitGroup)):
+            raise error  # no memory setting changes the counts a curve allows, nor islands
         last = memory_setting(*ladder[-1])
         raise PlanInfeasible(
             f"{error} (with {last}, the last of {len(ladder)} memory settings tried)"

@@ -45,7 +45,7 @@ import numpy as np
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.artifacts.plan import tp_group_size, tp_groups
-from spindle_cli.errors import PlanInfeasible
+from spindle_cli.errors import PlanInfeasible, SplitGroup
 from spindle_cli.planner.memory import NO_SAVING, Ledger, MemoryStrategy
 from spindle_cli.units import fmt_bytes
 
@@ -515,9 +515,11 @@ def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster:
             split = next((g for g in tp_groups(chosen, s.strategy)
                           if g[0] // cluster.island_size != g[-1] // cluster.island_size), None)
             if split is not None:
-                raise PlanInfeasible(
+                raise SplitGroup(
                     f"sequential placement puts the tensor-parallel group {list(split)} of "
-                    f"{_describe(s)} in wave {wi} across two islands")
+                    f"{_describe(s)} in wave {wi} across two islands",
+                    hint="island placement (the default) keeps each group inside an island; "
+                         "or plan without tensor parallelism (--no-tensor-parallel)")
             used = ledger.used()
             need = ledger.need(s.metaop, s.first, s.last, s.n, s.strategy, coming)
             over = [r for r in chosen if used[r] + need[r] > cap]

@@ -414,3 +414,25 @@ def test_slices_larger_than_half_the_device_memory_are_split():
     assert per_slice == 6
     assert [s.last - s.first for _, s in plan.slices()] == [6, 2]
     assert all(m.total_bytes <= 200_000 for m in plan.memory)
+
+
+def test_a_tensor_parallel_group_split_by_sequential_placement_is_not_called_memory():
+    """DistMM-MT puts a one-device tower beside a tp2 one: on consecutive ranks the pair is
+    ranks 1-2, across islands of 2. Every memory setting fails alike, and the error said it
+    was the last of 8 memory settings tried, with a hint to plan for more devices (a
+    review's random models)."""
+    from plan_builders import curve
+
+    g = graph([metaop("t/a", batch=1, layers=2), metaop("t/b", batch=1, layers=2)])
+    p = profile([curve("t/a", 1, [(1, 1, 10.0, 0.0, "dp")]),
+                 curve("t/b", 1, [(2, 2, 10.0, 0.0, "tp2")])])
+    with pytest.raises(PlanInfeasible) as e:
+        fitting_plan_with_cost(g, p, cluster(per_node=4, island=2),
+                               options=PlanOptions(planner="distmm", placement="sequential"))
+    assert str(e.value) == ("sequential placement puts the tensor-parallel group [1, 2] of t/b "
+                            "operators [0, 2) on 2 ranks in wave 0 across two islands")
+    assert e.value.hint == ("island placement (the default) keeps each group inside an island; "
+                            "or plan without tensor parallelism (--no-tensor-parallel)")
+    plan, _ = fitting_plan_with_cost(g, p, cluster(per_node=4, island=2),
+                                     options=PlanOptions(planner="distmm"))
+    assert all(s.ranks[0] // 2 == s.ranks[-1] // 2 for _, s in plan.slices())
