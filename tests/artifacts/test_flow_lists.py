@@ -22,3 +22,15 @@ def test_a_list_of_integers_is_one_line_and_reads_back_the_same():
     for dumper in (io._Dumper, io._FastDumper):
         assert yaml.dump(data, Dumper=dumper, sort_keys=False, default_flow_style=False,
                          width=100) == text
+
+
+def test_an_empty_value_takes_the_fast_emitter_and_an_empty_key_does_not():
+    # every baseline plan has `candidate: ''`, and the whole plan went to the Python emitter
+    # (a 100-task plan of 4096 devices: 31.3 s against 15.5 s, the same bytes)
+    for data, fast in (({"candidate": "", "ranks": [0, 1]}, True),
+                       ({"a": [{"b": ""}, ""]}, True),
+                       ({"": 1}, False),
+                       ({"a": "tab\there"}, False)):
+        assert io._printable_ascii(data) is fast
+        assert io._dump(data) == yaml.dump(data, Dumper=io._Dumper, sort_keys=False,
+                                           default_flow_style=False, width=100)
