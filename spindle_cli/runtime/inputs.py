@@ -59,8 +59,9 @@ def check_world(plan: Plan, world_size: int, *, rank: int | None = None,
     memory = next((m for m in plan.memory if m.rank == rank), None)
     if memory is None:
         return
-    need = run_bytes(memory, planned, dtype) if planned and dtype else memory.total_bytes
+    scaled = bool(planned and dtype)
+    need = run_bytes(memory, planned, dtype) if scaled else memory.total_bytes
     if need > memory_bytes:
-        trained = f" trained in {dtype}" if planned != dtype else ""
+        trained = f" trained in {dtype}" if scaled and planned != dtype else ""
         raise PlanError(f"rank {rank} needs an estimated {fmt_bytes(need)}{trained}, its device "
                         f"has {fmt_bytes(memory_bytes)}")
