@@ -52,7 +52,7 @@ TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
 
 NAME_PATTERN = r"^(?=.*\S)[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
 """A name: something besides spaces, and no control character or line separator (what would
-break a one-line error); the loader asks the same (`_check_name`)."""
+break a one-line error); the loader asks the same (`_check_name`, `_check_text`)."""
 
 
 def _check_name(value: str, path: str) -> None:

@@ -471,6 +471,12 @@ def work_tree(path: Path) -> Path | None:
     return next((d for d in path.parents if (d / ".git").exists()), None)
 
 
+def names_directory(path: str) -> bool:
+    """Whether an output name ends in a path separator: Path drops it, and the file was
+    written where a shell would refuse (`-o x.yaml/`)."""
+    return path.endswith(("/", os.sep))
+
+
 def _places(ref: InputRef, owner_path: str) -> list[Path]:
     """The files that may be the input `ref` of the artifact read from `owner_path`, in the
     order `load_recorded_input` looks at them: as recorded, then above the artifact up to the

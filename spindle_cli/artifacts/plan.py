@@ -196,8 +196,8 @@ class Plan(DerivedArtifact):
 
     KIND = "plan"
     INPUT_KINDS = ("metaop_graph", "profile", "cluster")
-    VERSION = 1
     """The inputs a plan file records (`spindle validate` refuses one without them)."""
+    VERSION = 1
 
     model: str = field(metadata=meta("model name"))
     cluster: str = field(metadata=meta("cluster name"))

@@ -20,6 +20,7 @@ from spindle_cli.artifacts.base import Artifact, DerivedArtifact
 from spindle_cli.artifacts.io import (
     as_written,
     check_can_create,
+    names_directory,
     output_file,
     parse_artifact,
     parse_text,
@@ -111,8 +112,7 @@ def check_output(path: str, suffixes: tuple[str, ...] = (".yaml", ".yml", ".json
         return
     if not path:
         raise SpindleError(f"'': an empty file name (expected a {_one_of(suffixes)} file)")
-    if path.endswith(("/", os.sep)):
-        # Path drops the slash, and the file was written where a shell would refuse
+    if names_directory(path):
         raise SpindleError(f"{path}: names a directory (a trailing slash), not a file")
     target = Path(path)
     if target.suffix.lower() not in suffixes:

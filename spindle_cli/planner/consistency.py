@@ -135,13 +135,13 @@ def check_profile(graph: MetaOpGraph, profile: Profile, profile_path: str) -> No
 def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> None:
     """PlanError unless the numbers a plan records beside its slices are the ones they imply:
     each wave's level is its slices' lowest MetaLevel, it starts where the one before ends
-    and lasts as long as its longest slice, the
-    estimates are the sums of the waves' durations (per level and in all), the lower bound
-    the sum of the levels', and the memory per rank what the slices hold under `memory`, the
-    plan's strategy (`memory.Ledger`, as placement computed it; the executor refuses a rank
-    by it), each transfer's bytes its producer's output and each parameter group's its
-    layers' gradients (what the simulator moves). For plans read from files
-    (validate, run), after `check_plan`; plans built in memory may leave them out."""
+    and lasts as long as its longest slice, the estimates are the sums of the waves'
+    durations (per level and in all), the lower bound the sum of the levels', and the memory
+    per rank what the slices hold under `memory`, the plan's strategy (`memory.Ledger`, as
+    placement computed it; the executor refuses a rank by it), each transfer's bytes its
+    producer's output and each parameter group's its layers' gradients (what the simulator
+    moves). For plans read from files (validate, run), after `check_plan`; plans built in
+    memory may leave them out."""
     start = 0.0
     for w in plan.waves:
         lowest = min((graph.metaop(s.metaop).level for s in w.slices), default=w.level)

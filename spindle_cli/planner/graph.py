@@ -37,9 +37,10 @@ from spindle_cli.artifacts.model import ModelSpec, ModuleSpec, TaskSpec
 from spindle_cli.artifacts.model_check import Shape, infer_shapes, topo_steps
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner.costs import TOKEN_BYTES, layer_cost
+from spindle_cli.planner.memory import ELEMENT_BYTES
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-"""Bytes per element of each supported activation/parameter dtype."""
+DTYPE_BYTES = {d: ELEMENT_BYTES[d] for d in ("fp32", "bf16", "fp16")}
+"""Bytes per element of each dtype a graph may count in (a run may also train in fp64)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -59,7 +59,6 @@ class MemoryStrategy:
 NO_SAVING = MemoryStrategy()
 
 
-
 ELEMENT_BYTES = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes of one element of each dtype a graph counts in or a run trains in."""
 

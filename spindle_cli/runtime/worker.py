@@ -38,7 +38,12 @@ from spindle_cli.artifacts import (
     load_recorded_input,
     sha256,
 )
-from spindle_cli.artifacts.io import check_can_create, output_file, write_text_atomic
+from spindle_cli.artifacts.io import (
+    check_can_create,
+    names_directory,
+    output_file,
+    write_text_atomic,
+)
 from spindle_cli.errors import ArtifactError, RuntimeFailure, SpindleError
 from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES
 from spindle_cli.runtime import checkpoint
@@ -190,8 +195,7 @@ def _check_output_path(flag: str, path: str, suffix: str, what: str) -> None:
     target)."""
     target = Path(path)
     example = f"{flag[2:]}{suffix}"
-    if path.endswith(("/", os.sep)):
-        # Path drops the slash, and the file was written where a shell would refuse
+    if names_directory(path):
         raise SpindleError(f"{flag} {path}: names a directory (a trailing slash), not a file")
     if target.is_dir():
         raise SpindleError(f"{flag} {path}: is a directory",
