@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import pickle
 import queue
+import shutil
 import tempfile
 import time
 import traceback
@@ -93,7 +94,7 @@ def run_distributed(fn: Callable[..., Any], world: int, *args: Any, timeout_s: f
             if p.is_alive():
                 p.kill()
                 p.join()
-        Path(store_path).unlink(missing_ok=True)
+        shutil.rmtree(store_dir, ignore_errors=True)
     if errors:
         raise RanksFailed(errors)
     return [results[r] for r in range(world)]
