@@ -17,6 +17,7 @@ from spindle_cli.artifacts import (
     rendered_for,
 )
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact
+from spindle_cli.artifacts.codec import shown
 from spindle_cli.artifacts.io import (
     as_written,
     check_can_create,
@@ -29,7 +30,13 @@ from spindle_cli.artifacts.io import (
 )
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views.plan_diff import differences
-from spindle_cli.errors import ArtifactError, FieldError, InputNotFound, SpindleError
+from spindle_cli.errors import (
+    ArtifactError,
+    FieldError,
+    InputNotFound,
+    SpindleError,
+    has_control,
+)
 
 A = TypeVar("A", bound=Artifact)
 
@@ -69,7 +76,19 @@ def recorded(path: str, output: str) -> str:
     elsewhere, absolute: a relative path names the input from here only, and the file is read
     from elsewhere. To stdout, as given. Always normalised ('./models/x.yaml' and
     'models/../models/x.yaml' are 'models/x.yaml'). The working directory is the physical one
-    or, where the shell reached it through a symlink, $PWD's spelling of it."""
+    or, where the shell reached it through a symlink, $PWD's spelling of it. A path that would
+    be recorded with a line break or control character is refused before any work: the
+    artifact's strings are one line (`codec._check_text`), so its file would not be written."""
+    spelled = _spelled(path, output)
+    if has_control(spelled):
+        raise SpindleError(f"{shown(path)}: a path with a line break or control character "
+                           f"cannot be recorded in the inputs of {shown(output)}",
+                           hint="rename the file or the directory that holds it")
+    return spelled
+
+
+def _spelled(path: str, output: str) -> str:
+    """`recorded`'s spelling of `path`, unchecked."""
     path = os.path.normpath(path)
     if output == "-":
         return path

@@ -478,6 +478,18 @@ def test_a_name_too_long_to_look_at_is_bad_input_not_a_bug(workdir, spindle):
                                    "found")
 
 
+def test_an_input_path_with_a_line_break_is_refused_before_any_work(small_model_data,
+                                                                    workdir, spindle):
+    # the path is recorded in the output's inputs, whose strings are one line: the model was
+    # contracted (and a plan planned) before the write refused it
+    Path("m\nx.yaml").write_text(yaml.safe_dump(small_model_data, sort_keys=False))
+    before = _listing(workdir)
+    result = spindle("graph", "m\nx.yaml", "-o", "g.yaml")
+    _assert_one_line_error(result, "error: 'm\\nx.yaml': a path with a line break or control "
+                                   "character cannot be recorded in the inputs of 'g.yaml'")
+    assert _listing(workdir) == before
+
+
 def test_check_against_a_file_that_is_not_text_says_so(small_model_data, workdir, spindle):
     Path("m.yaml").write_text(yaml.safe_dump(small_model_data, sort_keys=False))
     Path("g.yaml").write_bytes(bytes(range(128, 256)) * 8)
