@@ -116,6 +116,17 @@ class Curve:
     def __post_init__(self) -> None:
         if not self.pieces:
             raise FieldError("pieces", "a curve needs at least one piece")
+        first: dict[tuple[int, str], int] = {}
+        for j, q in enumerate(self.points):
+            i = first.setdefault((q.num_devices, q.strategy), j)
+            if i != j:
+                raise FieldError(f"points[{j}]", f"a second point at n = {q.num_devices} "
+                                                 f"under {q.strategy!r} (the first is "
+                                                 f"points[{i}])")
+        if self.points and not any(q.feasible for q in self.points):
+            # pieces are fitted to feasible points (a hand-made curve may give none at all)
+            raise FieldError("points", "no point is feasible, so there is nothing the pieces "
+                                       "could have been fitted to")
         for i in range(1, len(self.pieces)):
             if self.pieces[i].n_lo != self.pieces[i - 1].n_hi:
                 raise FieldError(f"pieces[{i}].n_lo", "pieces must be contiguous")

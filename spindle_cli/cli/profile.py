@@ -43,7 +43,8 @@ so an unbounded --repeats ran on with no end."""
 
 
 def parse_counts(text: str) -> tuple[int, ...]:
-    """'1,2,4' -> (1, 2, 4); SpindleError for anything but positive integers."""
+    """'1,2,4' -> (1, 2, 4), in any order; SpindleError for anything but positive integers, and
+    for a count given twice (as `--tasks` refuses a task given twice)."""
     counts = []
     for part in text.split(","):
         part = part.strip()
@@ -55,8 +56,10 @@ def parse_counts(text: str) -> tuple[int, ...]:
         if len(digits) > len(str(MAX_DEVICES)):
             raise SpindleError(f"--counts: a count of {len(digits)} digits is above "
                                f"{MAX_DEVICES} ({MAX_DEVICES_WHY})")
+        if int(digits) in counts:
+            raise SpindleError(f"--counts: {int(digits)} is given twice in {text!r}")
         counts.append(int(digits))
-    return tuple(sorted(set(counts)))
+    return tuple(sorted(counts))
 
 
 def default_counts(cluster: ClusterSpec | None) -> tuple[int, ...]:

@@ -169,6 +169,11 @@ def test_a_level_must_be_one_above_the_deepest_predecessor(graph_data):
 
 # --- profile -----------------------------------------------------------------------------
 
+def _point(n: int, feasible: bool = True) -> Data:
+    return {"num_devices": n, "strategy": "dp", "feasible": feasible,
+            "time_ms": 1.0 if feasible else 0.0, "peak_memory_bytes": 1}
+
+
 @pytest.fixture(scope="module")
 def profile_data() -> Data:
     """The worked example's profile: three one-piece data-parallel curves with batch 2 over
@@ -245,6 +250,12 @@ PROFILE_CASES: dict[str, tuple[Edit, str]] = {
         {"n_lo": 2, "n_hi": 8, "alpha_ms": 1.0, "beta_ms": 1.0, "strategy": "dp"}]),
                                   "curves[2].pieces[0].strategy: 'tp999' on 1 to 2 devices: "
                                   "fewer than one tensor-parallel group"),
+    "points-repeated": (_set("curves.2.points", [_point(1), _point(2), _point(1)]),
+                        "curves[2].points[2]: a second point at n = 1 under 'dp' (the first is "
+                        "points[0])"),
+    "points-all-infeasible": (_set("curves.2.points", [_point(1, False), _point(2, False)]),
+                              "curves[2].points: no point is feasible, so there is nothing the "
+                              "pieces could have been fitted to"),
     "counts-empty": (_set("counts", []), "counts: a profile needs at least one device count"),
     "counts-unsorted": (_set("counts", [4, 1, 2]),
                         "counts: device counts must be ascending, each once"),

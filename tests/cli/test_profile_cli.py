@@ -281,6 +281,8 @@ def test_measured_profile_refuses_a_changed_model(workdir, capsys):
         (["--counts", "1,two"], "error: --counts: 'two' is not a positive integer"),
         (["--counts", "1,,2"], "error: --counts: '' is not a positive integer"),
         (["--counts", "-4"], "error: --counts: '-4' is not a positive integer"),
+        # as --tasks refuses a task given twice; '02' is 2
+        (["--counts", "1,2,02"], "error: --counts: 2 is given twice in '1,2,02'"),
         # digits that int() refuses (a superscript) or reads (Arabic-Indic)
         (["--counts", "1,\u00b2"], "error: --counts: '\u00b2' is not a positive integer"),
         (["--counts", "\u0663"], "error: --counts: '\u0663' is not a positive integer"),
