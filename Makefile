@@ -56,10 +56,10 @@ help:
 	@echo "make plans        regenerate every committed graph, profile and plan (CHECK=--check: only check)"
 	@echo "make plans-check  check that every committed artifact is what the code makes now"
 	@echo "make measure      measure tiny-clip's profile on this machine, and its plans"
-	@echo "make bench        regenerate docs/bench and run the benchmarks/ scripts"
+	@echo "make bench        regenerate docs/bench and run the benchmarks/ scripts (not the CP-SAT bench_wave_search.py)"
 	@echo "make schemas      regenerate schemas/ (CHECK=--check: only check)"
 	@echo "make install      install torch and spindle with its test tools (PYTHON=interpreter)"
-	@echo "make clean        remove the demo's files and the install stamps"
+	@echo "make clean        remove the demo's files, the install stamps and the measurement cache (.spindle-cache)"
 
 install: $(STAMP)
 core: $(CORE_STAMP)

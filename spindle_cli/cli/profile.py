@@ -103,7 +103,8 @@ def graph_model(graph: MetaOpGraph, graph_path: str, output: str) -> tuple[Model
 @click.option("-o", "--output", default="-", show_default=True, metavar="PROFILE",
               help="Output file (.yaml, .yml or .json); '-' for stdout.")
 @click.option("--check", is_flag=True,
-              help="Compare with the existing output file instead of writing (exit 1 on drift).")
+              help="Compare with the existing output file instead of writing (exit 1 on drift); "
+                   "analytic profiles only (a measurement never repeats exactly).")
 def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: str | None,
             validate: bool, repeats: int, no_cache: bool, allow_device_mismatch: bool,
             output: str, check: bool) -> None:
@@ -221,7 +222,7 @@ def _summary(result: Any, validate: bool) -> None:
         from spindle_cli.planner.profiling import heldout_counts
 
         held_out = ",".join(map(str, heldout_counts(result.counts)))
-        line += (f"; the held-out counts {held_out} are measured, but no curve is compared "
+        line += (f"; the held-out counts {held_out} are profiled, but no curve is compared "
                  "there: none is a count a plan may use (a data-parallel count divides the "
                  "batch; --uneven-splits plans are not checked there)"
                  if held_out else

@@ -57,7 +57,7 @@ def test_analytic_profile_is_written_and_checked(workdir, repo_root, capsys):
     assert out == ""
     assert "curves over counts 1,2,4,8; max fit error at profiled counts" in err
     # 3 and 6 split none of the graph's power-of-two batches: nothing to validate there
-    assert "the held-out counts 3,6 are measured, but no curve is compared there" in " ".join(
+    assert "the held-out counts 3,6 are profiled, but no curve is compared there" in " ".join(
         err.split())
     profile = load("p.yaml", Profile)
     graph = load("graph.yaml", MetaOpGraph)
