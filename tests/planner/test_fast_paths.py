@@ -24,13 +24,9 @@ from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api, placement
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.memory import split_rows
+from spindle_cli.planner.network import Network, row_flows
 from spindle_cli.planner.profiling import analytic_profile
-from spindle_cli.planner.simulate import (
-    _Network,
-    row_flows,
-    simulate,
-    simulated_cost,
-)
+from spindle_cli.planner.simulate import simulate, simulated_cost
 from spindle_cli.planner.waves import (
     VARIANTS,
     align_fill,
@@ -145,9 +141,9 @@ def test_give_up_counts_the_work_left_after_the_clock():
     assert result.optimizer_ms == 40.0
     give_up_ms = result.iteration_ms - result.optimizer_ms / 2
     steps = []
-    step = _Network._step
+    step = Network._step
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_Network, "_step", lambda net: (steps.append(net.now_s), step(net))[1])
+        mp.setattr(Network, "_step", lambda net: (steps.append(net.now_s), step(net))[1])
         bounded, transfer_ms = simulated_cost(fx.plan(), g, p, c, give_up_ms=give_up_ms)
     assert transfer_ms == math.inf and give_up_ms < bounded <= result.iteration_ms
     # no flow was simulated past the end of the backward

@@ -26,7 +26,8 @@ from spindle_cli.errors import SpindleError
 from spindle_cli.planner.api import PlanOptions, make_plan
 from spindle_cli.planner.bench import profile_for
 from spindle_cli.planner.graph import build_graph
-from spindle_cli.planner.simulate import row_flows, simulate, simulated_cost
+from spindle_cli.planner.network import row_flows
+from spindle_cli.planner.simulate import simulate, simulated_cost
 
 
 def run(plan=None, *, latency_s: float = 0.0, batch: int = fx.BATCH, num_nodes: int = 2,
