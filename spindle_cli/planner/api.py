@@ -58,7 +58,7 @@ from spindle_cli.planner.memory import (
 )
 from spindle_cli.planner.placement import Flow, PlacedWaves, Ranks, SliceSpec, place
 from spindle_cli.planner.profiling import allowed_curve, tp_allowed
-from spindle_cli.planner.simulate import FORWARD_SHARE, QuickCost, simulated_cost
+from spindle_cli.planner.simulate import QuickCost, simulated_cost
 from spindle_cli.planner.tasks import lane_waves, task_lanes, task_sizes, task_stable
 from spindle_cli.planner.waves import (
     LARGE_LEVEL,
@@ -74,6 +74,7 @@ from spindle_cli.planner.waves import (
     traced_wavefront_level,
     without_extension,
 )
+from spindle_cli.planner.workload import FORWARD_SHARE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -41,9 +41,9 @@ What is modelled (and what is not):
 - Parameter synchronization. Gradients are all-reduced in buckets with a ring over their ranks
   (ascending): each rank sends 2(p-1)/p * bytes to its ring successor, with 2(p-1) message
   latencies; a bucket finishes with its slowest link. Under 'tp<t>' a rank holds shard q of t of
-  the layers (memory.py's count, `_held`), and each shard has its own ring over the c ranks
-  holding it (rank q of every tensor-parallel group, and any data-parallel holder): 2(c-1)/c *
-  bytes/t per member, with 2(c-1) latencies, nothing for one copy. The shard rings of
+  the layers (memory.py's count, `workload.held_shares`), and each shard has its own ring over
+  the c ranks holding it (rank q of every tensor-parallel group, and any data-parallel holder):
+  2(c-1)/c * bytes/t per member, with 2(c-1) latencies, nothing for one copy. The shard rings of
   consecutive tensor-parallel groups all cross the same node links. ZeRO's all-gathers run on
   the same rings, and the optimizer step counts the held share. The buckets are the executor's
   (`buckets.sync_buckets`, `simulate`'s `sync`), each with its share of its groups' bytes by
@@ -109,10 +109,9 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from spindle_cli.artifacts.cluster import ClusterSpec
-from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.artifacts.plan import Plan, Slice, Wave, tp_group_size, tp_groups
-from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
-from spindle_cli.errors import SpindleError
+from spindle_cli.artifacts.graph import MetaOpGraph
+from spindle_cli.artifacts.plan import Plan, Slice, Wave
+from spindle_cli.artifacts.profile import Profile
 from spindle_cli.planner.buckets import SyncBucket, SyncMode, backend_sync, sync_buckets
 from spindle_cli.planner.consistency import check_plan
 from spindle_cli.planner.memory import (
@@ -121,10 +120,16 @@ from spindle_cli.planner.memory import (
     state_bytes_per_param,
 )
 from spindle_cli.planner.network import GaveUp, Network, row_flows
-from spindle_cli.planner.profiling import allowed_curve
-
-FORWARD_SHARE = 1.0 / 3.0
-"""Forward share of an operator's forward+backward time; backward is the rest."""
+from spindle_cli.planner.workload import (
+    SliceCost,
+    check_inputs,
+    held_shares,
+    optimizer_step_ms,
+    plan_curves,
+    recompute,
+    slice_costs,
+    zero_stage,
+)
 
 FlowKind = Literal["activation", "gradient", "sync", "gather"]
 
@@ -277,90 +282,6 @@ class SimResult:
         return self.transfer_ms / self.iteration_ms if self.iteration_ms > 0 else 0.0
 
 
-def operator_ms(curve: Curve, s: Slice) -> float:
-    """Forward+backward time of one operator of slice `s` (its slowest rank): the curve's at
-    the count whose per-device batch is the slowest rank's rows (`scaling.work_count`, n itself
-    when the groups divide the batch), read on the piece holding that count, as the planner
-    reads it (`allocation.op_time_ms`)."""
-    n = len(s.ranks)
-    groups = len(tp_groups(s.ranks, s.strategy))
-    rows = math.ceil(curve.batch_size / groups)
-    work = n * curve.batch_size / (rows * groups)
-    piece = next((p for p in curve.pieces if work <= p.n_hi), curve.pieces[-1])
-    return piece.alpha_ms + piece.beta_ms * rows * groups / n
-
-
-@dataclass(frozen=True, slots=True)
-class _SliceCost:
-    slice: Slice
-    wave: int
-    forward_ms: float
-    backward_ms: float
-    operator_backward_ms: float
-    """One operator's backward, with its recomputed forward when any (the executor
-    checkpoints every operator on its own, so each one's forward runs again right before its
-    backward)."""
-
-    def passed_ms(self, k: int) -> float:
-        """Time from the slice's backward start until its last k operators are through."""
-        return self.backward_ms - (self.slice.num_layers - k) * self.operator_backward_ms
-
-
-def _zero_stage(plan: Plan) -> int:
-    return int(plan.options.get("zero", "0"))
-
-
-def _recompute(plan: Plan) -> bool:
-    return plan.options.get("recompute", "false") == "true"
-
-
-def _plan_curves(plan: Plan, metaops: dict[str, MetaOp], profile: Profile,
-                 cluster: ClusterSpec) -> dict[str, Curve]:
-    """The curves the plan was made from, by signature (of the MetaOps the profile has one
-    for): without tensor parallelism, or with degrees that do not divide the cluster's
-    islands, fitted again from the strategies left (`profiling.allowed_curve`), as the
-    planner saw them."""
-    tensor_parallel = plan.options.get("tensor_parallel") != "false"
-    have = {c.signature for c in profile.curves}
-    curves: dict[str, Curve] = {}
-    for m in metaops.values():
-        if m.signature in have and m.signature not in curves:
-            curves[m.signature] = allowed_curve(profile, m, tensor_parallel,
-                                                cluster.island_size)
-    return curves
-
-
-def _slice_costs(plan: Plan, metaops: dict[str, MetaOp],
-                 curves: dict[str, Curve]) -> dict[str, _SliceCost]:
-    """Every slice's times; `metaops` by id, `curves` by signature."""
-    costs = {}
-    # recomputation runs each operator's forward once more right before its backward
-    extra = FORWARD_SHARE if _recompute(plan) else 0.0
-    for w, s in plan.slices():
-        m = metaops[s.metaop]
-        total_ms = operator_ms(curves[m.signature], s) * s.num_layers
-        costs[s.id] = _SliceCost(
-            slice=s, wave=w.index, forward_ms=total_ms * FORWARD_SHARE,
-            backward_ms=total_ms * (1.0 - FORWARD_SHARE + extra),
-            operator_backward_ms=total_ms * (1.0 - FORWARD_SHARE + extra) / s.num_layers,
-        )
-    return costs
-
-
-def _check_inputs(plan: Plan, graph: MetaOpGraph, metaops: dict[str, MetaOp],
-                  curves: dict[str, Curve], cluster: ClusterSpec) -> None:
-    """That the plan fits the graph (`metaops` by id), the profile (`curves` by signature) and
-    the cluster."""
-    if plan.num_devices != cluster.num_devices:
-        raise SpindleError(f"plan is for {plan.num_devices} devices but cluster "
-                           f"{cluster.name!r} has {cluster.num_devices}")
-    for _, s in plan.slices():
-        if s.metaop not in metaops:
-            raise SpindleError(f"plan slice {s.id} runs MetaOp {s.metaop!r}, "
-                               f"which graph {graph.model!r} does not have")
-        if metaops[s.metaop].signature not in curves:
-            raise SpindleError(f"the profile has no curve for MetaOp {s.metaop!r}")
-
 
 Progress = Literal["wave", "rank"]
 """How ranks move from wave to wave (`simulate`)."""
@@ -431,7 +352,7 @@ GIVE_UP_ROUNDING = 1e-12
 class _Timeline:
     """What `_run` computed, for `_result` to report."""
 
-    costs: dict[str, _SliceCost]
+    costs: dict[str, SliceCost]
     starts: dict[str, list[float]]
     """Per slice: forward start, forward end, backward start, backward end (ms)."""
     stalls: dict[str, list[tuple[float, float]]]
@@ -462,64 +383,6 @@ class _RankTimes:
     waiting_ms: list[float]
 
 
-_UNHELD = (math.inf, 0)
-"""What `_held` reads for a rank not seen holding a group yet."""
-
-
-def _held(plan: Plan, metaops: dict[str, MetaOp]) -> list[dict[int, tuple[int, int]]]:
-    """Per parameter group, what each of its ranks holds of its layers' weights, as
-    `memory.Ledger` counts it: (t, q) for shard q of t (1/t of each layer), (1, 0) for a rank
-    that runs them data-parallel; the largest share over the rank's slices (a rank that runs
-    shards of a layer that do not nest, such as both halves under tp2, which
-    `memory.Ledger` charges as their union, is counted here with one of them: no plan the
-    planner keeps has been seen to). A rank no slice runs them on (a group that check_plan
-    lets through without slices) holds them whole."""
-    held: list[dict[int, tuple[int, int]]] = [{} for _ in plan.param_groups]
-    of_module: dict[str, list[int]] = {}
-    for gi, g in enumerate(plan.param_groups):
-        of_module.setdefault(g.module, []).append(gi)
-    members = [set(g.ranks) for g in plan.param_groups]
-    for _, s in plan.slices():
-        m = metaops[s.metaop]
-        lo, hi = m.first_layer + s.first, m.first_layer + s.last
-        t = tp_degree(s.strategy)
-        size = tp_group_size(len(s.ranks), s.strategy)
-        for gi in of_module.get(m.module, ()):
-            g = plan.param_groups[gi]
-            if g.first_layer < hi and lo < g.last_layer:
-                holds, mine = held[gi], members[gi]
-                # the slice's i-th rank is rank i % size of its tensor-parallel group
-                for i, r in enumerate(s.ranks):
-                    if r in mine and t < holds.get(r, _UNHELD)[0]:
-                        holds[r] = (t, i % size)
-    for gi, g in enumerate(plan.param_groups):
-        for r in g.ranks:
-            held[gi].setdefault(r, (1, 0))
-    return held
-
-
-def _optimizer_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
-                  held: list[dict[int, tuple[int, int]]]) -> list[float]:
-    """Each rank's optimizer step (Profile.optimizer; none without it): one tensor per distinct
-    rank set among the rank's parameter groups (the executor's gradient buckets on gloo),
-    holding the rank's share of the groups' parameters (`_held`: 1/t under 'tp<t>'), a
-    1/replicas share of that under ZeRO (sharded optimizer state)."""
-    cost = profile.optimizer
-    if cost is None:
-        return [0.0] * plan.num_devices
-    sharded = _zero_stage(plan) >= 1
-    dtype_bytes = graph.dtype_bytes
-    params = [0.0] * plan.num_devices
-    buckets: list[set[tuple[int, ...]]] = [set() for _ in range(plan.num_devices)]
-    for gi, g in enumerate(plan.param_groups):
-        holds = held[gi]
-        # without ZeRO every holder steps its whole share (no division by the replicas)
-        replicas = max(sum(1 / t for t, _ in holds.values()), 1.0) if sharded else 1
-        for r in g.ranks:
-            params[r] += g.bytes / dtype_bytes / holds[r][0] / replicas
-            buckets[r].add(g.ranks)
-    return [cost.time_ms(len(b), n) for b, n in zip(buckets, params, strict=True)]
-
 
 def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
          sync: SyncMode, progress: Progress = "wave", give_up_ms: float = math.inf,
@@ -527,9 +390,9 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     """The event-driven timeline of `simulate`; raises GaveUp once the clock passes
     `give_up_ms`. Without `record_flows` the timeline's `flow_meta` stays empty."""
     metaops = {m.id: m for m in graph.metaops}
-    curves = _plan_curves(plan, metaops, profile, cluster)
-    _check_inputs(plan, graph, metaops, curves, cluster)
-    costs = _slice_costs(plan, metaops, curves)
+    curves = plan_curves(plan, metaops, profile, cluster)
+    check_inputs(plan, graph, metaops, curves, cluster)
+    costs = slice_costs(plan, metaops, curves)
     latency_s = cluster.link_latency_s
     net = Network(cluster, give_up_ms / 1e3)
     flow_meta: list[tuple[FlowKind, str, int, int, int]] = []
@@ -574,17 +437,17 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
     sync_start_ms: dict[int, float] = {}
     # ZeRO shards the optimizer state: gradients are reduce-scattered (half an all-reduce's
     # ring); below stage 3 every rank then all-gathers the stepped shards (`post_gather`)
-    sharded = _zero_stage(plan) >= 1
-    post_gather = 1 <= _zero_stage(plan) <= 2
+    sharded = zero_stage(plan) >= 1
+    post_gather = 1 <= zero_stage(plan) <= 2
 
-    held = _held(plan, metaops)
-    optimizer_ms = _optimizer_ms(plan, graph, profile, held)
+    held = held_shares(plan, metaops)
+    optimizer_ms = optimizer_step_ms(plan, graph, profile, held)
 
     rings_of: dict[tuple[int, ...], list[tuple[tuple[int, ...], int, list[list[int]]]]] = {}
 
     def shard_rings(groups: tuple[int, ...]) -> list[tuple[tuple[int, ...], int, list[list[int]]]]:
         """The rings that reduce the layers of `groups` (one rank set), per way its ranks
-        hold them (`_held`): (the positions in `groups` of the groups held that way, T,
+        hold them (`held_shares`): (the positions in `groups` of the groups held that way, T,
         rings), where shard j of T (the least common multiple of the ranks' degrees) is
         reduced over the ranks holding it, ascending (a data-parallel rank holds every
         shard, a rank of a tp<t> group shard q of t the shards j = q mod t; layers in tp2 on
@@ -657,7 +520,7 @@ def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
             sync_ids[gi] += ids
 
     weight_b = state_bytes_per_param(graph.dtype)[0]
-    gathers = _zero_stage(plan) >= 3
+    gathers = zero_stage(plan) >= 3
 
     def issue_slice_gathers(s: Slice, start_ms: float) -> list[int]:
         """ZeRO-3: all-gather the weights of slice `s` over its groups."""
@@ -1180,7 +1043,7 @@ def _result(plan: Plan, graph: MetaOpGraph, cluster: ClusterSpec, timeline: _Tim
 
     # what the slices keep for backward, as memory.py counts it (the plan's own table)
     stash = [rm.activation_bytes for rm in replayed_table(
-        plan, graph, MemoryStrategy(zero=_zero_stage(plan), recompute=_recompute(plan)))]
+        plan, graph, MemoryStrategy(zero=zero_stage(plan), recompute=recompute(plan)))]
     static = {rm.rank: rm.param_bytes + rm.grad_bytes + rm.optimizer_bytes for rm in plan.memory}
     ranks = tuple(
         RankStats(rank=r, busy_ms=busy[r],

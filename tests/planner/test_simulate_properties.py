@@ -14,7 +14,8 @@ from hypothesis_scale import examples
 
 from spindle_cli.artifacts.plan import ParamGroup, Slice, Transfer, Wave
 from spindle_cli.planner.buckets import SYNC_MODES
-from spindle_cli.planner.simulate import FORWARD_SHARE, PROGRESS_MODES, FlowTiming, simulate
+from spindle_cli.planner.simulate import PROGRESS_MODES, FlowTiming, simulate
+from spindle_cli.planner.workload import FORWARD_SHARE
 
 ranks = st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True).map(
     lambda r: tuple(sorted(r)))
