@@ -312,4 +312,3 @@ class Network:
                 else:
                     self.ready_s[chain.ids] = max(chain.start_s, self.now_s) + chain.latency_s
                     self._new.extend(chain.ids)
-
