@@ -57,7 +57,6 @@ from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api, baselines, scaling
 from spindle_cli.planner.allocation import allocate_level_analytic
 from spindle_cli.planner.api import (
-    PlanOptions,
     allocate,
     compute_bound_ms,
     fitting_plan_with_cost,
@@ -70,6 +69,7 @@ from spindle_cli.planner.api import (
 )
 from spindle_cli.planner.exact import MAX_TUPLES, exact_packing_ms
 from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import simulate, simulated_cost
 from spindle_cli.planner.waves import (

@@ -16,8 +16,9 @@ from pathlib import Path
 from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner import bench
-from spindle_cli.planner.api import PlanOptions, make_plan
+from spindle_cli.planner.api import make_plan
 from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.simulate import simulate
 
 REPO = Path(__file__).resolve().parent.parent

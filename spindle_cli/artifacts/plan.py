@@ -36,7 +36,7 @@ OPTION_VALUES: dict[str, tuple[str, ...]] = {
     "tensor_parallel": ("true", "false"),
     "sync_chunks": tuple(map(str, SYNC_CHUNK_COUNTS)),
 }
-"""The options a plan may record (`planner.api.PlanOptions.as_dict`) and their values."""
+"""The options a plan may record (`planner.options.PlanOptions.as_dict`) and their values."""
 
 
 def tp_group_size(num_ranks: int, strategy: str) -> int:

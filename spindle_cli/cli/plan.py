@@ -21,7 +21,7 @@ from spindle_cli.cli.common import (
 from spindle_cli.errors import ArtifactError, SpindleError
 
 if TYPE_CHECKING:
-    from spindle_cli.planner.api import PlanOptions
+    from spindle_cli.planner.options import PlanOptions
 
 
 @click.command()
@@ -107,7 +107,8 @@ def plan_settings(*, planner: str = "spindle", placement: str = "island",
                   ) -> tuple[PlanOptions, tuple[tuple[int, bool], ...]]:
     """The planner options and memory ladder `spindle plan` plans with, from its flags;
     SpindleError where --runnable contradicts --memory zero3 or a --tensor-parallel given."""
-    from spindle_cli.planner.api import PlanOptions, memory_ladder
+    from spindle_cli.planner.api import memory_ladder
+    from spindle_cli.planner.options import PlanOptions
     from spindle_cli.runtime.program import EXECUTABLE_ZERO_STAGES
 
     ladder = memory_ladder(memory, recompute)

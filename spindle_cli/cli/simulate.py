@@ -15,13 +15,14 @@ from rich.table import Table
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_recorded_input
 from spindle_cli.artifacts.io import sha256
+from spindle_cli.artifacts.plan import PLACEMENTS
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input, note_stale_graph
 from spindle_cli.cli.views import gantt as charts
 from spindle_cli.cli.views import print_table
 from spindle_cli.errors import PlanError, SpindleError
 from spindle_cli.planner import simulate as simulation
-from spindle_cli.planner.api import PLACEMENTS, PlanOptions, options_curves, place_again
+from spindle_cli.planner.api import options_curves, place_again
 from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
 from spindle_cli.planner.consistency import (
     check_cluster,
@@ -30,6 +31,7 @@ from spindle_cli.planner.consistency import (
     check_recorded,
     check_slice_times,
 )
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.simulate import SimResult
 from spindle_cli.units import fmt_bytes
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from spindle_cli.artifacts import MetaOpGraph, ModelSpec, Plan, load, load_recorded_input
 from spindle_cli.errors import SpindleError
-from spindle_cli.planner.api import PlanOptions
 from spindle_cli.planner.consistency import check_recorded
 from spindle_cli.planner.graph import model_of
 from spindle_cli.planner.memory import run_bytes
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.runtime.program import PlanError, Program, build_program
 from spindle_cli.units import fmt_bytes
 

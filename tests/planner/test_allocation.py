@@ -27,8 +27,9 @@ from spindle_cli.planner.allocation import (
     single_count,
     split,
 )
-from spindle_cli.planner.api import PlanOptions, allocate, make_plan, op_curves, options_curves
+from spindle_cli.planner.api import allocate, make_plan, op_curves, options_curves
 from spindle_cli.planner.consistency import check_slice_times
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import build_curve
 from spindle_cli.planner.simulate import simulate
 

@@ -27,8 +27,9 @@ from spindle_cli.artifacts.io import input_ref, render, write_artifact
 from spindle_cli.artifacts.profile import ProfilePoint
 from spindle_cli.errors import FieldError, NoValidCount, PlanInfeasible, SpindleError
 from spindle_cli.planner import placement
-from spindle_cli.planner.api import PlanOptions, fitting_plan_with_cost, make_plan, place_again
+from spindle_cli.planner.api import fitting_plan_with_cost, make_plan, place_again
 from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import simulate
 

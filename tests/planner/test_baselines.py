@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from plan_builders import alpha_beta_curve, cluster, curve, graph, metaop, profile
 
-from spindle_cli.planner.api import PlanOptions, make_plan
+from spindle_cli.planner.api import make_plan
+from spindle_cli.planner.options import PlanOptions
 
 
 def two_tasks():

@@ -12,8 +12,9 @@ from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api, paper_numbers
 from spindle_cli.planner import bench as lib
-from spindle_cli.planner.api import PlanOptions, place_again
+from spindle_cli.planner.api import place_again
 from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.simulate import simulate
 
 REPO = Path(__file__).resolve().parents[2]

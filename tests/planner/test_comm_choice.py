@@ -16,6 +16,7 @@ from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api
 from spindle_cli.planner.bench import profile_for
 from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import simulate
 
@@ -56,7 +57,7 @@ def _candidate_ms(g, p, c, cap):
     allocs = api.allocate(g, capped, c.num_devices)
     planned = api.spindle_waves(g, capped, allocs, c.num_devices,
                                 api.slice_limits(g, curves, c))
-    plan = api._assemble(g, capped, c, api.PlanOptions(), (), allocs, planned)
+    plan = api._assemble(g, capped, c, PlanOptions(), (), allocs, planned)
     return simulate(plan, g, p, c).iteration_ms
 
 
@@ -117,7 +118,7 @@ def test_spindle_is_not_slower_than_optimus_at_32(model, task_set, cluster_name)
     c = load(str(ROOT / "clusters" / f"{cluster_name}.yaml"), ClusterSpec)
     g = build_graph(spec, tasks=list(spec.task_sets[task_set]))
     p = analytic_profile(g, c, hardware="a800", counts=[1, 2, 4, 8, 16, 32])
-    plans = {planner: api.make_fitting_plan(g, p, c, options=api.PlanOptions(planner=planner))
+    plans = {planner: api.make_fitting_plan(g, p, c, options=PlanOptions(planner=planner))
              for planner in ("spindle", "optimus")}
     # with waves as barriers (the planner's model) and with ranks on their own (the executor's)
     for progress in ("wave", "rank"):
@@ -147,14 +148,14 @@ def test_spindle_never_simulates_slower_than_a_baseline(model, tasks, nodes, per
         n for n in (1, 2, 4, 8, 16) if n <= c.num_devices))
     # as `spindle plan` plans: each planner under its fastest memory setting
     ms = {planner: simulate(api.fitting_plan_with_cost(
-        g, p, c, options=api.PlanOptions(planner=planner))[0], g, p, c).iteration_ms
+        g, p, c, options=PlanOptions(planner=planner))[0], g, p, c).iteration_ms
           for planner in ("spindle", "sequential", "optimus", "distmm")}
     assert ms["spindle"] <= min(ms.values()) + 1e-9, ms
 
 
 def chunked(plan, chunks):
     """The plan with its gradient buckets cut into at most `chunks` per wave."""
-    return replace(plan, options=replace(api.PlanOptions.of(plan), sync_chunks=chunks).as_dict())
+    return replace(plan, options=replace(PlanOptions.of(plan), sync_chunks=chunks).as_dict())
 
 
 def test_the_kept_plan_cuts_its_gradient_buckets_finer_where_that_is_faster():
@@ -169,7 +170,7 @@ def test_the_kept_plan_cuts_its_gradient_buckets_finer_where_that_is_faster():
     g = as_written(build_graph(spec, tasks=["task5_vision_text"]))
     p = profile_for(g, c)
     for planner in ("spindle", "distmm"):
-        plan, ms = api.fitting_plan_with_cost(g, p, c, options=api.PlanOptions(planner=planner))
+        plan, ms = api.fitting_plan_with_cost(g, p, c, options=PlanOptions(planner=planner))
         chosen = int(plan.options["sync_chunks"])
         assert chosen in api.SYNC_CHUNK_CHOICES, planner
         tried = {n: simulate(chunked(plan, n), g, p, c).iteration_ms
@@ -247,10 +248,10 @@ def test_spindle_s_own_schedule_with_finer_chunks_beats_a_baseline_s_that_won_wi
     c = load(str(sweep / "clusters" / "2x6.yaml"), ClusterSpec)
     g = as_written(build_graph(spec, tasks=["task5_vision_text"]))
     p = profile_for(g, c)
-    plan, ms = api.make_plan_with_cost(g, p, c, options=api.PlanOptions(zero=1))
+    plan, ms = api.make_plan_with_cost(g, p, c, options=PlanOptions(zero=1))
     assert "'s schedule" not in plan.candidate
     assert int(plan.options["sync_chunks"]) in api.SYNC_CHUNK_CHOICES
-    distmm, _ = api.make_plan_with_cost(g, p, c, options=api.PlanOptions(planner="distmm",
+    distmm, _ = api.make_plan_with_cost(g, p, c, options=PlanOptions(planner="distmm",
                                                                          zero=1))
     assert ms == simulate(plan, g, p, c).iteration_ms
     distmm_ms = [simulate(chunked(distmm, n), g, p, c).iteration_ms
@@ -272,7 +273,7 @@ def test_a_baseline_s_schedule_is_tried_where_none_of_spindle_s_own_fits():
     c = replace(c, device=replace(c.device, memory_bytes=2 << 30))
     g = as_written(build_graph(spec, tasks=["task5_vision_text"]))
     p = profile_for(g, c)
-    options = api.PlanOptions(zero=2, recompute=True)
+    options = PlanOptions(zero=2, recompute=True)
     plan, ms = api.make_plan_with_cost(g, p, c, options=options)
     assert "'s schedule" in plan.candidate
     assert ms == simulate(plan, g, p, c).iteration_ms
@@ -303,7 +304,7 @@ def test_the_allocations_before_spare_devices_were_spread_are_rebuilt_on_one_cou
     assert "one count per MetaOp" in plan.candidate
     assert "spare devices spread" not in plan.candidate
     assert ms == simulate(plan, g, p, c).iteration_ms
-    optimus, _ = api.make_plan_with_cost(g, p, c, options=api.PlanOptions(planner="optimus"))
+    optimus, _ = api.make_plan_with_cost(g, p, c, options=PlanOptions(planner="optimus"))
     # faster than Optimus's schedule (the best baseline) by far more than the chunks give
     assert ms < 0.9 * simulate(optimus, g, p, c).iteration_ms
 
@@ -322,7 +323,7 @@ def test_spindle_places_its_own_schedule_again_when_a_baseline_schedule_wins():
     plan, ms = api.fitting_plan_with_cost(g, p, c)
     assert "'s schedule" not in plan.candidate
     baselines = [simulate(api.fitting_plan_with_cost(
-        g, p, c, options=api.PlanOptions(planner=planner))[0], g, p, c).iteration_ms
+        g, p, c, options=PlanOptions(planner=planner))[0], g, p, c).iteration_ms
         for planner in ("sequential", "optimus", "distmm")]
     assert ms < min(baselines)
 
@@ -356,6 +357,6 @@ def test_the_first_long_wave_is_split_so_its_gathers_overlap():
                 devices_per_node=6, island_size=6)
     g = build_graph(spec, tasks=["task1_text_audio", "task2_vision_depth"])
     p = analytic_profile(g, c, hardware="a800", counts=(1, 2, 4))
-    plan, ms = api.make_plan_with_cost(g, p, c, options=api.PlanOptions(zero=1))
+    plan, ms = api.make_plan_with_cost(g, p, c, options=PlanOptions(zero=1))
     assert "first wave split" in plan.candidate
     assert ms == simulate(plan, g, p, c).iteration_ms

@@ -9,6 +9,7 @@ from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.planner import api
 from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import simulate
 
@@ -56,7 +57,7 @@ def test_fused_waves_start_a_metaop_once_its_predecessors_end():
 def test_make_plan_keeps_the_fused_plan_when_it_simulates_faster():
     g, p, c = uneven_encoders()
     capped, allocs, max_ops = _capped(g, p, c, 4)
-    fused = api._assemble(g, capped, c, api.PlanOptions(), (), allocs,
+    fused = api._assemble(g, capped, c, PlanOptions(), (), allocs,
                           api.fused_waves(g, capped, allocs, c.num_devices, max_ops))
     kept = api.make_plan(g, p, c)
     kept_ms = simulate(kept, g, p, c).iteration_ms
@@ -75,6 +76,6 @@ def test_spindle_is_not_slower_than_optimus_on_ofasys4_at_32():
     c = load(str(ROOT / "clusters" / "a800-4x8.yaml"), ClusterSpec)
     g = build_graph(spec, tasks=list(spec.task_sets["4"]))
     p = analytic_profile(g, c, hardware="a800", counts=[1, 2, 4, 8, 16, 32])
-    ms = {planner: simulate(api.make_plan(g, p, c, options=api.PlanOptions(planner=planner)),
+    ms = {planner: simulate(api.make_plan(g, p, c, options=PlanOptions(planner=planner)),
                             g, p, c).iteration_ms for planner in ("spindle", "optimus")}
     assert ms["spindle"] <= ms["optimus"]

@@ -12,12 +12,11 @@ from plan_builders import GIB, alpha_beta_curve, cluster, graph, metaop, profile
 from test_allocation import flat_and_steep
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load
+from spindle_cli.artifacts.plan import PLANNERS
 from spindle_cli.artifacts.profile import OptimizerCost
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api
 from spindle_cli.planner.api import (
-    PLANNERS,
-    PlanOptions,
     compute_bound_ms,
     fitting_plan_with_cost,
     make_fitting_plan,
@@ -32,6 +31,7 @@ from spindle_cli.planner.memory import (
     layer_bytes_per_rank,
     split_state_bytes,
 )
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.simulate import simulate, simulated_cost
 
 REPO = Path(__file__).resolve().parents[2]

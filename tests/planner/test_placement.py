@@ -7,8 +7,9 @@ import yaml
 from plan_builders import GIB, cluster, curve, graph, metaop, profile
 
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner.api import PlanOptions, make_plan
+from spindle_cli.planner.api import make_plan
 from spindle_cli.planner.memory import Ledger, rows_per_rank, split_rows, state_bytes_per_param
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.placement import Flow, SliceSpec, _shortage, place
 
 

@@ -17,7 +17,8 @@ from spindle_cli.artifacts.plan import tp_group_size
 from spindle_cli.artifacts.profile import tp_degree
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import scaling
-from spindle_cli.planner.api import PlanOptions, make_plan
+from spindle_cli.planner.api import make_plan
+from spindle_cli.planner.options import PlanOptions
 
 
 @st.composite

@@ -12,7 +12,6 @@ import pytest
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, load
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.api import (
-    PlanOptions,
     Schedules,
     fitting_plan_with_cost,
     make_plan,
@@ -23,6 +22,7 @@ from spindle_cli.planner.api import (
 )
 from spindle_cli.planner.buckets import MAX_CHUNKS
 from spindle_cli.planner.memory import MemoryStrategy
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.simulate import simulated_cost
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,10 +23,11 @@ from spindle_cli.artifacts.plan import (
     Wave,
 )
 from spindle_cli.errors import SpindleError
-from spindle_cli.planner.api import PlanOptions, make_plan
+from spindle_cli.planner.api import make_plan
 from spindle_cli.planner.bench import profile_for
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.network import row_flows
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.simulate import simulate, simulated_cost
 
 

@@ -14,6 +14,7 @@ from hypothesis_scale import examples
 from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
 from spindle_cli.planner import api
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.simulate import simulate
 from spindle_cli.planner.tasks import (
     NEAR_LONGEST,
@@ -144,7 +145,7 @@ def test_make_plan_keeps_a_task_stable_plan_when_it_simulates_faster():
     waves = api.fused_waves(g, curves, stable.allocs, c.num_devices, max_ops)
     kept = api.make_plan(g, p, c)
     for home in (None, stable.home):
-        candidate = api._assemble(g, curves, c, api.PlanOptions(), (), allocs, waves, home)
+        candidate = api._assemble(g, curves, c, PlanOptions(), (), allocs, waves, home)
         assert simulate(kept, g, p, c).iteration_ms <= simulate(candidate, g, p, c).iteration_ms
     ranks: dict[str, set[tuple[int, ...]]] = {}
     for _, s in kept.slices():
@@ -283,7 +284,7 @@ def test_make_plan_keeps_task_lanes_when_tasks_outnumber_devices_and_rows_are_he
     kept = api.make_plan(g, p, c)
     assert "task lanes of" in kept.candidate
     assert all(t.src_ranks == t.dst_ranks for t in kept.transfers)
-    optimus = api.make_plan(g, p, c, options=api.PlanOptions(planner="optimus"))
+    optimus = api.make_plan(g, p, c, options=PlanOptions(planner="optimus"))
     assert simulate(kept, g, p, c).iteration_ms <= simulate(optimus, g, p, c).iteration_ms
 
 
@@ -319,6 +320,6 @@ def test_neighbours_are_tried_when_the_balanced_sizes_nearly_tie(monkeypatch):
     for extend in (True, False):
         waves = api.fused_waves(g, curves, stable.allocs, c.num_devices, max_ops, extend=extend)
         for home in (None, stable.home):
-            candidate = api._assemble(g, curves, c, api.PlanOptions(), (), allocs, waves, home)
+            candidate = api._assemble(g, curves, c, PlanOptions(), (), allocs, waves, home)
             assert (simulate(kept, g, p, c).iteration_ms
                     < simulate(candidate, g, p, c).iteration_ms)

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Plan, load
-from spindle_cli.planner.api import PlanOptions, make_plan
+from spindle_cli.planner.api import make_plan
 from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.runtime.data import SyntheticData
 from spindle_cli.runtime.dist import World

@@ -18,10 +18,11 @@ from harness import run_distributed
 
 from plans import hand_plan, whole
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Plan, load
-from spindle_cli.planner.api import PlanOptions, make_plan
+from spindle_cli.planner.api import make_plan
 from spindle_cli.planner.buckets import sync_buckets
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.memory import state_bytes_per_param
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.runtime.data import SyntheticData
 from spindle_cli.runtime.model import reference_training

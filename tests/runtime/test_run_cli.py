@@ -30,8 +30,9 @@ from spindle_cli.artifacts import (
 )
 from spindle_cli.cli import main
 from spindle_cli.errors import RuntimeFailure, SpindleError
-from spindle_cli.planner.api import PlanOptions, make_plan
+from spindle_cli.planner.api import make_plan
 from spindle_cli.planner.graph import build_graph
+from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.units import fmt_bytes
 

@@ -37,7 +37,7 @@ def _wave_shape(plan: Plan) -> list[tuple[tuple[str, int, int, int, str], ...]]:
 def _options(plan: Plan) -> dict[str, str]:
     """The plan's options but its planner, each spelled out as Plan.options writes it, the
     missing ones at their defaults (a missing key means the default)."""
-    from spindle_cli.planner.api import PlanOptions
+    from spindle_cli.planner.options import PlanOptions
 
     options = PlanOptions.of(plan)
     return {f.name: _option_text(getattr(options, f.name)) for f in dataclasses.fields(options)
