@@ -57,20 +57,17 @@ from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api, baselines, scaling
 from spindle_cli.planner.allocation import allocate_level_analytic
 from spindle_cli.planner.api import (
-    allocate,
     compute_bound_ms,
     fitting_plan_with_cost,
     make_plan,
     memory_ladder,
-    op_curves,
-    options_curves,
     place_again,
-    slice_limits,
 )
 from spindle_cli.planner.exact import MAX_TUPLES, exact_packing_ms
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
+from spindle_cli.planner.schedules import allocate, op_curves, options_curves, slice_limits
 from spindle_cli.planner.simulate import simulate, simulated_cost
 from spindle_cli.planner.waves import (
     LARGE_LEVEL,
@@ -127,7 +124,7 @@ def refined_waves(graph: MetaOpGraph, profile: Profile,
                   cluster: ClusterSpec) -> tuple[list[PlannedWave], float, float]:
     """(waves, sum of C*, planning s) of Spindle's waves when every level is scheduled from
     both bi-point forms (`allocation.allocate_level` and `allocate_level_analytic`), each with
-    the rounding search `waves.refine_level`, keeping the shorter (`api.spindle_waves` does
+    the rounding search `waves.refine_level`, keeping the shorter (`schedules.spindle_waves` does
     neither yet). Waves only, before placement."""
     t0 = time.perf_counter()
     n = cluster.num_devices

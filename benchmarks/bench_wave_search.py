@@ -8,7 +8,7 @@ variant, `shorten_waves`, the rounding search `refine_level`, both bi-point form
 Search: CP-SAT (OR-Tools) over every schedule of at most W waves (W = the greedy's waves + 1,
 in any order, as a level's MetaOps depend only on earlier levels): per wave and MetaOp at most
 one slot, on a valid device count with whole operators and within the memory cap
-(`api.slice_limits`), the wave's counts summing to at most N, the wave as long as its longest
+(`schedules.slice_limits`), the wave's counts summing to at most N, the wave as long as its longest
 slot; minimize the sum of the waves. Hinted with the greedy schedule; the best found within
 --seconds on --workers threads. It is no proof of optimality: CP-SAT's lower bound stays far
 below C* on these models.
@@ -25,7 +25,7 @@ import time
 from bench_planner import clip, cluster_for, refined_waves
 
 from spindle_cli.planner.allocation import LevelAllocation, OpCurve
-from spindle_cli.planner.api import allocate, op_curves, slice_limits
+from spindle_cli.planner.schedules import allocate, op_curves, slice_limits
 from spindle_cli.planner.waves import MaxOps, PlannedWave
 
 UNITS_PER_MS = 10_000

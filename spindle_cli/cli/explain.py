@@ -37,9 +37,10 @@ def explain(plan_path: str, metaop_id: str) -> None:
     """Explain the allocation and the waves of one MetaOp of PLAN."""
     from spindle_cli.planner import scaling
     from spindle_cli.planner.allocation import MIN_GAIN
-    from spindle_cli.planner.api import NEAR_BEST, allocate, options_curves, planned_counts
+    from spindle_cli.planner.api import NEAR_BEST
     from spindle_cli.planner.exact import exact_packing_ms
     from spindle_cli.planner.options import PlanOptions
+    from spindle_cli.planner.schedules import allocate, options_curves, planned_counts
 
     plan = load_input(plan_path, Plan)
     graph, profile, cluster, graph_path, profile_path = load_plan_inputs(plan, plan_path)
@@ -183,7 +184,7 @@ def _times(value: float, base: float) -> str:
 
 
 def _no_faster(oc: OpCurve, counts: list[int], uneven: bool) -> dict[int, int]:
-    """The counts of `counts` (those `op_curves` offered: `api.planned_counts`) that
+    """The counts of `counts` (those `op_curves` offered: `schedules.planned_counts`) that
     `allocation.op_curve` dropped because a smaller count runs as fast (with uneven splits,
     B = 64 runs 5 rows per device on 13 to 15), each with the largest such count."""
     kept = dict(zip(oc.counts[1:], oc.times_ms[1:], strict=True))

@@ -23,7 +23,6 @@ from spindle_cli.cli._console import err, out
 from spindle_cli.cli.views import VIEW_MODULES
 from spindle_cli.cli.views.gantt import check_chart_paths, check_image_path
 from spindle_cli.errors import ArtifactError, InputNotFound, SpindleError, one_line
-from spindle_cli.planner.api import options_curves
 from spindle_cli.planner.consistency import (
     check_cluster,
     check_plan,
@@ -34,6 +33,7 @@ from spindle_cli.planner.consistency import (
 )
 from spindle_cli.planner.graph import check_graph_of_model
 from spindle_cli.planner.options import PlanOptions
+from spindle_cli.planner.schedules import options_curves
 
 
 @click.command()

@@ -22,7 +22,7 @@ from spindle_cli.cli.views import gantt as charts
 from spindle_cli.cli.views import print_table
 from spindle_cli.errors import PlanError, SpindleError
 from spindle_cli.planner import simulate as simulation
-from spindle_cli.planner.api import options_curves, place_again
+from spindle_cli.planner.api import place_again
 from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
 from spindle_cli.planner.consistency import (
     check_cluster,
@@ -32,6 +32,7 @@ from spindle_cli.planner.consistency import (
     check_slice_times,
 )
 from spindle_cli.planner.options import PlanOptions
+from spindle_cli.planner.schedules import options_curves
 from spindle_cli.planner.simulate import SimResult
 from spindle_cli.units import fmt_bytes
 

@@ -312,7 +312,7 @@ def relaxed_optimum_ms(curves: list[OpCurve], num_devices: int) -> float:
 def lower_bound_ms(curves: list[OpCurve], num_devices: int) -> float:
     """The relaxed optimum on the speedup envelope (`_envelope_need`): a lower bound for the level
     under any planner that runs it between barriers; equal to C* when every speedup curve is
-    concave. Schedules that overlap levels (`api.fused_waves`, the optimus and distmm
+    concave. Schedules that overlap levels (`schedules.fused_waves`, the optimus and distmm
     baselines) are not bounded by the sum over levels."""
     return _bisect_makespan(curves, num_devices, _envelope_need)
 

@@ -18,10 +18,11 @@ from spindle_cli.artifacts.plan import Plan
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import PlanInfeasible, SpindleError
 from spindle_cli.planner import paper_numbers
-from spindle_cli.planner.api import allocate, fitting_plan_with_cost, op_curves, place_again
+from spindle_cli.planner.api import fitting_plan_with_cost, place_again
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
+from spindle_cli.planner.schedules import allocate, op_curves
 from spindle_cli.planner.simulate import SimResult, simulate
 
 HARDWARE = "a800"

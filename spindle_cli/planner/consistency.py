@@ -180,7 +180,7 @@ def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> No
 
 def check_slice_times(plan: Plan, curves: Mapping[str, OpCurve]) -> None:
     """PlanError unless each slice's time is its operators' on its ranks by `curves` (the
-    planner's: `api.options_curves` of the plan's graph, profile, cluster and options), as
+    planner's: `schedules.options_curves` of the plan's graph, profile, cluster and options), as
     spindle plan recorded it; `check_recorded` holds the waves to their longest slice."""
     for w in plan.waves:
         for si, s in enumerate(w.slices):

@@ -193,7 +193,7 @@ def layer_memory_bytes(memory: MemoryModel, batch: int, t: int) -> int:
 def strategies(op: MetaOp, n: int, island_size: int) -> list[str]:
     """Strategies worth profiling at n devices: 'dp' always; 'tp<t>' for transformer layers
     when t divides the island size (each group inside one island, the islands split into
-    whole groups: `api.op_curves` plans no other degree) and n, and leaves shards at least
+    whole groups: `schedules.op_curves` plans no other degree) and n, and leaves shards at least
     MIN_TP_SHARD_WIDTH wide."""
     out = ["dp"]
     if op.layer_kind in TP_KINDS:

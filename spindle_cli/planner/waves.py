@@ -11,7 +11,7 @@ counts are fixed inside a wave and activations move only between waves. Per leve
      when every slice of it repeats a (MetaOp, n) of that wave.
 Levels are concatenated. Ranks are chosen later (`placement.py`).
 
-Beyond the paper: `api.spindle_waves` runs each level under several VARIANTS (proposal order,
+Beyond the paper: `schedules.spindle_waves` runs each level under several VARIANTS (proposal order,
 alignment rule, extension rule; the public code has the same kinds of switches) and keeps the
 shortest (`without_extension` gives the same with idle devices left idle, a schedule that
 re-splits fewer rows); `align_fill` aligns a wave to the span that keeps its devices

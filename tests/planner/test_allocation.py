@@ -27,10 +27,11 @@ from spindle_cli.planner.allocation import (
     single_count,
     split,
 )
-from spindle_cli.planner.api import allocate, make_plan, op_curves, options_curves
+from spindle_cli.planner.api import make_plan
 from spindle_cli.planner.consistency import check_slice_times
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import build_curve
+from spindle_cli.planner.schedules import allocate, op_curves, options_curves
 from spindle_cli.planner.simulate import simulate
 
 C_MS = 100.0

@@ -117,7 +117,7 @@ def test_optimus_grows_a_task_past_a_member_valid_on_one_device_only():
     task through the counts valid for every member, so the whole task stayed on one device
     (145.4 ms against 57.7 for the other planners in the case a quality sweep found). It now
     grows the task as long as a member gains, the flat one staying on one device."""
-    from spindle_cli.planner.api import options_curves
+    from spindle_cli.planner.schedules import options_curves
 
     ms = [metaop("t0/enc", layers=8, batch=7),
           metaop("t0/loss", level=1, layers=1, batch=7, preds=("t0/enc",))]

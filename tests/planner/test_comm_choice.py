@@ -13,7 +13,7 @@ from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.artifacts.io import as_written
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner import api
+from spindle_cli.planner import api, schedules
 from spindle_cli.planner.bench import profile_for
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.options import PlanOptions
@@ -42,21 +42,21 @@ def test_device_caps():
 
 def test_capped_curves_truncate_and_fail_without_a_count():
     g, p, c = one_encoder(1000)
-    curves = api.op_curves(g, p, c.num_devices)
-    capped = api.capped_curves(curves, 4)
+    curves = schedules.op_curves(g, p, c.num_devices)
+    capped = schedules.capped_curves(curves, 4)
     for mid, oc in capped.items():
         assert oc.counts[-1] <= 4 and oc.counts == curves[mid].counts[:len(oc.counts)]
         assert oc.times_ms == curves[mid].times_ms[:len(oc.counts)]
     with pytest.raises(PlanInfeasible, match="no valid device count <= 0"):
-        api.capped_curves(curves, 0)
+        schedules.capped_curves(curves, 0)
 
 
 def _candidate_ms(g, p, c, cap):
-    curves = api.op_curves(g, p, c.num_devices)
-    capped = curves if cap == c.num_devices else api.capped_curves(curves, cap)
-    allocs = api.allocate(g, capped, c.num_devices)
-    planned = api.spindle_waves(g, capped, allocs, c.num_devices,
-                                api.slice_limits(g, curves, c))
+    curves = schedules.op_curves(g, p, c.num_devices)
+    capped = curves if cap == c.num_devices else schedules.capped_curves(curves, cap)
+    allocs = schedules.allocate(g, capped, c.num_devices)
+    planned = schedules.spindle_waves(g, capped, allocs, c.num_devices,
+                                schedules.slice_limits(g, curves, c))
     plan = api._assemble(g, capped, c, PlanOptions(), (), allocs, planned)
     return simulate(plan, g, p, c).iteration_ms
 
@@ -74,9 +74,9 @@ def test_the_kept_plan_is_the_fastest_simulated_candidate(params_per_layer, isla
     for _, s in plan.slices():
         assert len({r // 4 for r in s.ranks}) == islands_per_slice
     # the relaxed optimum stays the uncapped one
-    curves = api.op_curves(g, p, c.num_devices)
+    curves = schedules.op_curves(g, p, c.num_devices)
     assert plan.lower_bound_ms == pytest.approx(
-        sum(a.c_star_ms for a in api.allocate(g, curves, c.num_devices)))
+        sum(a.c_star_ms for a in schedules.allocate(g, curves, c.num_devices)))
 
 
 def test_a_schedule_that_re_splits_less_is_kept_when_its_rows_are_heavy():

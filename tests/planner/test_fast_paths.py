@@ -21,7 +21,7 @@ from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.artifacts.plan import tp_groups
 from spindle_cli.artifacts.profile import OptimizerCost
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner import api, placement
+from spindle_cli.planner import api, placement, schedules
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.memory import split_rows
 from spindle_cli.planner.network import Network, row_flows
@@ -151,7 +151,7 @@ def test_give_up_counts_the_work_left_after_the_clock():
 
 
 def level_waves_by_every_variant(g, curves, allocs, num_devices, max_ops):
-    """`api.level_waves` without reuse: every variant scheduled and shortened."""
+    """`schedules.level_waves` without reuse: every variant scheduled and shortened."""
     preds = {m.id: m.predecessors for m in g.metaops}
     finished: set[str] = set()
     levels = []
@@ -174,12 +174,12 @@ def level_waves_by_every_variant(g, curves, allocs, num_devices, max_ops):
 def test_level_waves_reuse_matches_every_variant(problem):
     g, p, c = problem
     try:
-        curves = api.op_curves(g, p, c.num_devices)
+        curves = schedules.op_curves(g, p, c.num_devices)
     except PlanInfeasible:
         return
-    allocs = api.allocate(g, curves, c.num_devices)
-    max_ops = api.slice_limits(g, curves, c)
-    fast = api.level_waves(g, curves, allocs, c.num_devices, max_ops)
+    allocs = schedules.allocate(g, curves, c.num_devices)
+    max_ops = schedules.slice_limits(g, curves, c)
+    fast = schedules.level_waves(g, curves, allocs, c.num_devices, max_ops)
     assert fast == level_waves_by_every_variant(g, curves, allocs, c.num_devices, max_ops)
     # a variant a trace covers builds exactly the traced waves
     preds = {m.id: m.predecessors for m in g.metaops}

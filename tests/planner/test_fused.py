@@ -1,4 +1,4 @@
-"""All levels in one schedule (api.fused_waves) and Spindle's use of it as a candidate."""
+"""All levels in one schedule (schedules.fused_waves) and Spindle's use of it as a candidate."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
 from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
-from spindle_cli.planner import api
+from spindle_cli.planner import api, schedules
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
@@ -28,16 +28,17 @@ def uneven_encoders():
 
 
 def _capped(g, p, c, cap):
-    curves = api.op_curves(g, p, c.num_devices)
-    capped = api.capped_curves(curves, cap)
-    return capped, api.allocate(g, capped, c.num_devices), api.slice_limits(g, curves, c)
+    curves = schedules.op_curves(g, p, c.num_devices)
+    capped = schedules.capped_curves(curves, cap)
+    return (capped, schedules.allocate(g, capped, c.num_devices),
+            schedules.slice_limits(g, curves, c))
 
 
 def test_fused_waves_start_a_metaop_once_its_predecessors_end():
     g, p, c = uneven_encoders()
     capped, allocs, max_ops = _capped(g, p, c, 4)
-    fused = api.fused_waves(g, capped, allocs, c.num_devices, max_ops)
-    levelled = api.spindle_waves(g, capped, allocs, c.num_devices, max_ops, few_variants=True)
+    fused = schedules.fused_waves(g, capped, allocs, c.num_devices, max_ops)
+    levelled = schedules.spindle_waves(g, capped, allocs, c.num_devices, max_ops, few_variants=True)
     assert sum(w.duration_ms for w in fused) < sum(w.duration_ms for w in levelled) - 1e-9
     waves_of: dict[str, list[int]] = {}
     for i, w in enumerate(fused):
@@ -58,7 +59,7 @@ def test_make_plan_keeps_the_fused_plan_when_it_simulates_faster():
     g, p, c = uneven_encoders()
     capped, allocs, max_ops = _capped(g, p, c, 4)
     fused = api._assemble(g, capped, c, PlanOptions(), (), allocs,
-                          api.fused_waves(g, capped, allocs, c.num_devices, max_ops))
+                          schedules.fused_waves(g, capped, allocs, c.num_devices, max_ops))
     kept = api.make_plan(g, p, c)
     kept_ms = simulate(kept, g, p, c).iteration_ms
     assert kept_ms <= simulate(fused, g, p, c).iteration_ms + 1e-9

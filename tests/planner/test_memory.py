@@ -22,7 +22,6 @@ from spindle_cli.planner.api import (
     make_fitting_plan,
     make_plan,
     memory_ladder,
-    options_curves,
 )
 from spindle_cli.planner.memory import (
     Ledger,
@@ -32,6 +31,7 @@ from spindle_cli.planner.memory import (
     split_state_bytes,
 )
 from spindle_cli.planner.options import PlanOptions
+from spindle_cli.planner.schedules import options_curves
 from spindle_cli.planner.simulate import simulate, simulated_cost
 
 REPO = Path(__file__).resolve().parents[2]

@@ -86,7 +86,7 @@ def test_plans_are_valid_or_infeasible(problem, planner, placement, uneven):
     levelled = all(g.metaop(s.metaop).level == w.level for w, s in plan.slices())
     if planner == "sequential" or (planner == "spindle" and levelled):
         # level by level, C* bounds any schedule; optimus, distmm and Spindle's fused
-        # candidate (api.fused_waves) overlap levels of different tasks or towers, so the sum
+        # candidate (schedules.fused_waves) overlap levels of different tasks or towers, so the sum
         # of per-level C* does not bound them
         assert plan.estimated_iteration_ms >= plan.lower_bound_ms * (1 - 1e-9)
 

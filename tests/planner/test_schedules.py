@@ -1,4 +1,4 @@
-"""`api.Schedules`: the memory search shares curves, allocations and wave schedules between
+"""`schedules.Schedules`: the memory search shares curves, allocations and wave schedules between
 the settings that see the same curves, and every setting still gets the plan `make_plan`
 makes alone."""
 
@@ -12,17 +12,15 @@ import pytest
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, load
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.api import (
-    Schedules,
     fitting_plan_with_cost,
     make_plan,
     make_plan_with_cost,
     memory_ladder,
-    options_curves,
-    slice_limits,
 )
 from spindle_cli.planner.buckets import MAX_CHUNKS
 from spindle_cli.planner.memory import MemoryStrategy
 from spindle_cli.planner.options import PlanOptions
+from spindle_cli.planner.schedules import Schedules, options_curves, slice_limits
 from spindle_cli.planner.simulate import simulated_cost
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis_scale import examples
 from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
-from spindle_cli.planner import api
+from spindle_cli.planner import api, schedules
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.simulate import simulate
 from spindle_cli.planner.tasks import (
@@ -44,7 +44,7 @@ def three_tasks():
 
 
 def _curves(g, p, n):
-    return api.op_curves(g, p, n)
+    return schedules.op_curves(g, p, n)
 
 
 def _brute_force(chains, options, curves, num_devices):
@@ -102,7 +102,7 @@ def test_balanced_counts_is_none_when_the_smallest_groups_do_not_fit():
 def test_task_stable_keeps_one_count_per_task_and_every_operator():
     g, p, c = three_tasks()
     curves = _curves(g, p, c.num_devices)
-    allocs = api.allocate(g, curves, c.num_devices)
+    allocs = schedules.allocate(g, curves, c.num_devices)
     tasks = by_task(g)
     options = [task_counts(t, curves, c.num_devices) for t in tasks]
     best = balanced_counts(tasks, options, curves, c.num_devices)
@@ -138,11 +138,11 @@ def heavy_rows():
 
 def test_make_plan_keeps_a_task_stable_plan_when_it_simulates_faster():
     g, p, c = heavy_rows()
-    curves = api.op_curves(g, p, c.num_devices)
-    allocs = api.allocate(g, curves, c.num_devices)
-    max_ops = api.slice_limits(g, curves, c)
+    curves = schedules.op_curves(g, p, c.num_devices)
+    allocs = schedules.allocate(g, curves, c.num_devices)
+    max_ops = schedules.slice_limits(g, curves, c)
     stable = task_stable(allocs, g, curves, c, task_sizes(g, curves, c.num_devices)[0])
-    waves = api.fused_waves(g, curves, stable.allocs, c.num_devices, max_ops)
+    waves = schedules.fused_waves(g, curves, stable.allocs, c.num_devices, max_ops)
     kept = api.make_plan(g, p, c)
     for home in (None, stable.home):
         candidate = api._assemble(g, curves, c, PlanOptions(), (), allocs, waves, home)
@@ -259,7 +259,7 @@ def test_lane_waves_run_every_operator_once_each_lane_on_its_own_ranks():
     g, p, c = many_tasks()
     curves = _curves(g, p, c.num_devices)
     for lanes in task_lanes(g, curves, c):
-        waves, home = lane_waves(g, curves, lanes, api.slice_limits(g, curves, c))
+        waves, home = lane_waves(g, curves, lanes, schedules.slice_limits(g, curves, c))
         lane_of = {m.id: k for k, lane in enumerate(lanes.tasks)
                    for i in lane for m in by_task(g)[i]}
         done = dict.fromkeys(lane_of, 0)
@@ -313,12 +313,13 @@ def test_neighbours_are_tried_when_the_balanced_sizes_nearly_tie(monkeypatch):
     assert "task-stable" in kept.candidate and "task-stable" not in strict.candidate
     assert simulate(kept, g, p, c).iteration_ms < simulate(strict, g, p, c).iteration_ms
     # ... and than every task-stable schedule of the balanced sizes: a neighbour was kept
-    curves = api.op_curves(g, p, c.num_devices)
-    allocs = api.allocate(g, curves, c.num_devices)
-    max_ops = api.slice_limits(g, curves, c)
+    curves = schedules.op_curves(g, p, c.num_devices)
+    allocs = schedules.allocate(g, curves, c.num_devices)
+    max_ops = schedules.slice_limits(g, curves, c)
     stable = task_stable(allocs, g, curves, c, task_sizes(g, curves, c.num_devices)[0])
     for extend in (True, False):
-        waves = api.fused_waves(g, curves, stable.allocs, c.num_devices, max_ops, extend=extend)
+        waves = schedules.fused_waves(g, curves, stable.allocs, c.num_devices, max_ops,
+                                      extend=extend)
         for home in (None, stable.home):
             candidate = api._assemble(g, curves, c, PlanOptions(), (), allocs, waves, home)
             assert (simulate(kept, g, p, c).iteration_ms

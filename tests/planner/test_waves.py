@@ -7,7 +7,7 @@ from plan_builders import alpha_beta_curve, graph, metaop, profile
 from test_allocation import worked_example
 
 from spindle_cli.planner.allocation import AslTuple, LevelAllocation, OpAllocation
-from spindle_cli.planner.api import allocate, op_curves, spindle_waves
+from spindle_cli.planner.schedules import allocate, op_curves, spindle_waves
 from spindle_cli.planner.waves import (
     ROUNDINGS,
     SORT_RULES,

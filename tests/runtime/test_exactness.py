@@ -346,9 +346,10 @@ def test_two_ranks_spindle_plan(graph: MetaOpGraph, model: ModelSpec, reference:
 @pytest.mark.timeout(120)
 def test_fused_plan_whose_waves_mix_levels(graph: MetaOpGraph, model: ModelSpec,
                                            reference: Any, repo_root: Any) -> None:
-    """Spindle's fused candidate (api.fused_waves): a task's next MetaOps start while another
+    """Spindle's fused candidate (schedules.fused_waves): a task's next MetaOps start while another
     task's encoder still runs, so one wave holds slices of several MetaLevels."""
-    from spindle_cli.planner.api import _assemble, allocate, fused_waves, op_curves
+    from spindle_cli.planner.api import _assemble
+    from spindle_cli.planner.schedules import allocate, fused_waves, op_curves
 
     cluster = load(str(repo_root / "clusters" / "local-cpu.yaml"), ClusterSpec)
     profile = analytic_profile(graph, cluster, hardware="a800", counts=[1, 2, 4])
