@@ -61,8 +61,8 @@ from spindle_cli.planner.api import (
     fitting_plan_with_cost,
     make_plan,
     memory_ladder,
-    place_again,
 )
+from spindle_cli.planner.assemble import place_again
 from spindle_cli.planner.exact import MAX_TUPLES, exact_packing_ms
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.options import PlanOptions
@@ -381,7 +381,7 @@ def _compare_memory_search(task_set: str, cluster: ClusterSpec) -> None:
 
 
 # make_plan's stages, as api looks them up: what `breakdown` times
-STAGES = {"simulations": ("simulated_cost",), "placement and plan building": ("_assemble",),
+STAGES = {"simulations": ("simulated_cost",), "placement and plan building": ("assemble",),
           "wave schedules": ("level_waves", "fused_waves", "lane_waves", "task_stable")}
 
 

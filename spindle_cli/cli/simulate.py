@@ -22,7 +22,7 @@ from spindle_cli.cli.views import gantt as charts
 from spindle_cli.cli.views import print_table
 from spindle_cli.errors import PlanError, SpindleError
 from spindle_cli.planner import simulate as simulation
-from spindle_cli.planner.api import place_again
+from spindle_cli.planner.assemble import place_again
 from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
 from spindle_cli.planner.consistency import (
     check_cluster,
@@ -91,7 +91,7 @@ def simulate_file(plan_path: str, *, sync: SyncMode | None = None,
                   placement: str | None = None) -> tuple[Plan, SimResult, str]:
     """Load a plan and its inputs (`load_plan_inputs`) and simulate it (`sync`: the gradient
     buckets, by default those of the cluster's backend); with `placement`, its waves placed
-    again that way first (`api.place_again`), and that plan is the one returned; with the
+    again that way first (`assemble.place_again`), and that plan is the one returned; with the
     sha256 of the plan as read (as a file made from it records it)."""
     plan = load_input(plan_path, Plan)
     read_sha256 = sha256(plan)

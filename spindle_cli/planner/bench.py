@@ -18,7 +18,8 @@ from spindle_cli.artifacts.plan import Plan
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import PlanInfeasible, SpindleError
 from spindle_cli.planner import paper_numbers
-from spindle_cli.planner.api import fitting_plan_with_cost, place_again
+from spindle_cli.planner.api import fitting_plan_with_cost
+from spindle_cli.planner.assemble import place_again
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
@@ -121,7 +122,7 @@ class BenchRow:
     transfer_fraction: float | None
     """Exposed inter-wave transfer time / iteration time."""
     naive_transfer_fraction: float | None
-    """Spindle's kept waves placed on consecutive ranks instead (`api.place_again` with
+    """Spindle's kept waves placed on consecutive ranks instead (`assemble.place_again` with
     'sequential'): the transfer share of Fig. 10's ablation, the schedule held fixed. Only on
     the spindle row with island placement; None elsewhere or when those waves do not fit
     placed that way (`naive_error`)."""
@@ -186,7 +187,7 @@ def plan_and_simulate(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec
 
 def naive_placement(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                     ) -> tuple[SimResult | None, str]:
-    """The simulation of `plan`'s waves placed on consecutive ranks (`api.place_again`), or
+    """The simulation of `plan`'s waves placed on consecutive ranks (`assemble.place_again`), or
     None and why they do not fit that way."""
     try:
         again = place_again(plan, graph, profile, cluster, placement="sequential")

@@ -27,7 +27,8 @@ from spindle_cli.artifacts.io import input_ref, render, write_artifact
 from spindle_cli.artifacts.profile import ProfilePoint
 from spindle_cli.errors import FieldError, NoValidCount, PlanInfeasible, SpindleError
 from spindle_cli.planner import placement
-from spindle_cli.planner.api import fitting_plan_with_cost, make_plan, place_again
+from spindle_cli.planner.api import fitting_plan_with_cost, make_plan
+from spindle_cli.planner.assemble import place_again
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile

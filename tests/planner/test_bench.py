@@ -12,7 +12,7 @@ from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api, paper_numbers
 from spindle_cli.planner import bench as lib
-from spindle_cli.planner.api import place_again
+from spindle_cli.planner.assemble import place_again
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.simulate import simulate

@@ -14,6 +14,7 @@ from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.artifacts.io import as_written
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api, schedules
+from spindle_cli.planner.assemble import assemble, place_again
 from spindle_cli.planner.bench import profile_for
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.options import PlanOptions
@@ -56,8 +57,8 @@ def _candidate_ms(g, p, c, cap):
     capped = curves if cap == c.num_devices else schedules.capped_curves(curves, cap)
     allocs = schedules.allocate(g, capped, c.num_devices)
     planned = schedules.spindle_waves(g, capped, allocs, c.num_devices,
-                                schedules.slice_limits(g, curves, c))
-    plan = api._assemble(g, capped, c, PlanOptions(), (), allocs, planned)
+                                      schedules.slice_limits(g, curves, c))
+    plan = assemble(g, capped, c, PlanOptions(), (), allocs, planned)
     return simulate(plan, g, p, c).iteration_ms
 
 
@@ -178,7 +179,7 @@ def test_the_kept_plan_cuts_its_gradient_buckets_finer_where_that_is_faster():
         assert ms == simulate(plan, g, p, c).iteration_ms == tried[chosen] == \
             min(tried.values()) < tried[4]
         # placed again (the placement ablation), the plan keeps its buckets
-        again = api.place_again(plan, g, p, c, placement="sequential")
+        again = place_again(plan, g, p, c, placement="sequential")
         assert again.options["sync_chunks"] == str(chosen)
     plan, _ = api.fitting_plan_with_cost(g, p, replace(c, backend="gloo"))
     assert "sync_chunks" not in plan.options
@@ -252,7 +253,7 @@ def test_spindle_s_own_schedule_with_finer_chunks_beats_a_baseline_s_that_won_wi
     assert "'s schedule" not in plan.candidate
     assert int(plan.options["sync_chunks"]) in api.SYNC_CHUNK_CHOICES
     distmm, _ = api.make_plan_with_cost(g, p, c, options=PlanOptions(planner="distmm",
-                                                                         zero=1))
+                                                                     zero=1))
     assert ms == simulate(plan, g, p, c).iteration_ms
     distmm_ms = [simulate(chunked(distmm, n), g, p, c).iteration_ms
                  for n in (4, *api.SYNC_CHUNK_CHOICES)]

@@ -204,7 +204,7 @@ def test_candidates_place_reused_leading_waves_as_they_would_alone(monkeypatch):
     c = load(str(root / "clusters" / "a800-8x8.yaml"), ClusterSpec)
     g = build_graph(spec, tasks=list(spec.task_sets["10"]))
     p = analytic_profile(g, c, hardware="a800", counts=[1, 2, 4, 8, 16, 32, 64])
-    real_assemble, real_leading = api._assemble, placement.PlacedWaves.leading
+    real_assemble, real_leading = api.assemble, placement.PlacedWaves.leading
     reused = []
 
     def leading(self, *args, **kwargs):
@@ -227,6 +227,6 @@ def test_candidates_place_reused_leading_waves_as_they_would_alone(monkeypatch):
         return shared
 
     monkeypatch.setattr(placement.PlacedWaves, "leading", leading)
-    monkeypatch.setattr(api, "_assemble", assemble)
+    monkeypatch.setattr(api, "assemble", assemble)
     api.make_plan(g, p, c)
     assert max(reused) > 0

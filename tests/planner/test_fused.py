@@ -8,6 +8,7 @@ from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
 from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.planner import api, schedules
+from spindle_cli.planner.assemble import assemble
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
@@ -58,8 +59,8 @@ def test_fused_waves_start_a_metaop_once_its_predecessors_end():
 def test_make_plan_keeps_the_fused_plan_when_it_simulates_faster():
     g, p, c = uneven_encoders()
     capped, allocs, max_ops = _capped(g, p, c, 4)
-    fused = api._assemble(g, capped, c, PlanOptions(), (), allocs,
-                          schedules.fused_waves(g, capped, allocs, c.num_devices, max_ops))
+    fused = assemble(g, capped, c, PlanOptions(), (), allocs,
+                     schedules.fused_waves(g, capped, allocs, c.num_devices, max_ops))
     kept = api.make_plan(g, p, c)
     kept_ms = simulate(kept, g, p, c).iteration_ms
     assert kept_ms <= simulate(fused, g, p, c).iteration_ms + 1e-9

@@ -208,7 +208,7 @@ def test_a_mixed_bound_candidate_that_does_not_fit_is_tried_spread(monkeypatch):
     # assembled again; it is retried from the spread allocation, where ZeRO-1 shards the
     # embedding's optimizer state over the spare devices, and that fits
     assembled: list[tuple[str, bool]] = []
-    assemble = api._assemble
+    assemble = api.assemble
 
     def recorded(*args, **kwargs):
         try:
@@ -219,7 +219,7 @@ def test_a_mixed_bound_candidate_that_does_not_fit_is_tried_spread(monkeypatch):
         assembled.append((kwargs["candidate"], True))
         return plan
 
-    monkeypatch.setattr(api, "_assemble", recorded)
+    monkeypatch.setattr(api, "assemble", recorded)
     g = graph([metaop("a/embed", layers=1, batch=8, params=5 * 10**8),
                metaop("a/enc", layers=1, batch=8),
                metaop("a/big", level=1, layers=16, batch=8, preds=("a/embed", "a/enc"),

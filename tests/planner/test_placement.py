@@ -156,7 +156,7 @@ def test_a_slice_sharing_a_layer_with_a_larger_one_of_its_wave_is_charged_its_sh
     1-rank slice, whichever is placed first, needs a quarter of the sharded state, not all
     of it (placed first by its incoming flow, it was refused where consecutive ranks fit:
     'rank 0 needs 30.5 MiB more', the whole state, on 20-32 MB devices)."""
-    from spindle_cli.planner.api import _flows
+    from spindle_cli.planner.assemble import _flows
     from spindle_cli.planner.memory import MemoryStrategy
 
     p = 10**6

@@ -14,6 +14,7 @@ from hypothesis_scale import examples
 from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
 from spindle_cli.planner import api, schedules
+from spindle_cli.planner.assemble import assemble
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.simulate import simulate
 from spindle_cli.planner.tasks import (
@@ -145,7 +146,7 @@ def test_make_plan_keeps_a_task_stable_plan_when_it_simulates_faster():
     waves = schedules.fused_waves(g, curves, stable.allocs, c.num_devices, max_ops)
     kept = api.make_plan(g, p, c)
     for home in (None, stable.home):
-        candidate = api._assemble(g, curves, c, PlanOptions(), (), allocs, waves, home)
+        candidate = assemble(g, curves, c, PlanOptions(), (), allocs, waves, home)
         assert simulate(kept, g, p, c).iteration_ms <= simulate(candidate, g, p, c).iteration_ms
     ranks: dict[str, set[tuple[int, ...]]] = {}
     for _, s in kept.slices():
@@ -321,6 +322,6 @@ def test_neighbours_are_tried_when_the_balanced_sizes_nearly_tie(monkeypatch):
         waves = schedules.fused_waves(g, curves, stable.allocs, c.num_devices, max_ops,
                                       extend=extend)
         for home in (None, stable.home):
-            candidate = api._assemble(g, curves, c, PlanOptions(), (), allocs, waves, home)
+            candidate = assemble(g, curves, c, PlanOptions(), (), allocs, waves, home)
             assert (simulate(kept, g, p, c).iteration_ms
                     < simulate(candidate, g, p, c).iteration_ms)

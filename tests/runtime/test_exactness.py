@@ -348,15 +348,15 @@ def test_fused_plan_whose_waves_mix_levels(graph: MetaOpGraph, model: ModelSpec,
                                            reference: Any, repo_root: Any) -> None:
     """Spindle's fused candidate (schedules.fused_waves): a task's next MetaOps start while another
     task's encoder still runs, so one wave holds slices of several MetaLevels."""
-    from spindle_cli.planner.api import _assemble
+    from spindle_cli.planner.assemble import assemble
     from spindle_cli.planner.schedules import allocate, fused_waves, op_curves
 
     cluster = load(str(repo_root / "clusters" / "local-cpu.yaml"), ClusterSpec)
     profile = analytic_profile(graph, cluster, hardware="a800", counts=[1, 2, 4])
     curves = op_curves(graph, profile, 4)
     allocs = allocate(graph, curves, 4)
-    plan = _assemble(graph, curves, cluster, PlanOptions(), (), allocs,
-                     fused_waves(graph, curves, allocs, 4))
+    plan = assemble(graph, curves, cluster, PlanOptions(), (), allocs,
+                    fused_waves(graph, curves, allocs, 4))
     assert any(len({graph.metaop(s.metaop).level for s in w.slices}) > 1 for w in plan.waves)
     results = run_distributed(train_rank, 4, plan, graph, model, "fp64", timeout_s=90)
     assert_matches_reference(results, reference, plan, graph)
