@@ -54,7 +54,7 @@ from spindle_cli.artifacts.graph import MetaOp
 from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, MemoryModel
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner import api, baselines, scaling
+from spindle_cli.planner import baselines, scaling, search
 from spindle_cli.planner.allocation import allocate_level_analytic
 from spindle_cli.planner.api import (
     compute_bound_ms,
@@ -359,12 +359,12 @@ def memory_search() -> None:
     alone, both without the finer gradient chunks that `fitting_plan_with_cost` tries after
     its search (on candidates of any setting, which planning alone does not see)."""
     cluster = cluster_file("a800-4x8")
-    choices, api.SYNC_CHUNK_CHOICES = api.SYNC_CHUNK_CHOICES, ()
+    choices, search.SYNC_CHUNK_CHOICES = search.SYNC_CHUNK_CHOICES, ()
     try:
         for task_set in ("4", "7", "10"):
             _compare_memory_search(task_set, cluster)
     finally:
-        api.SYNC_CHUNK_CHOICES = choices
+        search.SYNC_CHUNK_CHOICES = choices
 
 
 def _compare_memory_search(task_set: str, cluster: ClusterSpec) -> None:
@@ -380,14 +380,14 @@ def _compare_memory_search(task_set: str, cluster: ClusterSpec) -> None:
           f"alone {t2 - t1:.2f} s ({(t1 - t0) / (t2 - t1):.2f}x); {same}")
 
 
-# make_plan's stages, as api looks them up: what `breakdown` times
+# make_plan's stages, as search (make_plan_with_cost) looks them up: what `breakdown` times
 STAGES = {"simulations": ("simulated_cost",), "placement and plan building": ("assemble",),
           "wave schedules": ("level_waves", "fused_waves", "lane_waves", "task_stable")}
 
 
 def breakdown(fn: Callable[[], object]) -> tuple[dict[str, float], int]:
     """Seconds one call of `fn` spends in each of make_plan's STAGES, and how many candidate
-    plans it simulated; by wrapping the functions api calls for them."""
+    plans it simulated; by wrapping the functions search calls for them."""
     spent = dict.fromkeys(STAGES, 0.0)
     calls = {"simulations": 0}
 
@@ -401,15 +401,15 @@ def breakdown(fn: Callable[[], object]) -> tuple[dict[str, float], int]:
                 calls[stage] = calls.get(stage, 0) + 1
         return wrapper
 
-    originals = {name: getattr(api, name) for names in STAGES.values() for name in names}
+    originals = {name: getattr(search, name) for names in STAGES.values() for name in names}
     try:
         for stage, names in STAGES.items():
             for name in names:
-                setattr(api, name, timed(stage, originals[name]))
+                setattr(search, name, timed(stage, originals[name]))
         fn()
     finally:
         for name, f in originals.items():
-            setattr(api, name, f)
+            setattr(search, name, f)
     return spent, calls["simulations"]
 
 
@@ -428,7 +428,7 @@ def speed() -> None:
     print(f"clip-10 @ 64 waves, both bi-point forms + refine_level: {t:.3f} s (allocation + "
           f"waves only), makespan/C* {ratio:.3f}")
     # 4096 devices: the first candidate is the plan; 1024: the largest cluster on which
-    # candidates are simulated (api.SIMULATED_CHOICE_MAX_DEVICES), so the slowest to plan
+    # candidates are simulated (search.SIMULATED_CHOICE_MAX_DEVICES), so the slowest to plan
     for nodes in (512, 128):
         graph, profile, cluster = synthetic(100, nodes)
         t0 = time.perf_counter()

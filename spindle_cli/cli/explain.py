@@ -37,10 +37,10 @@ def explain(plan_path: str, metaop_id: str) -> None:
     """Explain the allocation and the waves of one MetaOp of PLAN."""
     from spindle_cli.planner import scaling
     from spindle_cli.planner.allocation import MIN_GAIN
-    from spindle_cli.planner.api import NEAR_BEST
     from spindle_cli.planner.exact import exact_packing_ms
     from spindle_cli.planner.options import PlanOptions
     from spindle_cli.planner.schedules import allocate, options_curves, planned_counts
+    from spindle_cli.planner.search import NEAR_BEST
 
     plan = load_input(plan_path, Plan)
     graph, profile, cluster, graph_path, profile_path = load_plan_inputs(plan, plan_path)

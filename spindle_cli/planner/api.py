@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import replace
-from typing import Any, NamedTuple
 
 from spindle_cli.artifacts.base import InputRef
 from spindle_cli.artifacts.cluster import ClusterSpec
@@ -17,16 +16,17 @@ from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.plan import ZERO_STAGES, Plan
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import NoValidCount, PlanInfeasible, SplitGroup
-from spindle_cli.planner import baselines
-from spindle_cli.planner.allocation import AslTuple, LevelAllocation, OpCurve, single_count
-from spindle_cli.planner.assemble import assemble
-from spindle_cli.planner.buckets import backend_sync, max_chunks, sync_buckets
+from spindle_cli.planner.allocation import OpCurve
+from spindle_cli.planner.buckets import backend_sync
 from spindle_cli.planner.options import PlanOptions
-from spindle_cli.planner.placement import PlacedWaves, Ranks
-from spindle_cli.planner.schedules import Schedules, fused_waves, level_waves, slice_limits
-from spindle_cli.planner.simulate import QuickCost, simulated_cost
-from spindle_cli.planner.tasks import lane_waves, task_lanes, task_sizes, task_stable
-from spindle_cli.planner.waves import PlannedWave
+from spindle_cli.planner.schedules import Schedules
+from spindle_cli.planner.search import (
+    NEAR_BEST,
+    SIMULATED_CHOICE_MAX_DEVICES,
+    finer_chunks,
+    make_plan_with_cost,
+)
+from spindle_cli.planner.simulate import simulated_cost
 
 MEMORY_MODES = ("auto", "none", "zero1", "zero2", "zero3")
 RECOMPUTE_MODES = ("auto", "on", "off")
@@ -104,7 +104,7 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     the setting's cost; a setting's candidates are simulated only up to SEED_MARGIN above the
     best plan so far (in `spindle bench`, the same plans in 0.83x the time; OFASys 7 tasks on
     32 GPUs 3.5 s instead of 5.5). On a cluster whose gradient buckets are chunked (nccl) the
-    kept plan is then tried with finer chunks (`_finer_chunks`), and so are the
+    kept plan is then tried with finer chunks (`finer_chunks`), and so are the
     FINER_RUNNERS_UP fastest candidates of other waves, of any setting, that simulated within
     NEAR_BEST of it (`_runners_up`; the baselines' schedules are simulated to the end there
     for it): one may gain more (in the quality sweep 8 cases 0.1-2.7% faster). Above
@@ -143,7 +143,7 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     if best is not None and backend_sync(cluster.backend) == "chunked":
         # the kept plan and the next fastest candidates of other waves: one may gain more
         for candidate in (best, *_runners_up(best, finished)):
-            finer = _finer_chunks(candidate, graph, profile, cluster, give_up_ms=best[0])
+            finer = finer_chunks(candidate, graph, profile, cluster, give_up_ms=best[0])
             if finer[0] < best[0] - 1e-9:
                 best = finer
     if best is None:
@@ -167,11 +167,6 @@ tried with finer gradient chunks besides it (`fitting_plan_with_cost`): the fast
 whose waves differ from its and from each other's (the same waves under another ZeRO stage
 often simulate alike and crowded out a baseline's schedule within 0.1% that gained 3.3%)."""
 
-SYNC_CHUNK_CHOICES = (8, 16)
-"""The gradient chunk counts per wave (Plan.options `sync_chunks`) that `fitting_plan_with_cost`
-tries on the kept plan, besides `buckets.MAX_CHUNKS`. In `benchmarks/bench_sweep.py` adding 16
-to 8 made 12 of 132 cases 0.2-1.4% faster and none slower; adding 2 as well, 1 case 0.3%."""
-
 
 def _runners_up(best: tuple[float, Plan], finished: list[tuple[float, Plan]]
                 ) -> list[tuple[float, Plan]]:
@@ -185,36 +180,6 @@ def _runners_up(best: tuple[float, Plan], finished: list[tuple[float, Plan]]
         if all(c[1].waves != other[1].waves for other in (best, *near)):
             near.append(c)
     return near
-
-
-def _finer_chunks(best: tuple[float, Plan], graph: MetaOpGraph, profile: Profile,
-                  cluster: ClusterSpec, *, give_up_ms: float = math.inf) -> tuple[float, Plan]:
-    """The kept plan (its simulated iteration, the plan) with its gradient buckets cut into
-    more chunks per wave (`SYNC_CHUNK_CHOICES`), where that simulates faster: more collectives,
-    each paying its ring's message latencies, but each starting sooner in the backward (and,
-    under ZeRO-1/2, its all-gather arriving sooner in the next forward). The same plan
-    otherwise, for every planner alike: how the executor buckets a plan's gradients. Finer
-    chunks are simulated only until they pass the best iteration so far or `give_up_ms`; a
-    count that cuts the buckets as a count before it did (every chunk at its least bytes,
-    `buckets.SYNC_CHUNK_BYTES`) is not simulated again, nor one no finer than the plan's own
-    (a plan `make_plan_with_cost` already tried them on)."""
-    metaops = {m.id: m for m in graph.metaops}
-    kept = best[1]
-    layouts = [sync_buckets(kept, metaops, "chunked")]
-    for count in SYNC_CHUNK_CHOICES:
-        if count <= max_chunks(kept):
-            continue
-        options = replace(PlanOptions.of(kept), sync_chunks=count)
-        plan = replace(kept, options=options.as_dict())
-        layout = sync_buckets(plan, metaops, "chunked")
-        if layout in layouts:
-            continue
-        layouts.append(layout)
-        cost = simulated_cost(plan, graph, profile, cluster,
-                              give_up_ms=min(best[0], give_up_ms))
-        if math.isfinite(cost.transfer_ms) and cost.iteration_ms < best[0] - 1e-9:
-            best = (cost.iteration_ms, plan)
-    return best
 
 
 def compute_bound_ms(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int) -> float:
@@ -246,481 +211,9 @@ its own setting it seeds candidates (rebuilt lighter, under other bounds, placed
 may beat that plan; one simulated only up to that plan seeds them from a mere lower bound
 (OFASys 7 tasks on 16 GPUs then kept a plan 1.1% slower)."""
 
-NEAR_BEST = 0.02
-"""A task-stable schedule of the balanced group sizes within this share of the best plan's
-simulated iteration has its neighbours tried (`make_plan`'s `consider_task_stable`), and a
-device bound's plan within it is planned again from the spread allocation."""
-
-SIMULATED_CHOICE_MAX_DEVICES = 1024
-"""Largest cluster on which Spindle chooses among device bounds by simulation. On 4096 devices
-the synthetic 100-task model of benchmarks/bench_planner.py simulates in ~1 s per candidate:
-choosing among its 11 took 19.8 s (11.5 s of simulation), against the 10 s planning target,
-and gave a plan 16% faster (170.1 against 203.3 ms simulated)."""
-
-
-def device_caps(cluster: ClusterSpec) -> tuple[int, ...]:
-    """The per-MetaOp device bounds Spindle plans under: the whole cluster, then halving while
-    at least an island is left, and one island (24 devices in islands of 8: 24, 12, 8). A
-    bound at island size keeps every slice inside one node, so its activations and parameter
-    groups never cross the one NIC per node; a larger slice computes faster but pays for both,
-    and under memory pressure a smaller bound spreads a large model's layers over more ranks
-    (qwen-val-70b on 256 devices fits with ZeRO-2 only under 32). Which bound wins depends on
-    the model, so each is planned and the simulator decides (`make_plan`). Above
-    SIMULATED_CHOICE_MAX_DEVICES only the whole cluster is used: one simulation there takes
-    longer than the planning target."""
-    caps = [cluster.num_devices]
-    if cluster.num_devices > SIMULATED_CHOICE_MAX_DEVICES:
-        return tuple(caps)
-    while caps[-1] // 2 >= cluster.island_size and caps[-1] % 2 == 0:
-        caps.append(caps[-1] // 2)
-    if caps[-1] > cluster.island_size:
-        caps.append(cluster.island_size)
-    return tuple(caps)
-
-
-class _Kept(NamedTuple):
-    """The best candidate so far in `make_plan`."""
-
-    iteration_ms: float
-    plan: Plan
-    caps: tuple[int, ...]
-    """The device bound of each level."""
-    fused: bool
-    """Whether its levels were scheduled at once (`fused_waves`)."""
-    planned: list[PlannedWave]
-    """Its waves before placement."""
-    home: dict[str, Ranks] | None
-    """The ranks its MetaOps preferred in placement (`consider`'s `home`)."""
-    label: str
-    """What it is, after its device bounds (`consider`'s `label`)."""
-    spread: bool
-    """Whether its levels' allocations spread spare devices (`allocation.allocate_level`)."""
-    transfer_ms: float
-    """Its simulated wait for transfers (`simulated_cost`)."""
-
-    @property
-    def compute_and_wait_ms(self) -> float:
-        """Its compute plus its wait for transfers: what a schedule that moves no rows between
-        ranks must compute below to be worth simulating."""
-        return self.plan.estimated_iteration_ms + self.transfer_ms
-
 
 def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
               options: PlanOptions = PlanOptions(), inputs: tuple[InputRef, ...] = ()) -> Plan:
     """`make_plan_with_cost`'s plan."""
     return make_plan_with_cost(graph, profile, cluster, options=options, inputs=inputs)[0]
-
-
-def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
-                        options: PlanOptions = PlanOptions(),
-                        inputs: tuple[InputRef, ...] = (),
-                        schedules: Schedules | None = None,
-                        give_up_ms: float = math.inf,
-                        finished: list[tuple[float, Plan]] | None = None
-                        ) -> tuple[Plan, float | None]:
-    """Plan one training iteration of `graph` on `cluster`; with the plan, its simulated
-    iteration (ms) where the planner chose it by simulation (None for the baselines and above
-    SIMULATED_CHOICE_MAX_DEVICES). `schedules`: those of earlier calls with the same graph,
-    profile, cluster and curve options (`Schedules`), to reuse. `give_up_ms`: an iteration
-    the caller already has, so no candidate is simulated beyond it; where none beats it the
-    iteration returned is only a lower bound, at least `give_up_ms`. `finished`, where
-    given, gets every candidate simulated to the end, with its iteration.
-
-    Spindle schedules every level once per device bound of `device_caps` and keeps the plan
-    whose simulated iteration (compute, inter-wave transfers, gradient sync:
-    planner/simulate.py) is shortest, the first on ties: one bound for all levels, each also
-    from the allocation that spreads a level's spare devices over its flat MetaOps
-    (`allocation.allocate_level`'s `spread`) when the plan without simulated within
-    NEAR_BEST of the best (or when no plan fits: spread, a flat module's state is sharded by
-    ZeRO), then the longest level alone under each other bound (multitask-clip 4 tasks on 32
-    devices: the encoders on the whole cluster, the short levels inside islands; spread or
-    not as the kept plan, the other way too where that does not fit), then all levels fused
-    into one schedule under the smallest bound (`fused_waves`; OFASys 4 tasks on 32
-    devices: each task's chain inside one node, no level barriers) when that computes
-    faster than its level-by-level schedule, then the kept plan rebuilt to move fewer rows
-    between ranks (`consider_lighter`: no extension, or one device count per MetaOp; in the
-    bench before the ZeRO all-gather was simulated, multitask-clip 4 tasks on 32 devices:
-    49.5 ms instead of 53.1, qwen-val on 64: 813.0 instead of 862.5; where the kept plan
-    spreads spare devices, the allocations before the spread on one count per MetaOp too:
-    a sweep case, four multitask-clip tasks on 2x6 GPUs, 79.9 ms against the spread
-    rebuild's 97.0), under ZeRO-1/2 the kept
-    plan with its first long wave split in two (`_split_first_long_wave`: a slice starts once
-    the previous step's all-gather of its first layer's bucket has arrived, and buckets are
-    cut per wave into at most `buckets.MAX_CHUNKS` chunks, so a short first wave's layers
-    arrive sooner; in the 132-case quality sweep 22 cases 0.1-3.9% slower without it), then
-    each task on one device group through all its levels (`consider_task_stable`), then,
-    where tasks outnumber the groups, tasks one after another on lanes of equal groups
-    (`consider_lanes`), then the three baselines' schedules, so that Spindle never simulates
-    slower than a baseline (tried, where simulated, even where none of Spindle's own fits: one
-    may; a quality sweep of 132 small cases found 11 where a baseline's schedule beat every
-    one of Spindle's own by 0.5-12%: an embedding's rows re-split between 3 and 1 devices,
-    or, before the forward waited for the ZeRO all-gather layer by layer, a 32-layer encoder
-    waiting in one wave for all of it across nodes). Finally the
-    kept plan's waves are placed again with ranks reserved for the slices that would keep
-    their rows there (`placement.place`'s `reserve`), kept when that simulates faster (in
-    `spindle bench`, with the memory search: OFASys 4 tasks on 8
-    GPUs 108.4 ms instead of 110.1, multitask-clip 7 tasks on 32 GPUs 105.2 instead of
-    109.9; 12 of the 17 cells below 256 GPUs gain), and on consecutive ranks as the
-    sequential baseline places them, kept when that simulates faster: island placement
-    weighs inter-wave flows, not where the gradient rings run (qwen-val on 64 GPUs: 716.1 ms
-    on consecutive ranks against 726.0, with less sync); when a baseline's schedule is kept,
-    Spindle's own best is placed those two ways as well (OFASys-small's audio_asr and
-    region_caption on 16-GiB devices: 18.02 ms against optimus's 18.78), and where the
-    baseline's still wins, both are tried with finer gradient chunks (`_finer_chunks`, which
-    `fitting_plan_with_cost` tries on the kept plan only; a sweep case, multitask-clip's
-    vision-text task on 2 nodes of 6 GPUs under ZeRO-1: Spindle's own 64.11 ms with 16
-    chunks, where DistMM-MT's schedule was kept at 67.49 with 4). Candidates with the
-    same waves are simulated once; a one-island cluster has a single device bound and the
-    other candidates. The allocator and the wave scheduler see compute only; the simulator is the
-    planner's cost model for what they cannot see. The levels' lower bounds stay the uncapped
-    C*, so `lower_bound_ms` is the relaxed optimum whichever plan is kept. Baselines are
-    planned once, as their rules say."""
-    n_dev = cluster.num_devices
-    if schedules is None:
-        schedules = Schedules(graph, profile, cluster, options, inputs=inputs)
-    elif not schedules.serves(graph, profile, cluster, options):
-        raise ValueError("schedules of another graph, profile, cluster or curve options")
-    curves, allocs = schedules.curves, schedules.allocs
-    max_ops = slice_limits(graph, curves, cluster, options.memory)
-    if options.planner != "spindle":
-        if options.planner == "sequential":
-            planned = baselines.sequential(graph, curves, max_ops)
-        elif options.planner == "optimus":
-            planned = baselines.optimus(graph, curves, n_dev, max_ops)
-        else:
-            planned = baselines.distmm(graph, curves, n_dev, max_ops)
-        return assemble(graph, curves, cluster, options, inputs, allocs, planned), None
-    by_cap: dict[tuple[int, bool], list[list[PlannedWave]]] = {}
-    """Each level's schedule under a device bound, by (bound, spread)."""
-    best: _Kept | None = None
-    error: PlanInfeasible | None = None
-    bounds = device_caps(cluster)
-    simulated = n_dev <= SIMULATED_CHOICE_MAX_DEVICES
-
-    tried: dict[tuple[tuple[PlannedWave, ...], bool, bool, bool], bool] = {}
-    """The candidates `consider` assembled, and whether each did not fit."""
-    # candidates that begin with the same waves place them alike (`placement.PlacedWaves`)
-    placements = PlacedWaves(graph, cluster)
-
-    last_ms = math.inf
-    """The simulated iteration of the last candidate `consider` simulated (inf when it was
-    not), up to the point where the simulation gave up."""
-    last_failed = False
-    """Whether the last candidate `consider` assembled did not fit (PlanInfeasible)."""
-    last_plan: Plan | None = None
-    """The last candidate `consider` simulated to the end (None when it was not; `last_ms` is
-    then its iteration)."""
-
-    def levels(cap: int, spread: bool) -> list[list[PlannedWave]]:
-        """Each level's schedule under a device bound, from `spread` allocations or not (made
-        once; PlanInfeasible when some MetaOp has no valid count under the bound)."""
-        if (cap, spread) not in by_cap:
-            capped, capped_allocs = schedules.capped(cap, spread)
-            if spread and _tuples(capped_allocs) == _tuples(schedules.capped(cap)[1]):
-                by_cap[(cap, spread)] = levels(cap, False)  # no spare devices to spread
-            else:
-                by_cap[(cap, spread)] = schedules.made(
-                    ("levels", cap, True, False, spread), max_ops, level_waves, graph, capped,
-                    capped_allocs, n_dev, few_variants=cap != n_dev)
-        return by_cap[(cap, spread)]
-
-    def consider(caps: tuple[int, ...], planned: list[PlannedWave] | None = None, *,
-                 spread: bool = False, fused: bool = False,
-                 home: dict[str, Ranks] | None = None, label: str = "", slack: float = 0.0,
-                 reserve: Plan | None = None, consecutive: bool = False) -> bool:
-        """Assemble and simulate a candidate (its levels' schedules under `caps` with
-        `spread` allocations unless `planned`; placed with `home`, and with `reserve`: the
-        plan these waves were placed as, placed again with ranks reserved for their rows,
-        `placement.place`, skipped where that changes nothing, or with `consecutive`: on
-        consecutive ranks; `label`: what it is, after its device bounds, in Plan.candidate;
-        simulated until it is `slack` above the best, so `last_ms` tells how close it came);
-        whether it is now the best."""
-        nonlocal best, error, last_ms, last_failed, last_plan
-        last_ms, last_failed, last_plan = math.inf, False, None
-        if planned is None:
-            planned = [w for level, cap in enumerate(caps) for w in levels(cap, spread)[level]]
-        # bounds that change nothing give the same waves, hence (placed alike) the same plan
-        # and iteration; and a plan whose waves alone outlast the best iteration cannot beat it
-        key = (tuple(planned), home is not None, reserve is not None, consecutive)
-        if key in tried:
-            last_failed = tried[key]  # as it did before: other bounds, the same waves
-            return False
-        if best is not None and sum(w.duration_ms for w in planned) >= best.iteration_ms:
-            return False
-        tried[key] = False
-        bounds_text = "/".join(map(str, caps)) if len(set(caps)) > 1 else str(caps[0])
-        candidate = ", ".join(x for x in ("fused" if fused else "level by level",
-                                          f"device bound {bounds_text}",
-                                          "spare devices spread" if spread else "", label) if x)
-        try:
-            plan = assemble(graph, curves, cluster, options, inputs, allocs, planned, home,
-                            reserve=reserve is not None, consecutive=consecutive,
-                            candidate=candidate, placements=placements)
-        except PlanInfeasible as e:
-            error, last_failed, tried[key] = error or e, True, True
-            return False
-        if reserve is not None and plan.waves == reserve.waves:
-            return False  # nothing was reserved: that plan again
-        # above SIMULATED_CHOICE_MAX_DEVICES one simulation would take longer than the
-        # planning target: the first candidate is the plan
-        cost = (simulated_cost(plan, graph, profile, cluster, give_up_ms=min(
-                    give_up_ms, best.iteration_ms * (1 + slack) if best else math.inf))
-                if simulated else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
-        last_ms = cost.iteration_ms
-        last_plan = plan if math.isfinite(cost.transfer_ms) else None
-        if finished is not None and last_plan is not None:
-            finished.append((last_ms, last_plan))
-        if best is None or cost.iteration_ms < best.iteration_ms - 1e-9:
-            best = _Kept(iteration_ms=cost.iteration_ms, plan=plan, caps=caps, fused=fused,
-                         transfer_ms=cost.transfer_ms, planned=planned, home=home, label=label,
-                         spread=spread)
-            return True
-        return False
-
-    def consider_fused(cap: int) -> tuple[tuple[int, ...], bool, bool] | None:
-        """All levels at once under the smallest bound (one island on clusters that halve down
-        to it): there a level cannot be balanced by giving its long MetaOps more devices, so
-        its barrier idles the others' devices (`fused_waves`). Simulated only when it
-        computes faster than level by level under the same bound (or, when that schedule
-        was pruned, than the best plan's whole iteration). Returns the runner-up, fused or
-        not, where it simulated within NEAR_BEST of the best (as `consider_lighter`'s
-        arguments): rebuilt to move fewer rows, either may win."""
-        bar_ms = (sum(w.duration_ms for level in by_cap[(cap, False)] for w in level)
-                  if (cap, False) in by_cap
-                  else best.iteration_ms if best is not None else math.inf)
-        try:
-            capped, capped_allocs = schedules.capped(cap)
-        except PlanInfeasible:
-            return None
-        fused = schedules.made(("fused", cap, True, False, False), max_ops, fused_waves,
-                               graph, capped, capped_allocs, n_dev)
-        if sum(w.duration_ms for w in fused) >= bar_ms - 1e-9:
-            return None
-        before = best
-        if consider((cap,) * len(allocs), fused, fused=True, slack=NEAR_BEST):
-            assert best is not None
-            if before is not None and before.iteration_ms <= best.iteration_ms * (1 + NEAR_BEST):
-                return before.caps, before.fused, before.spread
-        elif best is not None and last_ms <= best.iteration_ms * (1 + NEAR_BEST):
-            return (cap,) * len(allocs), True, False
-        return None
-
-    def consider_lighter(caps: tuple[int, ...], fused: bool, spread: bool,
-                         one_count_only: bool = False) -> None:
-        """The kept plan's schedule rebuilt, from allocations as `spread` as its own, to move
-        fewer rows between ranks: with idle devices left idle (an extension gives a MetaOp
-        more devices for one wave, re-splitting its rows into and out of it), and with each
-        MetaOp on one device count per level (`allocation.single_count`: the bi-point split
-        re-splits them once; that one alone with `one_count_only`). Each computes slower and
-        may simulate faster."""
-        ways = ((True, True),) if one_count_only else ((False, False), (True, True))
-        for extend, one_count in ways:
-            label = "one count per MetaOp" if one_count else "no extension"
-            rebuilt: dict[int, list[list[PlannedWave]]] = {}
-            for cap in sorted(set(caps)):
-                capped, capped_allocs = schedules.capped(cap, spread)
-                if one_count:
-                    capped_allocs = [single_count(a) for a in capped_allocs]
-                if fused:
-                    consider(caps, schedules.made(
-                        ("fused", cap, extend, one_count, spread), max_ops, fused_waves,
-                        graph, capped, capped_allocs, n_dev, extend=extend),
-                        spread=spread, fused=True, label=label)
-                else:
-                    rebuilt[cap] = schedules.made(
-                        ("levels", cap, extend, one_count, spread), max_ops, level_waves,
-                        graph, capped, capped_allocs, n_dev, few_variants=cap != n_dev,
-                        extend=extend)
-            if not fused:
-                consider(caps, [w for level, cap in enumerate(caps)
-                                for w in rebuilt[cap][level]], spread=spread, label=label)
-
-    def consider_task_stable() -> None:
-        """Each task on one device group through all its levels (`tasks.task_stable`), the
-        levels fused, with and without extension: no rows re-split inside a task, where the
-        level-by-level balance re-splits them at every level. The group sizes are
-        `tasks.balanced_counts` and its nearest neighbours (`tasks.task_sizes`; OFASys 7
-        tasks on 32 devices, before the ZeRO all-gather was simulated: 73.3 ms, against 80.35
-        for the balanced counts alone and 85.4 level by level). A schedule placed as usual
-        that becomes the best plan is placed again with every task preferring its own ranks
-        (`tasks.home_groups`), and the faster kept: neither wins everywhere (with the
-        balanced counts alone, OFASys 7 tasks on 16 devices 121.1 ms against 123.0, on 32
-        devices 82.4 against 80.35).
-        What it saves is mostly the kept plan's wait for transfers, so a schedule that
-        computes longer than the kept plan's compute and transfer wait together is not
-        simulated: a cut-off for planning time, since a task-stable plan could also sync
-        faster (with the balanced counts alone it skipped 61 of the 88 schedules that
-        multitask-clip's memory settings make in `spindle bench`, and every bench plan was
-        the same as without it). The neighbours are tried only when a schedule of the
-        balanced counts became the best plan or simulated within NEAR_BEST of it: the
-        neighbours differ from it by one device per task, so a near tie may tip (OFASys 7 tasks
-        on 16 devices under the chunked buckets: the balanced counts 128.3 ms, the kept plan
-        127.4, a neighbour 125.5)."""
-        assert best is not None
-        all_sizes = schedules.made(("task sizes",), None, task_sizes, graph, curves, n_dev)
-        for k, sizes in enumerate(all_sizes):
-            stable = schedules.made(("task-stable", tuple(sizes)), None, task_stable,
-                                    allocs, graph, curves, cluster, sizes)
-            bar_ms = best.compute_and_wait_ms
-            kept = near = False
-            for extend in (True, False):
-                planned = schedules.made(("task-stable", tuple(sizes), extend), max_ops,
-                                         fused_waves, graph, curves, stable.allocs, n_dev,
-                                         extend=extend)
-                label = "task-stable" if extend else "task-stable, no extension"
-                if sum(w.duration_ms for w in planned) >= bar_ms:
-                    continue
-                if consider((n_dev,) * len(allocs), planned, fused=True, label=label,
-                            slack=NEAR_BEST if k == 0 else 0.0):
-                    kept = True
-                    consider((n_dev,) * len(allocs), planned, fused=True, home=stable.home,
-                             label=f"{label}, home ranks")
-                near = near or last_ms <= best.iteration_ms * (1 + NEAR_BEST)
-            if k == 0 and not (kept or near):
-                return
-
-    def consider_lanes() -> None:
-        """Tasks one after another on lanes of equal device groups, each task on its lane's
-        ranks (`tasks.task_lanes`), for clusters with fewer groups than tasks (tiny-clip's 4
-        tasks on 2 CPU ranks: no rows between ranks until the gradient sync). Like the
-        task-stable schedules, simulated only when the lanes' compute is below the kept
-        plan's compute and transfer wait."""
-        assert best is not None
-        all_lanes = schedules.made(("task lanes",), None, task_lanes, graph, curves, cluster)
-        for i, lanes in enumerate(all_lanes):
-            bar_ms = best.compute_and_wait_ms
-            if lanes.load_ms >= bar_ms:
-                continue
-            planned, home = schedules.made(("task lanes", i), max_ops, lane_waves,
-                                           graph, curves, lanes)
-            if sum(w.duration_ms for w in planned) < bar_ms:
-                consider((n_dev,) * len(allocs), planned, fused=True, home=home,
-                         label=f"task lanes of {lanes.size}")
-
-    for cap in bounds:
-        try:
-            capped, capped_allocs = schedules.capped(cap)
-        except PlanInfeasible as e:
-            error = error or e
-            continue
-        if best is not None and sum(a.lower_bound_ms for a in capped_allocs) >= best.iteration_ms:
-            # its compute alone (>= its C*) would outlast the best plan's whole iteration
-            continue
-        consider((cap,) * len(allocs), slack=NEAR_BEST)
-        if best is not None and (last_failed or last_ms <= best.iteration_ms * (1 + NEAR_BEST)):
-            consider((cap,) * len(allocs), spread=True)
-    made_caps = list(dict.fromkeys(cap for cap, _ in by_cap))
-    if best is None:
-        # nothing fits: spare devices spread a flat MetaOp's memory (and ZeRO shards it)
-        for cap in made_caps:
-            consider((cap,) * len(allocs), spread=True)
-    if best is not None and len(made_caps) > 1:
-        # the longest level under the kept bound may do better under another bound while the
-        # others keep theirs (long encoders computing on more than an island, the rest inside)
-        caps, spread = best.caps, best.spread
-        longest = max(range(len(allocs)),
-                      key=lambda i: sum(w.duration_ms for w in levels(caps[i], spread)[i]))
-        for cap in made_caps:
-            if cap != caps[longest]:
-                mixed = caps[:longest] + (cap,) + caps[longest + 1:]
-                consider(mixed, spread=spread)
-                if last_failed:
-                    consider(mixed, spread=not spread)
-    runner_up = consider_fused(bounds[-1]) if len(allocs) > 1 and simulated else None
-    if best is not None and simulated:
-        kept = best
-        consider_lighter(kept.caps, kept.fused, kept.spread)
-        if runner_up is not None:
-            consider_lighter(*runner_up)
-        if kept.spread and not kept.fused:
-            # spread allocations give flat MetaOps more devices, so their groups sync over
-            # more ranks, and so does their rebuild on one count per MetaOp; that of the
-            # allocations as they were may sync far less (four multitask-clip tasks on 2x6
-            # GPUs: 79.9 ms against the spread rebuild's 97.0 and the kept plan's 95.1)
-            consider_lighter(kept.caps, False, False, one_count_only=True)
-    if best is not None and simulated and 1 <= options.zero <= 2:
-        kept = best
-        split = _split_first_long_wave(kept.planned)
-        if split is not None:
-            consider(kept.caps, split, spread=kept.spread, fused=kept.fused, home=kept.home,
-                     label=_labelled(kept.label, "first wave split"))
-    if best is not None and simulated and len(graph.tasks) > 1:
-        consider_task_stable()
-        consider_lanes()
-    own = best
-    if simulated:
-        # the baselines' schedules, so that Spindle's plan never simulates slower than theirs
-        # (also where none of Spindle's own fits: a baseline's may)
-        for name, planned in (("sequential", baselines.sequential(graph, curves, max_ops)),
-                              ("optimus", baselines.optimus(graph, curves, n_dev, max_ops)),
-                              ("distmm", baselines.distmm(graph, curves, n_dev, max_ops))):
-            # simulated to the end within NEAR_BEST: a runner-up may gain more from finer
-            # gradient chunks (`fitting_plan_with_cost`)
-            consider((n_dev,) * len(allocs), planned, fused=True, label=f"{name}'s schedule",
-                     slack=NEAR_BEST)
-    if best is not None and simulated:
-        # when a baseline's schedule is the best, Spindle's own best (if any fits) is placed
-        # again too
-        mine = [] if own is None else [(own.iteration_ms, own.plan)]
-        for kept in (best,) if own in (best, None) else (best, own):
-            ways: list[dict[str, Any]] = [{"home": kept.home, "reserve": kept.plan,
-                                           "label": _labelled(kept.label, "reserved ranks")}]
-            if options.placement == "island":
-                ways.append({"label": _labelled(kept.label, "consecutive ranks"),
-                             "consecutive": True})
-            for way in ways:
-                consider(kept.caps, kept.planned, spread=kept.spread, fused=kept.fused, **way)
-                if kept is own and last_plan is not None:
-                    mine.append((last_ms, last_plan))
-        if "'s schedule" in best.label and backend_sync(cluster.backend) == "chunked":
-            # and both with finer gradient chunks (`fitting_plan_with_cost` tries them on the
-            # kept plan only): Spindle's own may gain more from them
-            theirs = _finer_chunks((best.iteration_ms, best.plan), graph, profile, cluster,
-                                   give_up_ms=give_up_ms)
-            ours = (_finer_chunks(min(mine, key=lambda m: m[0]), graph, profile, cluster,
-                                  give_up_ms=theirs[0]) if mine else theirs)
-            kept_ms, kept_plan = ours if ours[0] < theirs[0] - 1e-9 else theirs
-            return kept_plan, kept_ms
-    if best is None:
-        assert error is not None
-        raise error
-    return best.plan, best.iteration_ms if simulated else None
-
-
-SPLIT_SHARE = 0.1
-"""The share of the compute from which a wave is long (`_split_first_long_wave`), and of its
-span that the short wave split off it takes."""
-
-
-def _labelled(label: str, more: str) -> str:
-    """A kept candidate's label with what was done to it added."""
-    return f"{label}, {more}" if label else more
-
-
-def _split_first_long_wave(planned: list[PlannedWave]) -> list[PlannedWave] | None:
-    """The waves with the first one that takes SPLIT_SHARE of the compute or more split in
-    two: a short wave of each slot's first operators up to SPLIT_SHARE of its span, then the
-    rest (None when that leaves either empty)."""
-    total = sum(w.duration_ms for w in planned)
-    i = next((i for i, w in enumerate(planned) if w.duration_ms >= SPLIT_SHARE * total), None)
-    if i is None:
-        return None
-    wave = planned[i]
-    span = SPLIT_SHARE * wave.duration_ms
-    first, rest = [], []
-    for s in wave.slots:
-        k = min(s.num_ops, int(span // s.op_time_ms)) if s.op_time_ms > 0 else s.num_ops
-        if k:
-            first.append(replace(s, num_ops=k))
-        if s.num_ops > k:
-            rest.append(replace(s, num_ops=s.num_ops - k))
-    if not first or not rest:
-        return None
-    return [*planned[:i], PlannedWave(level=wave.level, slots=tuple(first)),
-            PlannedWave(level=wave.level, slots=tuple(rest)), *planned[i + 1:]]
-
-
-def _tuples(allocs: list[LevelAllocation]) -> list[tuple[AslTuple, ...]]:
-    """The ASL-tuples of every MetaOp of the levels: what their schedules are made from."""
-    return [o.tuples for a in allocs for o in a.ops]
 

@@ -282,7 +282,7 @@ def test_a_fused_runner_up_is_rebuilt_to_move_fewer_rows(monkeypatch):
     # multitask-clip 4 tasks on 32 GPUs under ZeRO-1: the fused schedule under the smallest
     # bound simulates a little slower than the best level-by-level plan, but rebuilt without
     # extension it beats every plan the level-by-level one is rebuilt into
-    from spindle_cli.planner import api
+    from spindle_cli.planner import search
     from spindle_cli.planner.bench import profile_for
 
     model = load(str(REPO / "models" / "multitask-clip.yaml"), ModelSpec)
@@ -290,19 +290,19 @@ def test_a_fused_runner_up_is_rebuilt_to_move_fewer_rows(monkeypatch):
     c = load(str(REPO / "clusters" / "a800-4x8.yaml"), ClusterSpec)
     p = profile_for(g, c)
     simulated: list[tuple[str, float]] = []
-    cost = api.simulated_cost
+    cost = search.simulated_cost
 
     def logged(plan, *args, **kwargs):
         result = cost(plan, *args, **kwargs)
         simulated.append((plan.candidate, result.iteration_ms))
         return result
 
-    monkeypatch.setattr(api, "simulated_cost", logged)
+    monkeypatch.setattr(search, "simulated_cost", logged)
     plan = make_plan(g, p, c, options=PlanOptions(zero=1))
     fused_ms = next(ms for name, ms in simulated if name.startswith("fused"))
     before = simulated[:[name for name, _ in simulated].index("fused, device bound 8")]
     best_levels_ms = min(ms for name, ms in before if name.startswith("level by level"))
-    assert best_levels_ms < fused_ms <= best_levels_ms * (1 + api.NEAR_BEST)
+    assert best_levels_ms < fused_ms <= best_levels_ms * (1 + search.NEAR_BEST)
     assert plan.candidate.startswith("fused, device bound 8, no extension")
     kept_ms = simulate(plan, g, p, c).iteration_ms
     assert kept_ms < best_levels_ms

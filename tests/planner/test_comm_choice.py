@@ -13,7 +13,7 @@ from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.artifacts.io import as_written
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner import api, schedules
+from spindle_cli.planner import api, schedules, search
 from spindle_cli.planner.assemble import assemble, place_again
 from spindle_cli.planner.bench import profile_for
 from spindle_cli.planner.graph import build_graph
@@ -33,12 +33,12 @@ def one_encoder(params_per_layer: int):
 
 
 def test_device_caps():
-    assert api.device_caps(cluster(num_nodes=2, per_node=4)) == (8, 4)
-    assert api.device_caps(cluster(num_nodes=1, per_node=8)) == (8,)
+    assert search.device_caps(cluster(num_nodes=2, per_node=4)) == (8, 4)
+    assert search.device_caps(cluster(num_nodes=1, per_node=8)) == (8,)
     # halving 24 skips the island size: it is a bound of its own
-    assert api.device_caps(cluster(num_nodes=3, per_node=8)) == (24, 12, 8)
-    big = cluster(num_nodes=api.SIMULATED_CHOICE_MAX_DEVICES // 4 + 1, per_node=4)
-    assert api.device_caps(big) == (big.num_devices,)
+    assert search.device_caps(cluster(num_nodes=3, per_node=8)) == (24, 12, 8)
+    big = cluster(num_nodes=search.SIMULATED_CHOICE_MAX_DEVICES // 4 + 1, per_node=4)
+    assert search.device_caps(big) == (big.num_devices,)
 
 
 def test_capped_curves_truncate_and_fail_without_a_count():
@@ -67,7 +67,7 @@ def test_the_kept_plan_is_the_fastest_simulated_candidate(params_per_layer, isla
     g, p, c = one_encoder(params_per_layer)
     plan = api.make_plan(g, p, c)
     kept = simulate(plan, g, p, c).iteration_ms
-    candidates = [_candidate_ms(g, p, c, cap) for cap in api.device_caps(c)]
+    candidates = [_candidate_ms(g, p, c, cap) for cap in search.device_caps(c)]
     # the kept plan is one bound for all levels or a mix, never slower than any uniform one
     assert kept <= min(candidates) + 1e-9
     # small gradients: the 8-device plan computes twice as fast and wins; large gradients:
@@ -95,7 +95,7 @@ def test_a_schedule_that_re_splits_less_is_kept_when_its_rows_are_heavy():
         g, p, c = level(act_bytes)
         plan = api.make_plan(g, p, c)
         kept = simulate(plan, g, p, c).iteration_ms
-        standard = min(_candidate_ms(g, p, c, cap) for cap in api.device_caps(c))
+        standard = min(_candidate_ms(g, p, c, cap) for cap in search.device_caps(c))
         counts: dict[str, set[int]] = {}
         for _, s in plan.slices():
             counts.setdefault(s.metaop, set()).add(len(s.ranks))
@@ -173,9 +173,9 @@ def test_the_kept_plan_cuts_its_gradient_buckets_finer_where_that_is_faster():
     for planner in ("spindle", "distmm"):
         plan, ms = api.fitting_plan_with_cost(g, p, c, options=PlanOptions(planner=planner))
         chosen = int(plan.options["sync_chunks"])
-        assert chosen in api.SYNC_CHUNK_CHOICES, planner
+        assert chosen in search.SYNC_CHUNK_CHOICES, planner
         tried = {n: simulate(chunked(plan, n), g, p, c).iteration_ms
-                 for n in (4, *api.SYNC_CHUNK_CHOICES)}
+                 for n in (4, *search.SYNC_CHUNK_CHOICES)}
         assert ms == simulate(plan, g, p, c).iteration_ms == tried[chosen] == \
             min(tried.values()) < tried[4]
         # placed again (the placement ablation), the plan keeps its buckets
@@ -214,7 +214,7 @@ def test_the_runners_up_for_finer_chunks_are_the_fastest_of_other_waves():
                 (10.15, c), (10.19, d), (10.01, a)]
     assert api._runners_up(best, finished) == [(10.1, b), (10.15, c)]
     # none beyond NEAR_BEST
-    assert api._runners_up(best, [(10.0 * (1 + api.NEAR_BEST) + 0.01, b)]) == []
+    assert api._runners_up(best, [(10.0 * (1 + search.NEAR_BEST) + 0.01, b)]) == []
 
 
 def test_a_runner_up_of_other_waves_with_finer_chunks_is_kept(monkeypatch):
@@ -223,7 +223,7 @@ def test_a_runner_up_of_other_waves_with_finer_chunks_is_kept(monkeypatch):
     candidate the search simulated to the end; when the runners-up could be the kept plan's
     waves under another ZeRO stage, none was (68.68 ms against 66.83)."""
     lists: list[list[tuple[float, Any]]] = []
-    plan_with_cost = api.make_plan_with_cost
+    plan_with_cost = search.make_plan_with_cost
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
         lists.append(kwargs["finished"])  # the search's one list of candidates, all settings
@@ -249,14 +249,14 @@ def test_spindle_s_own_schedule_with_finer_chunks_beats_a_baseline_s_that_won_wi
     c = load(str(sweep / "clusters" / "2x6.yaml"), ClusterSpec)
     g = as_written(build_graph(spec, tasks=["task5_vision_text"]))
     p = profile_for(g, c)
-    plan, ms = api.make_plan_with_cost(g, p, c, options=PlanOptions(zero=1))
+    plan, ms = search.make_plan_with_cost(g, p, c, options=PlanOptions(zero=1))
     assert "'s schedule" not in plan.candidate
-    assert int(plan.options["sync_chunks"]) in api.SYNC_CHUNK_CHOICES
-    distmm, _ = api.make_plan_with_cost(g, p, c, options=PlanOptions(planner="distmm",
-                                                                     zero=1))
+    assert int(plan.options["sync_chunks"]) in search.SYNC_CHUNK_CHOICES
+    distmm, _ = search.make_plan_with_cost(g, p, c, options=PlanOptions(planner="distmm",
+                                                                        zero=1))
     assert ms == simulate(plan, g, p, c).iteration_ms
     distmm_ms = [simulate(chunked(distmm, n), g, p, c).iteration_ms
-                 for n in (4, *api.SYNC_CHUNK_CHOICES)]
+                 for n in (4, *search.SYNC_CHUNK_CHOICES)]
     assert ms < min(distmm_ms)
     # with 4 chunks DistMM-MT's schedule is the faster
     assert simulate(chunked(plan, 4), g, p, c).iteration_ms > distmm_ms[0]
@@ -275,7 +275,7 @@ def test_a_baseline_s_schedule_is_tried_where_none_of_spindle_s_own_fits():
     g = as_written(build_graph(spec, tasks=["task5_vision_text"]))
     p = profile_for(g, c)
     options = PlanOptions(zero=2, recompute=True)
-    plan, ms = api.make_plan_with_cost(g, p, c, options=options)
+    plan, ms = search.make_plan_with_cost(g, p, c, options=options)
     assert "'s schedule" in plan.candidate
     assert ms == simulate(plan, g, p, c).iteration_ms
     fitting = 0
@@ -301,11 +301,11 @@ def test_the_allocations_before_spare_devices_were_spread_are_rebuilt_on_one_cou
     g = as_written(build_graph(spec, tasks=["task3_audio_thermal", "task8_vision_motion",
                                              "task9_depth_text", "task6_vision_audio"]))
     p = profile_for(g, c)
-    plan, ms = api.make_plan_with_cost(g, p, c)
+    plan, ms = search.make_plan_with_cost(g, p, c)
     assert "one count per MetaOp" in plan.candidate
     assert "spare devices spread" not in plan.candidate
     assert ms == simulate(plan, g, p, c).iteration_ms
-    optimus, _ = api.make_plan_with_cost(g, p, c, options=PlanOptions(planner="optimus"))
+    optimus, _ = search.make_plan_with_cost(g, p, c, options=PlanOptions(planner="optimus"))
     # faster than Optimus's schedule (the best baseline) by far more than the chunks give
     assert ms < 0.9 * simulate(optimus, g, p, c).iteration_ms
 
@@ -343,14 +343,14 @@ def test_the_first_long_wave_is_split_so_its_gathers_overlap():
     planned = [PlannedWave(level=0, slots=(slot("a/e", 1, 0.1),)),
                PlannedWave(level=1, slots=(slot("a/x", 10, 1.0), slot("b/y", 5, 2.0),
                                            slot("c/z", 1, 5.0)))]
-    split = api._split_first_long_wave(planned)
+    split = search._split_first_long_wave(planned)
     assert split is not None and split[0] == planned[0]
     assert [(s.metaop, s.num_ops) for s in split[1].slots] == [("a/x", 1)]
     assert [(s.metaop, s.num_ops) for s in split[2].slots] == [("a/x", 9), ("b/y", 5),
                                                                 ("c/z", 1)]
     assert {w.level for w in split[1:]} == {1}
     # a wave no slot of which has an operator short enough to start it is left alone
-    assert api._split_first_long_wave([replace(planned[1], slots=planned[1].slots[1:])]) \
+    assert search._split_first_long_wave([replace(planned[1], slots=planned[1].slots[1:])]) \
         is None
 
     spec = load(str(ROOT / "models" / "multitask-clip.yaml"), ModelSpec)
@@ -358,6 +358,6 @@ def test_the_first_long_wave_is_split_so_its_gathers_overlap():
                 devices_per_node=6, island_size=6)
     g = build_graph(spec, tasks=["task1_text_audio", "task2_vision_depth"])
     p = analytic_profile(g, c, hardware="a800", counts=(1, 2, 4))
-    plan, ms = api.make_plan_with_cost(g, p, c, options=PlanOptions(zero=1))
+    plan, ms = search.make_plan_with_cost(g, p, c, options=PlanOptions(zero=1))
     assert "first wave split" in plan.candidate
     assert ms == simulate(plan, g, p, c).iteration_ms

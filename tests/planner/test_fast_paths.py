@@ -21,7 +21,7 @@ from spindle_cli.artifacts import ClusterSpec, ModelSpec, load
 from spindle_cli.artifacts.plan import tp_groups
 from spindle_cli.artifacts.profile import OptimizerCost
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner import api, placement, schedules
+from spindle_cli.planner import api, placement, schedules, search
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.memory import split_rows
 from spindle_cli.planner.network import Network, row_flows
@@ -204,7 +204,7 @@ def test_candidates_place_reused_leading_waves_as_they_would_alone(monkeypatch):
     c = load(str(root / "clusters" / "a800-8x8.yaml"), ClusterSpec)
     g = build_graph(spec, tasks=list(spec.task_sets["10"]))
     p = analytic_profile(g, c, hardware="a800", counts=[1, 2, 4, 8, 16, 32, 64])
-    real_assemble, real_leading = api.assemble, placement.PlacedWaves.leading
+    real_assemble, real_leading = search.assemble, placement.PlacedWaves.leading
     reused = []
 
     def leading(self, *args, **kwargs):
@@ -227,6 +227,6 @@ def test_candidates_place_reused_leading_waves_as_they_would_alone(monkeypatch):
         return shared
 
     monkeypatch.setattr(placement.PlacedWaves, "leading", leading)
-    monkeypatch.setattr(api, "assemble", assemble)
+    monkeypatch.setattr(search, "assemble", assemble)
     api.make_plan(g, p, c)
     assert max(reused) > 0

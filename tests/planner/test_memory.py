@@ -15,7 +15,7 @@ from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load
 from spindle_cli.artifacts.plan import PLANNERS
 from spindle_cli.artifacts.profile import OptimizerCost
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner import api
+from spindle_cli.planner import api, search
 from spindle_cli.planner.api import (
     compute_bound_ms,
     fitting_plan_with_cost,
@@ -208,7 +208,7 @@ def test_a_mixed_bound_candidate_that_does_not_fit_is_tried_spread(monkeypatch):
     # assembled again; it is retried from the spread allocation, where ZeRO-1 shards the
     # embedding's optimizer state over the spare devices, and that fits
     assembled: list[tuple[str, bool]] = []
-    assemble = api.assemble
+    assemble = search.assemble
 
     def recorded(*args, **kwargs):
         try:
@@ -219,7 +219,7 @@ def test_a_mixed_bound_candidate_that_does_not_fit_is_tried_spread(monkeypatch):
         assembled.append((kwargs["candidate"], True))
         return plan
 
-    monkeypatch.setattr(api, "assemble", recorded)
+    monkeypatch.setattr(search, "assemble", recorded)
     g = graph([metaop("a/embed", layers=1, batch=8, params=5 * 10**8),
                metaop("a/enc", layers=1, batch=8),
                metaop("a/big", level=1, layers=16, batch=8, preds=("a/embed", "a/enc"),

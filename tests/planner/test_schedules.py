@@ -11,16 +11,12 @@ import pytest
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, load
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner.api import (
-    fitting_plan_with_cost,
-    make_plan,
-    make_plan_with_cost,
-    memory_ladder,
-)
+from spindle_cli.planner.api import fitting_plan_with_cost, make_plan, memory_ladder
 from spindle_cli.planner.buckets import MAX_CHUNKS
 from spindle_cli.planner.memory import MemoryStrategy
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.schedules import Schedules, options_curves, slice_limits
+from spindle_cli.planner.search import make_plan_with_cost
 from spindle_cli.planner.simulate import simulated_cost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +80,7 @@ def test_every_memory_setting_gets_the_plan_it_gets_alone():
     assert 1 < len(fitted) < len(memory_ladder())
     # the search simulates a later setting's candidates only up to a margin above the best
     # plan so far (`api.SEED_MARGIN`), and still keeps the fastest of the plans made alone
-    # (its gradient buckets then cut finer where that is faster: `api._finer_chunks`)
+    # (its gradient buckets then cut finer where that is faster: `search.finer_chunks`)
     best_plan, best_ms = min(fitted, key=lambda x: x[1])
     plan, iteration_ms = fitting_plan_with_cost(g, p, c)
     options = dataclasses.replace(PlanOptions.of(plan), sync_chunks=MAX_CHUNKS)
