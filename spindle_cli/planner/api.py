@@ -1,7 +1,12 @@
 """`make_plan`: graph + profile + cluster -> Plan. Composes allocation, waves (or a baseline),
-placement and memory accounting; does no I/O.
+placement and memory accounting; does no I/O. `make_fitting_plan`: the same under the memory
+settings of `memory_ladder` (ZeRO stages, recomputation), keeping the plan that fits and
+simulates fastest.
 
 The plan's semantics (slices, transfers, parameter groups) are fixed in docs/CONTRACTS.md.
+What does not live here: the options (`options.py`), the curves, allocations and wave
+schedules (`schedules.py`), Spindle's candidate plans (`search.py`) and their assembly into a
+Plan (`assemble.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,13 @@ from spindle_cli.planner.search import (
     make_plan_with_cost,
 )
 from spindle_cli.planner.simulate import simulated_cost
+
+
+def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
+              options: PlanOptions = PlanOptions(), inputs: tuple[InputRef, ...] = ()) -> Plan:
+    """`make_plan_with_cost`'s plan."""
+    return make_plan_with_cost(graph, profile, cluster, options=options, inputs=inputs)[0]
+
 
 MEMORY_MODES = ("auto", "none", "zero1", "zero2", "zero3")
 RECOMPUTE_MODES = ("auto", "on", "off")
@@ -85,6 +97,14 @@ def fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Cluste
             if other_ms is not None and other_ms < iteration_ms - 1e-9:
                 return other, other_ms
     return plan, iteration_ms
+
+
+SEED_MARGIN = 0.25
+"""How much slower than the best plan of an earlier memory setting a candidate is still
+simulated to the end (`fitting_plan_with_cost`): it cannot be kept, but as the kept plan of
+its own setting it seeds candidates (rebuilt lighter, under other bounds, placed again) that
+may beat that plan; one simulated only up to that plan seeds them from a mere lower bound
+(OFASys 7 tasks on 16 GPUs then kept a plan 1.1% slower)."""
 
 
 def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
@@ -202,18 +222,3 @@ def compute_bound_ms(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices
 def memory_setting(zero: int, recompute: bool) -> str:
     """'ZeRO-1', 'no ZeRO and recomputation', ... (a rung of `memory_ladder`)."""
     return (f"ZeRO-{zero}" if zero else "no ZeRO") + (" and recomputation" if recompute else "")
-
-
-SEED_MARGIN = 0.25
-"""How much slower than the best plan of an earlier memory setting a candidate is still
-simulated to the end (`fitting_plan_with_cost`): it cannot be kept, but as the kept plan of
-its own setting it seeds candidates (rebuilt lighter, under other bounds, placed again) that
-may beat that plan; one simulated only up to that plan seeds them from a mere lower bound
-(OFASys 7 tasks on 16 GPUs then kept a plan 1.1% slower)."""
-
-
-def make_plan(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
-              options: PlanOptions = PlanOptions(), inputs: tuple[InputRef, ...] = ()) -> Plan:
-    """`make_plan_with_cost`'s plan."""
-    return make_plan_with_cost(graph, profile, cluster, options=options, inputs=inputs)[0]
-

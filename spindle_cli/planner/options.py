@@ -33,7 +33,8 @@ class PlanOptions:
     run` executes them."""
     sync_chunks: int = MAX_CHUNKS
     """The most chunks a wave's gradient bucket of one rank set is cut into under 'chunked'
-    (`buckets.max_chunks`); `fitting_plan_with_cost` sets it (`SYNC_CHUNK_CHOICES`)."""
+    (`buckets.max_chunks`); `api.fitting_plan_with_cost` sets it
+    (`search.SYNC_CHUNK_CHOICES`)."""
 
     def __post_init__(self) -> None:
         if self.planner not in PLANNERS:

@@ -1,8 +1,9 @@
-"""What `make_plan` builds before placement: every MetaOp's curve over the device counts a plan
+"""What `api.make_plan` builds before placement: every MetaOp's curve over the device counts a plan
 may give it (`op_curves`, `options_curves`; under a device bound, `capped_curves`), the levels'
 allocations (`allocate`), the slices' operator limits (`slice_limits`), Algorithm 1's wave
-schedules made from them (`level_waves` level by level, `fused_waves` all levels at once), and
-`Schedules`, which keeps them for the next plan of the memory search.
+schedules made from them (`level_waves` level by level, `fused_waves` all levels at once;
+`split_first_long_wave` splits one), and `Schedules`, which keeps them for the next plan of
+the memory search.
 
 What does not live here: choosing among the candidate schedules (`search.py`), placing them
 and building the Plan (`assemble.py`).
@@ -286,7 +287,7 @@ def fused_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[Lev
     task whose encoder ends early goes on to its next MetaOps while a longer encoder of
     another task still runs, instead of waiting at the level's barrier. The level-by-level
     schedule balances a level by giving its long MetaOps more devices; when a device bound
-    (`device_caps`) stops that, the barrier idles the short MetaOps' devices, which fusing
+    (`search.device_caps`) stops that, the barrier idles the short MetaOps' devices, which fusing
     gives back (OFASys 4 tasks on 32 devices inside islands: 52.9 ms of compute instead of
     62.1). The variants of a large level are tried (planning time; without `extend`, with
     idle devices left idle). A wave's level is the lowest level among its slots."""
@@ -310,17 +311,45 @@ def fused_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[Lev
             for w in best]
 
 
+SPLIT_SHARE = 0.1
+"""The share of the compute from which a wave is long (`split_first_long_wave`), and of its
+span that the short wave split off it takes."""
+
+
+def split_first_long_wave(planned: list[PlannedWave]) -> list[PlannedWave] | None:
+    """The waves with the first one that takes SPLIT_SHARE of the compute or more split in
+    two: a short wave of each slot's first operators up to SPLIT_SHARE of its span, then the
+    rest (None when that leaves either empty)."""
+    total = sum(w.duration_ms for w in planned)
+    i = next((i for i, w in enumerate(planned) if w.duration_ms >= SPLIT_SHARE * total), None)
+    if i is None:
+        return None
+    wave = planned[i]
+    span = SPLIT_SHARE * wave.duration_ms
+    first, rest = [], []
+    for s in wave.slots:
+        k = min(s.num_ops, int(span // s.op_time_ms)) if s.op_time_ms > 0 else s.num_ops
+        if k:
+            first.append(replace(s, num_ops=k))
+        if s.num_ops > k:
+            rest.append(replace(s, num_ops=s.num_ops - k))
+    if not first or not rest:
+        return None
+    return [*planned[:i], PlannedWave(level=wave.level, slots=tuple(first)),
+            PlannedWave(level=wave.level, slots=tuple(rest)), *planned[i + 1:]]
+
+
 _T = TypeVar("_T")
 
 
 class Schedules:
-    """The curves, allocations and wave schedules `make_plan` makes for one graph, profile,
-    cluster and set of curve options (uneven splits, recomputation, tensor parallelism), kept
-    for the next `make_plan` with the same ones: `fitting_plan_with_cost`'s memory settings
-    with the same recomputation flag differ only in the slice limits (`slice_limits`) and in
-    what follows the schedules (placement, simulation). A schedule is made again only when a
-    slice limit it asked for differs under the new setting, so each plan is the one
-    `make_plan` makes alone."""
+    """The curves, allocations and wave schedules `api.make_plan` makes for one graph,
+    profile, cluster and set of curve options (uneven splits, recomputation, tensor
+    parallelism), kept for the next `make_plan` with the same ones: the memory settings of
+    `api.fitting_plan_with_cost` with the same recomputation flag differ only in the slice
+    limits (`slice_limits`) and in what follows the schedules (placement, simulation). A
+    schedule is made again only when a slice limit it asked for differs under the new
+    setting, so each plan is the one `make_plan` makes alone."""
 
     def __init__(self, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                  options: PlanOptions, *, inputs: tuple[InputRef, ...] = ()) -> None:

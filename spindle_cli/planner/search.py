@@ -24,14 +24,20 @@ from spindle_cli.planner.assemble import assemble
 from spindle_cli.planner.buckets import backend_sync, max_chunks, sync_buckets
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.placement import PlacedWaves, Ranks
-from spindle_cli.planner.schedules import Schedules, fused_waves, level_waves, slice_limits
+from spindle_cli.planner.schedules import (
+    Schedules,
+    fused_waves,
+    level_waves,
+    slice_limits,
+    split_first_long_wave,
+)
 from spindle_cli.planner.simulate import QuickCost, simulated_cost
 from spindle_cli.planner.tasks import lane_waves, task_lanes, task_sizes, task_stable
-from spindle_cli.planner.waves import PlannedWave
+from spindle_cli.planner.waves import MaxOps, PlannedWave
 
 NEAR_BEST = 0.02
 """A task-stable schedule of the balanced group sizes within this share of the best plan's
-simulated iteration has its neighbours tried (`make_plan`'s `consider_task_stable`), and a
+simulated iteration has its neighbours tried (`_Search.consider_task_stable`), and a
 device bound's plan within it is planned again from the spread allocation."""
 
 SIMULATED_CHOICE_MAX_DEVICES = 1024
@@ -48,7 +54,7 @@ def device_caps(cluster: ClusterSpec) -> tuple[int, ...]:
     groups never cross the one NIC per node; a larger slice computes faster but pays for both,
     and under memory pressure a smaller bound spreads a large model's layers over more ranks
     (qwen-val-70b on 256 devices fits with ZeRO-2 only under 32). Which bound wins depends on
-    the model, so each is planned and the simulator decides (`make_plan`). Above
+    the model, so each is planned and the simulator decides (`make_plan_with_cost`). Above
     SIMULATED_CHOICE_MAX_DEVICES only the whole cluster is used: one simulation there takes
     longer than the planning target."""
     caps = [cluster.num_devices]
@@ -62,7 +68,7 @@ def device_caps(cluster: ClusterSpec) -> tuple[int, ...]:
 
 
 class _Kept(NamedTuple):
-    """The best candidate so far in `make_plan`."""
+    """The best candidate so far in `make_plan_with_cost`."""
 
     iteration_ms: float
     plan: Plan
@@ -105,50 +111,23 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
 
     Spindle schedules every level once per device bound of `device_caps` and keeps the plan
     whose simulated iteration (compute, inter-wave transfers, gradient sync:
-    planner/simulate.py) is shortest, the first on ties: one bound for all levels, each also
-    from the allocation that spreads a level's spare devices over its flat MetaOps
-    (`allocation.allocate_level`'s `spread`) when the plan without simulated within
-    NEAR_BEST of the best (or when no plan fits: spread, a flat module's state is sharded by
-    ZeRO), then the longest level alone under each other bound (multitask-clip 4 tasks on 32
-    devices: the encoders on the whole cluster, the short levels inside islands; spread or
-    not as the kept plan, the other way too where that does not fit), then all levels fused
-    into one schedule under the smallest bound (`fused_waves`; OFASys 4 tasks on 32
-    devices: each task's chain inside one node, no level barriers) when that computes
-    faster than its level-by-level schedule, then the kept plan rebuilt to move fewer rows
-    between ranks (`consider_lighter`: no extension, or one device count per MetaOp; in the
-    bench before the ZeRO all-gather was simulated, multitask-clip 4 tasks on 32 devices:
-    49.5 ms instead of 53.1, qwen-val on 64: 813.0 instead of 862.5; where the kept plan
-    spreads spare devices, the allocations before the spread on one count per MetaOp too:
-    a sweep case, four multitask-clip tasks on 2x6 GPUs, 79.9 ms against the spread
-    rebuild's 97.0), under ZeRO-1/2 the kept
-    plan with its first long wave split in two (`_split_first_long_wave`: a slice starts once
-    the previous step's all-gather of its first layer's bucket has arrived, and buckets are
-    cut per wave into at most `buckets.MAX_CHUNKS` chunks, so a short first wave's layers
-    arrive sooner; in the 132-case quality sweep 22 cases 0.1-3.9% slower without it), then
-    each task on one device group through all its levels (`consider_task_stable`), then,
-    where tasks outnumber the groups, tasks one after another on lanes of equal groups
-    (`consider_lanes`), then the three baselines' schedules, so that Spindle never simulates
-    slower than a baseline (tried, where simulated, even where none of Spindle's own fits: one
-    may; a quality sweep of 132 small cases found 11 where a baseline's schedule beat every
-    one of Spindle's own by 0.5-12%: an embedding's rows re-split between 3 and 1 devices,
-    or, before the forward waited for the ZeRO all-gather layer by layer, a 32-layer encoder
-    waiting in one wave for all of it across nodes). Finally the
-    kept plan's waves are placed again with ranks reserved for the slices that would keep
-    their rows there (`placement.place`'s `reserve`), kept when that simulates faster (in
-    `spindle bench`, with the memory search: OFASys 4 tasks on 8
-    GPUs 108.4 ms instead of 110.1, multitask-clip 7 tasks on 32 GPUs 105.2 instead of
-    109.9; 12 of the 17 cells below 256 GPUs gain), and on consecutive ranks as the
-    sequential baseline places them, kept when that simulates faster: island placement
-    weighs inter-wave flows, not where the gradient rings run (qwen-val on 64 GPUs: 716.1 ms
-    on consecutive ranks against 726.0, with less sync); when a baseline's schedule is kept,
-    Spindle's own best is placed those two ways as well (OFASys-small's audio_asr and
-    region_caption on 16-GiB devices: 18.02 ms against optimus's 18.78), and where the
-    baseline's still wins, both are tried with finer gradient chunks (`finer_chunks`, which
-    `fitting_plan_with_cost` tries on the kept plan only; a sweep case, multitask-clip's
-    vision-text task on 2 nodes of 6 GPUs under ZeRO-1: Spindle's own 64.11 ms with 16
-    chunks, where DistMM-MT's schedule was kept at 67.49 with 4). Candidates with the
-    same waves are simulated once; a one-island cluster has a single device bound and the
-    other candidates. The allocator and the wave scheduler see compute only; the simulator is the
+    planner/simulate.py) is shortest, the first on ties. Its candidates, in the order
+    `_Search.run` tries them (each method says why, with the figures measured): one bound for
+    all levels, each also from the allocation that spreads a level's spare devices
+    (`consider_bounds`), then the longest level alone under each other bound
+    (`consider_longest_level`), then all levels fused into one schedule under the smallest
+    bound (`consider_fused`), then the kept plan rebuilt to move fewer rows between ranks
+    (`consider_rebuilt`), under ZeRO-1/2 the kept plan with its first long wave split in two
+    (`consider_first_wave_split`), then each task on one device group through all its levels
+    (`consider_task_stable`), then, where tasks outnumber the groups, tasks one after another
+    on lanes of equal groups (`consider_lanes`), then the three baselines' schedules, so that
+    Spindle never simulates slower than a baseline (`consider_baselines`). Finally the kept
+    plan's waves are placed again, with ranks reserved for the slices that would keep their
+    rows there and on consecutive ranks, and so is Spindle's own best when a baseline's
+    schedule is kept (`consider_placed_again`); where the baseline's still wins, both are
+    tried with finer gradient chunks (`finer_chunks_of_both`). Candidates with the same waves
+    are simulated once; a one-island cluster has a single device bound and the other
+    candidates. The allocator and the wave scheduler see compute only; the simulator is the
     planner's cost model for what they cannot see. The levels' lower bounds stay the uncapped
     C*, so `lower_bound_ms` is the relaxed optimum whichever plan is kept. Baselines are
     planned once, as their rules say."""
@@ -167,41 +146,86 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         else:
             planned = baselines.distmm(graph, curves, n_dev, max_ops)
         return assemble(graph, curves, cluster, options, inputs, allocs, planned), None
-    by_cap: dict[tuple[int, bool], list[list[PlannedWave]]] = {}
-    """Each level's schedule under a device bound, by (bound, spread)."""
-    best: _Kept | None = None
-    error: PlanInfeasible | None = None
-    bounds = device_caps(cluster)
-    simulated = n_dev <= SIMULATED_CHOICE_MAX_DEVICES
+    return _Search(graph, profile, cluster, options, inputs, schedules, max_ops,
+                   give_up_ms=give_up_ms, finished=finished).run()
 
-    tried: dict[tuple[tuple[PlannedWave, ...], bool, bool, bool], bool] = {}
-    """The candidates `consider` assembled, and whether each did not fit."""
-    # candidates that begin with the same waves place them alike (`placement.PlacedWaves`)
-    placements = PlacedWaves(graph, cluster)
 
-    last_ms = math.inf
-    """The simulated iteration of the last candidate `consider` simulated (inf when it was
-    not), up to the point where the simulation gave up."""
-    last_failed = False
-    """Whether the last candidate `consider` assembled did not fit (PlanInfeasible)."""
-    last_plan: Plan | None = None
-    """The last candidate `consider` simulated to the end (None when it was not; `last_ms` is
-    then its iteration)."""
+class _Search:
+    """One `make_plan_with_cost` of the spindle planner: the candidates it assembles and
+    simulates (`consider`), and the best of them so far."""
 
-    def levels(cap: int, spread: bool) -> list[list[PlannedWave]]:
+    def __init__(self, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
+                 options: PlanOptions, inputs: tuple[InputRef, ...], schedules: Schedules,
+                 max_ops: MaxOps, *, give_up_ms: float,
+                 finished: list[tuple[float, Plan]] | None) -> None:
+        self.graph, self.profile, self.cluster = graph, profile, cluster
+        self.options, self.inputs, self.schedules = options, inputs, schedules
+        self.curves, self.allocs = schedules.curves, schedules.allocs
+        self.max_ops, self.give_up_ms, self.finished = max_ops, give_up_ms, finished
+        self.n_dev = cluster.num_devices
+        self.whole_cluster = (self.n_dev,) * len(self.allocs)
+        """Every level's device bound at the whole cluster (the task-stable, task-lane and
+        baselines' schedules')."""
+        self.by_cap: dict[tuple[int, bool], list[list[PlannedWave]]] = {}
+        """Each level's schedule under a device bound, by (bound, spread)."""
+        self.best: _Kept | None = None
+        self.error: PlanInfeasible | None = None
+        self.bounds = device_caps(cluster)
+        self.simulated = self.n_dev <= SIMULATED_CHOICE_MAX_DEVICES
+        self.tried: dict[tuple[tuple[PlannedWave, ...], bool, bool, bool], bool] = {}
+        """The candidates `consider` assembled, and whether each did not fit."""
+        # candidates that begin with the same waves place them alike (`placement.PlacedWaves`)
+        self.placements = PlacedWaves(graph, cluster)
+        self.last_ms = math.inf
+        """The simulated iteration of the last candidate `consider` simulated (inf when it was
+        not), up to the point where the simulation gave up."""
+        self.last_failed = False
+        """Whether the last candidate `consider` assembled did not fit (PlanInfeasible)."""
+        self.last_plan: Plan | None = None
+        """The last candidate `consider` simulated to the end (None when it was not; `last_ms`
+        is then its iteration)."""
+
+    def run(self) -> tuple[Plan, float | None]:
+        """`make_plan_with_cost`'s candidates in its order; the kept plan and its simulated
+        iteration (None above SIMULATED_CHOICE_MAX_DEVICES)."""
+        made_caps = self.consider_bounds()
+        if self.best is not None and len(made_caps) > 1:
+            self.consider_longest_level(made_caps)
+        runner_up = (self.consider_fused(self.bounds[-1])
+                     if len(self.allocs) > 1 and self.simulated else None)
+        if self.best is not None and self.simulated:
+            self.consider_rebuilt(runner_up)
+        if self.best is not None and self.simulated and 1 <= self.options.zero <= 2:
+            self.consider_first_wave_split()
+        if self.best is not None and self.simulated and len(self.graph.tasks) > 1:
+            self.consider_task_stable()
+            self.consider_lanes()
+        own = self.best
+        if self.simulated:
+            self.consider_baselines()
+        if self.best is not None and self.simulated:
+            mine = self.consider_placed_again(own)
+            if "'s schedule" in self.best.label and backend_sync(self.cluster.backend) == "chunked":
+                return self.finer_chunks_of_both(mine)
+        if self.best is None:
+            assert self.error is not None
+            raise self.error
+        return self.best.plan, self.best.iteration_ms if self.simulated else None
+
+    def levels(self, cap: int, spread: bool) -> list[list[PlannedWave]]:
         """Each level's schedule under a device bound, from `spread` allocations or not (made
         once; PlanInfeasible when some MetaOp has no valid count under the bound)."""
-        if (cap, spread) not in by_cap:
-            capped, capped_allocs = schedules.capped(cap, spread)
-            if spread and _tuples(capped_allocs) == _tuples(schedules.capped(cap)[1]):
-                by_cap[(cap, spread)] = levels(cap, False)  # no spare devices to spread
+        if (cap, spread) not in self.by_cap:
+            capped, capped_allocs = self.schedules.capped(cap, spread)
+            if spread and _tuples(capped_allocs) == _tuples(self.schedules.capped(cap)[1]):
+                self.by_cap[(cap, spread)] = self.levels(cap, False)  # no spare devices to spread
             else:
-                by_cap[(cap, spread)] = schedules.made(
-                    ("levels", cap, True, False, spread), max_ops, level_waves, graph, capped,
-                    capped_allocs, n_dev, few_variants=cap != n_dev)
-        return by_cap[(cap, spread)]
+                self.by_cap[(cap, spread)] = self.schedules.made(
+                    ("levels", cap, True, False, spread), self.max_ops, level_waves, self.graph,
+                    capped, capped_allocs, self.n_dev, few_variants=cap != self.n_dev)
+        return self.by_cap[(cap, spread)]
 
-    def consider(caps: tuple[int, ...], planned: list[PlannedWave] | None = None, *,
+    def consider(self, caps: tuple[int, ...], planned: list[PlannedWave] | None = None, *,
                  spread: bool = False, fused: bool = False,
                  home: dict[str, Ranks] | None = None, label: str = "", slack: float = 0.0,
                  reserve: Plan | None = None, consecutive: bool = False) -> bool:
@@ -212,77 +236,144 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         consecutive ranks; `label`: what it is, after its device bounds, in Plan.candidate;
         simulated until it is `slack` above the best, so `last_ms` tells how close it came);
         whether it is now the best."""
-        nonlocal best, error, last_ms, last_failed, last_plan
-        last_ms, last_failed, last_plan = math.inf, False, None
+        self.last_ms, self.last_failed, self.last_plan = math.inf, False, None
         if planned is None:
-            planned = [w for level, cap in enumerate(caps) for w in levels(cap, spread)[level]]
+            planned = [w for level, cap in enumerate(caps)
+                       for w in self.levels(cap, spread)[level]]
+        best = self.best
         # bounds that change nothing give the same waves, hence (placed alike) the same plan
         # and iteration; and a plan whose waves alone outlast the best iteration cannot beat it
         key = (tuple(planned), home is not None, reserve is not None, consecutive)
-        if key in tried:
-            last_failed = tried[key]  # as it did before: other bounds, the same waves
+        if key in self.tried:
+            self.last_failed = self.tried[key]  # as it did before: other bounds, the same waves
             return False
         if best is not None and sum(w.duration_ms for w in planned) >= best.iteration_ms:
             return False
-        tried[key] = False
+        self.tried[key] = False
         bounds_text = "/".join(map(str, caps)) if len(set(caps)) > 1 else str(caps[0])
         candidate = ", ".join(x for x in ("fused" if fused else "level by level",
                                           f"device bound {bounds_text}",
                                           "spare devices spread" if spread else "", label) if x)
         try:
-            plan = assemble(graph, curves, cluster, options, inputs, allocs, planned, home,
-                            reserve=reserve is not None, consecutive=consecutive,
-                            candidate=candidate, placements=placements)
+            plan = assemble(self.graph, self.curves, self.cluster, self.options, self.inputs,
+                            self.allocs, planned, home, reserve=reserve is not None,
+                            consecutive=consecutive, candidate=candidate,
+                            placements=self.placements)
         except PlanInfeasible as e:
-            error, last_failed, tried[key] = error or e, True, True
+            self.error, self.last_failed, self.tried[key] = self.error or e, True, True
             return False
         if reserve is not None and plan.waves == reserve.waves:
             return False  # nothing was reserved: that plan again
         # above SIMULATED_CHOICE_MAX_DEVICES one simulation would take longer than the
         # planning target: the first candidate is the plan
-        cost = (simulated_cost(plan, graph, profile, cluster, give_up_ms=min(
-                    give_up_ms, best.iteration_ms * (1 + slack) if best else math.inf))
-                if simulated else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
-        last_ms = cost.iteration_ms
-        last_plan = plan if math.isfinite(cost.transfer_ms) else None
-        if finished is not None and last_plan is not None:
-            finished.append((last_ms, last_plan))
+        cost = (simulated_cost(plan, self.graph, self.profile, self.cluster, give_up_ms=min(
+                    self.give_up_ms, best.iteration_ms * (1 + slack) if best else math.inf))
+                if self.simulated else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
+        self.last_ms = cost.iteration_ms
+        self.last_plan = plan if math.isfinite(cost.transfer_ms) else None
+        if self.finished is not None and self.last_plan is not None:
+            self.finished.append((self.last_ms, self.last_plan))
         if best is None or cost.iteration_ms < best.iteration_ms - 1e-9:
-            best = _Kept(iteration_ms=cost.iteration_ms, plan=plan, caps=caps, fused=fused,
-                         transfer_ms=cost.transfer_ms, planned=planned, home=home, label=label,
-                         spread=spread)
+            self.best = _Kept(iteration_ms=cost.iteration_ms, plan=plan, caps=caps, fused=fused,
+                              transfer_ms=cost.transfer_ms, planned=planned, home=home,
+                              label=label, spread=spread)
             return True
         return False
 
-    def consider_fused(cap: int) -> tuple[tuple[int, ...], bool, bool] | None:
+    def consider_bounds(self) -> list[int]:
+        """Each bound of `device_caps` for all levels, each also from the allocation that
+        spreads a level's spare devices over its flat MetaOps (`allocation.allocate_level`'s
+        `spread`) when the plan without simulated within NEAR_BEST of the best (or when no plan
+        fits: spread, a flat module's state is sharded by ZeRO). Returns the bounds under which
+        levels were scheduled, in order."""
+        for cap in self.bounds:
+            try:
+                _, capped_allocs = self.schedules.capped(cap)
+            except PlanInfeasible as e:
+                self.error = self.error or e
+                continue
+            if (self.best is not None
+                    and sum(a.lower_bound_ms for a in capped_allocs) >= self.best.iteration_ms):
+                # its compute alone (>= its C*) would outlast the best plan's whole iteration
+                continue
+            self.consider((cap,) * len(self.allocs), slack=NEAR_BEST)
+            if self.best is not None and (
+                    self.last_failed or self.last_ms <= self.best.iteration_ms * (1 + NEAR_BEST)):
+                self.consider((cap,) * len(self.allocs), spread=True)
+        made_caps = list(dict.fromkeys(cap for cap, _ in self.by_cap))
+        if self.best is None:
+            # nothing fits: spare devices spread a flat MetaOp's memory (and ZeRO shards it)
+            for cap in made_caps:
+                self.consider((cap,) * len(self.allocs), spread=True)
+        return made_caps
+
+    def consider_longest_level(self, made_caps: list[int]) -> None:
+        """The longest level alone under each other bound of `made_caps`, the other levels
+        keeping the kept plan's: it may do better under another bound than under the kept
+        one (long encoders computing on more than an island, the rest inside; multitask-clip
+        4 tasks on 32 devices: the encoders on the whole cluster, the short levels inside
+        islands); spread or not as the kept plan, the other way too where that does not fit."""
+        assert self.best is not None
+        caps, spread = self.best.caps, self.best.spread
+        longest = max(range(len(self.allocs)),
+                      key=lambda i: sum(w.duration_ms for w in self.levels(caps[i], spread)[i]))
+        for cap in made_caps:
+            if cap != caps[longest]:
+                mixed = caps[:longest] + (cap,) + caps[longest + 1:]
+                self.consider(mixed, spread=spread)
+                if self.last_failed:
+                    self.consider(mixed, spread=not spread)
+
+    def consider_fused(self, cap: int) -> tuple[tuple[int, ...], bool, bool] | None:
         """All levels at once under the smallest bound (one island on clusters that halve down
-        to it): there a level cannot be balanced by giving its long MetaOps more devices, so
-        its barrier idles the others' devices (`fused_waves`). Simulated only when it
+        to it; OFASys 4 tasks on 32 devices: each task's chain inside one node, no level
+        barriers): there a level cannot be balanced by giving its long MetaOps more devices,
+        so its barrier idles the others' devices (`fused_waves`). Simulated only when it
         computes faster than level by level under the same bound (or, when that schedule
         was pruned, than the best plan's whole iteration). Returns the runner-up, fused or
         not, where it simulated within NEAR_BEST of the best (as `consider_lighter`'s
         arguments): rebuilt to move fewer rows, either may win."""
-        bar_ms = (sum(w.duration_ms for level in by_cap[(cap, False)] for w in level)
-                  if (cap, False) in by_cap
-                  else best.iteration_ms if best is not None else math.inf)
+        before = self.best
+        bar_ms = (sum(w.duration_ms for level in self.by_cap[(cap, False)] for w in level)
+                  if (cap, False) in self.by_cap
+                  else before.iteration_ms if before is not None else math.inf)
         try:
-            capped, capped_allocs = schedules.capped(cap)
+            capped, capped_allocs = self.schedules.capped(cap)
         except PlanInfeasible:
             return None
-        fused = schedules.made(("fused", cap, True, False, False), max_ops, fused_waves,
-                               graph, capped, capped_allocs, n_dev)
+        fused = self.schedules.made(("fused", cap, True, False, False), self.max_ops,
+                                    fused_waves, self.graph, capped, capped_allocs, self.n_dev)
         if sum(w.duration_ms for w in fused) >= bar_ms - 1e-9:
             return None
-        before = best
-        if consider((cap,) * len(allocs), fused, fused=True, slack=NEAR_BEST):
-            assert best is not None
-            if before is not None and before.iteration_ms <= best.iteration_ms * (1 + NEAR_BEST):
+        fused_caps = (cap,) * len(self.allocs)
+        if self.consider(fused_caps, fused, fused=True, slack=NEAR_BEST):
+            assert self.best is not None
+            if (before is not None
+                    and before.iteration_ms <= self.best.iteration_ms * (1 + NEAR_BEST)):
                 return before.caps, before.fused, before.spread
-        elif best is not None and last_ms <= best.iteration_ms * (1 + NEAR_BEST):
-            return (cap,) * len(allocs), True, False
+        elif self.best is not None and self.last_ms <= self.best.iteration_ms * (1 + NEAR_BEST):
+            return fused_caps, True, False
         return None
 
-    def consider_lighter(caps: tuple[int, ...], fused: bool, spread: bool,
+    def consider_rebuilt(self, runner_up: tuple[tuple[int, ...], bool, bool] | None) -> None:
+        """The kept plan rebuilt to move fewer rows between ranks (`consider_lighter`: no
+        extension, or one device count per MetaOp; in the bench before the ZeRO all-gather was
+        simulated, multitask-clip 4 tasks on 32 devices: 49.5 ms instead of 53.1, qwen-val on
+        64: 813.0 instead of 862.5), and so is `consider_fused`'s runner-up; where the kept
+        plan spreads spare devices, the allocations before the spread on one count per MetaOp
+        too: spread allocations give flat MetaOps more devices, so their groups sync over more
+        ranks, and so does their rebuild on one count per MetaOp; that of the allocations as
+        they were may sync far less (a sweep case, four multitask-clip tasks on 2x6 GPUs:
+        79.9 ms against the spread rebuild's 97.0 and the kept plan's 95.1)."""
+        kept = self.best
+        assert kept is not None
+        self.consider_lighter(kept.caps, kept.fused, kept.spread)
+        if runner_up is not None:
+            self.consider_lighter(*runner_up)
+        if kept.spread and not kept.fused:
+            self.consider_lighter(kept.caps, False, False, one_count_only=True)
+
+    def consider_lighter(self, caps: tuple[int, ...], fused: bool, spread: bool,
                          one_count_only: bool = False) -> None:
         """The kept plan's schedule rebuilt, from allocations as `spread` as its own, to move
         fewer rows between ranks: with idle devices left idle (an extension gives a MetaOp
@@ -295,24 +386,37 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
             label = "one count per MetaOp" if one_count else "no extension"
             rebuilt: dict[int, list[list[PlannedWave]]] = {}
             for cap in sorted(set(caps)):
-                capped, capped_allocs = schedules.capped(cap, spread)
+                capped, capped_allocs = self.schedules.capped(cap, spread)
                 if one_count:
                     capped_allocs = [single_count(a) for a in capped_allocs]
                 if fused:
-                    consider(caps, schedules.made(
-                        ("fused", cap, extend, one_count, spread), max_ops, fused_waves,
-                        graph, capped, capped_allocs, n_dev, extend=extend),
+                    self.consider(caps, self.schedules.made(
+                        ("fused", cap, extend, one_count, spread), self.max_ops, fused_waves,
+                        self.graph, capped, capped_allocs, self.n_dev, extend=extend),
                         spread=spread, fused=True, label=label)
                 else:
-                    rebuilt[cap] = schedules.made(
-                        ("levels", cap, extend, one_count, spread), max_ops, level_waves,
-                        graph, capped, capped_allocs, n_dev, few_variants=cap != n_dev,
-                        extend=extend)
+                    rebuilt[cap] = self.schedules.made(
+                        ("levels", cap, extend, one_count, spread), self.max_ops, level_waves,
+                        self.graph, capped, capped_allocs, self.n_dev,
+                        few_variants=cap != self.n_dev, extend=extend)
             if not fused:
-                consider(caps, [w for level, cap in enumerate(caps)
-                                for w in rebuilt[cap][level]], spread=spread, label=label)
+                self.consider(caps, [w for level, cap in enumerate(caps)
+                                     for w in rebuilt[cap][level]], spread=spread, label=label)
 
-    def consider_task_stable() -> None:
+    def consider_first_wave_split(self) -> None:
+        """Under ZeRO-1/2, the kept plan with its first long wave split in two
+        (`split_first_long_wave`): a slice starts once the previous step's all-gather of its
+        first layer's bucket has arrived, and buckets are cut per wave into at most
+        `buckets.MAX_CHUNKS` chunks, so a short first wave's layers arrive sooner (in the
+        132-case quality sweep 22 cases 0.1-3.9% slower without it)."""
+        kept = self.best
+        assert kept is not None
+        split = split_first_long_wave(kept.planned)
+        if split is not None:
+            self.consider(kept.caps, split, spread=kept.spread, fused=kept.fused, home=kept.home,
+                          label=_labelled(kept.label, "first wave split"))
+
+    def consider_task_stable(self) -> None:
         """Each task on one device group through all its levels (`tasks.task_stable`), the
         levels fused, with and without extension: no rows re-split inside a task, where the
         level-by-level balance re-splits them at every level. The group sizes are
@@ -333,168 +437,114 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         neighbours differ from it by one device per task, so a near tie may tip (OFASys 7 tasks
         on 16 devices under the chunked buckets: the balanced counts 128.3 ms, the kept plan
         127.4, a neighbour 125.5)."""
-        assert best is not None
-        all_sizes = schedules.made(("task sizes",), None, task_sizes, graph, curves, n_dev)
+        assert self.best is not None
+        graph, curves, n_dev = self.graph, self.curves, self.n_dev
+        all_sizes = self.schedules.made(("task sizes",), None, task_sizes, graph, curves, n_dev)
         for k, sizes in enumerate(all_sizes):
-            stable = schedules.made(("task-stable", tuple(sizes)), None, task_stable,
-                                    allocs, graph, curves, cluster, sizes)
-            bar_ms = best.compute_and_wait_ms
+            stable = self.schedules.made(("task-stable", tuple(sizes)), None, task_stable,
+                                         self.allocs, graph, curves, self.cluster, sizes)
+            bar_ms = self.best.compute_and_wait_ms
             kept = near = False
             for extend in (True, False):
-                planned = schedules.made(("task-stable", tuple(sizes), extend), max_ops,
-                                         fused_waves, graph, curves, stable.allocs, n_dev,
-                                         extend=extend)
+                planned = self.schedules.made(("task-stable", tuple(sizes), extend),
+                                              self.max_ops, fused_waves, graph, curves,
+                                              stable.allocs, n_dev, extend=extend)
                 label = "task-stable" if extend else "task-stable, no extension"
                 if sum(w.duration_ms for w in planned) >= bar_ms:
                     continue
-                if consider((n_dev,) * len(allocs), planned, fused=True, label=label,
-                            slack=NEAR_BEST if k == 0 else 0.0):
+                if self.consider(self.whole_cluster, planned, fused=True, label=label,
+                                 slack=NEAR_BEST if k == 0 else 0.0):
                     kept = True
-                    consider((n_dev,) * len(allocs), planned, fused=True, home=stable.home,
-                             label=f"{label}, home ranks")
-                near = near or last_ms <= best.iteration_ms * (1 + NEAR_BEST)
+                    self.consider(self.whole_cluster, planned, fused=True, home=stable.home,
+                                  label=f"{label}, home ranks")
+                near = near or self.last_ms <= self.best.iteration_ms * (1 + NEAR_BEST)
             if k == 0 and not (kept or near):
                 return
 
-    def consider_lanes() -> None:
+    def consider_lanes(self) -> None:
         """Tasks one after another on lanes of equal device groups, each task on its lane's
         ranks (`tasks.task_lanes`), for clusters with fewer groups than tasks (tiny-clip's 4
         tasks on 2 CPU ranks: no rows between ranks until the gradient sync). Like the
         task-stable schedules, simulated only when the lanes' compute is below the kept
         plan's compute and transfer wait."""
-        assert best is not None
-        all_lanes = schedules.made(("task lanes",), None, task_lanes, graph, curves, cluster)
+        assert self.best is not None
+        all_lanes = self.schedules.made(("task lanes",), None, task_lanes, self.graph,
+                                        self.curves, self.cluster)
         for i, lanes in enumerate(all_lanes):
-            bar_ms = best.compute_and_wait_ms
+            bar_ms = self.best.compute_and_wait_ms
             if lanes.load_ms >= bar_ms:
                 continue
-            planned, home = schedules.made(("task lanes", i), max_ops, lane_waves,
-                                           graph, curves, lanes)
+            planned, home = self.schedules.made(("task lanes", i), self.max_ops, lane_waves,
+                                                self.graph, self.curves, lanes)
             if sum(w.duration_ms for w in planned) < bar_ms:
-                consider((n_dev,) * len(allocs), planned, fused=True, home=home,
-                         label=f"task lanes of {lanes.size}")
+                self.consider(self.whole_cluster, planned, fused=True, home=home,
+                              label=f"task lanes of {lanes.size}")
 
-    for cap in bounds:
-        try:
-            capped, capped_allocs = schedules.capped(cap)
-        except PlanInfeasible as e:
-            error = error or e
-            continue
-        if best is not None and sum(a.lower_bound_ms for a in capped_allocs) >= best.iteration_ms:
-            # its compute alone (>= its C*) would outlast the best plan's whole iteration
-            continue
-        consider((cap,) * len(allocs), slack=NEAR_BEST)
-        if best is not None and (last_failed or last_ms <= best.iteration_ms * (1 + NEAR_BEST)):
-            consider((cap,) * len(allocs), spread=True)
-    made_caps = list(dict.fromkeys(cap for cap, _ in by_cap))
-    if best is None:
-        # nothing fits: spare devices spread a flat MetaOp's memory (and ZeRO shards it)
-        for cap in made_caps:
-            consider((cap,) * len(allocs), spread=True)
-    if best is not None and len(made_caps) > 1:
-        # the longest level under the kept bound may do better under another bound while the
-        # others keep theirs (long encoders computing on more than an island, the rest inside)
-        caps, spread = best.caps, best.spread
-        longest = max(range(len(allocs)),
-                      key=lambda i: sum(w.duration_ms for w in levels(caps[i], spread)[i]))
-        for cap in made_caps:
-            if cap != caps[longest]:
-                mixed = caps[:longest] + (cap,) + caps[longest + 1:]
-                consider(mixed, spread=spread)
-                if last_failed:
-                    consider(mixed, spread=not spread)
-    runner_up = consider_fused(bounds[-1]) if len(allocs) > 1 and simulated else None
-    if best is not None and simulated:
-        kept = best
-        consider_lighter(kept.caps, kept.fused, kept.spread)
-        if runner_up is not None:
-            consider_lighter(*runner_up)
-        if kept.spread and not kept.fused:
-            # spread allocations give flat MetaOps more devices, so their groups sync over
-            # more ranks, and so does their rebuild on one count per MetaOp; that of the
-            # allocations as they were may sync far less (four multitask-clip tasks on 2x6
-            # GPUs: 79.9 ms against the spread rebuild's 97.0 and the kept plan's 95.1)
-            consider_lighter(kept.caps, False, False, one_count_only=True)
-    if best is not None and simulated and 1 <= options.zero <= 2:
-        kept = best
-        split = _split_first_long_wave(kept.planned)
-        if split is not None:
-            consider(kept.caps, split, spread=kept.spread, fused=kept.fused, home=kept.home,
-                     label=_labelled(kept.label, "first wave split"))
-    if best is not None and simulated and len(graph.tasks) > 1:
-        consider_task_stable()
-        consider_lanes()
-    own = best
-    if simulated:
-        # the baselines' schedules, so that Spindle's plan never simulates slower than theirs
-        # (also where none of Spindle's own fits: a baseline's may)
+    def consider_baselines(self) -> None:
+        """The three baselines' schedules, so that Spindle never simulates slower than a
+        baseline (tried, where simulated, even where none of Spindle's own fits: one may; a
+        quality sweep of 132 small cases found 11 where a baseline's schedule beat every one
+        of Spindle's own by 0.5-12%: an embedding's rows re-split between 3 and 1 devices, or,
+        before the forward waited for the ZeRO all-gather layer by layer, a 32-layer encoder
+        waiting in one wave for all of it across nodes)."""
+        graph, curves, n_dev, max_ops = self.graph, self.curves, self.n_dev, self.max_ops
         for name, planned in (("sequential", baselines.sequential(graph, curves, max_ops)),
                               ("optimus", baselines.optimus(graph, curves, n_dev, max_ops)),
                               ("distmm", baselines.distmm(graph, curves, n_dev, max_ops))):
             # simulated to the end within NEAR_BEST: a runner-up may gain more from finer
-            # gradient chunks (`fitting_plan_with_cost`)
-            consider((n_dev,) * len(allocs), planned, fused=True, label=f"{name}'s schedule",
-                     slack=NEAR_BEST)
-    if best is not None and simulated:
-        # when a baseline's schedule is the best, Spindle's own best (if any fits) is placed
-        # again too
+            # gradient chunks (`api.fitting_plan_with_cost`)
+            self.consider(self.whole_cluster, planned, fused=True, label=f"{name}'s schedule",
+                          slack=NEAR_BEST)
+
+    def consider_placed_again(self, own: _Kept | None) -> list[tuple[float, Plan]]:
+        """The kept plan's waves placed again with ranks reserved for the slices that would
+        keep their rows there (`placement.place`'s `reserve`), kept when that simulates
+        faster (in `spindle bench`, with the memory search: OFASys 4 tasks on 8 GPUs 108.4 ms
+        instead of 110.1, multitask-clip 7 tasks on 32 GPUs 105.2 instead of 109.9; 12 of the
+        17 cells below 256 GPUs gain), and on consecutive ranks as the sequential baseline
+        places them, kept when that simulates faster: island placement weighs inter-wave
+        flows, not where the gradient rings run (qwen-val on 64 GPUs: 716.1 ms on consecutive
+        ranks against 726.0, with less sync); when a baseline's schedule is kept, Spindle's
+        own best (`own`, if any fits) is placed those two ways as well (OFASys-small's
+        audio_asr and region_caption on 16-GiB devices: 18.02 ms against optimus's 18.78).
+        Returns Spindle's own best and its placements simulated to the end, with their
+        iterations."""
+        assert self.best is not None
         mine = [] if own is None else [(own.iteration_ms, own.plan)]
-        for kept in (best,) if own in (best, None) else (best, own):
+        for kept in (self.best,) if own in (self.best, None) else (self.best, own):
             ways: list[dict[str, Any]] = [{"home": kept.home, "reserve": kept.plan,
                                            "label": _labelled(kept.label, "reserved ranks")}]
-            if options.placement == "island":
+            if self.options.placement == "island":
                 ways.append({"label": _labelled(kept.label, "consecutive ranks"),
                              "consecutive": True})
             for way in ways:
-                consider(kept.caps, kept.planned, spread=kept.spread, fused=kept.fused, **way)
-                if kept is own and last_plan is not None:
-                    mine.append((last_ms, last_plan))
-        if "'s schedule" in best.label and backend_sync(cluster.backend) == "chunked":
-            # and both with finer gradient chunks (`fitting_plan_with_cost` tries them on the
-            # kept plan only): Spindle's own may gain more from them
-            theirs = finer_chunks((best.iteration_ms, best.plan), graph, profile, cluster,
-                                  give_up_ms=give_up_ms)
-            ours = (finer_chunks(min(mine, key=lambda m: m[0]), graph, profile, cluster,
-                                 give_up_ms=theirs[0]) if mine else theirs)
-            kept_ms, kept_plan = ours if ours[0] < theirs[0] - 1e-9 else theirs
-            return kept_plan, kept_ms
-    if best is None:
-        assert error is not None
-        raise error
-    return best.plan, best.iteration_ms if simulated else None
+                self.consider(kept.caps, kept.planned, spread=kept.spread, fused=kept.fused,
+                              **way)
+                if kept is own and self.last_plan is not None:
+                    mine.append((self.last_ms, self.last_plan))
+        return mine
 
-
-SPLIT_SHARE = 0.1
-"""The share of the compute from which a wave is long (`_split_first_long_wave`), and of its
-span that the short wave split off it takes."""
+    def finer_chunks_of_both(self, mine: list[tuple[float, Plan]]) -> tuple[Plan, float]:
+        """Where a baseline's schedule is still the best, it and Spindle's own best (the
+        fastest of `mine`) with finer gradient chunks (`finer_chunks`, which
+        `api.fitting_plan_with_cost` tries on the kept plan only): Spindle's own may gain more
+        from them (a sweep case, multitask-clip's vision-text task on 2 nodes of 6 GPUs under
+        ZeRO-1: Spindle's own 64.11 ms with 16 chunks, where DistMM-MT's schedule was kept at
+        67.49 with 4). The faster, with its simulated iteration."""
+        best = self.best
+        assert best is not None
+        graph, profile, cluster = self.graph, self.profile, self.cluster
+        theirs = finer_chunks((best.iteration_ms, best.plan), graph, profile, cluster,
+                              give_up_ms=self.give_up_ms)
+        ours = (finer_chunks(min(mine, key=lambda m: m[0]), graph, profile, cluster,
+                             give_up_ms=theirs[0]) if mine else theirs)
+        kept_ms, kept_plan = ours if ours[0] < theirs[0] - 1e-9 else theirs
+        return kept_plan, kept_ms
 
 
 def _labelled(label: str, more: str) -> str:
     """A kept candidate's label with what was done to it added."""
     return f"{label}, {more}" if label else more
-
-
-def _split_first_long_wave(planned: list[PlannedWave]) -> list[PlannedWave] | None:
-    """The waves with the first one that takes SPLIT_SHARE of the compute or more split in
-    two: a short wave of each slot's first operators up to SPLIT_SHARE of its span, then the
-    rest (None when that leaves either empty)."""
-    total = sum(w.duration_ms for w in planned)
-    i = next((i for i, w in enumerate(planned) if w.duration_ms >= SPLIT_SHARE * total), None)
-    if i is None:
-        return None
-    wave = planned[i]
-    span = SPLIT_SHARE * wave.duration_ms
-    first, rest = [], []
-    for s in wave.slots:
-        k = min(s.num_ops, int(span // s.op_time_ms)) if s.op_time_ms > 0 else s.num_ops
-        if k:
-            first.append(replace(s, num_ops=k))
-        if s.num_ops > k:
-            rest.append(replace(s, num_ops=s.num_ops - k))
-    if not first or not rest:
-        return None
-    return [*planned[:i], PlannedWave(level=wave.level, slots=tuple(first)),
-            PlannedWave(level=wave.level, slots=tuple(rest)), *planned[i + 1:]]
 
 
 def _tuples(allocs: list[LevelAllocation]) -> list[tuple[AslTuple, ...]]:
@@ -503,9 +553,10 @@ def _tuples(allocs: list[LevelAllocation]) -> list[tuple[AslTuple, ...]]:
 
 
 SYNC_CHUNK_CHOICES = (8, 16)
-"""The gradient chunk counts per wave (Plan.options `sync_chunks`) that `fitting_plan_with_cost`
-tries on the kept plan, besides `buckets.MAX_CHUNKS`. In `benchmarks/bench_sweep.py` adding 16
-to 8 made 12 of 132 cases 0.2-1.4% faster and none slower; adding 2 as well, 1 case 0.3%."""
+"""The gradient chunk counts per wave (Plan.options `sync_chunks`) that
+`api.fitting_plan_with_cost` tries on the kept plan, besides `buckets.MAX_CHUNKS`. In
+`benchmarks/bench_sweep.py` adding 16 to 8 made 12 of 132 cases 0.2-1.4% faster and none
+slower; adding 2 as well, 1 case 0.3%."""
 
 
 def finer_chunks(best: tuple[float, Plan], graph: MetaOpGraph, profile: Profile,

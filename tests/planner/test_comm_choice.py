@@ -343,14 +343,14 @@ def test_the_first_long_wave_is_split_so_its_gathers_overlap():
     planned = [PlannedWave(level=0, slots=(slot("a/e", 1, 0.1),)),
                PlannedWave(level=1, slots=(slot("a/x", 10, 1.0), slot("b/y", 5, 2.0),
                                            slot("c/z", 1, 5.0)))]
-    split = search._split_first_long_wave(planned)
+    split = schedules.split_first_long_wave(planned)
     assert split is not None and split[0] == planned[0]
     assert [(s.metaop, s.num_ops) for s in split[1].slots] == [("a/x", 1)]
     assert [(s.metaop, s.num_ops) for s in split[2].slots] == [("a/x", 9), ("b/y", 5),
                                                                 ("c/z", 1)]
     assert {w.level for w in split[1:]} == {1}
     # a wave no slot of which has an operator short enough to start it is left alone
-    assert search._split_first_long_wave([replace(planned[1], slots=planned[1].slots[1:])]) \
+    assert schedules.split_first_long_wave([replace(planned[1], slots=planned[1].slots[1:])]) \
         is None
 
     spec = load(str(ROOT / "models" / "multitask-clip.yaml"), ModelSpec)
