@@ -20,7 +20,8 @@ from typing import Any
 
 from spindle_cli.artifacts.base import Artifact
 from spindle_cli.artifacts.codec import json_schema
-from spindle_cli.artifacts.io import kinds, write_text_atomic
+from spindle_cli.artifacts.files import write_text_atomic
+from spindle_cli.artifacts.io import kinds
 from spindle_cli.errors import ArtifactError
 
 

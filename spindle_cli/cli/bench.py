@@ -31,7 +31,7 @@ import click
 from rich.table import Table
 
 from spindle_cli.artifacts import ClusterSpec, ModelSpec
-from spindle_cli.artifacts.io import check_can_create, output_file, write_text_atomic
+from spindle_cli.artifacts.files import check_can_create, output_file, write_text_atomic
 from spindle_cli.cli._console import err
 from spindle_cli.cli.common import check_parent, exit_with, load_input
 from spindle_cli.cli.views import print_table
@@ -335,7 +335,7 @@ def _swap_in(staging: Path, out_dir: Path, written: list[str], dropped: list[str
     """Move the files `written` from `staging` into `out_dir` and remove `dropped` from it, all
     or nothing: the files they replace are first moved aside into a hidden directory of
     `out_dir` (renames in one directory), and put back when any rename fails; a directory, or
-    a file `io.output_file` refuses (a read-only one), in the way stops the swap before
+    a file `files.output_file` refuses (a read-only one), in the way stops the swap before
     anything moves. Should putting them back fail too, they stay in that directory, which the
     error names. A file keeps the permission bits of the one it replaces; a symlink under one
     of these names is replaced like a file, not written through: the names are bench's own,
@@ -383,7 +383,7 @@ def _swap_in(staging: Path, out_dir: Path, written: list[str], dropped: list[str
 
 
 def _replaced(out_dir: Path, name: str) -> Path | None:
-    """The file that the swap's `name` replaces in `out_dir` (`io.output_file`; None where
+    """The file that the swap's `name` replaces in `out_dir` (`files.output_file`; None where
     there is none, or a symlink, which the swap replaces like a file); SpindleError where the
     swap would refuse it: a directory, or a file `output_file` refuses (a read-only one)."""
     entry = out_dir / name

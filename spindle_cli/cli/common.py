@@ -18,16 +18,14 @@ from spindle_cli.artifacts import (
 )
 from spindle_cli.artifacts.base import Artifact, DerivedArtifact
 from spindle_cli.artifacts.codec import shown
-from spindle_cli.artifacts.io import (
-    as_written,
+from spindle_cli.artifacts.files import (
     check_can_create,
     names_directory,
     output_file,
-    parse_artifact,
-    parse_text,
-    work_tree,
     write_rendered,
 )
+from spindle_cli.artifacts.io import as_written, parse_artifact, work_tree
+from spindle_cli.artifacts.parsing import parse_text
 from spindle_cli.cli._console import err
 from spindle_cli.cli.views.plan_diff import differences
 from spindle_cli.errors import (

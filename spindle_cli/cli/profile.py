@@ -23,7 +23,7 @@ from spindle_cli.artifacts import (
     load_recorded_input,
 )
 from spindle_cli.artifacts.base import InputRef
-from spindle_cli.artifacts.io import check_can_create
+from spindle_cli.artifacts.files import check_can_create
 from spindle_cli.artifacts.limits import MAX_DEVICES, MAX_DEVICES_WHY
 from spindle_cli.cli._console import err
 from spindle_cli.cli.common import (

@@ -14,7 +14,7 @@ import click
 from rich.table import Table
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_recorded_input
-from spindle_cli.artifacts.io import sha256
+from spindle_cli.artifacts.canonical import sha256
 from spindle_cli.artifacts.plan import PLACEMENTS
 from spindle_cli.cli._console import err, out
 from spindle_cli.cli.common import load_input, note_stale_graph

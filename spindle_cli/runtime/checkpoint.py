@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from spindle_cli.artifacts.io import check_can_create
+from spindle_cli.artifacts.files import check_can_create
 from spindle_cli.errors import ArtifactError, SpindleError
 from spindle_cli.runtime.dist import with_peers
 
@@ -93,7 +93,7 @@ def _refused(path: Path) -> Iterator[None]:
 
 def _atomic_torch_save(obj: Any, path: Path) -> None:
     """torch.save through a hidden temporary file, on disk (fsync) before it is renamed, as
-    `io.replace_atomic` makes every other file: a checkpoint committed and then lost with
+    `files.replace_atomic` makes every other file: a checkpoint committed and then lost with
     the machine's power must not hold a rank file the disk never got. A failed write is an
     output the machine refused (ArtifactError 'cannot write ...': the run ends with exit
     code 2, as every command's does) naming the file, the checkpoints before it left whole.

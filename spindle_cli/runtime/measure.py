@@ -44,8 +44,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from spindle_cli.artifacts.codec import from_data
+from spindle_cli.artifacts.files import write_text_atomic
 from spindle_cli.artifacts.graph import MetaOp
-from spindle_cli.artifacts.io import write_text_atomic
 from spindle_cli.artifacts.limits import MAX_MS
 from spindle_cli.artifacts.model import ModuleSpec
 from spindle_cli.artifacts.profile import OptimizerCost, tp_degree

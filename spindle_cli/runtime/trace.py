@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from spindle_cli.artifacts.io import write_text_atomic
+from spindle_cli.artifacts.files import write_text_atomic
 from spindle_cli.artifacts.plan import MEMORY_CATEGORIES, STATE_CATEGORIES, Plan, Slice
 from spindle_cli.units import fmt_bytes
 
@@ -134,7 +134,7 @@ def trace_document(rank_events: list[list[dict[str, Any]]], origins_wall_ns: lis
 
 
 def write_json(document: dict[str, Any], path: str) -> None:
-    """Write JSON atomically (`io.write_text_atomic`)."""
+    """Write JSON atomically (`files.write_text_atomic`)."""
     write_text_atomic(path, json.dumps(document, indent=1, sort_keys=True) + "\n")
 
 

@@ -38,7 +38,7 @@ from spindle_cli.artifacts import (
     load_recorded_input,
     sha256,
 )
-from spindle_cli.artifacts.io import (
+from spindle_cli.artifacts.files import (
     check_can_create,
     names_directory,
     output_file,
@@ -190,7 +190,7 @@ def check_options(opts: TrainOptions, *, timeout_s: float, holder: bool = True) 
 
 def _check_output_path(flag: str, path: str, suffix: str, what: str) -> None:
     """A file a run writes (a Chrome trace at its end, `trace.write_json`; its metrics step by
-    step, `Metrics`) into an existing directory, where `io.output_file` lets it be written
+    step, `Metrics`) into an existing directory, where `files.output_file` lets it be written
     and a file can be created (`check_can_create`, in the directory of a symlink's
     target)."""
     target = Path(path)
@@ -578,7 +578,7 @@ def _cannot_write(target: str, e: OSError, hint: str | None = None) -> ArtifactE
 
 def _refused_output(e: BaseException) -> str | None:
     """The error line of an output the machine refused (`<file or stdout>: cannot write:
-    <why>`, an ArtifactError as `io` and `print_line` raise it), or None."""
+    <why>`, an ArtifactError as `files` and `print_line` raise it), or None."""
     if isinstance(e, ArtifactError) and e.problem.startswith("cannot write"):
         return str(e)
     return None

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from spindle_cli.artifacts import ClusterSpec, ModelSpec, input_ref
+from spindle_cli.artifacts.canonical import render
 from spindle_cli.artifacts.codec import (
     FLOAT_DIGITS,
     canonical_float,
@@ -19,7 +20,7 @@ from spindle_cli.artifacts.codec import (
     meta,
     to_data,
 )
-from spindle_cli.artifacts.io import parse_artifact, render
+from spindle_cli.artifacts.io import parse_artifact
 from spindle_cli.errors import FieldError
 from spindle_cli.planner.graph import build_graph
 

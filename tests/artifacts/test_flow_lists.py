@@ -1,17 +1,17 @@
 """How artifacts write lists: integers on one line, anything else a line per item, alike from
-both YAML emitters (`io._dump` takes libyaml's where every string is printable ASCII)."""
+both YAML emitters (`canonical._dump` takes libyaml's where every string is printable ASCII)."""
 
 from __future__ import annotations
 
 import yaml
 
-from spindle_cli.artifacts import io
+from spindle_cli.artifacts import canonical
 
 
 def test_a_list_of_integers_is_one_line_and_reads_back_the_same():
     data = {"ranks": [4, 5, 6, 7], "ids": ["w0.0", "w0.1"], "empty": [], "nested": [[0, 1]],
             "long": list(range(64))}
-    text = io._dump(data)
+    text = canonical._dump(data)
     lines = text.splitlines()
     assert "ranks: [4, 5, 6, 7]" in lines
     assert lines[lines.index("ids:") + 1:lines.index("ids:") + 3] == ["- w0.0", "- w0.1"]
@@ -19,7 +19,7 @@ def test_a_list_of_integers_is_one_line_and_reads_back_the_same():
     # a long list wraps once past the width (100 columns), an item at a time
     assert lines[-1].startswith("  ") and max(map(len, lines)) < 110
     assert yaml.safe_load(text) == data
-    for dumper in (io._Dumper, io._FastDumper):
+    for dumper in (canonical._Dumper, canonical._FastDumper):
         assert yaml.dump(data, Dumper=dumper, sort_keys=False, default_flow_style=False,
                          width=100) == text
 
@@ -31,6 +31,6 @@ def test_an_empty_value_takes_the_fast_emitter_and_an_empty_key_does_not():
                        ({"a": [{"b": ""}, ""]}, True),
                        ({"": 1}, False),
                        ({"a": "tab\there"}, False)):
-        assert io._printable_ascii(data) is fast
-        assert io._dump(data) == yaml.dump(data, Dumper=io._Dumper, sort_keys=False,
-                                           default_flow_style=False, width=100)
+        assert canonical._printable_ascii(data) is fast
+        assert canonical._dump(data) == yaml.dump(data, Dumper=canonical._Dumper, sort_keys=False,
+                                                  default_flow_style=False, width=100)

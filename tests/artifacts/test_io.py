@@ -29,14 +29,8 @@ from spindle_cli.artifacts import (
     sha256,
     write_artifact,
 )
-from spindle_cli.artifacts.io import (
-    _FastLoader,
-    _SlowLoader,
-    as_written,
-    derived_header,
-    parse_artifact,
-    read_data,
-)
+from spindle_cli.artifacts.io import as_written, derived_header, parse_artifact
+from spindle_cli.artifacts.parsing import _FastLoader, _SlowLoader, read_data
 from spindle_cli.errors import ArtifactError
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.profiling import analytic_profile
@@ -429,7 +423,7 @@ def test_both_yaml_emitters_write_the_same_bytes(data: dict[str, object]) -> Non
     """Artifacts are written by libyaml's emitter where it writes what the Python emitter
     does (printable ASCII strings), else by the Python one: an artifact's data (a mapping)
     renders byte for byte as the pure-Python emitter renders it."""
-    from spindle_cli.artifacts.io import _dump, _Dumper
+    from spindle_cli.artifacts.canonical import _dump, _Dumper
 
     text = _dump(data)
     assert text == yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False,

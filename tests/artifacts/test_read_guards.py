@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from spindle_cli.artifacts import ClusterSpec, io, load, load_artifact
-from spindle_cli.artifacts.io import read_data
+from spindle_cli.artifacts import ClusterSpec, load, load_artifact, parsing
+from spindle_cli.artifacts.parsing import read_data
 from spindle_cli.errors import ArtifactError
 
 CLUSTER_YAML = """\
@@ -301,7 +301,7 @@ def test_many_integer_lists_are_not_parsed_twice(tmp_path, monkeypatch):
     def parsed(*args, **kwargs):
         raise AssertionError("parsed for its depth")
 
-    monkeypatch.setattr(io.yaml, "parse", parsed)
+    monkeypatch.setattr(parsing.yaml, "parse", parsed)
     assert read_data(str(path))["r1999"] == [1999, 2000, 2001]
     # one integer list inside deep nesting still counts
     path.write_text("a: " + "[" * 999 + "[1, 2]" + "]" * 999 + "\n")

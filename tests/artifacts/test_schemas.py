@@ -14,7 +14,8 @@ import pytest
 
 from spindle_cli.artifacts import ModelSpec, input_ref, load
 from spindle_cli.artifacts.codec import to_data
-from spindle_cli.artifacts.io import kinds, load_artifact, parse_artifact, read_data
+from spindle_cli.artifacts.io import kinds, load_artifact, parse_artifact
+from spindle_cli.artifacts.parsing import read_data
 from spindle_cli.artifacts.schema import main, schema_files, stale_schemas, write_schemas
 from spindle_cli.errors import ArtifactError
 from spindle_cli.planner.graph import build_graph

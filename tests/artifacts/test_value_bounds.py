@@ -14,7 +14,8 @@ import pytest
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, Plan, Profile
 from spindle_cli.artifacts.base import Artifact
-from spindle_cli.artifacts.io import parse_artifact, read_data
+from spindle_cli.artifacts.io import parse_artifact
+from spindle_cli.artifacts.parsing import read_data
 from spindle_cli.errors import ArtifactError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,9 @@ from spindle_cli.artifacts import (
     load,
     rendered_for,
 )
-from spindle_cli.artifacts.io import input_ref, render, write_artifact
+from spindle_cli.artifacts.canonical import render
+from spindle_cli.artifacts.files import write_artifact
+from spindle_cli.artifacts.io import input_ref
 from spindle_cli.artifacts.profile import ProfilePoint
 from spindle_cli.errors import FieldError, NoValidCount, PlanInfeasible, SpindleError
 from spindle_cli.planner import placement

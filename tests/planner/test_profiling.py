@@ -12,7 +12,8 @@ import pytest
 from plan_builders import curve as hand_curve
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, ModelSpec, load
-from spindle_cli.artifacts.io import parse_artifact, render
+from spindle_cli.artifacts.canonical import render
+from spindle_cli.artifacts.io import parse_artifact
 from spindle_cli.artifacts.profile import Fingerprint, ProfilePoint
 from spindle_cli.errors import SpindleError
 from spindle_cli.planner import roofline, scaling

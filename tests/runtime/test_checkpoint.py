@@ -125,7 +125,7 @@ def test_a_damaged_checkpoint_whose_predecessors_are_damaged_too_says_so(
 
 def test_a_rank_file_is_on_disk_before_it_is_renamed(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every other file Spindle writes is fsynced before its rename (`io.replace_atomic`);
+    """Every other file Spindle writes is fsynced before its rename (`files.replace_atomic`);
     the rank files were not, so a checkpoint committed just before a power loss could hold
     one the disk never got."""
     events: list[str] = []

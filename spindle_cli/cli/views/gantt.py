@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from spindle_cli.artifacts.io import replace_atomic
+from spindle_cli.artifacts.files import replace_atomic
 from spindle_cli.artifacts.plan import Plan
 from spindle_cli.cli.common import check_output
 from spindle_cli.errors import SpindleError
