@@ -12,22 +12,22 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
 
-from spindle_cli.artifacts import Plan
-from spindle_cli.artifacts.base import Artifact
+from spindle_cli.artifacts import ClusterSpec, MetaOp, MetaOpGraph, Plan, Profile
 from spindle_cli.cli._console import out
 from spindle_cli.cli.common import load_input
 from spindle_cli.cli.simulate import load_plan_inputs
 from spindle_cli.cli.views import print_table, rank_text
 from spindle_cli.cli.views.plan import mixed_waves
 from spindle_cli.errors import SpindleError
-from spindle_cli.planner.allocation import OpCurve, op_time_ms
+from spindle_cli.planner.allocation import LevelAllocation, OpAllocation, OpCurve, op_time_ms
 
-A = TypeVar("A", bound=Artifact)
+if TYPE_CHECKING:
+    from spindle_cli.planner.options import PlanOptions
 
 
 @click.command()
@@ -35,15 +35,24 @@ A = TypeVar("A", bound=Artifact)
 @click.argument("metaop_id", metavar="METAOP")
 def explain(plan_path: str, metaop_id: str) -> None:
     """Explain the allocation and the waves of one MetaOp of PLAN."""
-    from spindle_cli.planner import scaling
-    from spindle_cli.planner.allocation import MIN_GAIN
-    from spindle_cli.planner.exact import exact_packing_ms
     from spindle_cli.planner.options import PlanOptions
-    from spindle_cli.planner.schedules import allocate, options_curves, planned_counts
-    from spindle_cli.planner.search import NEAR_BEST
+    from spindle_cli.planner.schedules import options_curves
 
     plan = load_input(plan_path, Plan)
     graph, profile, cluster, graph_path, profile_path = load_plan_inputs(plan, plan_path)
+    _check_metaop(metaop_id, graph, plan_path, graph_path)
+    m = graph.metaop(metaop_id)
+    options = PlanOptions.of(plan)
+    curves = options_curves(graph, profile, cluster, options, profile_name=profile_path)
+    _print_curve(m, curves[m.id], profile)
+    _print_counts_not_used(m, curves[m.id], plan, profile, cluster, options)
+    level = _print_allocation(m, plan, graph, curves)
+    _print_waves(m, plan)
+    _print_level_time(m, plan, graph, curves, cluster, level)
+
+
+def _check_metaop(metaop_id: str, graph: MetaOpGraph, plan_path: str, graph_path: str) -> None:
+    """SpindleError unless `graph` has the MetaOp, with a hint of the ids it may mean."""
     ids = [m.id for m in graph.metaops]
     if metaop_id not in ids:
         # the same module in other tasks, else ids spelled alike ('' names no module)
@@ -54,10 +63,12 @@ def explain(plan_path: str, metaop_id: str) -> None:
                 f"a MetaOp is TASK/MODULE, such as {ids[0]}: `spindle show {graph_path}` lists "
                 f"all {len(ids)}")
         raise SpindleError(f"{plan_path}: no MetaOp {metaop_id!r}", hint=hint)
-    m = graph.metaop(metaop_id)
-    options = PlanOptions.of(plan)
-    curves = options_curves(graph, profile, cluster, options, profile_name=profile_path)
-    oc = curves[m.id]
+
+
+def _print_curve(m: MetaOp, oc: OpCurve, profile: Profile) -> None:
+    """The MetaOp's line, and its scaling curve at the valid device counts."""
+    from spindle_cli.planner import scaling
+
     out.print(f"{m.id}: {m.num_layers} x {m.layer_kind} of module {m.module} (layers "
               f"[{m.first_layer}:{m.first_layer + m.num_layers})), batch {m.batch_size}, "
               f"level {m.level}; signature {m.signature}")
@@ -72,6 +83,15 @@ def explain(plan_path: str, metaop_id: str) -> None:
         table.add_row(str(n), scaling.strategy(oc.curve, n), f"{t:.4f}",
                       f"{m.num_layers * t:.3f}", f"{s:.2f}", source)
     print_table(table)
+
+
+def _print_counts_not_used(m: MetaOp, oc: OpCurve, plan: Plan, profile: Profile,
+                           cluster: ClusterSpec, options: PlanOptions) -> None:
+    """Why the device counts the curve or the profile has but the allocation does not use are
+    left out: not planned (tensor parallelism), not offered (no faster), not valid."""
+    from spindle_cli.planner import scaling
+    from spindle_cli.planner.schedules import planned_counts
+
     offered = planned_counts(oc.curve, plan.num_devices, uneven=options.uneven_splits,
                              tensor_parallel=options.tensor_parallel,
                              island_size=cluster.island_size)
@@ -101,11 +121,42 @@ def explain(plan_path: str, metaop_id: str) -> None:
                   "device(s), where the profile has no point this MetaOp can use (out of "
                   "memory, a tensor-parallel degree that does not fit, or slower than fewer "
                   "devices)")
+
+
+def _print_allocation(m: MetaOp, plan: Plan, graph: MetaOpGraph,
+                      curves: dict[str, OpCurve]) -> LevelAllocation:
+    """The MetaOp's n* against its level's C*, the allocation the plan was made from, and its
+    bi-point tuples before and after rounding; returns its level's allocation."""
+    from spindle_cli.planner.schedules import allocate
+
     # a plan kept from the allocation that spreads spare devices is explained by it
     spread = "spare devices spread" in plan.candidate
     [level] = [a for a in allocate(graph, curves, plan.num_devices, spread=spread)
                if a.level == m.level]
     a = next(x for x in level.ops if x.metaop == m.id)
+    _print_n_star(m, curves[m.id], level, a)
+    [other] = [x for lvl in allocate(graph, curves, plan.num_devices, spread=not spread)
+               if lvl.level == m.level for x in lvl.ops if x.metaop == m.id]
+    if not math.isclose(other.n_star, a.n_star, rel_tol=1e-9):
+        _print_spread(a, other, spread)
+    if a.n_lo == a.n_hi:
+        lo = " (n* is a valid count: one tuple)"
+    else:
+        lo = ", dummy (n = 0)" if a.n_lo == 0 else f", ({a.n_lo}, {a.ops_lo:.2f})"
+    out.print(f"tuples before rounding (n, ops): ({a.n_hi}, {a.ops_hi:.2f}){lo}")
+    out.print("tuples after rounding: "
+              + ", ".join(f"({t.n}, {t.num_ops})" for t in a.tuples))
+    if plan.planner != "spindle":
+        out.print(f"the plan is the {plan.planner} baseline's, which does not use the allocator: "
+                  "the waves below, not these tuples, are what it runs")
+    elif plan.candidate:
+        out.print(f"the plan is Spindle's candidate '{plan.candidate}': the waves below, not "
+                  "these tuples, are what it runs")
+    return level
+
+
+def _print_n_star(m: MetaOp, oc: OpCurve, level: LevelAllocation, a: OpAllocation) -> None:
+    """The level's C* and the MetaOp's n*, between which valid counts it lies."""
     c_star = level.lower_bound_ms
     # the bi-point split takes the nearest counts on the concave envelope of the speedup
     # curve; a valid count between them (--uneven-splits) lies below it
@@ -124,31 +175,27 @@ def explain(plan_path: str, metaop_id: str) -> None:
                   "speedup curves, as plan, show and simulate count it); n* = "
                   f"{a.n_star:.3f} where every MetaOp ends at {level.c_star_ms:.3f} ms on the "
                   f"curves themselves ({between})")
-    [other] = [x for lvl in allocate(graph, curves, plan.num_devices, spread=not spread)
-               if lvl.level == m.level for x in lvl.ops if x.metaop == m.id]
-    if not math.isclose(other.n_star, a.n_star, rel_tol=1e-9):
-        fewest, spare = (other, a) if spread else (a, other)
-        said = (f"the relaxed optimum (sum n* = N) gives it {spare.n_star:.3f} devices, the "
-                f"level's spare ones with them; on {fewest.n_star:.0f} it already ends within "
-                f"{MIN_GAIN:.1%} of C*")
-        out.print(f"{said}: this plan was made from the relaxed optimum's allocation, spare "
-                  "devices spread (Spindle allocates the fewest first)" if spread else
-                  f"{said}, so Spindle allocates that (and the spread allocation where the "
-                  f"plan without it simulates within {NEAR_BEST:.0%} of the best, or does not "
-                  "fit)")
-    if a.n_lo == a.n_hi:
-        lo = " (n* is a valid count: one tuple)"
-    else:
-        lo = ", dummy (n = 0)" if a.n_lo == 0 else f", ({a.n_lo}, {a.ops_lo:.2f})"
-    out.print(f"tuples before rounding (n, ops): ({a.n_hi}, {a.ops_hi:.2f}){lo}")
-    out.print("tuples after rounding: "
-              + ", ".join(f"({t.n}, {t.num_ops})" for t in a.tuples))
-    if plan.planner != "spindle":
-        out.print(f"the plan is the {plan.planner} baseline's, which does not use the allocator: "
-                  "the waves below, not these tuples, are what it runs")
-    elif plan.candidate:
-        out.print(f"the plan is Spindle's candidate '{plan.candidate}': the waves below, not "
-                  "these tuples, are what it runs")
+
+
+def _print_spread(a: OpAllocation, other: OpAllocation, spread: bool) -> None:
+    """Where allocating the fewest devices (`a` unless `spread`) and spreading the spare ones
+    (`other` unless `spread`) give the MetaOp other n*: which the plan was made from."""
+    from spindle_cli.planner.allocation import MIN_GAIN
+    from spindle_cli.planner.search import NEAR_BEST
+
+    fewest, spare = (other, a) if spread else (a, other)
+    said = (f"the relaxed optimum (sum n* = N) gives it {spare.n_star:.3f} devices, the "
+            f"level's spare ones with them; on {fewest.n_star:.0f} it already ends within "
+            f"{MIN_GAIN:.1%} of C*")
+    out.print(f"{said}: this plan was made from the relaxed optimum's allocation, spare "
+              "devices spread (Spindle allocates the fewest first)" if spread else
+              f"{said}, so Spindle allocates that (and the spread allocation where the "
+              f"plan without it simulates within {NEAR_BEST:.0%} of the best, or does not "
+              "fit)")
+
+
+def _print_waves(m: MetaOp, plan: Plan) -> None:
+    """The table of the plan's slices that run the MetaOp, wave by wave."""
     waves = Table(title="waves running it")
     for col in ("wave", "start ms", "wave ms", "ops", "ranks", "strategy", "slice ms"):
         waves.add_column(col, justify="right")
@@ -158,6 +205,15 @@ def explain(plan_path: str, metaop_id: str) -> None:
                           f"[{s.first}:{s.last})", rank_text(s.ranks), s.strategy,
                           f"{s.time_ms:.3f}")
     print_table(waves)
+
+
+def _print_level_time(m: MetaOp, plan: Plan, graph: MetaOpGraph, curves: dict[str, OpCurve],
+                      cluster: ClusterSpec, level: LevelAllocation) -> None:
+    """The level's planned time against its C* and against the exact packing of its tuples
+    (small levels), or why no planned time compares (waves that run several levels)."""
+    from spindle_cli.planner.exact import exact_packing_ms
+
+    c_star = level.lower_bound_ms
     planned = next((lv.estimated_ms for lv in plan.levels if lv.level == m.level), 0.0)
     tuples = [(t.metaop, t.n, t.num_ops * curves[t.metaop].time_at(t.n))
               for x in level.ops for t in x.tuples]
