@@ -5,6 +5,7 @@ producer version and input paths are not compared."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from spindle_cli.artifacts import Plan
 from spindle_cli.artifacts.codec import to_data
@@ -106,24 +107,50 @@ def figures(a: Plan, b: Plan) -> dict[str, object]:
 
 def differences(a: Plan, b: Plan) -> list[str]:
     """Human-readable lines, one per difference; empty when the plans are the same."""
-    lines: list[str] = []
     # options as the plans mean them: a missing key is the default
     da = {k: v for k, v in to_data(a).items() if k not in _HEADER} | {"options": _options(a)}
     db = {k: v for k, v in to_data(b).items() if k not in _HEADER} | {"options": _options(b)}
     if da == db:
-        return lines
-    for key in ("model", "cluster", "planner", "candidate", "num_devices"):
-        if da[key] != db[key]:
-            lines.append(f"{key}: {da[key] or '(none)'} -> {db[key] or '(none)'}")
+        return []
+    lines = _setting_lines(a, b, da, db)
+    lines += _allocation_lines(a, b)
+    lines += _wave_lines(a, b)
+    lines += _estimate_lines(a, b)
+    lines += _memory_lines(a, b)
+    if da["transfers"] != db["transfers"]:
+        lines.append(_transfer_line(a, b))
+    if da["param_groups"] != db["param_groups"]:
+        lines.append(_param_group_line(a, b))
+    if not lines:
+        lines.append("other fields differ")
+    return lines
+
+
+def _setting_lines(a: Plan, b: Plan, da: dict[str, Any], db: dict[str, Any]) -> list[str]:
+    """What the plans were made for and how: model, cluster, planner, candidate, devices,
+    islands and options (`da`, `db`: the plans' data, their options spelled out)."""
+    lines = [f"{key}: {da[key] or '(none)'} -> {db[key] or '(none)'}"
+             for key in ("model", "cluster", "planner", "candidate", "num_devices")
+             if da[key] != db[key]]
     if a.islands != b.islands:
         lines.append(f"islands: {_islands(a)} -> {_islands(b)}")
     # one line per option that differs (the planner has its own line above)
     lines += [f"option {k}: {v} -> {db['options'][k]}" for k, v in da["options"].items()
               if v != db["options"][k]]
+    return lines
+
+
+def _allocation_lines(a: Plan, b: Plan) -> list[str]:
+    """A line per MetaOp whose allocation differs."""
     alloc_a, alloc_b = allocations(a), allocations(b)
-    for m in sorted(set(alloc_a) | set(alloc_b)):
-        if alloc_a.get(m) != alloc_b.get(m):
-            lines.append(f"allocation {m}: {alloc_a.get(m, '-')} -> {alloc_b.get(m, '-')}")
+    return [f"allocation {m}: {alloc_a.get(m, '-')} -> {alloc_b.get(m, '-')}"
+            for m in sorted(set(alloc_a) | set(alloc_b)) if alloc_a.get(m) != alloc_b.get(m)]
+
+
+def _wave_lines(a: Plan, b: Plan) -> list[str]:
+    """The waves' count and the waves that run other slices; where every wave runs the same
+    slices, what differs within them (`_same_wave_lines`)."""
+    lines: list[str] = []
     shape_a, shape_b = _wave_shape(a), _wave_shape(b)
     if len(shape_a) != len(shape_b):
         lines.append(f"waves: {len(shape_a)} -> {len(shape_b)}")
@@ -132,30 +159,44 @@ def differences(a: Plan, b: Plan) -> list[str]:
         lines.append(f"waves with other slices: {', '.join(map(str, changed[:20]))}"
                      + (" ..." if len(changed) > 20 else ""))
     if shape_a == shape_b:
-        # slices matched by what they run, not by their order within the wave
-        slices_b = {(w.index, s.metaop, s.first, s.last): s for w, s in b.slices()}
-        pairs = [(s, slices_b[(w.index, s.metaop, s.first, s.last)]) for w, s in a.slices()]
-        moved = sum(1 for sa, sb in pairs if sa.ranks != sb.ranks)
-        if moved:
-            lines.append(f"placement: {moved} slice(s) on other ranks")
-        retimed = [f"{sa.id} {sa.metaop} {_change_ms(sa.time_ms, sb.time_ms)}"
-                   for sa, sb in pairs if sa.time_ms != sb.time_ms]
-        if retimed:
-            lines.append(f"slice estimates: {len(retimed)} slice(s) with other times: "
-                         + _first(retimed))
-        waves = list(zip(a.waves, b.waves, strict=True))
-        longer = [f"wave {x.index} {_change_ms(x.duration_ms, y.duration_ms)}"
-                  for x, y in waves if x.duration_ms != y.duration_ms]
-        moved_start = sum(1 for x, y in waves if x.start_ms != y.start_ms)
-        if longer or moved_start:
-            parts = ([f"{len(longer)} wave(s) with another duration: {_first(longer)}"]
-                     if longer else [])
-            parts += [f"{moved_start} wave(s) starting at another time"] if moved_start else []
-            lines.append(f"wave estimates: {'; '.join(parts)}")
-        relabelled = [f"wave {x.index} {x.level} -> {y.level}" for x, y in waves
-                      if x.level != y.level]
-        if relabelled:
-            lines.append(f"wave levels: {', '.join(relabelled)}")
+        lines += _same_wave_lines(a, b)
+    return lines
+
+
+def _same_wave_lines(a: Plan, b: Plan) -> list[str]:
+    """For plans whose waves run the same slices: their placement, the slices' and waves'
+    estimates and the waves' levels."""
+    lines: list[str] = []
+    # slices matched by what they run, not by their order within the wave
+    slices_b = {(w.index, s.metaop, s.first, s.last): s for w, s in b.slices()}
+    pairs = [(s, slices_b[(w.index, s.metaop, s.first, s.last)]) for w, s in a.slices()]
+    moved = sum(1 for sa, sb in pairs if sa.ranks != sb.ranks)
+    if moved:
+        lines.append(f"placement: {moved} slice(s) on other ranks")
+    retimed = [f"{sa.id} {sa.metaop} {_change_ms(sa.time_ms, sb.time_ms)}"
+               for sa, sb in pairs if sa.time_ms != sb.time_ms]
+    if retimed:
+        lines.append(f"slice estimates: {len(retimed)} slice(s) with other times: "
+                     + _first(retimed))
+    waves = list(zip(a.waves, b.waves, strict=True))
+    longer = [f"wave {x.index} {_change_ms(x.duration_ms, y.duration_ms)}"
+              for x, y in waves if x.duration_ms != y.duration_ms]
+    moved_start = sum(1 for x, y in waves if x.start_ms != y.start_ms)
+    if longer or moved_start:
+        parts = ([f"{len(longer)} wave(s) with another duration: {_first(longer)}"]
+                 if longer else [])
+        parts += [f"{moved_start} wave(s) starting at another time"] if moved_start else []
+        lines.append(f"wave estimates: {'; '.join(parts)}")
+    relabelled = [f"wave {x.index} {x.level} -> {y.level}" for x, y in waves
+                  if x.level != y.level]
+    if relabelled:
+        lines.append(f"wave levels: {', '.join(relabelled)}")
+    return lines
+
+
+def _estimate_lines(a: Plan, b: Plan) -> list[str]:
+    """The estimated compute, C*, and each level's estimate and C*; the levels' numbers."""
+    lines: list[str] = []
     if a.estimated_iteration_ms != b.estimated_iteration_ms:
         delta = b.estimated_iteration_ms - a.estimated_iteration_ms
         rel = (f", {delta / a.estimated_iteration_ms:+.1%}" if a.estimated_iteration_ms
@@ -175,6 +216,13 @@ def differences(a: Plan, b: Plan) -> list[str]:
     numbers_a, numbers_b = ([str(lv.level) for lv in p.levels] for p in (a, b))
     if numbers_a != numbers_b:
         lines.append(f"levels: {', '.join(numbers_a)} -> {', '.join(numbers_b)}")
+    return lines
+
+
+def _memory_lines(a: Plan, b: Plan) -> list[str]:
+    """The peak memory of a rank, and the ranks whose memory changed: in which categories,
+    and the most on one rank."""
+    lines: list[str] = []
     peak_a, peak_b = _peak(a), _peak(b)
     if peak_a != peak_b:
         lines.append(f"peak memory: {_bytes_change(peak_a, peak_b)}")
@@ -196,26 +244,29 @@ def differences(a: Plan, b: Plan) -> list[str]:
                    if change(most) else "")
         lines.append(f"memory changed on {len(ranks_changed)} rank(s) {where}: "
                      f"{', '.join(categories)}{biggest}")
-    if da["transfers"] != db["transfers"]:
-        moved_a = sum(t.bytes for t in a.transfers if t.src_ranks != t.dst_ranks)
-        moved_b = sum(t.bytes for t in b.transfers if t.src_ranks != t.dst_ranks)
-        if ([t.bytes for t in a.transfers], moved_a) != ([t.bytes for t in b.transfers],
-                                                         moved_b):
-            total_a, total_b = (sum(t.bytes for t in p.transfers) for p in (a, b))
-            lines.append(f"transfers: {len(a.transfers)} -> {len(b.transfers)}; bytes "
-                         f"{_bytes_change(total_a, total_b)}, between different ranks "
-                         f"{_bytes_change(moved_a, moved_b)}")
-        else:
-            lines.append(f"transfers: the same {len(a.transfers)}, {fmt_bytes(moved_a)} "
-                         "between different ranks, on other ranks or slices")
-    if da["param_groups"] != db["param_groups"]:
-        if [g.bytes for g in a.param_groups] != [g.bytes for g in b.param_groups]:
-            total_a, total_b = (sum(g.bytes for g in p.param_groups) for p in (a, b))
-            lines.append(f"parameter groups: {len(a.param_groups)} -> {len(b.param_groups)}; "
-                         f"bytes {_bytes_change(total_a, total_b)}")
-        else:
-            lines.append(f"parameter groups: the same {len(a.param_groups)}, on other ranks "
-                         "or layers")
-    if not lines:
-        lines.append("other fields differ")
     return lines
+
+
+def _transfer_line(a: Plan, b: Plan) -> str:
+    """How the transfers of two plans whose transfers differ differ: in count and bytes, or
+    the same bytes on other ranks or slices."""
+    moved_a = sum(t.bytes for t in a.transfers if t.src_ranks != t.dst_ranks)
+    moved_b = sum(t.bytes for t in b.transfers if t.src_ranks != t.dst_ranks)
+    if ([t.bytes for t in a.transfers], moved_a) != ([t.bytes for t in b.transfers],
+                                                     moved_b):
+        total_a, total_b = (sum(t.bytes for t in p.transfers) for p in (a, b))
+        return (f"transfers: {len(a.transfers)} -> {len(b.transfers)}; bytes "
+                f"{_bytes_change(total_a, total_b)}, between different ranks "
+                f"{_bytes_change(moved_a, moved_b)}")
+    return (f"transfers: the same {len(a.transfers)}, {fmt_bytes(moved_a)} "
+            "between different ranks, on other ranks or slices")
+
+
+def _param_group_line(a: Plan, b: Plan) -> str:
+    """How the parameter groups of two plans whose groups differ differ: in count and bytes,
+    or the same groups on other ranks or layers."""
+    if [g.bytes for g in a.param_groups] != [g.bytes for g in b.param_groups]:
+        total_a, total_b = (sum(g.bytes for g in p.param_groups) for p in (a, b))
+        return (f"parameter groups: {len(a.param_groups)} -> {len(b.param_groups)}; "
+                f"bytes {_bytes_change(total_a, total_b)}")
+    return f"parameter groups: the same {len(a.param_groups)}, on other ranks or layers"
