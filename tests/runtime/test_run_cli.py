@@ -956,7 +956,7 @@ def test_a_resume_with_nothing_left_writes_no_trace(one_step_checkpoint: tuple[P
 def _failure(exitcode: int, timestamp: int, message: str = "",
              secondary: bool = False, hint: str | None = None,
              peers: tuple[int, ...] = ()) -> object:
-    """A torchrun ProcessFailure as `_root_cause` reads it."""
+    """A torchrun ProcessFailure as `root_cause` reads it."""
     from types import SimpleNamespace
 
     return SimpleNamespace(
@@ -1038,9 +1038,9 @@ def test_a_failed_run_names_the_rank_that_failed_first(failures: dict[int, objec
                                                        said: str) -> None:
     from types import SimpleNamespace
 
-    from spindle_cli.cli.run import _root_cause
+    from spindle_cli.cli.run_failures import root_cause
 
-    assert _root_cause(SimpleNamespace(failures=failures)) == said
+    assert root_cause(SimpleNamespace(failures=failures)) == said
 
 
 def test_a_failed_run_gives_the_hint_of_the_rank_it_names() -> None:
@@ -1048,7 +1048,7 @@ def test_a_failed_run_gives_the_hint_of_the_rank_it_names() -> None:
     file; the run's error line now carries it, from the rank that line names."""
     from types import SimpleNamespace
 
-    from spindle_cli.cli.run import _hint_of, _root_cause
+    from spindle_cli.cli.run_failures import hint_of, root_cause
 
     damaged = _failure(1, 1, "rank 0: ck/rank-00000.pt: cannot load the checkpoint",
                        hint="remove ck/step-000003 to resume from the checkpoint before it")
@@ -1056,23 +1056,23 @@ def test_a_failed_run_gives_the_hint_of_the_rank_it_names() -> None:
                     hint="other")
     for failures in ({0: damaged, 1: lost}, {0: damaged, 1: _failure(-15, 3)}):
         e = SimpleNamespace(failures=failures)
-        assert _hint_of(e, _root_cause(e)) == \
+        assert hint_of(e, root_cause(e)) == \
             "remove ck/step-000003 to resume from the checkpoint before it"
     e = SimpleNamespace(failures={0: _failure(-15, 2), 1: _failure(-9, 3)})
-    assert _hint_of(e, _root_cause(e)) is None
+    assert hint_of(e, root_cause(e)) is None
 
 
 def test_an_aborted_nccl_rank_is_explained() -> None:
     """On nccl a collective that times out does not raise in the rank: NCCL's watchdog aborts
     it (SIGABRT, no line of its own), so the run's error says what that most likely means;
     gloo ranks report a lost peer themselves, and other signals are other causes."""
-    from spindle_cli.cli.run import _abort_hint
+    from spindle_cli.cli.run_failures import abort_hint
 
     aborted = "rank 1 was killed by signal 6 (SIGABRT)"
-    hint = _abort_hint(aborted, "nccl")
+    hint = abort_hint(aborted, "nccl")
     assert hint is not None and "--timeout-s" in hint and "watchdog" in hint
-    assert _abort_hint(aborted, "gloo") is None
-    assert _abort_hint("rank 1 was killed by signal 9 (SIGKILL)", "nccl") is None
+    assert abort_hint(aborted, "gloo") is None
+    assert abort_hint("rank 1 was killed by signal 9 (SIGKILL)", "nccl") is None
 
 
 def _free_port() -> int:
@@ -1295,16 +1295,16 @@ def test_an_output_a_rank_could_not_write_is_the_runs_error() -> None:
     makes the run's error that line, exit 2; other failures stay 'run failed', exit 1."""
     from types import SimpleNamespace
 
-    from spindle_cli.cli.run import _record_of, _root_cause
+    from spindle_cli.cli.run_failures import record_of, root_cause
 
     refused = _failure(2, 1, "rank 0: stdout: cannot write: Broken pipe")
     refused.error_file_data["spindle"]["refused_output"] = "stdout: cannot write: Broken pipe"
     lost = _failure(1, 2, "rank 1: lost contact with rank(s) 0", secondary=True, peers=(0,))
     e = SimpleNamespace(failures={0: refused, 1: lost})
-    assert _record_of(e, _root_cause(e))["refused_output"] == \
+    assert record_of(e, root_cause(e))["refused_output"] == \
         "stdout: cannot write: Broken pipe"
     e = SimpleNamespace(failures={0: _failure(-15, 2), 1: _failure(-9, 3)})
-    assert _record_of(e, _root_cause(e)) == {}
+    assert record_of(e, root_cause(e)) == {}
 
 
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])

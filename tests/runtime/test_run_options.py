@@ -286,7 +286,7 @@ def test_out_of_memory_in_a_collective_is_the_ranks_own_failure() -> None:
 def test_a_rank_that_lost_peers_names_them_to_the_launcher(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The error file marks a lost-peer line secondary and lists the peers, so the launcher
-    can tell a peer it killed for hanging from one killed from outside (`cli.run`)."""
+    can tell a peer it killed for hanging from one killed from outside (`cli.run_failures`)."""
     from spindle_cli.runtime.dist import PeerLost
 
     monkeypatch.setattr("sys.stderr", _Writes())
