@@ -153,41 +153,16 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     from spindle_cli.runtime.dist import check_gpus, resolve_backend
     from spindle_cli.runtime.executor import overlap_for
     from spindle_cli.runtime.inputs import check_world, load_run_inputs
-    from spindle_cli.runtime.model import DTYPES, run_dtype
-    from spindle_cli.runtime.worker import (
-        TrainOptions,
-        check_options,
-        resume_note,
-        resume_point,
-        untraced,
-    )
+    from spindle_cli.runtime.worker import TrainOptions, check_options, resume_point
 
     inputs = load_run_inputs(plan_path)
     _check_cluster(inputs.plan, plan_path)
     _note_changed_inputs(inputs.plan, plan_path)
-    read = _files_read(inputs.plan, plan_path, inputs.graph)
-    for flag, target, example in (("--trace", trace_path, "trace.json"),
-                                  ("--metrics", metrics_path, "metrics.jsonl")):
-        if target and Path(target).exists():
-            what = next((what for what, path in read if os.path.samefile(target, path)), None)
-            if what is not None:
-                raise SpindleError(f"{flag} {target}: is {what}; writing it would replace it",
-                                   hint=f"give the file another name, e.g. {example}")
+    _check_outputs_not_read(inputs.plan, plan_path, inputs.graph, trace_path, metrics_path)
     if nproc_per_node is None:
         nproc_per_node = _ranks_per_node(inputs.plan.num_devices, nnodes)
     check_world(inputs.plan, nproc_per_node * nnodes)
-    dtype = run_dtype(dtype, inputs.graph.dtype)
-    if DTYPES[dtype].itemsize != inputs.graph.dtype_bytes:
-        # a plan sized for bf16 (the graphs' default) trained in fp32: twice its activations
-        err.print(f"note: the plan sizes its memory and transfers in {inputs.graph.dtype} (its "
-                  f"graph's dtype), but this run trains in {dtype}: "
-                  f"{_bytes_ratio(dtype, inputs.graph)}"
-                  + ("; --dtype auto trains it in bf16, as planned, or plan from a graph made "
-                     "with --dtype fp32" if dtype == "fp32" else ""), soft_wrap=True)
-    elif inputs.graph.dtype != dtype:
-        err.print(f"note: the plan's graph is {inputs.graph.dtype}; this run trains in {dtype} "
-                  "(the same bytes; fp16 would need loss scaling, which the executor does "
-                  "not do)", soft_wrap=True)
+    dtype = _training_dtype(dtype, inputs.graph)
     resolved = resolve_backend(backend)
     if resolved == "nccl":
         check_gpus(nproc_per_node)
@@ -195,21 +170,10 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
         from spindle_cli.runtime.data import check_data_source
 
         check_data_source(dataset, inputs.model, inputs.graph.tasks, seed)
-    if node_rank >= nnodes:
-        raise SpindleError(f"--node-rank {node_rank} with --nnodes {nnodes}: node ranks run "
-                           f"from 0 to {nnodes - 1}")
-    if nnodes > 1 and rdzv_endpoint is None:
-        raise SpindleError("a multi-node run needs --rdzv-endpoint HOST:PORT")
+    _check_nodes(nnodes, node_rank, rdzv_endpoint)
     if resolved == "gloo":
-        try:
-            _check_cpu_memory(inputs.plan, nproc_per_node, node_rank, inputs.graph.dtype,
-                              dtype)
-        except PlanError as e:
-            if not dry_run:
-                raise
-            # a GPU plan checked on a machine without its GPUs: the rest of the dry run holds
-            err.print(f"note: a run on this machine's CPU ranks would fail: {e}",
-                      soft_wrap=True)
+        _check_cpu_ranks(inputs.plan, nproc_per_node, node_rank, inputs.graph.dtype, dtype,
+                         dry_run=dry_run)
     # the same options and checks as every worker's, which runs them again before training
     opts = TrainOptions(steps=steps, seed=seed, lr=lr, dtype=dtype, dataset=dataset,
                         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
@@ -224,25 +188,107 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
         _print_checkpoints(opts, found)
         return
     if found is not None and found[1] >= steps:
-        # every step is done: the ranks would only start up and stop (every node reads the
-        # same shared checkpoint directory, so none of them launches)
-        err.print(resume_note(found, opts))
-        if trace_path:
-            err.print(untraced(trace_path))
+        _note_nothing_to_train(opts, found)
         return
-    worker_args = [plan_path, "--steps", str(steps), "--seed", str(seed), "--lr", repr(lr),
-                   "--dtype", dtype, "--backend", backend, "--sync", sync,
-                   "--timeout-s", repr(timeout_s)]
-    for flag, value in (("--dataset", dataset), ("--trace", trace_path),
-                        ("--metrics", metrics_path), ("--checkpoint-dir", checkpoint_dir)):
+    argv = _torchrun_argv(_worker_argv(plan_path, opts, backend=backend, sync=sync,
+                                       timeout_s=timeout_s),
+                          nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+                          rdzv_endpoint=rdzv_endpoint, timeout_s=timeout_s)
+    _print_start(inputs.plan, dtype, steps, resolved, nproc_per_node)
+    _launch_noting_trace(argv, backend=resolved, trace_path=trace_path)
+
+
+def _check_outputs_not_read(plan: Plan, plan_path: str, graph: MetaOpGraph,
+                            trace_path: str | None, metrics_path: str | None) -> None:
+    """SpindleError where --trace or --metrics names a file the run reads (`_files_read`):
+    writing it would replace it."""
+    read = _files_read(plan, plan_path, graph)
+    for flag, target, example in (("--trace", trace_path, "trace.json"),
+                                  ("--metrics", metrics_path, "metrics.jsonl")):
+        if target and Path(target).exists():
+            what = next((what for what, path in read if os.path.samefile(target, path)), None)
+            if what is not None:
+                raise SpindleError(f"{flag} {target}: is {what}; writing it would replace it",
+                                   hint=f"give the file another name, e.g. {example}")
+
+
+def _training_dtype(dtype: str, graph: MetaOpGraph) -> str:
+    """The dtype the run trains in (`--dtype`, `auto`: the graph's), with a note where it is
+    not the one the plan counts its bytes in (its graph's)."""
+    from spindle_cli.runtime.model import DTYPES, run_dtype
+
+    dtype = run_dtype(dtype, graph.dtype)
+    if DTYPES[dtype].itemsize != graph.dtype_bytes:
+        # a plan sized for bf16 (the graphs' default) trained in fp32: twice its activations
+        err.print(f"note: the plan sizes its memory and transfers in {graph.dtype} (its "
+                  f"graph's dtype), but this run trains in {dtype}: "
+                  f"{_bytes_ratio(dtype, graph)}"
+                  + ("; --dtype auto trains it in bf16, as planned, or plan from a graph made "
+                     "with --dtype fp32" if dtype == "fp32" else ""), soft_wrap=True)
+    elif graph.dtype != dtype:
+        err.print(f"note: the plan's graph is {graph.dtype}; this run trains in {dtype} "
+                  "(the same bytes; fp16 would need loss scaling, which the executor does "
+                  "not do)", soft_wrap=True)
+    return dtype
+
+
+def _check_nodes(nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> None:
+    """SpindleError unless --node-rank is one of the --nnodes and a multi-node run has a
+    rendezvous endpoint."""
+    if node_rank >= nnodes:
+        raise SpindleError(f"--node-rank {node_rank} with --nnodes {nnodes}: node ranks run "
+                           f"from 0 to {nnodes - 1}")
+    if nnodes > 1 and rdzv_endpoint is None:
+        raise SpindleError("a multi-node run needs --rdzv-endpoint HOST:PORT")
+
+
+def _check_cpu_ranks(plan: Plan, nproc_per_node: int, node_rank: int, planned: str,
+                     dtype: str, *, dry_run: bool) -> None:
+    """`_check_cpu_memory`, whose PlanError a dry run only notes."""
+    try:
+        _check_cpu_memory(plan, nproc_per_node, node_rank, planned, dtype)
+    except PlanError as e:
+        if not dry_run:
+            raise
+        # a GPU plan checked on a machine without its GPUs: the rest of the dry run holds
+        err.print(f"note: a run on this machine's CPU ranks would fail: {e}",
+                  soft_wrap=True)
+
+
+def _note_nothing_to_train(opts: TrainOptions, found: tuple[Path, int]) -> None:
+    """Where the checkpoint a run resumes from is at its last step already: every step is
+    done, the ranks would only start up and stop (every node reads the same shared
+    checkpoint directory, so none of them launches)."""
+    from spindle_cli.runtime.worker import resume_note, untraced
+
+    err.print(resume_note(found, opts))
+    if opts.trace_path:
+        err.print(untraced(opts.trace_path))
+
+
+def _worker_argv(plan_path: str, opts: TrainOptions, *, backend: str, sync: str,
+                 timeout_s: float) -> list[str]:
+    """The arguments of every rank's `spindle_cli.runtime.rank`: the run's options."""
+    worker_args = [plan_path, "--steps", str(opts.steps), "--seed", str(opts.seed),
+                   "--lr", repr(opts.lr), "--dtype", opts.dtype, "--backend", backend,
+                   "--sync", sync, "--timeout-s", repr(timeout_s)]
+    for flag, value in (("--dataset", opts.dataset), ("--trace", opts.trace_path),
+                        ("--metrics", opts.metrics_path),
+                        ("--checkpoint-dir", opts.checkpoint_dir)):
         if value is not None:
             worker_args += [flag, value]
-    if checkpoint_every:
-        worker_args += ["--checkpoint-every", str(checkpoint_every)]
-    if keep_checkpoints:
-        worker_args += ["--keep-checkpoints", str(keep_checkpoints)]
-    if resume:
+    if opts.checkpoint_every:
+        worker_args += ["--checkpoint-every", str(opts.checkpoint_every)]
+    if opts.keep_checkpoints:
+        worker_args += ["--keep-checkpoints", str(opts.keep_checkpoints)]
+    if opts.resume:
         worker_args.append("--resume")
+    return worker_args
+
+
+def _torchrun_argv(worker_args: list[str], *, nproc_per_node: int, nnodes: int,
+                   node_rank: int, rdzv_endpoint: str | None, timeout_s: float) -> list[str]:
+    """torchrun's command line: the rendezvous, the ranks of this node, and the worker."""
     if nnodes == 1 and rdzv_endpoint is None:
         launch = ["--standalone"]
     else:
@@ -251,19 +297,27 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
         launch = ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-backend",
                   "static", "--rdzv-endpoint", str(rdzv_endpoint), "--rdzv-conf",
                   f"timeout={math.ceil(timeout_s)}"]
-    argv = [*launch, "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0",
+    return [*launch, "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0",
             "-m", "spindle_cli.runtime.rank", *worker_args]
-    err.print(f"spindle run: {inputs.plan.planner} plan, {len(inputs.plan.waves)} waves, "
-              f"{inputs.plan.num_devices} rank{'s' * (inputs.plan.num_devices > 1)}"
-              f"{memory_text(inputs.plan)}, {dtype}, {steps} "
+
+
+def _print_start(plan: Plan, dtype: str, steps: int, backend: str, nproc_per_node: int) -> None:
+    """The run's first line, and a note where its CPU ranks outnumber this node's cores."""
+    err.print(f"spindle run: {plan.planner} plan, {len(plan.waves)} waves, "
+              f"{plan.num_devices} rank{'s' * (plan.num_devices > 1)}"
+              f"{memory_text(plan)}, {dtype}, {steps} "
               f"step{'s' * (steps > 1)}")
     cores = len(os.sched_getaffinity(0))
-    if resolved == "gloo" and nproc_per_node > cores:
+    if backend == "gloo" and nproc_per_node > cores:
         err.print(f"note: {nproc_per_node} CPU ranks share {cores} core{'s' * (cores > 1)} here, "
                   "so they take turns and a step takes longer than the plan's prediction")
+
+
+def _launch_noting_trace(argv: list[str], *, backend: str, trace_path: str | None) -> None:
+    """`_launch`, with a note where the run fails before it writes its --trace."""
     before = _written_at(trace_path)
     try:
-        _launch(argv, backend=resolved)
+        _launch(argv, backend=backend)
     except SpindleError as e:
         # the trace is written after the last step: a failed run's is not there, and a file
         # of that name is an earlier run's (unless the failure was the trace's own write,
