@@ -586,9 +586,9 @@ def _refused_output(e: BaseException) -> str | None:
 
 def _report_failure(rank: int, e: BaseException) -> int:
     """The rank's error line on stderr and in torch's error file, whose `spindle` entry the
-    launcher reads (`cli.run_failures`): whether the line is secondary (and the peers it lost), the
-    error's hint (printed once, by the launcher, under the run's line) and, for an output the
-    machine refused, the line the run ends with (exit code 2)."""
+    launcher reads (`cli.run_failures`): whether the line is secondary (and the peers it
+    lost), the error's hint (printed once, by the launcher, under the run's line) and, for an
+    output the machine refused, the line the run ends with (exit code 2)."""
     hint = None
     if isinstance(e, SpindleError):
         cause, code, hint = str(e), e.exit_code, e.hint
