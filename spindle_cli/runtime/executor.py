@@ -1,8 +1,7 @@
 """The wave executor: one training step of a plan on this rank.
 
-Forward, wave by wave: first the boundary (every transfer into the wave: one
-`batch_isend_irecv` per rank with its messages in the plan's canonical order, local copies for
-same-rank pieces; a received activation becomes a leaf, so autograd stops at slice
+Forward, wave by wave: first the boundary (every transfer into the wave, `boundaries`: one
+`batch_isend_irecv` per rank; a received activation becomes a leaf, so autograd stops at slice
 boundaries), then the rank's slice of the wave. Backward, waves in reverse: the slice's backward
 from its loss or from the gradients its consumers sent, then the boundary backward (the same
 messages with roles swapped).
@@ -73,6 +72,7 @@ from spindle_cli.artifacts.model import ModelSpec
 from spindle_cli.artifacts.plan import MEMORY_CATEGORIES, Plan
 from spindle_cli.errors import RuntimeFailure, SpindleError
 from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES, backend_sync, sync_buckets
+from spindle_cli.runtime.boundaries import Boundaries
 from spindle_cli.runtime.data import DataSource, rows_problem, targets_name
 from spindle_cli.runtime.dist import World, with_peers
 from spindle_cli.runtime.groups import Groups
@@ -207,17 +207,7 @@ class Executor:
         me = self.rank
         self.my_slices = [[sp for sp in program.slices if sp.wave == w and me in sp.slice.ranks]
                           for w in range(program.num_waves)]
-        wave_of = {sp.slice.id: sp.wave for sp in program.slices}
-        self.into_wave: list[list[int]] = [[] for _ in range(program.num_waves)]
-        for ti, t in enumerate(plan.transfers):
-            self.into_wave[wave_of[t.dst]].append(ti)
-        batch_of = {sp.slice.id: sp.metaop.batch_size for sp in program.slices}
-        self.transfer_batch = [batch_of[t.dst] for t in plan.transfers]
-        # Transfers between two slices that both run on this rank alone need no message: the
-        # consumer's leaf is a detached view of the producer's output (no copy), and the
-        # gradient goes back as is.
-        self.same_rank = {ti for ti, t in enumerate(plan.transfers)
-                          if t.src_ranks == t.dst_ranks == (me,)}
+        self.boundaries = Boundaries(plan, program, me, dtype=dtype, device=world.device)
         keys = [(m, i) for (m, i), ranks in program.holders.items() if me in ranks]
         self.layers: dict[LayerKey, nn.Module] = build_layers(
             model, keys, seed=seed, dtype=dtype, device=world.device)
@@ -355,7 +345,7 @@ class Executor:
             for w in range(self.program.num_waves):
                 with self.tracer.span("send/recv", "comm", step=shown, wave=w,
                                       phase="forward"):
-                    self._forward_boundary(w, st)
+                    self.boundaries.forward(w, st.recv, st.out)
                 with self.tracer.span("compute", "compute", step=shown, wave=w,
                                       phase="forward"):
                     for sp in self.my_slices[w]:
@@ -374,7 +364,7 @@ class Executor:
                     self._backward_slice(sp, st, pending)
             pending += self._issue_ready(st)
             with self.tracer.span("send/recv", "comm", step=shown, wave=w, phase="backward"):
-                self._backward_boundary(w, st)
+                self.boundaries.backward(w, st.recv, st.grad_out)
         with self.tracer.span("sync", "sync", step=shown):
             losses = self._sync(pending, loss_reduction)
         self._await_gathers(list(self.gathering))
@@ -654,96 +644,6 @@ class Executor:
             st.passed[sid] = st.passed.get(sid, 0) + ops
             pending += self._issue_ready(st)
             grad = leaf.grad if leaf is not None else None
-
-    # ---- boundaries -----------------------------------------------------------------------
-
-    def _run_ops(self, ops: list[dist.P2POp], where: str) -> None:
-        if ops:
-            with with_peers(where, [op.peer for op in ops]):
-                for work in dist.batch_isend_irecv(ops):
-                    work.wait()
-
-    def _forward_boundary(self, w: int, st: StepState) -> None:
-        ops: list[dist.P2POp] = []
-        local: list[tuple[torch.Tensor, torch.Tensor]] = []
-        me = self.rank
-        for ti in self.into_wave[w]:
-            t = self.plan.transfers[ti]
-            if ti in self.same_rank:
-                st.recv[ti] = st.out[t.src].detach().requires_grad_(True)
-                continue
-            batch = self.transfer_batch[ti]
-            out, a = None, 0
-            if me in t.src_ranks:
-                out = st.out[t.src].detach()
-                a = rows_of(batch, t.src_ranks, me)[0]
-            buf, c = None, 0
-            if me in t.dst_ranks:
-                c, e = rows_of(batch, t.dst_ranks, me)
-                buf = torch.empty((e - c, *self.program.transfer_shapes[ti]), dtype=self.dtype,
-                                  device=self.world.device)
-                st.recv[ti] = buf
-            for msg in self.program.transfer_messages[ti]:
-                if msg.src == me and msg.dst == me:
-                    assert out is not None and buf is not None
-                    local.append((buf[msg.lo - c:msg.hi - c], out[msg.lo - a:msg.hi - a]))
-                elif msg.src == me:
-                    assert out is not None
-                    ops.append(dist.P2POp(dist.isend, out[msg.lo - a:msg.hi - a].contiguous(),
-                                          msg.dst))
-                elif msg.dst == me:
-                    assert buf is not None
-                    ops.append(dist.P2POp(dist.irecv, buf[msg.lo - c:msg.hi - c], msg.src))
-        self._run_ops(ops, f"the forward transfers into wave {w}")
-        for dst, src in local:
-            dst.copy_(src)
-        for ti in self.into_wave[w]:
-            if ti in st.recv and ti not in self.same_rank:
-                st.recv[ti].requires_grad_(True)
-
-    def _backward_boundary(self, w: int, st: StepState) -> None:
-        ops: list[dist.P2POp] = []
-        local: list[tuple[torch.Tensor, torch.Tensor]] = []
-        received: list[tuple[str, torch.Tensor]] = []
-        me = self.rank
-        for ti in self.into_wave[w]:
-            t = self.plan.transfers[ti]
-            if ti in self.same_rank:
-                leaf = st.recv[ti]
-                received.append((t.src, leaf.grad if leaf.grad is not None
-                                 else torch.zeros_like(leaf)))
-                continue
-            batch = self.transfer_batch[ti]
-            grad, c = None, 0
-            if me in t.dst_ranks:
-                leaf = st.recv[ti]
-                grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-                c = rows_of(batch, t.dst_ranks, me)[0]
-            gbuf, a = None, 0
-            if me in t.src_ranks:
-                a, b = rows_of(batch, t.src_ranks, me)
-                gbuf = torch.zeros((b - a, *self.program.transfer_shapes[ti]), dtype=self.dtype,
-                                   device=self.world.device)
-                received.append((t.src, gbuf))
-            for msg in self.program.transfer_messages[ti]:
-                if msg.src == me and msg.dst == me:
-                    assert grad is not None and gbuf is not None
-                    local.append((gbuf[msg.lo - a:msg.hi - a], grad[msg.lo - c:msg.hi - c]))
-                elif msg.dst == me:
-                    assert grad is not None
-                    ops.append(dist.P2POp(dist.isend, grad[msg.lo - c:msg.hi - c].contiguous(),
-                                          msg.src))
-                elif msg.src == me:
-                    assert gbuf is not None
-                    ops.append(dist.P2POp(dist.irecv, gbuf[msg.lo - a:msg.hi - a], msg.dst))
-        self._run_ops(ops, f"the backward transfers of wave {w}")
-        for dst, src in local:
-            dst.copy_(src)
-        for sid, g in received:
-            # fan-out: a producer feeding several consumers sums their gradients
-            st.grad_out[sid] = st.grad_out[sid] + g if sid in st.grad_out else g
-        for ti in self.into_wave[w]:
-            st.recv.pop(ti, None)
 
     # ---- state ----------------------------------------------------------------------------
 
