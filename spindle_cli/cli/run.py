@@ -151,7 +151,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     # c10d backtrace per retry); TORCH_CPP_LOG_LEVEL set by the user is kept
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     from spindle_cli.runtime.dist import check_gpus, resolve_backend
-    from spindle_cli.runtime.executor import overlap_for
+    from spindle_cli.runtime.gradsync import overlap_for
     from spindle_cli.runtime.inputs import check_world, load_run_inputs
     from spindle_cli.runtime.worker import TrainOptions, check_options, resume_point
 

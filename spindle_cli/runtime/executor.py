@@ -6,33 +6,13 @@ boundaries), then the rank's slice of the wave. Backward, waves in reverse: the 
 from its loss or from the gradients its consumers sent, then the boundary backward (the same
 messages with roles swapped).
 
-Gradients live in flat buckets (every layer parameter and its gradient are views of one), laid
-out by `planner.buckets.sync_buckets`, the layout the simulator times. With `overlap_sync` (the
-default on NCCL) a set of holder ranks' layers are split by the backward wave that completes
-them (the lowest wave of a slice running the layer) and then into chunks of whole layers (at
-least 25 MiB, at most the plan's `sync_chunks` (4 by default) per set and wave, as DDP's
-buckets): a slice's forward is cut below each chunk's lowest layer, so its backward runs
-segment by segment and a chunk is all-reduced as soon as the segments above have run,
-overlapping the rest of the backward. Without it (the
-default on gloo, where the collective's threads take their CPU time from the rank's compute: 44
-vs 52 ms per step for tiny-clip on 2 CPU ranks here) a set has one bucket, due at the lowest
-wave of any of its layers. A rank issues its buckets (SUM, asynchronously) in the layout's one
-global order, each once it is complete on the rank and the ones before it are issued, so any
-two ranks issue the collectives they share alike, whatever process groups they belong to (as
-NCCL needs); after the last backward wave the all-reduces are awaited, and AdamW
-steps the buckets' flat parameters. Under ZeRO-1 and -2 (Plan.options `zero` 1, 2) a bucket of
-several ranks is padded to equal shards: it is reduce-scattered instead (under ZeRO-1 in place,
-into the rank's own range of the full gradient), each rank's AdamW steps (and keeps state for)
-its own shard, a view of the flat parameter, and after the step the
-buckets' all-gathers start, in bucket order; they overlap the next step's forward, which waits
-for a bucket's only before the first operator of its layers, inside the slice (Megatron's
-overlapped parameter gather; checkpoints and parameter reads wait for all). Under ZeRO-2 a
-sharded bucket's full gradient also has storage only from the backward wave that first adds to
-it until its reduce-scatter has completed (found done at the next chance to issue buckets on
-NCCL; gloo's works do not report completion, so there at the end of the backward); between
-steps a rank keeps only the reduce-scattered shards. The task
-losses are all-reduced over the world (for the log) asynchronously from the end of the forward
-pass.
+Gradients live in flat buckets (`gradsync`, which says how they are laid out, issued and
+sharded under ZeRO-1/2): a slice's forward is cut where a bucket becomes complete part-way
+through its backward, and each backward wave issues the buckets complete so far; after the last
+one they are awaited and AdamW steps the buckets' flat parameters (under ZeRO-1/2 the rank's
+shards, whose all-gathers then overlap the next step's forward, which waits for a layer's
+before the layer's first operator). The task losses are all-reduced over the world (for the
+log) asynchronously from the end of the forward pass.
 
 In bf16 (mixed precision, the planner's memory model of a bf16 graph: 2 bytes of weights, 2 of
 gradients and 12 of optimizer state per parameter) the layers, activations, gradients and every
@@ -71,10 +51,11 @@ from torch.utils.checkpoint import checkpoint
 from spindle_cli.artifacts.model import ModelSpec
 from spindle_cli.artifacts.plan import MEMORY_CATEGORIES, Plan
 from spindle_cli.errors import RuntimeFailure, SpindleError
-from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES, backend_sync, sync_buckets
+from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES
 from spindle_cli.runtime.boundaries import Boundaries
 from spindle_cli.runtime.data import DataSource, rows_problem, targets_name
 from spindle_cli.runtime.dist import World, with_peers
+from spindle_cli.runtime.gradsync import GradSync
 from spindle_cli.runtime.groups import Groups
 from spindle_cli.runtime.held import SavedTensors, storages
 from spindle_cli.runtime.model import (
@@ -93,47 +74,6 @@ class ShapeMismatch(RuntimeFailure):
 
 
 @dataclass(slots=True)
-class Bucket:
-    """The parameters held by exactly `ranks` and their gradients, each as views of one flat
-    tensor."""
-
-    ranks: tuple[int, ...]
-    group: dist.ProcessGroup | None
-    flat: torch.Tensor
-    """The gradients."""
-    param: nn.Parameter
-    """The parameters; its .grad is `flat`."""
-    ready_wave: int
-    """The backward wave in which every gradient of the bucket becomes complete (-1 for a
-    single rank's bucket, which is not reduced)."""
-    layers: tuple[LayerKey, ...] = ()
-    """The layers whose parameters it holds."""
-    after: tuple[str, int] | None = None
-    """(slice id, k): on this rank the bucket is complete once the backward of that slice of
-    `ready_wave` has run k operators; None: at the start of that wave's backward."""
-    shard: tuple[int, int] | None = None
-    """ZeRO-1/2: this rank's range [lo, hi) of the flat tensors (the bucket is padded to a
-    multiple of its ranks); None when the optimizer steps the whole bucket."""
-    shard_grad: torch.Tensor | None = None
-    """ZeRO-1/2: the reduce-scattered gradient of `shard` (ZeRO-1: a view of `flat`)."""
-    grads_from: int = -1
-    """ZeRO-2: the backward wave that first adds to its gradients on this rank; `flat` has
-    storage from then until its reduce-scatter has completed (-1: always)."""
-
-    def zero_grads(self) -> None:
-        """Zero the gradients, giving `flat` its storage back when it was freed."""
-        storage = self.flat.untyped_storage()
-        if storage.nbytes() == 0:
-            storage.resize_(self.flat.numel() * self.flat.element_size())
-        self.flat.zero_()
-
-    def free_grads(self) -> None:
-        """ZeRO-2: drop the full gradients' storage (`flat` and the parameters' .grad views
-        keep their shapes; `zero_grads` brings it back)."""
-        self.flat.untyped_storage().resize_(0)
-
-
-@dataclass(slots=True)
 class StepState:
     """Tensors alive during one step."""
 
@@ -147,7 +87,7 @@ class StepState:
     """Loss slice id -> (scaled loss, gathered leaves for a contrastive loss)."""
     task_loss: dict[str, torch.Tensor] = field(default_factory=dict)
     """This rank's share of each task's loss, in fp64 on the rank's device: read on the host
-    once per step (`_sync`), not per loss slice, which would wait for the device mid-forward
+    once per step (`_await_losses`), not per loss slice, which would wait for the device mid-forward
     (CUDA)."""
     segments: dict[str, list[tuple[torch.Tensor | None, torch.Tensor, int]]] = field(
         default_factory=dict)
@@ -157,36 +97,21 @@ class StepState:
     """The backward wave running now."""
     passed: dict[str, int] = field(default_factory=dict)
     """Slice id -> operators whose backward has run."""
-    issued: int = 0
-    """How many buckets of `Executor.queue` are issued."""
 
 
 def _shape(t: torch.Tensor) -> list[int]:
     return list(t.shape)
 
 
-def overlaps_sync(backend: str) -> bool:
-    """Whether the executor buckets shared layers in chunks by completing wave by default on
-    `backend` (`overlap_sync`; `buckets.backend_sync`: on NCCL, not on gloo, whose collective
-    threads take the rank's CPU)."""
-    return backend_sync(backend) == "chunked"
-
-
-def overlap_for(sync: str, backend: str) -> bool:
-    """`overlap_sync` under `spindle run --sync` SYNC ('auto': the backend's default,
-    'chunked' or 'per-set') on `backend`."""
-    return overlaps_sync(backend) if sync == "auto" else sync == "chunked"
-
-
 class Executor:
-    """The rank's layers, buckets and optimizer, and the step loop over the plan."""
+    """The rank's layers, gradient buckets (`GradSync`) and optimizer, and the step loop over
+    the plan."""
 
     def __init__(self, plan: Plan, program: Program, model: ModelSpec, world: World,
                  groups: Groups, data: DataSource, *, seed: int, lr: float,
                  dtype: torch.dtype, tracer: Tracer | None = None,
                  overlap_sync: bool | None = None,
                  sync_chunk_bytes: int = SYNC_CHUNK_BYTES) -> None:
-        self.plan = plan
         self.program = program
         self.model = model
         self.world = world
@@ -211,35 +136,16 @@ class Executor:
         keys = [(m, i) for (m, i), ranks in program.holders.items() if me in ranks]
         self.layers: dict[LayerKey, nn.Module] = build_layers(
             model, keys, seed=seed, dtype=dtype, device=world.device)
-        self.overlap_sync = (overlaps_sync(world.backend) if overlap_sync is None
-                             else overlap_sync)
-        self.zero = int(plan.options.get("zero", "0"))
+        self.sync = GradSync(plan, program, self.layers, world, groups, dtype=dtype,
+                             tracer=self.tracer, overlap_sync=overlap_sync,
+                             chunk_bytes=sync_chunk_bytes)
         self.recompute = plan.options.get("recompute") == "true"
-        self.buckets = self._make_buckets(sync_chunk_bytes)
-        # the buckets of several ranks in the layout's one global order (`sync_buckets`): a
-        # rank issues its own in that order, so any two ranks issue the collectives they share
-        # in the same order, which NCCL needs across process groups (runtime-design.md 2.1)
-        self.queue = [b for b in self.buckets if len(b.ranks) > 1]
+        # slice id -> k for each bucket complete once the slice's backward has run its top k
+        # operators (`Bucket.after`): its forward is cut below them (`StepState.segments`)
         self.cuts: dict[str, set[int]] = {}
-        for b in self.buckets:
+        for b in self.sync.buckets:
             if b.after is not None:
                 self.cuts.setdefault(b.after[0], set()).add(b.after[1])
-        # ZeRO-1/2: the all-gathers in flight (`_start_gathers`), and the sharded bucket of
-        # each layer, whose all-gather the forward waits for before the layer's first operator
-        self.gathering: dict[int, Any] = {}
-        self.gathered_in = {key: i for i, b in enumerate(self.buckets) if b.shard is not None
-                            for key in b.layers}
-        used = [{(sp.metaop.module, i) for sp in self.my_slices[w] for i in sp.layers}
-                for w in range(program.num_waves)]
-        # ZeRO-2: a sharded bucket's gradient storage comes with the highest wave using its
-        # layers (the first backward adding to them) and goes once it is reduce-scattered
-        self.releasing: list[tuple[Any, Bucket]] = []
-        if self.zero >= 2:
-            for b in self.buckets:
-                if b.shard is not None:
-                    b.grads_from = max(w for w in range(program.num_waves)
-                                       if used[w] & set(b.layers))
-                    b.free_grads()
         self.named = named_parameters(self.layers)
         # AdamW is elementwise, so stepping each bucket's flat parameter updates every layer
         # parameter (a view of it) exactly as stepping them one by one would; one tensor per
@@ -250,84 +156,13 @@ class Executor:
         # bucket only: a parameter that is a view of the bucket's flat parameter, so the
         # step updates the shard in place; the all-gather after the step fills in the
         # others.
-        self.stepped = [b.param if b.shard is None else self._shard_param(b)
-                        for b in self.buckets]
+        self.stepped = [b.param if b.shard is None else b.shard_param()
+                        for b in self.sync.buckets]
         # bf16: AdamW steps an fp32 master of each (`_step`)
         self.masters = ([nn.Parameter(p.detach().float()) for p in self.stepped]
                         if dtype.itemsize < 4 else [])
         stepped = self.masters or self.stepped
         self.optimizer = make_optimizer(stepped, lr) if stepped else None
-
-    def _make_buckets(self, chunk_bytes: int) -> list[Bucket]:
-        """This rank's buckets, as `buckets.sync_buckets` lays them out: with `overlap_sync`
-        'chunked' (every set's layers split by the backward wave that completes them, then in
-        chunks, each all-reduced once the rank's slice has passed it), else 'per-set' (one per
-        set of holder ranks, due at the lowest wave of any of its layers). The layers this rank
-        holds alone form one bucket, never reduced."""
-        mode = "chunked" if self.overlap_sync else "per-set"
-        metaops = {sp.metaop.id: sp.metaop for sp in self.program.slices}
-        mine = {sp.slice.id for sp in self.program.slices if self.rank in sp.slice.ranks}
-        layout: list[tuple[tuple[int, ...], int, tuple[LayerKey, ...],
-                           tuple[str, int] | None]] = []
-        alone: list[LayerKey] = []
-        for sb in sync_buckets(self.plan, metaops, mode, chunk_bytes):
-            if self.rank not in sb.ranks:
-                continue
-            if len(sb.ranks) == 1:
-                alone += sb.layers
-                continue
-            after = next(((sid, k) for sid, k in sb.passes if sid in mine), None)
-            layout.append((sb.ranks, sb.wave, sb.layers, after))
-        if alone:
-            layout.append(((self.rank,), -1, tuple(alone), None))
-        return [self._bucket(ranks, due, keys, after) for ranks, due, keys, after in layout]
-
-    def _bucket(self, ranks: tuple[int, ...], due: int, keys: tuple[LayerKey, ...],
-                after: tuple[str, int] | None) -> Bucket:
-        """A bucket whose parameters and gradients become views of one flat tensor each."""
-        params = [p for key in keys for p in self.layers[key].parameters()]
-        size = sum(p.numel() for p in params)
-        shard = None
-        if self.zero and len(ranks) > 1:
-            # padded to equal shards; holder sets are sorted, as group ranks are
-            width = -(-size // len(ranks))
-            lo = ranks.index(self.rank) * width
-            shard = (lo, lo + width)
-            size = width * len(ranks)
-        flat = torch.zeros(size, dtype=self.dtype, device=self.world.device)
-        param = nn.Parameter(torch.zeros(size, dtype=self.dtype, device=self.world.device))
-        offset = 0
-        with torch.no_grad():
-            for p in params:
-                view = slice(offset, offset + p.numel())
-                param[view].copy_(p.reshape(-1))
-                p.data = param.data[view].view_as(p)
-                # autograd accumulates in place into an existing .grad, so backward fills
-                # the bucket directly (the DDP gradient_as_bucket_view idea)
-                p.grad = flat[view].view_as(p)
-                offset += p.numel()
-        param.grad = flat
-        shard_grad = None
-        if shard is not None:
-            # ZeRO-1 reduce-scatters in place, into the rank's own range of the full gradient
-            # (NCCL's in-place form, as Megatron's distributed optimizer does), which the
-            # planner counts once; ZeRO-2 frees the full gradient, so its shard has its own
-            shard_grad = (flat[shard[0]:shard[1]] if self.zero == 1 else
-                          torch.zeros(shard[1] - shard[0], dtype=self.dtype,
-                                      device=self.world.device))
-        return Bucket(ranks=ranks, group=self.groups.get(ranks), flat=flat, param=param,
-                      ready_wave=due, layers=keys, after=after, shard=shard,
-                      shard_grad=shard_grad)
-
-    @staticmethod
-    def _shard_param(b: Bucket) -> nn.Parameter:
-        """This rank's ZeRO-1/2 shard of a bucket's flat parameter (a view of it), with the
-        reduce-scattered gradient."""
-        assert b.shard is not None
-        lo, hi = b.shard
-        shard = nn.Parameter(b.param.data[lo:hi])
-        shard.grad = b.shard_grad
-        return shard
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -335,11 +170,8 @@ class Executor:
         """Forward, backward, gradient sync and AdamW for training step `step`; returns the
         loss of every task (the same on every rank)."""
         shown = step + 1  # the trace numbers steps as the loss lines and --metrics do
-        for b in self.buckets:
-            if b.grads_from < 0:
-                b.zero_grads()
+        self.sync.start_step()
         st = StepState()
-        pending: list[Any] = []
         saved = self.saved if not self.held else None
         with saved.recording() if saved is not None else nullcontext():
             for w in range(self.program.num_waves):
@@ -355,25 +187,24 @@ class Executor:
         loss_reduction = self._reduce_losses(st)
         for w in reversed(range(self.program.num_waves)):
             st.wave = w
-            for b in self.buckets:
-                if b.grads_from == w:
-                    b.zero_grads()
-            pending += self._issue_ready(st)
+            self.sync.start_wave(w)
+            self.sync.issue_ready(w, st.passed)
             with self.tracer.span("compute", "compute", step=shown, wave=w, phase="backward"):
                 for sp in self.my_slices[w]:
-                    self._backward_slice(sp, st, pending)
-            pending += self._issue_ready(st)
+                    self._backward_slice(sp, st)
+            self.sync.issue_ready(w, st.passed)
             with self.tracer.span("send/recv", "comm", step=shown, wave=w, phase="backward"):
                 self.boundaries.backward(w, st.recv, st.grad_out)
         with self.tracer.span("sync", "sync", step=shown):
-            losses = self._sync(pending, loss_reduction)
-        self._await_gathers(list(self.gathering))
+            self.sync.wait_reduced()
+            losses = self._await_losses(loss_reduction)
+        self.sync.await_all()
         if self.optimizer is not None:
             with self.tracer.span("optimizer", "compute", step=shown):
                 self._step()
         if saved is not None:
             self._note_held(None)
-        self._start_gathers()
+        self.sync.start_gathers()
         return losses
 
     def _note_held(self, saved: SavedTensors | None) -> None:
@@ -381,8 +212,9 @@ class Executor:
         with the activations `saved`, and after the optimizer step without (AdamW makes its
         state in the first step, after the first turn)."""
         weights = storages(p for _, p in self.named)
-        grads = storages([*(b.flat for b in self.buckets),
-                          *(b.shard_grad for b in self.buckets if b.shard_grad is not None)])
+        buckets = self.sync.buckets
+        grads = storages([*(b.flat for b in buckets),
+                          *(b.shard_grad for b in buckets if b.shard_grad is not None)])
         state = [v for st in (self.optimizer.state.values() if self.optimizer else ())
                  for v in st.values() if torch.is_tensor(v)]
         optimizer = storages([*state, *self.masters])
@@ -403,84 +235,6 @@ class Executor:
         else:
             self.optimizer.step()
 
-    def _start_gathers(self) -> None:
-        """ZeRO-1/2: start the all-gather of every sharded bucket's stepped shards, in reverse
-        bucket order (the same on every rank). Buckets are listed by due wave downwards, and
-        a bucket is due in the lowest wave running its layers, where the forward first uses
-        them: reversed, that is the order the next step's forward needs them in, and a group
-        runs its collectives one after another (NCCL). They overlap that forward, which waits
-        for a bucket's before the first operator of its layers (`_await_layer`); whatever
-        reads the parameters waits for all of them (`_await_gathers`)."""
-        peers = [r for b in self.buckets if b.shard is not None for r in b.ranks
-                 if r != self.rank]
-        with with_peers("the parameter all-gather", peers):
-            for i, b in reversed(list(enumerate(self.buckets))):
-                if b.shard is not None:
-                    lo, hi = b.shard
-                    self.gathering[i] = dist.all_gather_single(
-                        b.param.data, b.param.data[lo:hi].clone(), group=b.group, async_op=True)
-
-    def _await_layer(self, key: LayerKey, step: int, wave: int) -> None:
-        """ZeRO-1/2: wait for the all-gather of the bucket holding layer `key`, if still in
-        flight, before the layer's operator runs (taken out of the forward's compute span)."""
-        i = self.gathered_in.get(key)
-        if i is not None and i in self.gathering:
-            with self.tracer.gap("all-gather", "sync", step=step + 1, wave=wave):
-                self._await_gathers([i])
-
-    def _await_gathers(self, indices: list[int]) -> None:
-        """Wait for the all-gathers of those buckets still in flight."""
-        waiting = [i for i in indices if i in self.gathering]
-        if not waiting:
-            return
-        with with_peers("the parameter all-gather",
-                         [r for i in waiting for r in self.buckets[i].ranks if r != self.rank]):
-            for i in waiting:
-                self.gathering.pop(i).wait()
-
-    def _issue_ready(self, st: StepState) -> list[Any]:
-        """Start the all-reduce (reduce-scatter under ZeRO-1/2) of every bucket that is
-        complete on this rank now, in queue order, so a bucket waits for the ones before it
-        and any two ranks issue the ones they share alike. Each group has its own
-        connections, so the transfers overlap the rest of the backward pass. First, under
-        ZeRO-2, the gradient storage of the buckets whose reduce-scatter is done goes."""
-        self._release_reduced(everything=False)
-        works = []
-        while st.issued < len(self.queue) and self._complete(self.queue[st.issued], st):
-            b = self.queue[st.issued]
-            with with_peers("the gradient sync", [r for r in b.ranks if r != self.rank]):
-                if b.shard is None:
-                    works.append(dist.all_reduce(b.flat, op=dist.ReduceOp.SUM,
-                                                 group=b.group, async_op=True))
-                else:
-                    works.append(dist.reduce_scatter_single(
-                        b.shard_grad, b.flat, op=dist.ReduceOp.SUM, group=b.group,
-                        async_op=True))
-                    if b.grads_from >= 0:
-                        self.releasing.append((works[-1], b))
-            st.issued += 1
-        return works
-
-    def _release_reduced(self, *, everything: bool) -> None:
-        """ZeRO-2: free the full gradient of every bucket whose reduce-scatter has completed
-        (all of them with `everything`, once the caller has waited for their works)."""
-        waiting = []
-        for work, b in self.releasing:
-            if everything or work.is_completed():
-                work.wait()
-                b.free_grads()
-            else:
-                waiting.append((work, b))
-        self.releasing = waiting
-
-    @staticmethod
-    def _complete(b: Bucket, st: StepState) -> bool:
-        """Whether every gradient of `b` is complete on this rank (`Bucket.after`)."""
-        if st.wave > b.ready_wave:
-            return False
-        return (b.after is None or st.wave < b.ready_wave
-                or st.passed.get(b.after[0], 0) >= b.after[1])
-
     @staticmethod
     def _add_loss(st: StepState, task: str, loss: torch.Tensor) -> None:
         """Add a loss slice's value to its task's, in fp64 (as a Python float summed)."""
@@ -499,13 +253,8 @@ class Executor:
         with with_peers("the loss reduction", others):
             return vec, dist.all_reduce(vec, op=dist.ReduceOp.SUM, async_op=True)
 
-    def _sync(self, pending: list[Any], losses: tuple[torch.Tensor, Any]) -> dict[str, float]:
-        """Await the bucket all-reduces and the loss reduction; returns the losses."""
-        with with_peers("the gradient sync", [r for b in self.buckets for r in b.ranks
-                                               if b.group is not None and r != self.rank]):
-            for work in pending:
-                work.wait()
-        self._release_reduced(everything=True)
+    def _await_losses(self, losses: tuple[torch.Tensor, Any]) -> dict[str, float]:
+        """Await the loss reduction (`_reduce_losses`); returns the losses."""
         vec, work = losses
         if work is not None:
             others = [r for r in range(self.world.world_size) if r != self.rank]
@@ -541,7 +290,7 @@ class Executor:
         else:
             ins = [st.recv[ti] for ti in sp.in_transfers]
         first = self.layers[(m.module, sp.layers[0])]
-        self._await_layer((m.module, sp.layers[0]), step, sp.wave)
+        self.sync.await_layer((m.module, sp.layers[0]), step, sp.wave)
         if sp.kind == "contrastive_loss":
             full = [self._gather(x, sp) for x in ins]
             loss = first(*full)
@@ -571,7 +320,7 @@ class Executor:
                     segments.append((leaf, out, ops))
                     leaf = out.detach().requires_grad_(True)
                     out, ops = leaf, 0
-                self._await_layer((m.module, i), step, sp.wave)
+                self.sync.await_layer((m.module, i), step, sp.wave)
                 out, ops = self._operator(self.layers[(m.module, i)], out), ops + 1
             if segments:
                 st.segments[sp.slice.id] = [*segments, (leaf, out, ops)]
@@ -606,13 +355,12 @@ class Executor:
                 (rows_of(batch, ranks, r) for r in ranks)]
         return torch.cat([p[:n] for p, n in zip(pieces, rows, strict=True)]).requires_grad_(True)
 
-    def _backward_slice(self, sp: SliceProgram, st: StepState, pending: list[Any]) -> None:
-        """The slice's backward; buckets it completes part-way are issued in between (their
-        works go to `pending`)."""
-        self._backward_ops(sp, st, pending)
+    def _backward_slice(self, sp: SliceProgram, st: StepState) -> None:
+        """The slice's backward; buckets it completes part-way are issued in between."""
+        self._backward_ops(sp, st)
         st.passed[sp.slice.id] = len(sp.layers)
 
-    def _backward_ops(self, sp: SliceProgram, st: StepState, pending: list[Any]) -> None:
+    def _backward_ops(self, sp: SliceProgram, st: StepState) -> None:
         sid = sp.slice.id
         if sp.kind == "contrastive_loss" and len(sp.slice.ranks) == 1:
             st.loss[sid][0].backward()
@@ -642,7 +390,7 @@ class Executor:
         for leaf, seg_out, ops in reversed(segments):
             torch.autograd.backward(seg_out, grad)
             st.passed[sid] = st.passed.get(sid, 0) + ops
-            pending += self._issue_ready(st)
+            self.sync.issue_ready(st.wave, st.passed)
             grad = leaf.grad if leaf is not None else None
 
     # ---- state ----------------------------------------------------------------------------
@@ -657,7 +405,7 @@ class Executor:
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore `state()` output (the same plan on the same rank), keeping this run's
         learning rate."""
-        self._await_gathers(list(self.gathering))
+        self.sync.await_all()
         params = dict(self.named)
         if set(state["params"]) != set(params):
             raise RuntimeFailure(f"checkpoint holds parameters {sorted(state['params'])[:3]}..., "
@@ -685,5 +433,5 @@ class Executor:
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """This rank's parameters by `module.layer.param` name (detached copies)."""
-        self._await_gathers(list(self.gathering))
+        self.sync.await_all()
         return {n: p.detach().clone() for n, p in self.named}

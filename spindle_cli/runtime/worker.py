@@ -49,7 +49,8 @@ from spindle_cli.planner.buckets import SYNC_CHUNK_BYTES
 from spindle_cli.runtime import checkpoint
 from spindle_cli.runtime import dist as rdist
 from spindle_cli.runtime.data import load_data_source
-from spindle_cli.runtime.executor import Executor, overlap_for
+from spindle_cli.runtime.executor import Executor
+from spindle_cli.runtime.gradsync import overlap_for
 from spindle_cli.runtime.groups import make_groups
 from spindle_cli.runtime.held import peak_allocated, reset_peak
 from spindle_cli.runtime.inputs import check_world, load_run_inputs
@@ -112,7 +113,7 @@ class TrainOptions:
     plan's estimate)."""
     overlap_sync: bool | None = None
     """Bucket shared layers by the wave that completes them, in chunks issued during its
-    backward (Executor); None: on NCCL only."""
+    backward (GradSync); None: on NCCL only."""
     sync_chunk_bytes: int = SYNC_CHUNK_BYTES
     """The least gradient bytes of such a chunk (`buckets.sync_buckets`)."""
 
@@ -316,7 +317,7 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
     ex = Executor(plan, program, model, world, groups, data, seed=opts.seed, lr=opts.lr,
                   dtype=dtype, tracer=tracer, overlap_sync=opts.overlap_sync,
                   sync_chunk_bytes=opts.sync_chunk_bytes)
-    meta = _meta(plan, replace(opts, overlap_sync=ex.overlap_sync))
+    meta = _meta(plan, replace(opts, overlap_sync=ex.sync.overlap_sync))
     start = 0
     if opts.resume:
         assert opts.checkpoint_dir is not None

@@ -1,4 +1,4 @@
-"""The executor's buckets (runtime/executor.py): each holds its layers' parameters and
+"""The executor's buckets (runtime/gradsync.py): each holds its layers' parameters and
 gradients as views of two flat tensors, AdamW steps the flat parameter, and a bucket's
 all-reduce is due after the lowest wave of any slice running its layers (with overlap_sync,
 shared layers are bucketed by that wave, so each all-reduce starts as soon as it can)."""
@@ -45,7 +45,7 @@ def _inside(t: torch.Tensor, flat: torch.Tensor) -> bool:
 
 def test_layer_parameters_and_gradients_are_views_of_their_bucket_and_follow_the_step():
     ex = _one_rank_executor()
-    (bucket,) = ex.buckets  # one rank: every layer is held by (0,)
+    (bucket,) = ex.sync.buckets  # one rank: every layer is held by (0,)
     assert bucket.param.grad is bucket.flat
     for _, p in ex.named:
         assert _inside(p, bucket.param) and _inside(p.grad, bucket.flat)
@@ -78,7 +78,7 @@ def test_buckets_are_due_after_the_wave_that_completes_them_and_reduced_in_that_
         # building the executor does not communicate: no process group needed
         ex = Executor(plan, program, model, world, {}, SyntheticData(model, 0), seed=0,
                       lr=1e-3, dtype=torch.float32, overlap_sync=overlap_sync)
-        assert ex.buckets
+        assert ex.sync.buckets
         ready = {}
         for sp in program.slices:
             for i in sp.layers:
@@ -91,18 +91,18 @@ def test_buckets_are_due_after_the_wave_that_completes_them_and_reduced_in_that_
 
         due = {key: -1 if len(ranks) == 1 else ready[key] if overlap_sync else lowest[ranks]
                for key, ranks in held.items()}
-        for b in ex.buckets:
+        for b in ex.sync.buckets:
             mine = [key for key, ranks in held.items() if ranks == b.ranks
                     and due[key] == b.ready_wave]
             # the bucket holds exactly those layers' parameters
             assert b.flat.numel() == sum(p.numel() for key in mine
                                          for p in ex.layers[key].parameters())
-        assert sorted((b.ranks, b.ready_wave) for b in ex.buckets) == sorted(
+        assert sorted((b.ranks, b.ready_wave) for b in ex.sync.buckets) == sorted(
             {(ranks, due[key]) for key, ranks in held.items()})
-        shared = [b for b in ex.buckets if len(b.ranks) > 1]
+        shared = [b for b in ex.sync.buckets if len(b.ranks) > 1]
         assert len(shared) > 1 if overlap_sync else len(shared) == len({b.ranks for b in shared})
         # backward runs waves downwards: the bucket completed first is reduced first
-        waves = [b.ready_wave for b in ex.buckets]
+        waves = [b.ready_wave for b in ex.sync.buckets]
         assert waves == sorted(waves, reverse=True)
 
 
@@ -126,12 +126,12 @@ def test_layer_chunks_cut_a_slice_and_are_issued_in_order_on_every_rank():
         ex = Executor(plan, program, model, world, {}, SyntheticData(model, 0), seed=0,
                       lr=1e-3, dtype=torch.float32, overlap_sync=True, sync_chunk_bytes=1)
         by_slice = {sp.slice.id: sp for sp in program.slices}
-        queue = [(b.ranks, b.ready_wave, b.layers) for b in ex.queue]
+        queue = [(b.ranks, b.ready_wave, b.layers) for b in ex.sync.queue]
         assert queue and all(rank in ranks and len(ranks) > 1 for ranks, _, _ in queue)
         queues.append(queue)
         waves = [w for _, w, _ in queue]
         assert waves == sorted(waves, reverse=True)
-        for b in ex.buckets:
+        for b in ex.sync.buckets:
             if b.after is None:
                 continue
             sid, k = b.after
@@ -164,7 +164,7 @@ def test_ranks_issue_the_buckets_they_share_in_one_order_across_groups(overlap_s
         ex = Executor(plan, program, model, world, {}, SyntheticData(model, 0), seed=0,
                       lr=1e-3, dtype=torch.float32, overlap_sync=overlap_sync,
                       sync_chunk_bytes=1)
-        queues.append([(b.ranks, b.ready_wave, b.layers) for b in ex.queue])
+        queues.append([(b.ranks, b.ready_wave, b.layers) for b in ex.sync.queue])
     assert max(len({ranks for ranks, _, _ in queue}) for queue in queues) > 1
     for a in queues:
         for b in queues:

@@ -197,7 +197,7 @@ def _gradient_storage(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
     ex.train_step(0)
     ex.train_step(1)
     return [(b.shard is not None, b.flat.untyped_storage().nbytes(),
-             b.flat.numel() * b.flat.element_size()) for b in ex.buckets]
+             b.flat.numel() * b.flat.element_size()) for b in ex.sync.buckets]
 
 
 @pytest.mark.timeout(120)
@@ -223,7 +223,7 @@ def _gradients_held_at_once(rank: int, world: int, plan: Plan, graph: MetaOpGrap
     issued."""
     import torch.distributed as dist
 
-    from spindle_cli.runtime import executor
+    from spindle_cli.runtime import gradsync
 
     class Reporting:
         def __init__(self, work: Any) -> None:
@@ -242,19 +242,19 @@ def _gradients_held_at_once(rank: int, world: int, plan: Plan, graph: MetaOpGrap
         return Reporting(original(*args, **kwargs))
 
     ex = _executor(rank, world, plan, graph, model, overlap_sync=True, sync_chunk_bytes=1)
-    sharded = [b for b in ex.buckets if b.shard is not None]
+    sharded = [b for b in ex.sync.buckets if b.shard is not None]
     held = [0]
-    issue_ready = ex._issue_ready
+    issue_ready = ex.sync.issue_ready
 
     def counted(*args: Any) -> Any:
         works = issue_ready(*args)
         held[0] = max(held[0], sum(1 for b in sharded if b.flat.untyped_storage().nbytes()))
         return works
 
-    ex._issue_ready = counted
+    ex.sync.issue_ready = counted
     if reporting:
-        # this rank process's own torch.distributed (the executor's `dist`)
-        executor.dist.reduce_scatter_single = reduce_scatter  # type: ignore[assignment]
+        # this rank process's own torch.distributed (gradsync's `dist`)
+        gradsync.dist.reduce_scatter_single = reduce_scatter  # type: ignore[assignment]
     ex.train_step(0)
     return held[0], len(sharded)
 
@@ -461,9 +461,9 @@ def _state_bytes(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
 
     ex = _executor(rank, world, plan, graph, model, t.bfloat16)
     ex.train_step(0)
-    held = sum(b.param.numel() for b in ex.buckets)
-    weights = sum(b.param.numel() * b.param.element_size() for b in ex.buckets)
-    grads = sum(b.flat.numel() * b.flat.element_size() for b in ex.buckets)
+    held = sum(b.param.numel() for b in ex.sync.buckets)
+    weights = sum(b.param.numel() * b.param.element_size() for b in ex.sync.buckets)
+    grads = sum(b.flat.numel() * b.flat.element_size() for b in ex.sync.buckets)
     state = [v for st in ex.optimizer.state.values() for v in st.values() if v.dim() > 0]
     optimizer = sum(v.numel() * v.element_size() for v in [*state, *ex.masters])
     return held, weights, grads, optimizer, {v.dtype for v in [*state, *ex.masters]}
@@ -505,7 +505,7 @@ def _held_at_turn(rank: int, world: int, plan: Plan, graph: MetaOpGraph, model: 
     first = dict(ex.held)
     ex.train_step(1)
     assert ex.held == first
-    return ex.held, len(ex.buckets), recorded[0]
+    return ex.held, len(ex.sync.buckets), recorded[0]
 
 
 @pytest.mark.timeout(120)
@@ -603,9 +603,9 @@ def _gathers_in_flight(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
     ex = _executor(rank, world, plan, graph, model)
     ex.train_step(0)
     ex.train_step(1)
-    in_flight = len(ex.gathering)
+    in_flight = len(ex.sync.gathering)
     params = ex.parameters()
-    return in_flight, len(ex.gathering), params
+    return in_flight, len(ex.sync.gathering), params
 
 
 @pytest.mark.timeout(120)
@@ -635,7 +635,7 @@ def _operators_and_gathers(rank: int, world: int, plan: Plan, graph: MetaOpGraph
     ex.train_step(0)
     key_of = {id(layer): key for key, layer in ex.layers.items()}
     log: list[tuple[str, Any, bool]] = []
-    forward, operator, await_gathers = ex._forward_slice, ex._operator, ex._await_gathers
+    forward, operator, await_gathers = ex._forward_slice, ex._operator, ex.sync.await_gathers
 
     def logged_forward(sp: Any, *args: Any) -> None:
         log.append(("slice", sp.slice.id, False))
@@ -643,15 +643,15 @@ def _operators_and_gathers(rank: int, world: int, plan: Plan, graph: MetaOpGraph
 
     def logged_operator(layer: Any, *ins: torch.Tensor) -> torch.Tensor:
         key = key_of[id(layer)]
-        log.append(("op", key, ex.gathered_in.get(key) in ex.gathering))
+        log.append(("op", key, ex.sync.gathered_in.get(key) in ex.sync.gathering))
         return operator(layer, *ins)
 
     def logged_await(indices: list[int]) -> None:
-        log.append(("wait", tuple(i for i in indices if i in ex.gathering), False))
+        log.append(("wait", tuple(i for i in indices if i in ex.sync.gathering), False))
         await_gathers(indices)
 
-    ex._forward_slice, ex._operator, ex._await_gathers = (logged_forward, logged_operator,
-                                                          logged_await)
+    ex._forward_slice, ex._operator, ex.sync.await_gathers = (logged_forward, logged_operator,
+                                                              logged_await)
     ex.train_step(1)
     return log
 
