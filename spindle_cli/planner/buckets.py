@@ -1,6 +1,6 @@
 """Gradient buckets: which layers' gradients one collective reduces, over which ranks, after
 which point of the backward pass, and in what order each rank issues them. The executor builds
-its buckets from `sync_buckets` (runtime/executor.py) and the simulator times the same ones
+its buckets from `sync_buckets` (runtime/gradsync.py) and the simulator times the same ones
 (planner/simulate.py), so the two cannot drift apart.
 
 A layer's gradient is reduced over its holders, the ranks of every slice running it (the
