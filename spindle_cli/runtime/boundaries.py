@@ -45,6 +45,28 @@ class Boundaries:
                 for work in dist.batch_isend_irecv(ops):
                     work.wait()
 
+    def _messages(self, ti: int, send: torch.Tensor | None, send_lo: int,
+                  into: torch.Tensor | None, into_lo: int, *, backward: bool,
+                  ops: list[dist.P2POp], local: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """This rank's part of transfer `ti`'s messages, in their canonical order: rows sent
+        from `send` (whose first row is row `send_lo` of the batch), received into `into`
+        (first row `into_lo`), or copied between them on this rank. Backward, the messages
+        run from their consumers to their producers."""
+        me = self.rank
+        for msg in self.program.transfer_messages[ti]:
+            src, dst = (msg.dst, msg.src) if backward else (msg.src, msg.dst)
+            if src == me and dst == me:
+                assert send is not None and into is not None
+                local.append((into[msg.lo - into_lo:msg.hi - into_lo],
+                              send[msg.lo - send_lo:msg.hi - send_lo]))
+            elif src == me:
+                assert send is not None
+                ops.append(dist.P2POp(dist.isend,
+                                      send[msg.lo - send_lo:msg.hi - send_lo].contiguous(), dst))
+            elif dst == me:
+                assert into is not None
+                ops.append(dist.P2POp(dist.irecv, into[msg.lo - into_lo:msg.hi - into_lo], src))
+
     def forward(self, w: int, recv: dict[int, torch.Tensor],
                 outs: dict[str, torch.Tensor]) -> None:
         """The transfers into wave `w`: each one this rank consumes gets its received
@@ -69,17 +91,7 @@ class Boundaries:
                 buf = torch.empty((e - c, *self.program.transfer_shapes[ti]), dtype=self.dtype,
                                   device=self.device)
                 recv[ti] = buf
-            for msg in self.program.transfer_messages[ti]:
-                if msg.src == me and msg.dst == me:
-                    assert out is not None and buf is not None
-                    local.append((buf[msg.lo - c:msg.hi - c], out[msg.lo - a:msg.hi - a]))
-                elif msg.src == me:
-                    assert out is not None
-                    ops.append(dist.P2POp(dist.isend, out[msg.lo - a:msg.hi - a].contiguous(),
-                                          msg.dst))
-                elif msg.dst == me:
-                    assert buf is not None
-                    ops.append(dist.P2POp(dist.irecv, buf[msg.lo - c:msg.hi - c], msg.src))
+            self._messages(ti, out, a, buf, c, backward=False, ops=ops, local=local)
         self._run_ops(ops, f"the forward transfers into wave {w}")
         for dst, src in local:
             dst.copy_(src)
@@ -115,17 +127,7 @@ class Boundaries:
                 gbuf = torch.zeros((b - a, *self.program.transfer_shapes[ti]), dtype=self.dtype,
                                    device=self.device)
                 received.append((t.src, gbuf))
-            for msg in self.program.transfer_messages[ti]:
-                if msg.src == me and msg.dst == me:
-                    assert grad is not None and gbuf is not None
-                    local.append((gbuf[msg.lo - a:msg.hi - a], grad[msg.lo - c:msg.hi - c]))
-                elif msg.dst == me:
-                    assert grad is not None
-                    ops.append(dist.P2POp(dist.isend, grad[msg.lo - c:msg.hi - c].contiguous(),
-                                          msg.src))
-                elif msg.src == me:
-                    assert gbuf is not None
-                    ops.append(dist.P2POp(dist.irecv, gbuf[msg.lo - a:msg.hi - a], msg.dst))
+            self._messages(ti, grad, c, gbuf, a, backward=True, ops=ops, local=local)
         self._run_ops(ops, f"the backward transfers of wave {w}")
         for dst, src in local:
             dst.copy_(src)
