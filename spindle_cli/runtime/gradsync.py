@@ -116,18 +116,14 @@ class GradSync:
     def __init__(self, plan: Plan, program: Program, layers: dict[LayerKey, nn.Module],
                  world: World, groups: Groups, *, dtype: torch.dtype, tracer: Tracer,
                  overlap_sync: bool | None, chunk_bytes: int) -> None:
-        self.plan = plan
-        self.program = program
-        self.layers = layers
         self.world = world
         self.rank = world.rank
-        self.groups = groups
         self.dtype = dtype
         self.tracer = tracer
         self.overlap_sync = (overlaps_sync(world.backend) if overlap_sync is None
                              else overlap_sync)
         self.zero = int(plan.options.get("zero", "0"))
-        self.buckets = self._make_buckets(chunk_bytes)
+        self.buckets = self._make_buckets(plan, program, layers, groups, chunk_bytes)
         # the buckets of several ranks in the layout's one global order (`sync_buckets`): a
         # rank issues its own in that order, so any two ranks issue the collectives they share
         # in the same order, which NCCL needs across process groups (runtime-design.md 2.1)
@@ -154,19 +150,20 @@ class GradSync:
                                        if used[w] & set(b.layers))
                     b.free_grads()
 
-    def _make_buckets(self, chunk_bytes: int) -> list[Bucket]:
+    def _make_buckets(self, plan: Plan, program: Program, layers: dict[LayerKey, nn.Module],
+                      groups: Groups, chunk_bytes: int) -> list[Bucket]:
         """This rank's buckets, as `buckets.sync_buckets` lays them out: with `overlap_sync`
         'chunked' (every set's layers split by the backward wave that completes them, then in
         chunks, each all-reduced once the rank's slice has passed it), else 'per-set' (one per
         set of holder ranks, due at the lowest wave of any of its layers). The layers this rank
         holds alone form one bucket, never reduced."""
         mode = "chunked" if self.overlap_sync else "per-set"
-        metaops = {sp.metaop.id: sp.metaop for sp in self.program.slices}
-        mine = {sp.slice.id for sp in self.program.slices if self.rank in sp.slice.ranks}
+        metaops = {sp.metaop.id: sp.metaop for sp in program.slices}
+        mine = {sp.slice.id for sp in program.slices if self.rank in sp.slice.ranks}
         layout: list[tuple[tuple[int, ...], int, tuple[LayerKey, ...],
                            tuple[str, int] | None]] = []
         alone: list[LayerKey] = []
-        for sb in sync_buckets(self.plan, metaops, mode, chunk_bytes):
+        for sb in sync_buckets(plan, metaops, mode, chunk_bytes):
             if self.rank not in sb.ranks:
                 continue
             if len(sb.ranks) == 1:
@@ -176,12 +173,13 @@ class GradSync:
             layout.append((sb.ranks, sb.wave, sb.layers, after))
         if alone:
             layout.append(((self.rank,), -1, tuple(alone), None))
-        return [self._bucket(ranks, due, keys, after) for ranks, due, keys, after in layout]
+        return [self._bucket(layers, groups, ranks, due, keys, after)
+                for ranks, due, keys, after in layout]
 
-    def _bucket(self, ranks: tuple[int, ...], due: int, keys: tuple[LayerKey, ...],
-                after: tuple[str, int] | None) -> Bucket:
+    def _bucket(self, layers: dict[LayerKey, nn.Module], groups: Groups, ranks: tuple[int, ...],
+                due: int, keys: tuple[LayerKey, ...], after: tuple[str, int] | None) -> Bucket:
         """A bucket whose parameters and gradients become views of one flat tensor each."""
-        params = [p for key in keys for p in self.layers[key].parameters()]
+        params = [p for key in keys for p in layers[key].parameters()]
         size = sum(p.numel() for p in params)
         shard = None
         if self.zero and len(ranks) > 1:
@@ -211,7 +209,7 @@ class GradSync:
             shard_grad = (flat[shard[0]:shard[1]] if self.zero == 1 else
                           torch.zeros(shard[1] - shard[0], dtype=self.dtype,
                                       device=self.world.device))
-        return Bucket(ranks=ranks, group=self.groups.get(ranks), flat=flat, param=param,
+        return Bucket(ranks=ranks, group=groups.get(ranks), flat=flat, param=param,
                       ready_wave=due, layers=keys, after=after, shard=shard,
                       shard_grad=shard_grad)
 
