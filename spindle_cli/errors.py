@@ -77,6 +77,11 @@ class PlanInfeasible(SpindleError):
     """The planner cannot fit the model on the cluster (e.g. out of device memory)."""
 
 
+class OutOfMemory(PlanInfeasible):
+    """Placement cannot keep some rank within its device memory, whatever it tried; the CLI
+    names the cluster file's `device.memory_bytes`."""
+
+
 class NoValidCount(PlanInfeasible):
     """A MetaOp has no device count its curve allows on the cluster, whatever the memory
     setting (its batch, the profile's feasible counts, tensor parallelism, islands)."""

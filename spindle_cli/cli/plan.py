@@ -18,7 +18,7 @@ from spindle_cli.cli.common import (
     note_stale_graph,
     recorded,
 )
-from spindle_cli.errors import ArtifactError, SpindleError
+from spindle_cli.errors import ArtifactError, OutOfMemory, SpindleError
 
 if TYPE_CHECKING:
     from spindle_cli.planner.options import PlanOptions
@@ -80,8 +80,11 @@ def plan(graph_path: str, profile_path: str, cluster_path: str, planner: str, pl
     inputs = (input_ref(graph, recorded(graph_path, output)),
               input_ref(profile, recorded(profile_path, output)),
               input_ref(cluster, recorded(cluster_path, output)))
-    result, iteration_ms = fitting_plan_with_cost(graph, profile, cluster, options=options,
-                                                  ladder=ladder, inputs=inputs)
+    try:
+        result, iteration_ms = fitting_plan_with_cost(graph, profile, cluster, options=options,
+                                                      ladder=ladder, inputs=inputs)
+    except OutOfMemory as e:
+        raise e.within(f"{cluster_path}: device.memory_bytes") from None
     gap = result.estimated_iteration_ms / result.lower_bound_ms if result.lower_bound_ms else 1.0
     # the compute alone can be far from the iteration (transfers, gradient sync, ZeRO-3's
     # gathers), and the planner chose by the simulated iteration: say both

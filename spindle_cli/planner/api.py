@@ -20,7 +20,7 @@ from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.plan import ZERO_STAGES, Plan
 from spindle_cli.artifacts.profile import Profile
-from spindle_cli.errors import NoValidCount, PlanInfeasible, SplitGroup
+from spindle_cli.errors import NoValidCount, OutOfMemory, PlanInfeasible, SplitGroup
 from spindle_cli.planner.allocation import OpCurve
 from spindle_cli.planner.buckets import backend_sync
 from spindle_cli.planner.options import PlanOptions
@@ -171,7 +171,7 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
         if isinstance(error, (NoValidCount, SplitGroup)):
             raise error  # no memory setting changes the counts a curve allows, nor islands
         last = memory_setting(*ladder[-1])
-        raise PlanInfeasible(
+        raise (OutOfMemory if isinstance(error, OutOfMemory) else PlanInfeasible)(
             f"{error} (with {last}, the last of {len(ladder)} memory settings tried)"
             if len(ladder) > 1 else f"{error} (with {last})",
             hint=error.hint or (

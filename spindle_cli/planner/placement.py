@@ -45,7 +45,7 @@ import numpy as np
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.artifacts.plan import tp_group_size, tp_groups
-from spindle_cli.errors import PlanInfeasible, SplitGroup
+from spindle_cli.errors import OutOfMemory, PlanInfeasible, SplitGroup
 from spindle_cli.planner.memory import NO_SAVING, Ledger, MemoryStrategy
 from spindle_cli.units import fmt_bytes
 
@@ -246,7 +246,8 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
         if not isinstance(result, _Failure):
             return result
         short = _named_shortage(short, result)
-    raise PlanInfeasible((short or result).message)
+    failure = short or result
+    raise (OutOfMemory if failure.memory else PlanInfeasible)(failure.message)
 
 
 def _named_shortage(short: _Failure | None, result: _Failure) -> _Failure | None:
@@ -525,7 +526,7 @@ def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster:
             over = [r for r in chosen if used[r] + need[r] > cap]
             if over:
                 r = over[0]
-                raise PlanInfeasible(
+                raise OutOfMemory(
                     f"out of memory placing {_describe(s)} in wave {wi} (sequential placement): "
                     f"rank {r} {_shortage(need[r], cap - used[r], cap)}"
                 )
@@ -534,7 +535,7 @@ def _place_sequential(waves: list[list[SliceSpec]], graph: MetaOpGraph, cluster:
             failure = _shards_failure(wi, s, np.array(chosen), beyond, before, ledger.used(),
                                       cap)
             if failure is not None:
-                raise PlanInfeasible(f"{failure.message} (sequential placement)")
+                raise OutOfMemory(f"{failure.message} (sequential placement)")
             row.append(chosen)
         placed.append(row)
     return placed, ledger

@@ -266,7 +266,9 @@ def test_infeasible_memory_is_a_clean_error(case):
                        check=False)
     assert r.returncode == 2
     error, hint = r.stderr.splitlines()
-    assert error.startswith("error: out of memory") and "bytes) are available (of 1000 B)" in error
+    # the file and field to change, as every other bad input names them
+    assert error.startswith("error: small.yaml: device.memory_bytes: out of memory placing")
+    assert "bytes) are available (of 1000 B)" in error
     # which memory settings were tried, and what is left to try
     assert error.endswith("(with ZeRO-3 and recomputation, the last of 8 memory settings tried)")
     assert hint == "hint: plan for more devices, or a smaller model or batch"
@@ -646,7 +648,8 @@ def test_memory_auto_is_the_default_and_picks_zero_only_when_needed(case):
     args = _small_cluster(100_000)
     r = subprocess.run(["spindle", *args, "--memory", "none", "--recompute", "off", "-o",
                         "p.yaml"], capture_output=True, text=True, check=False)
-    assert r.returncode == 2 and r.stderr.startswith("error: out of memory")
+    assert r.returncode == 2 and r.stderr.startswith(
+        "error: small.yaml: device.memory_bytes: out of memory")
     assert not Path("p.yaml").exists()
     r = subprocess.run(["spindle", *args, "-o", "p.yaml"], capture_output=True, text=True,
                        check=False)

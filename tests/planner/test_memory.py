@@ -14,7 +14,7 @@ from test_allocation import flat_and_steep
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load
 from spindle_cli.artifacts.plan import PLANNERS
 from spindle_cli.artifacts.profile import OptimizerCost
-from spindle_cli.errors import PlanInfeasible
+from spindle_cli.errors import OutOfMemory, PlanInfeasible
 from spindle_cli.planner import api, search
 from spindle_cli.planner.api import (
     compute_bound_ms,
@@ -172,7 +172,7 @@ def test_auto_keeps_the_setting_that_simulates_fastest():
 
 def test_auto_fails_with_the_last_settings_error():
     g, p, c = _tight_case(1000)
-    with pytest.raises(PlanInfeasible, match="out of memory placing"):
+    with pytest.raises(OutOfMemory, match="out of memory placing"):
         make_fitting_plan(g, p, c)
 
 
