@@ -3,7 +3,7 @@ figures and ratios; asserts nothing (run: python benchmarks/bench_planner.py [--
 
 1. Estimated makespan / sum of C* for multitask-clip 4/7/10 tasks on 16 and 32 devices
    (target <= 1.03), with and without --uneven-splits, with both bi-point forms and the
-   rounding search of `waves.refine_level` ("refined", waves only; see `refined`), the
+   rounding search of `refinement.refine_level` ("refined", waves only; see `refined`), the
    baselines' ratios and Spindle's speedup over each, and, per level small enough for the
    MILP, the exact packing of the level's rounded tuples (how much of the gap the bi-point
    discretization alone costs, and how the wave scheduler compares with the best packing of
@@ -55,6 +55,7 @@ from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, MemoryModel
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import baselines, scaling, search
+from spindle_cli.planner.alignment import PlannedWave
 from spindle_cli.planner.allocation import allocate_level_analytic
 from spindle_cli.planner.api import (
     compute_bound_ms,
@@ -67,15 +68,10 @@ from spindle_cli.planner.exact import MAX_TUPLES, exact_packing_ms
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
+from spindle_cli.planner.refinement import refine_level
 from spindle_cli.planner.schedules import allocate, op_curves, options_curves, slice_limits
 from spindle_cli.planner.simulate import simulate, simulated_cost
-from spindle_cli.planner.waves import (
-    LARGE_LEVEL,
-    LARGE_LEVEL_VARIANTS,
-    VARIANTS,
-    PlannedWave,
-    refine_level,
-)
+from spindle_cli.planner.waves import LARGE_LEVEL, LARGE_LEVEL_VARIANTS, VARIANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 COUNTS_64 = (1, 2, 4, 8, 16, 32, 64)
@@ -124,8 +120,8 @@ def refined_waves(graph: MetaOpGraph, profile: Profile,
                   cluster: ClusterSpec) -> tuple[list[PlannedWave], float, float]:
     """(waves, sum of C*, planning s) of Spindle's waves when every level is scheduled from
     both bi-point forms (`allocation.allocate_level` and `allocate_level_analytic`), each with
-    the rounding search `waves.refine_level`, keeping the shorter (`schedules.spindle_waves` does
-    neither yet). Waves only, before placement."""
+    the rounding search `refinement.refine_level`, keeping the shorter
+    (`schedules.spindle_waves` does neither yet). Waves only, before placement."""
     t0 = time.perf_counter()
     n = cluster.num_devices
     curves = op_curves(graph, profile, n)

@@ -24,9 +24,9 @@ import time
 
 from bench_planner import clip, cluster_for, refined_waves
 
+from spindle_cli.planner.alignment import MaxOps, PlannedWave
 from spindle_cli.planner.allocation import LevelAllocation, OpCurve
 from spindle_cli.planner.schedules import allocate, op_curves, slice_limits
-from spindle_cli.planner.waves import MaxOps, PlannedWave
 
 UNITS_PER_MS = 10_000
 """CP-SAT works on integers: times in units of 0.1 us."""

@@ -18,12 +18,12 @@ from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.plan import LevelBound, ParamGroup, Plan, Slice, Transfer, Wave
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.planner import scaling
+from spindle_cli.planner.alignment import PlannedWave, Slot
 from spindle_cli.planner.allocation import LevelAllocation, OpCurve
 from spindle_cli.planner.memory import Ledger, layer_params, state_bytes_per_param
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.placement import Flow, PlacedWaves, Ranks, SliceSpec, place
 from spindle_cli.planner.schedules import allocate, options_curves
-from spindle_cli.planner.waves import PlannedWave, Slot
 
 
 def assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpec,

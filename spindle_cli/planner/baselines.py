@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
+from spindle_cli.planner.alignment import MaxOps, PlannedWave, Slot
 from spindle_cli.planner.allocation import OpCurve
 from spindle_cli.planner.tasks import (
     balanced_counts,
@@ -33,7 +34,6 @@ from spindle_cli.planner.tasks import (
     concurrent,
     list_scheduled,
 )
-from spindle_cli.planner.waves import MaxOps, PlannedWave, Slot
 
 
 def _one_per_wave(metaops: list[MetaOp], curves: dict[str, OpCurve],

@@ -23,6 +23,7 @@ from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
 from spindle_cli.errors import FieldError, NoValidCount, PlanInfeasible, SpindleError
 from spindle_cli.planner import scaling
+from spindle_cli.planner.alignment import MaxOps, PlannedWave
 from spindle_cli.planner.allocation import (
     LevelAllocation,
     OpCurve,
@@ -33,16 +34,14 @@ from spindle_cli.planner.allocation import (
 from spindle_cli.planner.memory import NO_SAVING, MemoryStrategy, max_ops_per_slice
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import allowed_curve, tp_allowed
+from spindle_cli.planner.shortening import shorten_waves
 from spindle_cli.planner.waves import (
     LARGE_LEVEL,
     LARGE_LEVEL_VARIANTS,
     VARIANTS,
-    MaxOps,
-    PlannedWave,
     TracedWaves,
     Variant,
     schedule_level,
-    shorten_waves,
     traced_wavefront_level,
     without_extension,
 )

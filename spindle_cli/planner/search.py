@@ -19,6 +19,7 @@ from spindle_cli.artifacts.plan import Plan
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import baselines
+from spindle_cli.planner.alignment import MaxOps, PlannedWave
 from spindle_cli.planner.allocation import AslTuple, LevelAllocation, single_count
 from spindle_cli.planner.assemble import assemble
 from spindle_cli.planner.buckets import backend_sync, max_chunks, sync_buckets
@@ -33,7 +34,6 @@ from spindle_cli.planner.schedules import (
 )
 from spindle_cli.planner.simulate import QuickCost, simulated_cost
 from spindle_cli.planner.tasks import lane_waves, task_lanes, task_sizes, task_stable
-from spindle_cli.planner.waves import MaxOps, PlannedWave
 
 NEAR_BEST = 0.02
 """A task-stable schedule of the balanced group sizes within this share of the best plan's

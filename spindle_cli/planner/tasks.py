@@ -16,15 +16,9 @@ from dataclasses import dataclass, replace
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner.alignment import MaxOps, PlannedWave, Slot, align, merge_or_append
 from spindle_cli.planner.allocation import AslTuple, LevelAllocation, OpCurve
-from spindle_cli.planner.waves import (
-    MaxOps,
-    PlannedWave,
-    Slot,
-    align,
-    merge_or_append,
-    shorten_waves,
-)
+from spindle_cli.planner.shortening import shorten_waves
 
 Chain = list[tuple[str, int]]
 """MetaOps run one after another on one device group, with their device counts."""
@@ -140,7 +134,7 @@ def concurrent(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGra
                max_ops: MaxOps | None = None) -> list[PlannedWave]:
     """Waves for chains running side by side: each wave is aligned to the shortest current
     MetaOp remainder; the others run as many whole operators as fit. Then shortened
-    (`waves.shorten_waves`), as Spindle's levels are: a chain's MetaOp moves operators only
+    (`shortening.shorten_waves`), as Spindle's levels are: a chain's MetaOp moves operators only
     between the waves it already runs in, so each chain keeps its order.
 
     Beyond aligning every chain in every wave: waves are barriers, so one chain's long

@@ -335,7 +335,7 @@ def test_the_first_long_wave_is_split_so_its_gathers_overlap():
     # MAX_CHUNKS chunks, so a wave with 29 of the vision encoder's layers waits for a chunk of
     # a quarter of them. The first 10% of that wave as a wave of its own waits for a smaller
     # one, and the rest are gathered while it computes
-    from spindle_cli.planner.waves import PlannedWave, Slot
+    from spindle_cli.planner.alignment import PlannedWave, Slot
 
     def slot(metaop, num_ops, op_ms):
         return Slot(metaop=metaop, n=2, num_ops=num_ops, op_time_ms=op_ms)

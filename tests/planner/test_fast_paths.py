@@ -22,17 +22,13 @@ from spindle_cli.artifacts.plan import tp_groups
 from spindle_cli.artifacts.profile import OptimizerCost
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import api, placement, schedules, search
+from spindle_cli.planner.alignment import align_fill
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.memory import split_rows
 from spindle_cli.planner.network import Network, row_flows
 from spindle_cli.planner.profiling import analytic_profile
 from spindle_cli.planner.simulate import simulate, simulated_cost
-from spindle_cli.planner.waves import (
-    VARIANTS,
-    align_fill,
-    schedule_level,
-    traced_wavefront_level,
-)
+from spindle_cli.planner.waves import VARIANTS, schedule_level, traced_wavefront_level
 
 _EPS = 1e-9
 

@@ -6,20 +6,16 @@ import pytest
 from plan_builders import alpha_beta_curve, graph, metaop, profile
 from test_allocation import worked_example
 
+from spindle_cli.planner.alignment import PlannedWave, Slot, align, merge_or_append
 from spindle_cli.planner.allocation import AslTuple, LevelAllocation, OpAllocation
+from spindle_cli.planner.refinement import best_schedule, refine_level
 from spindle_cli.planner.schedules import allocate, op_curves, spindle_waves
+from spindle_cli.planner.shortening import shorten_waves
 from spindle_cli.planner.waves import (
     ROUNDINGS,
     SORT_RULES,
     VARIANTS,
-    PlannedWave,
-    Slot,
-    align,
-    best_schedule,
-    merge_or_append,
-    refine_level,
     schedule_level,
-    shorten_waves,
     without_extension,
 )
 
