@@ -1,7 +1,7 @@
 """`spindle run PLAN`: train a plan with torch.distributed, wave by wave.
 
 Checks the plan, its graph and model (sha256), the world size, the node layout and every
-option (`worker.check_options`: paths, numbers, a checkpoint to resume from) here, before
+option (`options.check_options`: paths, numbers, a checkpoint to resume from) here, before
 launching, so bad input is a one-line error with exit code 2 and no process starts; `--dry-run`
 runs the same checks. Then starts the workers
 (`python -m spindle_cli.runtime.rank`) through torch's elastic launcher with torchrun's
@@ -42,8 +42,8 @@ from spindle_cli.planner.consistency import check_cluster
 from spindle_cli.runtime.timeouts import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 
 if TYPE_CHECKING:
+    from spindle_cli.runtime.options import TrainOptions
     from spindle_cli.runtime.program import Program
-    from spindle_cli.runtime.worker import TrainOptions
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -153,7 +153,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     from spindle_cli.runtime.dist import check_gpus, resolve_backend
     from spindle_cli.runtime.gradsync import overlap_for
     from spindle_cli.runtime.inputs import check_world, load_run_inputs
-    from spindle_cli.runtime.worker import TrainOptions, check_options, resume_point
+    from spindle_cli.runtime.options import TrainOptions, check_options, resume_point
 
     inputs = load_run_inputs(plan_path)
     _check_cluster(inputs.plan, plan_path)
@@ -259,7 +259,8 @@ def _note_nothing_to_train(opts: TrainOptions, found: tuple[Path, int]) -> None:
     """Where the checkpoint a run resumes from is at its last step already: every step is
     done, the ranks would only start up and stop (every node reads the same shared
     checkpoint directory, so none of them launches)."""
-    from spindle_cli.runtime.worker import resume_note, untraced
+    from spindle_cli.runtime.options import resume_note
+    from spindle_cli.runtime.timings import untraced
 
     err.print(resume_note(found, opts))
     if opts.trace_path:
@@ -404,7 +405,7 @@ def _check_cpu_memory(plan: Plan, nproc_per_node: int, node_rank: int, planned: 
 def _print_checkpoints(opts: TrainOptions, found: tuple[Path, int] | None) -> None:
     """--dry-run: where the run would checkpoint, and where a resume would start."""
     from spindle_cli.cli._console import out
-    from spindle_cli.runtime.worker import resume_note
+    from spindle_cli.runtime.options import resume_note
 
     if opts.checkpoint_dir is None:
         return

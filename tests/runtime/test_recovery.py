@@ -26,8 +26,9 @@ def train_rank(rank: int, world: int, plan: Plan, graph: MetaOpGraph, model: Mod
     import torch as t
 
     from spindle_cli.runtime.dist import World
+    from spindle_cli.runtime.options import TrainOptions
     from spindle_cli.runtime.program import build_program
-    from spindle_cli.runtime.worker import TrainOptions, train
+    from spindle_cli.runtime.training import train
 
     w = World(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
               backend="gloo", device=t.device("cpu"))

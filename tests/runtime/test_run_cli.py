@@ -807,12 +807,12 @@ def test_a_cut_rank_file_is_passed_over_before_launch(tmp_path: Path, monkeypatc
     """A rank file cut short (`head -c 100`) made the dry run promise a resume from its
     checkpoint, and the real run fail after launch in torch.load, naming no file. Checkpoints
     of 2 ranks are made here without a process group: rank 0's state under both names."""
-    from spindle_cli.runtime import checkpoint, worker
+    from spindle_cli.runtime import checkpoint, options
 
     plan_path = write_plan_files(tmp_path)
     plan = load(str(plan_path), Plan)
     ckpt = tmp_path / "ckpt"
-    meta = worker._meta(plan, worker.TrainOptions(steps=1, overlap_sync=False))
+    meta = options.checkpoint_meta(plan, options.TrainOptions(steps=1, overlap_sync=False))
     for step in (1, 2):
         checkpoint.save(str(ckpt), step, rank=0, world_size=1, state={"step": step}, meta=meta)
         saved = checkpoint.step_dir(str(ckpt), step)

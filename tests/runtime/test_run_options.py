@@ -1,4 +1,4 @@
-"""Run options checked before any process group (`worker.check_options`, `checkpoint.check_dir`,
+"""Run options checked before any process group (`options.check_options`, `checkpoint.check_dir`,
 `checkpoint.resume_point`) and the one-write error line of a failing rank. No ranks start here;
 `test_run_cli.py` drives the same checks through `spindle run`."""
 
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from spindle_cli.errors import RuntimeFailure, SpindleError
-from spindle_cli.runtime import checkpoint, worker
-from spindle_cli.runtime.worker import TrainOptions, check_options, resume_note
+from spindle_cli.runtime import checkpoint, output, timings, training, worker
+from spindle_cli.runtime.options import TrainOptions, check_options, resume_note
 
 META = {"plan_sha256": "ab" * 32, "seed": 0, "dtype": "fp32", "dataset": "synthetic"}
 
@@ -180,15 +180,15 @@ def test_timing_line_takes_the_slowest_rank_after_the_warm_up() -> None:
     warms up), numbered as the run numbers its steps (from the checkpoint when resumed)."""
     # rank 1 is slower past the warm-up though rank 0's warm-up step is the longest
     fast, slow = [900.0, 10.0, 11.0, 12.0], [50.0, 20.0, 21.0, 40.0]
-    simulated = worker.Prediction(17.0)
-    assert worker.timing_line(0, [fast, slow], simulated) == (
+    simulated = timings.Prediction(17.0)
+    assert timings.timing_line(0, [fast, slow], simulated) == (
         "time: 21.00 ms/step (median of steps 2-4 on the slowest rank, after step 1's "
         "warm-up), predicted 17.00 ms")
-    assert worker.timing_line(3, [fast, slow], simulated).startswith(
+    assert timings.timing_line(3, [fast, slow], simulated).startswith(
         "time: 21.00 ms/step (median of steps 5-7 on the slowest rank, after step 4's ")
-    assert worker.timing_line(3, [[900.0, 10.0], [50.0, 20.0]], worker.Prediction(5.5)) == (
+    assert timings.timing_line(3, [[900.0, 10.0], [50.0, 20.0]], timings.Prediction(5.5)) == (
         "time: 20.00 ms/step (step 5 alone, after step 4's warm-up), predicted 5.50 ms")
-    assert worker.timing_line(0, [[900.0], [50.0]], worker.Prediction(5.5)) == (
+    assert timings.timing_line(0, [[900.0], [50.0]], timings.Prediction(5.5)) == (
         "time: 900.00 ms/step (step 1 alone, warm-up included), predicted 5.50 ms")
 
 
@@ -204,17 +204,17 @@ def test_the_prediction_falls_back_to_the_plans_estimate_and_says_so() -> None:
     repo = Path(__file__).resolve().parents[2]
     path = str(repo / "plans" / "tiny-clip-local-cpu-2.yaml")
     plan, graph = load(path, Plan), load(str(repo / "graphs" / "tiny-clip.yaml"), MetaOpGraph)
-    simulated = worker.predicted_iteration(path, plan, graph, overlap_sync=False)
+    simulated = timings.predicted_iteration(path, plan, graph, overlap_sync=False)
     assert simulated.fallback is None
     assert simulated.ms > 0 and simulated.ms != plan.estimated_iteration_ms
-    assert worker.timing_line(0, [[30.0, 20.0]], simulated).endswith(
+    assert timings.timing_line(0, [[30.0, 20.0]], simulated).endswith(
         f"predicted {simulated.ms:.2f} ms")
     # a MetaOp the profile has no curve for: simulate refuses the plan
     m = graph.metaops[0]
     unknown = replace(graph, metaops=(replace(m, signature="other"), *graph.metaops[1:]))
-    fallback = worker.predicted_iteration(path, plan, unknown, overlap_sync=False)
+    fallback = timings.predicted_iteration(path, plan, unknown, overlap_sync=False)
     assert fallback.ms == plan.estimated_iteration_ms
-    line = worker.timing_line(0, [[30.0, 20.0]], fallback)
+    line = timings.timing_line(0, [[30.0, 20.0]], fallback)
     assert line.startswith(f"time: 20.00 ms/step (step 2 alone, after step 1's warm-up), "
                            f"predicted {plan.estimated_iteration_ms:.2f} ms (the plan's "
                            "estimate: not simulated, ")
@@ -460,9 +460,9 @@ def test_a_non_finite_loss_stops_the_step_naming_it(losses: dict[str, float], sa
     """The step's losses are all-reduced, so every rank decides alike; the line counts steps
     from 1, as the loss lines do."""
     opts = TrainOptions(steps=4, lr=1e30, checkpoint_dir=ckpt)
-    worker.check_finite(1, {"a": 2.5, "b": 1.0}, opts)
+    training.check_finite(1, {"a": 2.5, "b": 1.0}, opts)
     with pytest.raises(RuntimeFailure) as e:
-        worker.check_finite(2, losses, opts)
+        training.check_finite(2, losses, opts)
     # step 3's loss comes from the weights after step 2, which a checkpoint of step 2 holds
     kept = ("; step 3 was not checkpointed, and a checkpoint of step 2 holds the weights that "
             "gave it" if ckpt else "")
@@ -492,10 +492,10 @@ def test_weights_that_are_not_finite_are_not_checkpointed(finite: bool) -> None:
                   device=torch.device("cpu"))
     opts = TrainOptions(steps=4, lr=1e-3, checkpoint_dir="ck")
     if finite:
-        worker.check_finite_weights(2, _Weights(True), world, opts)
+        training.check_finite_weights(2, _Weights(True), world, opts)
         return
     with pytest.raises(RuntimeFailure) as e:
-        worker.check_finite_weights(2, _Weights(False), world, opts)
+        training.check_finite_weights(2, _Weights(False), world, opts)
     assert str(e.value) == ("step 2/4: the weights are not finite after the step: training "
                             "diverged; step 2 was not checkpointed")
 
@@ -531,7 +531,7 @@ def test_a_loss_line_stdout_refuses_is_an_output_error(tmp_path: Path,
     with open(tmp_path / "stdout", "w") as f:
         monkeypatch.setattr("sys.stdout", _Refusing(f.fileno(), error))
         with pytest.raises(SpindleError) as e:
-            worker.print_line("step 3/4  loss 1.0")
+            output.print_line("step 3/4  loss 1.0")
         assert str(e.value) == said
         assert worker._report_failure(0, e.value) == 2
         assert (tmp_path / "stdout").stat().st_ino != Path(f"/proc/self/fd/{f.fileno()}"

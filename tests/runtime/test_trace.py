@@ -131,8 +131,8 @@ def test_a_span_waits_for_the_device_before_each_clock_read() -> None:
     the work queued inside the span falls inside it."""
     import time
 
+    from spindle_cli.runtime.timings import device_synchronizer
     from spindle_cli.runtime.trace import Tracer
-    from spindle_cli.runtime.worker import device_synchronizer
 
     calls: list[str] = []
 
