@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -75,21 +76,7 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
                   dtype=dtype, tracer=tracer, overlap_sync=opts.overlap_sync,
                   sync_chunk_bytes=opts.sync_chunk_bytes)
     meta = checkpoint_meta(plan, replace(opts, overlap_sync=ex.sync.overlap_sync))
-    start = 0
-    if opts.resume:
-        assert opts.checkpoint_dir is not None
-        # the check `spindle run` makes before launch, made again here for a plain torchrun:
-        # a directory whose checkpoints are all incomplete (a rank's file missing, say on a
-        # directory that is not shared by every node) is refused, not trained over from step 0
-        found = checkpoint.resume_point(opts.checkpoint_dir, world_size=world.world_size,
-                                        meta=meta)
-        if found is not None:
-            start, state = checkpoint.load(found[0], rank=world.rank,
-                                           world_size=world.world_size, meta=meta,
-                                           device=world.device)
-            ex.load_state(state)
-        if world.rank == 0:
-            say(resume_note(found, opts))
+    start = _resume(ex, world, opts, meta) if opts.resume else 0
     result = TrainResult(start_step=start)
     metrics = (Metrics(opts.metrics_path, start)
                if opts.metrics_path is not None and world.rank == 0 else None)
@@ -123,19 +110,46 @@ def _train(plan: Plan, graph: MetaOpGraph, model: ModelSpec, program: Program,
     finally:
         if metrics is not None:
             metrics.close()
-    if result.step_ms:
-        gathered = gather_timings(tracer, result.step_ms, ex, world)
-        predicted = (opts.prediction if opts.prediction is not None
-                     else Prediction(plan.estimated_iteration_ms, "no prediction was given"))
-        if world.rank == 0 and log:
-            say(timing_line(result.start_step, [g.step_ms for g in gathered], predicted))
-        if opts.trace_path is not None and world.rank == 0:
-            write_trace(opts.trace_path, gathered, plan, world, predicted,
-                        steps=len(result.step_ms), overlap_sync=opts.overlap_sync)
-    elif opts.trace_path is not None and world.rank == 0:
-        say(untraced(opts.trace_path))
+    _report_timings(result, plan, ex, tracer, world, opts, log)
     result.params = ex.parameters()
     return result
+
+
+def _resume(ex: Executor, world: rdist.World, opts: TrainOptions, meta: dict[str, Any]) -> int:
+    """The step a --resume run starts from: that of the newest complete checkpoint in
+    `opts.checkpoint_dir`, whose state `ex` then holds, or 0 when there is none."""
+    assert opts.checkpoint_dir is not None
+    # the check `spindle run` makes before launch, made again here for a plain torchrun:
+    # a directory whose checkpoints are all incomplete (a rank's file missing, say on a
+    # directory that is not shared by every node) is refused, not trained over from step 0
+    found = checkpoint.resume_point(opts.checkpoint_dir, world_size=world.world_size, meta=meta)
+    start = 0
+    if found is not None:
+        start, state = checkpoint.load(found[0], rank=world.rank, world_size=world.world_size,
+                                       meta=meta, device=world.device)
+        ex.load_state(state)
+    if world.rank == 0:
+        say(resume_note(found, opts))
+    return start
+
+
+def _report_timings(result: TrainResult, plan: Plan, ex: Executor, tracer: Tracer,
+                    world: rdist.World, opts: TrainOptions,
+                    log: Callable[[str], None] | None) -> None:
+    """After the last step: every rank's step times gathered, and on rank 0 the line that sets
+    them against the prediction (when logging) and the --trace file (or why there is none)."""
+    if not result.step_ms:
+        if opts.trace_path is not None and world.rank == 0:
+            say(untraced(opts.trace_path))
+        return
+    gathered = gather_timings(tracer, result.step_ms, ex, world)
+    predicted = (opts.prediction if opts.prediction is not None
+                 else Prediction(plan.estimated_iteration_ms, "no prediction was given"))
+    if world.rank == 0 and log:
+        say(timing_line(result.start_step, [g.step_ms for g in gathered], predicted))
+    if opts.trace_path is not None and world.rank == 0:
+        write_trace(opts.trace_path, gathered, plan, world, predicted,
+                    steps=len(result.step_ms), overlap_sync=opts.overlap_sync)
 
 
 def check_finite(step: int, losses: dict[str, float], opts: TrainOptions) -> None:
