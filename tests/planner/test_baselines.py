@@ -6,6 +6,7 @@ import pytest
 from plan_builders import alpha_beta_curve, cluster, curve, graph, metaop, profile
 
 from spindle_cli.planner.api import make_plan
+from spindle_cli.planner.consistency import check_recorded
 from spindle_cli.planner.options import PlanOptions
 
 
@@ -163,3 +164,25 @@ def test_a_chain_sits_out_a_wave_its_operator_would_hold_long():
            for w in plan.waves]
     assert got == [([("b/e", 0, 1)], pytest.approx(1.0)),
                    ([("a/x", 0, 2), ("b/h", 0, 19)], pytest.approx(20.0))]
+
+
+def test_a_wave_left_without_its_lowest_level_slot_takes_the_level_of_the_rest():
+    # three tasks side by side on three devices (Optimus): the waves' shortening moves t0/e1's
+    # operator out of the wave it shared with t0/h1's, which kept level 0 for a lone level-2
+    # slice, and `spindle validate` refused the plan Optimus wrote
+    spec = [("t0/e0", 0, 2, 1.0), ("t0/e1", 0, 1, 0.5), ("t0/h0", 1, 2, 5.0),
+            ("t0/h1", 2, 4, 2.0), ("t1/e0", 0, 3, 1.0), ("t1/e1", 0, 5, 3.0),
+            ("t1/h0", 1, 1, 0.5), ("t1/h1", 2, 4, 1.0), ("t2/e0", 0, 1, 0.5),
+            ("t2/e1", 0, 5, 2.0), ("t2/h0", 1, 1, 1.0)]
+
+    def preds(mid, level):
+        task = mid.split("/")[0]
+        return (f"{task}/e0", f"{task}/e1") if level == 1 else (f"{task}/h0",) if level else ()
+
+    g = graph([metaop(m, level=lv, layers=n, batch=4, preds=preds(m, lv))
+               for m, lv, n, _ in spec])
+    p = profile([alpha_beta_curve(m, 4, 0.0, beta) for m, _, _, beta in spec])
+    plan = make_plan(g, p, cluster(per_node=3), options=PlanOptions(planner="optimus"))
+    assert [w.level for w in plan.waves] == [
+        min(g.metaop(s.metaop).level for s in w.slices) for w in plan.waves]
+    check_recorded(plan, g, PlanOptions.of(plan).memory)
