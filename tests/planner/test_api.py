@@ -31,6 +31,7 @@ from spindle_cli.errors import FieldError, NoValidCount, PlanInfeasible, Spindle
 from spindle_cli.planner import placement
 from spindle_cli.planner.api import fitting_plan_with_cost, make_plan
 from spindle_cli.planner.assemble import place_again
+from spindle_cli.planner.consistency import check_plan, check_recorded
 from spindle_cli.planner.graph import build_graph
 from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.profiling import analytic_profile
@@ -56,7 +57,10 @@ def multitask():
 
 
 def check_contract(plan, g):
-    """The invariants every consumer of a plan relies on."""
+    """The invariants every consumer of a plan relies on, and what `spindle validate` and
+    `spindle run` hold a plan file to (consistency.check_plan and check_recorded)."""
+    check_plan(plan, g)
+    check_recorded(plan, g, PlanOptions.of(plan).memory)
     seen = {m.id: [] for m in g.metaops}
     wave_of = {}
     for w in plan.waves:
