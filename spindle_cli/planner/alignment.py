@@ -43,6 +43,9 @@ class PlannedWave:
     """A wave before placement: its level and slots (in proposal order)."""
 
     level: int
+    """The level it was scheduled at (consecutive waves of one level may merge). Moving
+    operators between waves can empty its lowest-level slot; the plan's wave then takes its
+    slices' lowest level (`assemble`)."""
     slots: tuple[Slot, ...]
 
     @property

@@ -166,8 +166,10 @@ def _waves(planned: list[PlannedWave], specs: list[list[SliceSpec]],
                   ranks=ranks[wi][si], strategy=sp.strategy, time_ms=slot.time_ms)
             for si, (slot, sp) in enumerate(zip(pw.slots, row, strict=True))
         )
-        waves.append(Wave(index=wi, level=pw.level, start_ms=start, duration_ms=pw.duration_ms,
-                          slices=slices))
+        # a wave's level is its slices' lowest (what validate holds it to), whatever moves
+        # between waves (shortening, splitting a long wave) left of the level it was made at
+        waves.append(Wave(index=wi, level=min(sp.metaop.level for sp in row), start_ms=start,
+                          duration_ms=pw.duration_ms, slices=slices))
         start += pw.duration_ms
     return tuple(waves)
 

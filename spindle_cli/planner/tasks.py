@@ -145,16 +145,8 @@ def concurrent(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGra
     # a rule that sits no chain out gives the waves of the one before: shortened once
     tried = dict.fromkeys(tuple(_side_by_side(chains, curves, graph, max_ops, x))
                           for x in SIT_OUT)
-    kept = min((shorten_waves(list(waves), max_ops) for waves in tried),
+    return min((shorten_waves(list(waves), max_ops) for waves in tried),
                key=lambda waves: sum(w.duration_ms for w in waves))
-    # shortening can empty a wave's lowest-level slot: the wave is at its other slots' level
-    metaops = {m.id: m for m in graph.metaops}
-    return [replace(w, level=_level(w.slots, metaops)) for w in kept]
-
-
-def _level(slots: tuple[Slot, ...], metaops: dict[str, MetaOp]) -> int:
-    """A wave's MetaLevel: its slots' lowest."""
-    return min(metaops[s.metaop].level for s in slots)
 
 
 def _side_by_side(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGraph,
@@ -187,7 +179,8 @@ def _side_by_side(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOp
                 pos[i] += 1
                 if pos[i] < len(chains[i]):
                     left[i] = metaops[chains[i][pos[i]][0]].num_layers
-        merge_or_append(waves, PlannedWave(level=_level(slots, metaops), slots=slots), max_ops)
+        level = min(metaops[s.metaop].level for s in slots)
+        merge_or_append(waves, PlannedWave(level=level, slots=slots), max_ops)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

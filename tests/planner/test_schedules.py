@@ -8,14 +8,25 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from plan_builders import alpha_beta_curve, cluster, graph, metaop, profile
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, load
 from spindle_cli.errors import PlanInfeasible
+from spindle_cli.planner.alignment import PlannedWave, Slot
 from spindle_cli.planner.api import fitting_plan_with_cost, make_plan, memory_ladder
+from spindle_cli.planner.assemble import assemble
 from spindle_cli.planner.buckets import MAX_CHUNKS
+from spindle_cli.planner.consistency import check_recorded
 from spindle_cli.planner.memory import MemoryStrategy
 from spindle_cli.planner.options import PlanOptions
-from spindle_cli.planner.schedules import Schedules, options_curves, slice_limits
+from spindle_cli.planner.schedules import (
+    Schedules,
+    allocate,
+    op_curves,
+    options_curves,
+    slice_limits,
+    split_first_long_wave,
+)
 from spindle_cli.planner.search import make_plan_with_cost
 from spindle_cli.planner.simulate import simulated_cost
 
@@ -118,3 +129,23 @@ def test_schedules_of_other_curves_are_refused():
         make_plan_with_cost(g, p, c, options=PlanOptions(recompute=True), schedules=schedules)
     # another memory setting with the same curves is what they are for
     make_plan_with_cost(g, p, c, options=PlanOptions(zero=1), schedules=schedules)
+
+
+def test_a_wave_split_from_its_lowest_level_slices_is_planned_at_the_level_of_the_rest():
+    # after b/enc, a/enc (level 0, 0.2 ms) beside b/head (level 1, four 1-ms operators) in one
+    # wave of the fused schedule: splitting that long wave leaves b/head alone in its second
+    # half, which kept level 0, and `spindle validate` and `spindle run` refused the plan
+    g = graph([metaop("a/enc", layers=1, batch=2), metaop("b/enc", layers=1, batch=2),
+               metaop("b/head", level=1, layers=4, batch=2, preds=("b/enc",))])
+    p = profile([alpha_beta_curve("a/enc", 2, 0.0, 0.2), alpha_beta_curve("b/enc", 2, 0.0, 0.2),
+                 alpha_beta_curve("b/head", 2, 0.0, 1.0)])
+    c = cluster(per_node=2)
+    curves = op_curves(g, p, c.num_devices)
+    planned = [PlannedWave(level=0, slots=(Slot(metaop="b/enc", n=1, num_ops=1, op_time_ms=0.2),)),
+               PlannedWave(level=0, slots=(Slot(metaop="a/enc", n=1, num_ops=1, op_time_ms=0.2),
+                                           Slot(metaop="b/head", n=1, num_ops=4, op_time_ms=1.0)))]
+    split = split_first_long_wave(planned)
+    assert [[s.metaop for s in w.slots] for w in split] == [["b/enc"], ["a/enc"], ["b/head"]]
+    plan = assemble(g, curves, c, PlanOptions(), (), allocate(g, curves, c.num_devices), split)
+    assert [w.level for w in plan.waves] == [0, 0, 1]
+    check_recorded(plan, g, MemoryStrategy())
