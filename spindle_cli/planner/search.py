@@ -174,6 +174,11 @@ class _Search:
         self.simulated = self.n_dev <= SIMULATED_CHOICE_MAX_DEVICES
         self.tried: dict[tuple[tuple[PlannedWave, ...], bool, bool, bool], bool] = {}
         """The candidates `consider` assembled, and whether each did not fit."""
+        self.gave_up: dict[tuple[tuple[PlannedWave, ...], bool, bool, bool],
+                           tuple[Plan, float]] = {}
+        """The candidates whose simulation gave up, and the slack it was given: asked for again
+        with more (a baseline's schedule with the waves of one of Spindle's own), they are
+        simulated again, and may finish among the runners-up that try finer chunks."""
         # candidates that begin with the same waves place them alike (`placement.PlacedWaves`)
         self.placements = PlacedWaves(graph, cluster)
         self.last_ms = math.inf
@@ -246,6 +251,8 @@ class _Search:
         key = (tuple(planned), home is not None, reserve is not None, consecutive)
         if key in self.tried:
             self.last_failed = self.tried[key]  # as it did before: other bounds, the same waves
+            if key in self.gave_up and slack > self.gave_up[key][1]:
+                self._simulate(key, self.gave_up[key][0], slack)
             return False
         if best is not None and sum(w.duration_ms for w in planned) >= best.iteration_ms:
             return False
@@ -264,21 +271,34 @@ class _Search:
             return False
         if reserve is not None and plan.waves == reserve.waves:
             return False  # nothing was reserved: that plan again
-        # above SIMULATED_CHOICE_MAX_DEVICES one simulation would take longer than the
-        # planning target: the first candidate is the plan
-        cost = (simulated_cost(plan, self.graph, self.profile, self.cluster, give_up_ms=min(
-                    self.give_up_ms, best.iteration_ms * (1 + slack) if best else math.inf))
-                if self.simulated else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
-        self.last_ms = cost.iteration_ms
-        self.last_plan = plan if math.isfinite(cost.transfer_ms) else None
-        if self.finished is not None and self.last_plan is not None:
-            self.finished.append((self.last_ms, self.last_plan))
+        cost = self._simulate(key, plan, slack)
         if best is None or cost.iteration_ms < best.iteration_ms - 1e-9:
             self.best = _Kept(iteration_ms=cost.iteration_ms, plan=plan, caps=caps, fused=fused,
                               transfer_ms=cost.transfer_ms, planned=planned, home=home,
                               label=label, spread=spread)
             return True
         return False
+
+    def _simulate(self, key: tuple[tuple[PlannedWave, ...], bool, bool, bool], plan: Plan,
+                  slack: float) -> QuickCost:
+        """`consider`'s simulation of candidate `plan` until it is `slack` above the best (or
+        `give_up_ms`); `last_ms` and `last_plan` tell how it went, and one simulated to the
+        end joins `finished`."""
+        # above SIMULATED_CHOICE_MAX_DEVICES one simulation would take longer than the
+        # planning target: the first candidate is the plan
+        best = self.best
+        cost = (simulated_cost(plan, self.graph, self.profile, self.cluster, give_up_ms=min(
+                    self.give_up_ms, best.iteration_ms * (1 + slack) if best else math.inf))
+                if self.simulated else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
+        self.last_ms = cost.iteration_ms
+        self.last_plan = plan if math.isfinite(cost.transfer_ms) else None
+        if self.last_plan is None:
+            self.gave_up[key] = (plan, slack)
+        else:
+            self.gave_up.pop(key, None)
+            if self.finished is not None:
+                self.finished.append((self.last_ms, self.last_plan))
+        return cost
 
     def consider_bounds(self) -> list[int]:
         """Each bound of `device_caps` for all levels, each also from the allocation that

@@ -149,3 +149,19 @@ def test_a_wave_split_from_its_lowest_level_slices_is_planned_at_the_level_of_th
     plan = assemble(g, curves, c, PlanOptions(), (), allocate(g, curves, c.num_devices), split)
     assert [w.level for w in plan.waves] == [0, 0, 1]
     check_recorded(plan, g, MemoryStrategy())
+
+
+def test_a_baseline_schedule_with_the_waves_of_a_candidate_that_gave_up_is_simulated_again():
+    # one task of two MetaOps on 6 GPUs (a fuzzing review's case): the sequential baseline's
+    # schedule has the waves of a Spindle candidate simulated before with no slack, which gave
+    # up; skipped as already tried, it never finished among the runners-up that try finer
+    # gradient chunks, and Spindle's plan simulated 5.34 ms where sequential's own search,
+    # with 8 chunks, gets 5.13
+    case = REPO / "tests" / "data" / "baseline-duplicate"
+    g = load(str(case / "graph.yaml"), MetaOpGraph)
+    p = load(str(case / "profile.yaml"), Profile)
+    c = load(str(case / "cluster.yaml"), ClusterSpec)
+    spindle_ms = fitting_plan_with_cost(g, p, c)[1]
+    for planner in ("sequential", "optimus", "distmm"):
+        assert spindle_ms <= fitting_plan_with_cost(
+            g, p, c, options=PlanOptions(planner=planner))[1] + 1e-9, planner
