@@ -47,7 +47,7 @@ def assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpe
     transfers = tuple(_transfer(f, waves) for f in flows)
     levels = tuple(
         LevelBound(level=a.level, lower_bound_ms=a.lower_bound_ms,
-                   estimated_ms=sum(w.duration_ms for w in waves if w.level == a.level))
+                   estimated_ms=sum((w.duration_ms for w in waves if w.level == a.level), 0.0))
         for a in allocs
     )
     return Plan(

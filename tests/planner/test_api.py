@@ -22,6 +22,7 @@ from spindle_cli.artifacts import (
     Profile,
     load,
     rendered_for,
+    sha256,
 )
 from spindle_cli.artifacts.canonical import render
 from spindle_cli.artifacts.files import write_artifact
@@ -444,3 +445,20 @@ def test_a_tensor_parallel_group_split_by_sequential_placement_is_not_called_mem
     plan, _ = fitting_plan_with_cost(g, p, cluster(per_node=4, island=2),
                                      options=PlanOptions(planner="distmm"))
     assert all(s.ranks[0] // 2 == s.ranks[-1] // 2 for _, s in plan.slices())
+
+
+def test_a_level_no_wave_is_at_is_written_as_it_reads_back(tmp_path):
+    # Optimus runs b/head beside a/enc, so no wave is at level 1: its estimate summed no wave
+    # and was the int 0, written `0`, which reads back 0.0: the plan read from its file hashed
+    # differently from the plan as made, and a plan loaded and written again changed bytes
+    g = graph([metaop("a/enc", layers=2), metaop("b/enc", layers=1),
+               metaop("b/head", level=1, layers=1, preds=("b/enc",))])
+    p = profile([alpha_beta_curve("a/enc", 8, 0.0, 10.0), alpha_beta_curve("b/enc", 8, 0.0, 1.0),
+                 alpha_beta_curve("b/head", 8, 0.0, 1.0)])
+    plan = make_plan(g, p, cluster(per_node=2), options=PlanOptions(planner="optimus"))
+    assert [w.level for w in plan.waves] == [0, 0] and plan.levels[1].estimated_ms == 0.0
+    write_artifact(plan, str(tmp_path / "plan.yaml"))
+    back = load(str(tmp_path / "plan.yaml"), Plan)
+    assert sha256(back) == sha256(plan)
+    write_artifact(back, str(tmp_path / "again.yaml"))
+    assert (tmp_path / "again.yaml").read_bytes() == (tmp_path / "plan.yaml").read_bytes()
