@@ -83,6 +83,19 @@ class _Chain:
     start_s: float
     latency_s: float
 
+GIVE_UP_ROUNDING = 1e-12
+"""The relative rounding a give-up bound allows: the clock and the work left are summed in
+another order than the simulation to the end sums them (the network in seconds, against a
+bound in ms), so an iteration equal to the bound could pass it by an ulp. The checks give up
+only beyond it (`passes`); `simulate.simulated_cost` shaves it off a bound it gave up at."""
+
+
+def passes(total: float, bound: float) -> bool:
+    """Whether a lower bound of the iteration, `total`, passes the give-up `bound` beyond
+    rounding (`GIVE_UP_ROUNDING`)."""
+    return total > bound * (1 + GIVE_UP_ROUNDING)
+
+
 class GaveUp(Exception):
     """The simulation (`simulate._run`) found the iteration lasts at least `now_ms`, past its
     `give_up_ms`."""
@@ -235,7 +248,7 @@ class Network:
         """Raise GaveUp once the clock plus `tail_s` passes `give_up_s`: the clock only
         advances to the end of a flow someone waits for, so the iteration lasts at least
         until now, plus the tail."""
-        if self.now_s + self.tail_s > self.give_up_s:
+        if passes(self.now_s + self.tail_s, self.give_up_s):
             raise GaveUp((self.now_s + self.tail_s) * 1e3)
 
     def _step(self) -> None:

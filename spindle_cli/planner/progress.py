@@ -15,7 +15,7 @@ import numpy as np
 
 from spindle_cli.artifacts.plan import Slice
 from spindle_cli.planner.iteration import FlowKind, Iteration, RankTimes, bucket_label
-from spindle_cli.planner.network import GaveUp
+from spindle_cli.planner.network import GaveUp, passes
 
 
 def run_barriers(it: Iteration) -> tuple[list[float], None]:
@@ -39,7 +39,7 @@ def run_barriers(it: Iteration) -> tuple[list[float], None]:
 
 
 def _give_up_past(it: Iteration, now_ms: float, rest_ms: float) -> None:
-    if now_ms + rest_ms > it.give_up_ms:
+    if passes(now_ms + rest_ms, it.give_up_ms):
         raise GaveUp(now_ms + rest_ms)
 
 
@@ -272,7 +272,7 @@ class _Ranks:
             self.pass_compute(k, q, start_ms)
             if backward:
                 self.through_backward(w, q, start_ms, s)
-        if clock[s.ranks[0]] > self.it.give_up_ms:
+        if passes(clock[s.ranks[0]], self.it.give_up_ms):
             raise GaveUp(clock[s.ranks[0]])
 
     def advance(self, r: int) -> bool:

@@ -111,7 +111,7 @@ from spindle_cli.planner.buckets import SyncMode, backend_sync
 from spindle_cli.planner.consistency import check_plan
 from spindle_cli.planner.iteration import FlowKind, Iteration, Timeline
 from spindle_cli.planner.memory import MemoryStrategy, replayed_table
-from spindle_cli.planner.network import GaveUp
+from spindle_cli.planner.network import GIVE_UP_ROUNDING, GaveUp
 from spindle_cli.planner.progress import run_barriers, run_ranks
 from spindle_cli.planner.workload import recompute, zero_stage
 
@@ -324,10 +324,6 @@ def simulated_cost(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: Cl
         bound_ms = max(give_up_ms, e.now_ms * (1 - GIVE_UP_ROUNDING))
         return QuickCost(iteration_ms=bound_ms, transfer_ms=math.inf)
     return QuickCost(iteration_ms=timeline.iteration_ms, transfer_ms=timeline.parts[2])
-
-
-GIVE_UP_ROUNDING = 1e-12
-"""The relative rounding `simulated_cost` takes off a lower bound it gave up at."""
 
 
 def _run(plan: Plan, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
