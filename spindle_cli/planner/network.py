@@ -28,10 +28,11 @@ def row_flows(
     num_rows: int,
 ) -> tuple[tuple[int, int, int], ...]:
     """(src rank, dst rank, bytes) pieces of a transfer, rows matched by overlap; same-rank
-    pieces are dropped. Every rank of a consumer tensor-parallel group needs its group's rows;
-    they come from the producer rank on the same device when there is one, else from the
-    producer group's ranks in turn (each holds the group's output). Cached: the
-    candidate plans a planner simulates share most of their slices."""
+    pieces are dropped, pieces of 0 bytes kept (a consumer waits for its message, which the
+    executor sends however small the rows). Every rank of a consumer tensor-parallel group
+    needs its group's rows; they come from the producer rank on the same device when there is
+    one, else from the producer group's ranks in turn (each holds the group's output). Cached:
+    the candidate plans a planner simulates share most of their slices."""
     src_groups = tp_groups(src_ranks, src_strategy)
     dst_groups = tp_groups(dst_ranks, dst_strategy)
     src_rows = split_rows(num_rows, len(src_groups))
@@ -54,7 +55,7 @@ def row_flows(
             for j, d in enumerate(dg):
                 # every rank of a producer group holds its rows: consumers take turns
                 s = d if d in sg else sg[(di + j) % len(sg)]
-                if s != d and piece > 0:
+                if s != d:
                     out.append((s, d, piece))
     return tuple(out)
 

@@ -49,7 +49,7 @@ def row_flows_by_every_pair(num_bytes, src_ranks, src_strategy, dst_ranks, dst_s
             piece = num_bytes * overlap // num_rows
             for j, d in enumerate(dg):
                 s = d if d in sg else sg[(di + j) % len(sg)]
-                if s != d and piece > 0:
+                if s != d:
                     out.append((s, d, piece))
     return out
 

@@ -648,3 +648,19 @@ def test_layers_in_tp2_on_some_ranks_and_tp3_on_others_reduce_six_shards():
     assert sent == sorted([(j % 2, 2 + j % 3, sixth) for j in range(6)]
                           + [(2 + j % 3, j % 2, sixth) for j in range(6)])
     assert r.sync_ms == pytest.approx(5.0)
+
+
+def test_a_consumer_waits_for_its_producer_however_few_bytes_move():
+    # t/enc (ranks 0-1) passes 0 bytes to t/head (ranks 2-3): with each rank on its own, no
+    # message was left to wait for, and t/head started at 0 ms, before t/enc ended
+    g = fx.graph()
+    g = dataclasses.replace(g, metaops=(dataclasses.replace(g.metaops[0], activation_out_bytes=0),
+                                        g.metaops[1]))
+    plan = fx.plan(enc_sync_bytes=0, head_sync_bytes=0)
+    plan = dataclasses.replace(plan, transfers=(dataclasses.replace(plan.transfers[0], bytes=0),))
+    by_wave = simulate(plan, g, fx.profile(), fx.cluster())
+    by_rank = simulate(plan, g, fx.profile(), fx.cluster(), progress="rank")
+    start = {s.slice_id: s.forward_start_ms for s in by_rank.slices}
+    end = {s.slice_id: s.forward_end_ms for s in by_rank.slices}
+    assert start["w1.0"] >= end["w0.0"] > 0
+    assert by_rank.iteration_ms == pytest.approx(by_wave.iteration_ms)
