@@ -121,7 +121,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     (`consider_first_wave_split`), then each task on one device group through all its levels
     (`consider_task_stable`), then, where tasks outnumber the groups, tasks one after another
     on lanes of equal groups (`consider_lanes`), then the three baselines' schedules, so that
-    Spindle never simulates slower than a baseline (`consider_baselines`). Finally the kept
+    Spindle never simulates slower than a baseline's schedule with the same gradient chunks
+    (`consider_baselines`; README, "Spindle against the baselines"). Finally the kept
     plan's waves are placed again, with ranks reserved for the slices that would keep their
     rows there and on consecutive ranks, and so is Spindle's own best when a baseline's
     schedule is kept (`consider_placed_again`); where the baseline's still wins, both are
@@ -502,11 +503,12 @@ class _Search:
 
     def consider_baselines(self) -> None:
         """The three baselines' schedules, so that Spindle never simulates slower than a
-        baseline (tried, where simulated, even where none of Spindle's own fits: one may; a
-        quality sweep of 132 small cases found 11 where a baseline's schedule beat every one
-        of Spindle's own by 0.5-12%: an embedding's rows re-split between 3 and 1 devices, or,
-        before the forward waited for the ZeRO all-gather layer by layer, a 32-layer encoder
-        waiting in one wave for all of it across nodes)."""
+        baseline's schedule with the same gradient chunks (tried, where simulated, even where
+        none of Spindle's own fits: one may; a quality sweep of 132 small cases found 11 where
+        a baseline's schedule beat every one of Spindle's own by 0.5-12%: an embedding's rows
+        re-split between 3 and 1 devices, or, before the forward waited for the ZeRO
+        all-gather layer by layer, a 32-layer encoder waiting in one wave for all of it across
+        nodes)."""
         graph, curves, n_dev, max_ops = self.graph, self.curves, self.n_dev, self.max_ops
         for name, planned in (("sequential", baselines.sequential(graph, curves, max_ops)),
                               ("optimus", baselines.optimus(graph, curves, n_dev, max_ops)),
