@@ -99,7 +99,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                         inputs: tuple[InputRef, ...] = (),
                         schedules: Schedules | None = None,
                         give_up_ms: float = math.inf,
-                        finished: list[tuple[float, Plan]] | None = None
+                        finished: list[tuple[float, Plan]] | None = None,
+                        baseline_plans: list[Plan] | None = None
                         ) -> tuple[Plan, float | None]:
     """Plan one training iteration of `graph` on `cluster`; with the plan, its simulated
     iteration (ms) where the planner chose it by simulation (None for the baselines and above
@@ -107,7 +108,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     profile, cluster and curve options (`Schedules`), to reuse. `give_up_ms`: an iteration
     the caller already has, so no candidate is simulated beyond it; where none beats it the
     iteration returned is only a lower bound, at least `give_up_ms`. `finished`, where
-    given, gets every candidate simulated to the end, with its iteration.
+    given, gets every candidate simulated to the end, with its iteration; `baseline_plans`
+    the baselines' schedules as Spindle assembled them (`_Search.consider_baselines`).
 
     Spindle schedules every level once per device bound of `device_caps` and keeps the plan
     whose simulated iteration (compute, inter-wave transfers, gradient sync:
@@ -121,8 +123,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     (`consider_first_wave_split`), then each task on one device group through all its levels
     (`consider_task_stable`), then, where tasks outnumber the groups, tasks one after another
     on lanes of equal groups (`consider_lanes`), then the three baselines' schedules, so that
-    Spindle never simulates slower than a baseline's schedule with the same gradient chunks
-    (`consider_baselines`; README, "Spindle against the baselines"). Finally the kept
+    Spindle never simulates slower than a baseline (`consider_baselines`; `api` tries each
+    with finer gradient chunks). Finally the kept
     plan's waves are placed again, with ranks reserved for the slices that would keep their
     rows there and on consecutive ranks, and so is Spindle's own best when a baseline's
     schedule is kept (`consider_placed_again`); where the baseline's still wins, both are
@@ -148,7 +150,20 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
             planned = baselines.distmm(graph, curves, n_dev, max_ops)
         return assemble(graph, curves, cluster, options, inputs, allocs, planned), None
     return _Search(graph, profile, cluster, options, inputs, schedules, max_ops,
-                   give_up_ms=give_up_ms, finished=finished).run()
+                   give_up_ms=give_up_ms, finished=finished,
+                   baseline_plans=baseline_plans).run()
+
+
+_Key = tuple[tuple[PlannedWave, ...], bool, bool, bool]
+"""A candidate as `_Search.consider` tells candidates apart (`_key`)."""
+
+
+def _key(planned: list[PlannedWave], *, home: bool = False, reserve: bool = False,
+         consecutive: bool = False) -> _Key:
+    """A candidate's waves and whether it was placed with home ranks, with ranks reserved, or
+    on consecutive ranks: bounds that change nothing give the same waves, hence (placed alike)
+    the same plan and iteration."""
+    return tuple(planned), home, reserve, consecutive
 
 
 class _Search:
@@ -158,11 +173,13 @@ class _Search:
     def __init__(self, graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
                  options: PlanOptions, inputs: tuple[InputRef, ...], schedules: Schedules,
                  max_ops: MaxOps, *, give_up_ms: float,
-                 finished: list[tuple[float, Plan]] | None) -> None:
+                 finished: list[tuple[float, Plan]] | None,
+                 baseline_plans: list[Plan] | None = None) -> None:
         self.graph, self.profile, self.cluster = graph, profile, cluster
         self.options, self.inputs, self.schedules = options, inputs, schedules
         self.curves, self.allocs = schedules.curves, schedules.allocs
         self.max_ops, self.give_up_ms, self.finished = max_ops, give_up_ms, finished
+        self.baseline_plans = baseline_plans
         self.n_dev = cluster.num_devices
         self.whole_cluster = (self.n_dev,) * len(self.allocs)
         """Every level's device bound at the whole cluster (the task-stable, task-lane and
@@ -173,10 +190,9 @@ class _Search:
         self.error: PlanInfeasible | None = None
         self.bounds = device_caps(cluster)
         self.simulated = self.n_dev <= SIMULATED_CHOICE_MAX_DEVICES
-        self.tried: dict[tuple[tuple[PlannedWave, ...], bool, bool, bool], bool] = {}
-        """The candidates `consider` assembled, and whether each did not fit."""
-        self.gave_up: dict[tuple[tuple[PlannedWave, ...], bool, bool, bool],
-                           tuple[Plan, float]] = {}
+        self.tried: dict[_Key, Plan | None] = {}
+        """The candidates `consider` assembled: each plan, None where it did not fit."""
+        self.gave_up: dict[_Key, float] = {}
         """The candidates whose simulation gave up, and the slack it was given: asked for again
         with more (a baseline's schedule with the waves of one of Spindle's own), they are
         simulated again, and may finish among the runners-up that try finer chunks."""
@@ -249,15 +265,16 @@ class _Search:
         best = self.best
         # bounds that change nothing give the same waves, hence (placed alike) the same plan
         # and iteration; and a plan whose waves alone outlast the best iteration cannot beat it
-        key = (tuple(planned), home is not None, reserve is not None, consecutive)
+        key = _key(planned, home=home is not None, reserve=reserve is not None,
+                   consecutive=consecutive)
         if key in self.tried:
-            self.last_failed = self.tried[key]  # as it did before: other bounds, the same waves
-            if key in self.gave_up and slack > self.gave_up[key][1]:
-                self._simulate(key, self.gave_up[key][0], slack)
+            earlier = self.tried[key]
+            self.last_failed = earlier is None  # as it did before: other bounds, the same waves
+            if earlier is not None and slack > self.gave_up.get(key, math.inf):
+                self._simulate(key, earlier, slack)
             return False
         if best is not None and sum(w.duration_ms for w in planned) >= best.iteration_ms:
             return False
-        self.tried[key] = False
         bounds_text = "/".join(map(str, caps)) if len(set(caps)) > 1 else str(caps[0])
         candidate = ", ".join(x for x in ("fused" if fused else "level by level",
                                           f"device bound {bounds_text}",
@@ -268,8 +285,9 @@ class _Search:
                             consecutive=consecutive, candidate=candidate,
                             placements=self.placements)
         except PlanInfeasible as e:
-            self.error, self.last_failed, self.tried[key] = self.error or e, True, True
+            self.error, self.last_failed, self.tried[key] = self.error or e, True, None
             return False
+        self.tried[key] = plan
         if reserve is not None and plan.waves == reserve.waves:
             return False  # nothing was reserved: that plan again
         cost = self._simulate(key, plan, slack)
@@ -280,8 +298,7 @@ class _Search:
             return True
         return False
 
-    def _simulate(self, key: tuple[tuple[PlannedWave, ...], bool, bool, bool], plan: Plan,
-                  slack: float) -> QuickCost:
+    def _simulate(self, key: _Key, plan: Plan, slack: float) -> QuickCost:
         """`consider`'s simulation of candidate `plan` until it is `slack` above the best (or
         `give_up_ms`); `last_ms` and `last_plan` tell how it went, and one simulated to the
         end joins `finished`."""
@@ -294,7 +311,7 @@ class _Search:
         self.last_ms = cost.iteration_ms
         self.last_plan = plan if math.isfinite(cost.transfer_ms) else None
         if self.last_plan is None:
-            self.gave_up[key] = (plan, slack)
+            self.gave_up[key] = slack
         else:
             self.gave_up.pop(key, None)
             if self.finished is not None:
@@ -503,12 +520,12 @@ class _Search:
 
     def consider_baselines(self) -> None:
         """The three baselines' schedules, so that Spindle never simulates slower than a
-        baseline's schedule with the same gradient chunks (tried, where simulated, even where
-        none of Spindle's own fits: one may; a quality sweep of 132 small cases found 11 where
-        a baseline's schedule beat every one of Spindle's own by 0.5-12%: an embedding's rows
-        re-split between 3 and 1 devices, or, before the forward waited for the ZeRO
-        all-gather layer by layer, a 32-layer encoder waiting in one wave for all of it across
-        nodes)."""
+        baseline (tried, where simulated, even where none of Spindle's own fits: one may; a
+        quality sweep of 132 small cases found 11 where a baseline's schedule beat every one
+        of Spindle's own by 0.5-12%: an embedding's rows re-split between 3 and 1 devices, or,
+        before the forward waited for the ZeRO all-gather layer by layer, a 32-layer encoder
+        waiting in one wave for all of it across nodes). Each plan assembled goes to
+        `baseline_plans`, which `api.fitting_plan_with_cost` tries with finer chunks."""
         graph, curves, n_dev, max_ops = self.graph, self.curves, self.n_dev, self.max_ops
         for name, planned in (("sequential", baselines.sequential(graph, curves, max_ops)),
                               ("optimus", baselines.optimus(graph, curves, n_dev, max_ops)),
@@ -517,6 +534,9 @@ class _Search:
             # gradient chunks (`api.fitting_plan_with_cost`)
             self.consider(self.whole_cluster, planned, fused=True, label=f"{name}'s schedule",
                           slack=NEAR_BEST)
+            plan = self.tried.get(_key(planned))
+            if self.baseline_plans is not None and plan is not None:
+                self.baseline_plans.append(plan)
 
     def consider_placed_again(self, own: _Kept | None) -> list[tuple[float, Plan]]:
         """The kept plan's waves placed again with ranks reserved for the slices that would
