@@ -124,16 +124,15 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     (`consider_task_stable`), then, where tasks outnumber the groups, tasks one after another
     on lanes of equal groups (`consider_lanes`), then the three baselines' schedules, so that
     Spindle never simulates slower than a baseline (`consider_baselines`; `api` tries each
-    with finer gradient chunks). Finally the kept
-    plan's waves are placed again, with ranks reserved for the slices that would keep their
-    rows there and on consecutive ranks, and so is Spindle's own best when a baseline's
-    schedule is kept (`consider_placed_again`); where the baseline's still wins, both are
-    tried with finer gradient chunks (`finer_chunks_of_both`). Candidates with the same waves
-    are simulated once; a one-island cluster has a single device bound and the other
-    candidates. The allocator and the wave scheduler see compute only; the simulator is the
-    planner's cost model for what they cannot see. The levels' lower bounds stay the uncapped
-    C*, so `lower_bound_ms` is the relaxed optimum whichever plan is kept. Baselines are
-    planned once, as their rules say."""
+    with finer gradient chunks). Finally the kept plan's waves are placed again, with ranks
+    reserved for the slices that would keep their rows there and on consecutive ranks, and so
+    is Spindle's own best when a baseline's schedule is kept (`consider_placed_again`); where
+    the baseline's still wins, both are tried with finer gradient chunks
+    (`finer_chunks_of_both`). Candidates with the same waves are simulated once; a one-island
+    cluster has a single device bound and the other candidates. The allocator and the wave
+    scheduler see compute only; the simulator is the planner's cost model for what they cannot
+    see. The levels' lower bounds stay the uncapped C*, so `lower_bound_ms` is the relaxed
+    optimum whichever plan is kept. Baselines are planned once, as their rules say."""
     n_dev = cluster.num_devices
     if schedules is None:
         schedules = Schedules(graph, profile, cluster, options, inputs=inputs)
@@ -192,10 +191,6 @@ class _Search:
         self.simulated = self.n_dev <= SIMULATED_CHOICE_MAX_DEVICES
         self.tried: dict[_Key, Plan | None] = {}
         """The candidates `consider` assembled: each plan, None where it did not fit."""
-        self.gave_up: dict[_Key, float] = {}
-        """The candidates whose simulation gave up, and the slack it was given: asked for again
-        with more (a baseline's schedule with the waves of one of Spindle's own), they are
-        simulated again, and may finish among the runners-up that try finer chunks."""
         # candidates that begin with the same waves place them alike (`placement.PlacedWaves`)
         self.placements = PlacedWaves(graph, cluster)
         self.last_ms = math.inf
@@ -268,10 +263,8 @@ class _Search:
         key = _key(planned, home=home is not None, reserve=reserve is not None,
                    consecutive=consecutive)
         if key in self.tried:
-            earlier = self.tried[key]
-            self.last_failed = earlier is None  # as it did before: other bounds, the same waves
-            if earlier is not None and slack > self.gave_up.get(key, math.inf):
-                self._simulate(key, earlier, slack)
+            # as it did before: other bounds, the same waves
+            self.last_failed = self.tried[key] is None
             return False
         if best is not None and sum(w.duration_ms for w in planned) >= best.iteration_ms:
             return False
@@ -290,33 +283,21 @@ class _Search:
         self.tried[key] = plan
         if reserve is not None and plan.waves == reserve.waves:
             return False  # nothing was reserved: that plan again
-        cost = self._simulate(key, plan, slack)
+        # above SIMULATED_CHOICE_MAX_DEVICES one simulation would take longer than the
+        # planning target: the first candidate is the plan
+        cost = (simulated_cost(plan, self.graph, self.profile, self.cluster, give_up_ms=min(
+                    self.give_up_ms, best.iteration_ms * (1 + slack) if best else math.inf))
+                if self.simulated else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
+        self.last_ms = cost.iteration_ms
+        self.last_plan = plan if math.isfinite(cost.transfer_ms) else None
+        if self.finished is not None and self.last_plan is not None:
+            self.finished.append((self.last_ms, self.last_plan))
         if best is None or cost.iteration_ms < best.iteration_ms - 1e-9:
             self.best = _Kept(iteration_ms=cost.iteration_ms, plan=plan, caps=caps, fused=fused,
                               transfer_ms=cost.transfer_ms, planned=planned, home=home,
                               label=label, spread=spread)
             return True
         return False
-
-    def _simulate(self, key: _Key, plan: Plan, slack: float) -> QuickCost:
-        """`consider`'s simulation of candidate `plan` until it is `slack` above the best (or
-        `give_up_ms`); `last_ms` and `last_plan` tell how it went, and one simulated to the
-        end joins `finished`."""
-        # above SIMULATED_CHOICE_MAX_DEVICES one simulation would take longer than the
-        # planning target: the first candidate is the plan
-        best = self.best
-        cost = (simulated_cost(plan, self.graph, self.profile, self.cluster, give_up_ms=min(
-                    self.give_up_ms, best.iteration_ms * (1 + slack) if best else math.inf))
-                if self.simulated else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
-        self.last_ms = cost.iteration_ms
-        self.last_plan = plan if math.isfinite(cost.transfer_ms) else None
-        if self.last_plan is None:
-            self.gave_up[key] = slack
-        else:
-            self.gave_up.pop(key, None)
-            if self.finished is not None:
-                self.finished.append((self.last_ms, self.last_plan))
-        return cost
 
     def consider_bounds(self) -> list[int]:
         """Each bound of `device_caps` for all levels, each also from the allocation that
