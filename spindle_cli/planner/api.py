@@ -162,16 +162,16 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
         if best is None or iteration_ms < best[0] - 1e-9:
             best = (iteration_ms, plan)
     if best is not None and backend_sync(cluster.backend) == "chunked":
-        # the kept plan and the next fastest candidates of other waves: one may gain more
-        for candidate in (best, *_runners_up(best, finished)):
+        # the kept plan and the next fastest candidates of other waves: one may gain more. And
+        # as a baseline's own search tries them on its kept plan however far behind Spindle's
+        # its schedule simulated here, so are the baselines' schedules of every setting (the
+        # best so far given as the one to beat), each finer count simulated only until it
+        # passes the best
+        candidates = [best, *_runners_up(best, finished)]
+        candidates += [(best[0], plan) for plan in baseline_plans
+                       if not any(plan is c[1] for c in candidates)]
+        for candidate in candidates:
             finer = finer_chunks(candidate, graph, profile, cluster, give_up_ms=best[0])
-            if finer[0] < best[0] - 1e-9:
-                best = finer
-        # a baseline's own search tries them on its kept plan however far behind Spindle's
-        # its schedule simulated here: so are the baselines' schedules of every setting, each
-        # finer count simulated only until it passes the best (given as the one to beat)
-        for plan in baseline_plans:
-            finer = finer_chunks((best[0], plan), graph, profile, cluster, give_up_ms=best[0])
             if finer[0] < best[0] - 1e-9:
                 best = finer
     if best is None:
