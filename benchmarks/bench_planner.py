@@ -54,7 +54,7 @@ from spindle_cli.artifacts.graph import MetaOp
 from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.profile import Curve, CurvePiece, Fingerprint, MemoryModel
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner import baselines, scaling, search
+from spindle_cli.planner import baselines, scaling, schedules, search
 from spindle_cli.planner.alignment import PlannedWave
 from spindle_cli.planner.allocation import allocate_level_analytic
 from spindle_cli.planner.api import (
@@ -376,9 +376,12 @@ def _compare_memory_search(task_set: str, cluster: ClusterSpec) -> None:
           f"alone {t2 - t1:.2f} s ({(t1 - t0) / (t2 - t1):.2f}x); {same}")
 
 
-# make_plan's stages, as search (make_plan_with_cost) looks them up: what `breakdown` times
-STAGES = {"simulations": ("simulated_cost",), "placement and plan building": ("assemble",),
-          "wave schedules": ("level_waves", "fused_waves", "lane_waves", "task_stable")}
+# make_plan's stages, as search (make_plan_with_cost) and its Schedules look them up: what
+# `breakdown` times
+STAGES = {"simulations": ((search, "simulated_cost"),),
+          "placement and plan building": ((search, "assemble"),),
+          "wave schedules": ((schedules, "level_schedule"), (search, "fused_waves"),
+                             (search, "lane_waves"), (search, "task_stable"))}
 
 
 def breakdown(fn: Callable[[], object]) -> tuple[dict[str, float], int]:
@@ -397,15 +400,16 @@ def breakdown(fn: Callable[[], object]) -> tuple[dict[str, float], int]:
                 calls[stage] = calls.get(stage, 0) + 1
         return wrapper
 
-    originals = {name: getattr(search, name) for names in STAGES.values() for name in names}
+    originals = {(module, name): getattr(module, name)
+                 for names in STAGES.values() for module, name in names}
     try:
         for stage, names in STAGES.items():
-            for name in names:
-                setattr(search, name, timed(stage, originals[name]))
+            for module, name in names:
+                setattr(module, name, timed(stage, originals[(module, name)]))
         fn()
     finally:
-        for name, f in originals.items():
-            setattr(search, name, f)
+        for (module, name), f in originals.items():
+            setattr(module, name, f)
     return spent, calls["simulations"]
 
 

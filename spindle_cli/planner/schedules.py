@@ -25,6 +25,7 @@ from spindle_cli.errors import FieldError, NoValidCount, PlanInfeasible, Spindle
 from spindle_cli.planner import scaling
 from spindle_cli.planner.alignment import MaxOps, PlannedWave
 from spindle_cli.planner.allocation import (
+    AslTuple,
     LevelAllocation,
     OpCurve,
     allocate_level,
@@ -228,46 +229,55 @@ class _Traced(NamedTuple):
 def level_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[LevelAllocation],
                 num_devices: int, max_ops: MaxOps | None = None, *,
                 few_variants: bool = False, extend: bool = True) -> list[list[PlannedWave]]:
-    """Algorithm 1 on every level, one schedule per level. Each level is scheduled with every
-    variant (proposal order, alignment, extension rule; a few on very large levels, or
-    everywhere with `few_variants`; without `extend`, idle devices stay idle:
-    `waves.without_extension`) and the shortest schedule is kept (the first on ties): the
-    variants are cheap and no single one wins on every level. A level's schedule depends
-    only on its own allocation, so schedules of different allocations can be mixed."""
+    """Algorithm 1 on every level, one schedule per level (`level_schedule`)."""
+    return [level_schedule(graph, curves, a, num_devices, max_ops, few_variants=few_variants,
+                           extend=extend) for a in allocs]
+
+
+def level_schedule(graph: MetaOpGraph, curves: dict[str, OpCurve], a: LevelAllocation,
+                   num_devices: int, max_ops: MaxOps | None = None, *,
+                   few_variants: bool = False, extend: bool = True) -> list[PlannedWave]:
+    """Algorithm 1 on one level, every MetaOp of the levels below finished. The level is
+    scheduled with every variant (proposal order, alignment, extension rule; a few on very
+    large levels, or everywhere with `few_variants`; without `extend`, idle devices stay
+    idle: `waves.without_extension`) and the shortest schedule is kept (the first on ties):
+    the variants are cheap and no single one wins on every level. A level's schedule depends
+    only on its own allocation's tuples (`level_tuples`), so schedules of different
+    allocations can be mixed."""
     preds = {m.id: m.predecessors for m in graph.metaops}
-    finished: set[str] = set()
-    levels: list[list[PlannedWave]] = []
-    for a in allocs:
-        best: list[PlannedWave] | None = None
-        best_ms = math.inf
-        num_tuples = sum(len(x.tuples) for x in a.ops)
-        # variants often build the same waves: a variant differing from a traced one only in
-        # switches that made no difference there is not run again, and each distinct result
-        # is shortened (and timed) once
-        traced: list[_Traced] = []
-        shortened: dict[tuple[PlannedWave, ...], tuple[list[PlannedWave], float]] = {}
-        variants = (VARIANTS if num_tuples <= LARGE_LEVEL and not few_variants
-                    else LARGE_LEVEL_VARIANTS)
-        for variant in variants if extend else without_extension(variants):
-            covering = next((x for x in traced if x.trace.covers(variant, x.variant)), None)
-            if covering is None:
-                rule, rounding, extension = variant
-                trace = traced_wavefront_level(a, curves, num_devices, preds, set(finished),
-                                               sort_rule=rule, rounding=rounding,
-                                               extension=extension, max_ops=max_ops)
-                key = tuple(trace.waves)
-                if key not in shortened:
-                    short = shorten_waves(trace.waves, max_ops)
-                    shortened[key] = (short, sum(w.duration_ms for w in short))
-                covering = _Traced(variant, trace, *shortened[key])
-                traced.append(covering)
-            trial, trial_ms = covering.shortened, covering.shortened_ms
-            if best is None or trial_ms < best_ms - 1e-9:
-                best, best_ms = trial, trial_ms
-        assert best is not None
-        finished |= {m.id for m in graph.metaops if m.level == a.level}
-        levels.append(best)
-    return levels
+    finished = {m.id for m in graph.metaops if m.level < a.level}
+    best: list[PlannedWave] | None = None
+    best_ms = math.inf
+    num_tuples = sum(len(x.tuples) for x in a.ops)
+    # variants often build the same waves: a variant differing from a traced one only in
+    # switches that made no difference there is not run again, and each distinct result is
+    # shortened (and timed) once
+    traced: list[_Traced] = []
+    shortened: dict[tuple[PlannedWave, ...], tuple[list[PlannedWave], float]] = {}
+    variants = VARIANTS if num_tuples <= LARGE_LEVEL and not few_variants else LARGE_LEVEL_VARIANTS
+    for variant in variants if extend else without_extension(variants):
+        covering = next((x for x in traced if x.trace.covers(variant, x.variant)), None)
+        if covering is None:
+            rule, rounding, extension = variant
+            trace = traced_wavefront_level(a, curves, num_devices, preds, set(finished),
+                                           sort_rule=rule, rounding=rounding,
+                                           extension=extension, max_ops=max_ops)
+            key = tuple(trace.waves)
+            if key not in shortened:
+                short = shorten_waves(trace.waves, max_ops)
+                shortened[key] = (short, sum(w.duration_ms for w in short))
+            covering = _Traced(variant, trace, *shortened[key])
+            traced.append(covering)
+        trial, trial_ms = covering.shortened, covering.shortened_ms
+        if best is None or trial_ms < best_ms - 1e-9:
+            best, best_ms = trial, trial_ms
+    assert best is not None
+    return best
+
+
+def level_tuples(a: LevelAllocation) -> tuple[tuple[AslTuple, ...], ...]:
+    """What `level_schedule` reads of a level's allocation: its MetaOps' tuples, in order."""
+    return tuple(o.tuples for o in a.ops)
 
 
 def spindle_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[LevelAllocation],
@@ -402,6 +412,18 @@ class Schedules:
         self._made.setdefault(key, []).append((asked, result))
         return result
 
+
+    def levels(self, cap: int, allocs: list[LevelAllocation], max_ops: MaxOps, *,
+               extend: bool = True) -> list[list[PlannedWave]]:
+        """`level_waves` of `allocs` under the device bound `cap` (few variants below the
+        whole cluster), each level made once per bound, extension rule and tuples (`made`):
+        an allocation spread, or on one count per MetaOp, that leaves a level's tuples as
+        they were reuses its schedule (multitask-clip 10 tasks on 64 GPUs: the encoders'
+        level, ~60 ms, made once instead of twice)."""
+        curves, n_dev = self.capped(cap)[0], self.cluster.num_devices
+        return [self.made(("level", cap, extend, a.level, level_tuples(a)), max_ops,
+                          level_schedule, self.graph, curves, a, n_dev,
+                          few_variants=cap != n_dev, extend=extend) for a in allocs]
 
 def _curve_flags(options: PlanOptions) -> tuple[bool, bool, bool]:
     """The options `options_curves` reads."""

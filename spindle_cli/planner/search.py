@@ -20,7 +20,7 @@ from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner import baselines
 from spindle_cli.planner.alignment import MaxOps, PlannedWave
-from spindle_cli.planner.allocation import AslTuple, LevelAllocation, single_count
+from spindle_cli.planner.allocation import single_count
 from spindle_cli.planner.assemble import assemble
 from spindle_cli.planner.buckets import backend_sync, max_chunks, sync_buckets
 from spindle_cli.planner.options import PlanOptions
@@ -28,7 +28,6 @@ from spindle_cli.planner.placement import PlacedWaves, Ranks
 from spindle_cli.planner.schedules import (
     Schedules,
     fused_waves,
-    level_waves,
     slice_limits,
     split_first_long_wave,
 )
@@ -233,13 +232,8 @@ class _Search:
         """Each level's schedule under a device bound, from `spread` allocations or not (made
         once; PlanInfeasible when some MetaOp has no valid count under the bound)."""
         if (cap, spread) not in self.by_cap:
-            capped, capped_allocs = self.schedules.capped(cap, spread)
-            if spread and _tuples(capped_allocs) == _tuples(self.schedules.capped(cap)[1]):
-                self.by_cap[(cap, spread)] = self.levels(cap, False)  # no spare devices to spread
-            else:
-                self.by_cap[(cap, spread)] = self.schedules.made(
-                    ("levels", cap, True, False, spread), self.max_ops, level_waves, self.graph,
-                    capped, capped_allocs, self.n_dev, few_variants=cap != self.n_dev)
+            self.by_cap[(cap, spread)] = self.schedules.levels(
+                cap, self.schedules.capped(cap, spread)[1], self.max_ops)
         return self.by_cap[(cap, spread)]
 
     def consider(self, caps: tuple[int, ...], planned: list[PlannedWave] | None = None, *,
@@ -414,10 +408,8 @@ class _Search:
                         self.graph, capped, capped_allocs, self.n_dev, extend=extend),
                         spread=spread, fused=True, label=label)
                 else:
-                    rebuilt[cap] = self.schedules.made(
-                        ("levels", cap, extend, one_count, spread), self.max_ops, level_waves,
-                        self.graph, capped, capped_allocs, self.n_dev,
-                        few_variants=cap != self.n_dev, extend=extend)
+                    rebuilt[cap] = self.schedules.levels(cap, capped_allocs, self.max_ops,
+                                                         extend=extend)
             if not fused:
                 self.consider(caps, [w for level, cap in enumerate(caps)
                                      for w in rebuilt[cap][level]], spread=spread, label=label)
@@ -568,11 +560,6 @@ class _Search:
 def _labelled(label: str, more: str) -> str:
     """A kept candidate's label with what was done to it added."""
     return f"{label}, {more}" if label else more
-
-
-def _tuples(allocs: list[LevelAllocation]) -> list[tuple[AslTuple, ...]]:
-    """The ASL-tuples of every MetaOp of the levels: what their schedules are made from."""
-    return [o.tuples for a in allocs for o in a.ops]
 
 
 SYNC_CHUNK_CHOICES = (8, 16)
