@@ -9,10 +9,14 @@ from spindle_cli.artifacts.base import Artifact
 from spindle_cli.artifacts.codec import meta
 from spindle_cli.artifacts.io import register
 from spindle_cli.artifacts.limits import (
+    MAX_BANDWIDTH_BYTES_PER_S,
+    MAX_BANDWIDTH_WHY,
     MAX_DEVICES,
     MAX_DEVICES_WHY,
     MAX_LINK_LATENCY_S,
     MAX_LINK_LATENCY_WHY,
+    MAX_PEAK_FLOPS,
+    MAX_PEAK_FLOPS_WHY,
     MIN_BANDWIDTH_BYTES_PER_S,
     MIN_BANDWIDTH_WHY,
     MIN_MEMORY_BANDWIDTH_WHY,
@@ -29,10 +33,12 @@ class DeviceSpec:
     name: str = field(metadata=meta("device model, e.g. A800-80GB", name=True))
     memory_bytes: int = field(metadata=meta("usable device memory in bytes", gt=0))
     peak_flops: float = field(metadata=meta("peak dense FLOP/s at the training dtype",
-                                            ge=MIN_PEAK_FLOPS, ge_why=MIN_PEAK_FLOPS_WHY))
+                                            ge=MIN_PEAK_FLOPS, ge_why=MIN_PEAK_FLOPS_WHY,
+                                            le=MAX_PEAK_FLOPS, le_why=MAX_PEAK_FLOPS_WHY))
     memory_bandwidth_bytes_per_s: float = field(
         metadata=meta("device memory bandwidth",
-                      ge=MIN_BANDWIDTH_BYTES_PER_S, ge_why=MIN_MEMORY_BANDWIDTH_WHY)
+                      ge=MIN_BANDWIDTH_BYTES_PER_S, ge_why=MIN_MEMORY_BANDWIDTH_WHY,
+                      le=MAX_BANDWIDTH_BYTES_PER_S, le_why=MAX_BANDWIDTH_WHY)
     )
 
 
@@ -57,11 +63,13 @@ class ClusterSpec(Artifact):
     device: DeviceSpec = field(metadata=meta("the device every rank runs on"))
     intra_island_bandwidth_bytes_per_s: float = field(
         metadata=meta("per-device bandwidth inside an island (NVLink)",
-                      ge=MIN_BANDWIDTH_BYTES_PER_S, ge_why=MIN_BANDWIDTH_WHY)
+                      ge=MIN_BANDWIDTH_BYTES_PER_S, ge_why=MIN_BANDWIDTH_WHY,
+                      le=MAX_BANDWIDTH_BYTES_PER_S, le_why=MAX_BANDWIDTH_WHY)
     )
     inter_node_bandwidth_bytes_per_s: float = field(
         metadata=meta("per-device bandwidth between nodes (InfiniBand)",
-                      ge=MIN_BANDWIDTH_BYTES_PER_S, ge_why=MIN_BANDWIDTH_WHY)
+                      ge=MIN_BANDWIDTH_BYTES_PER_S, ge_why=MIN_BANDWIDTH_WHY,
+                      le=MAX_BANDWIDTH_BYTES_PER_S, le_why=MAX_BANDWIDTH_WHY)
     )
     link_latency_s: float = field(
         default=5e-6,

@@ -41,12 +41,25 @@ MIN_BANDWIDTH_WHY = "1 MB/s; every real interconnect is at least 1000x faster"
 
 MIN_MEMORY_BANDWIDTH_WHY = "1 MB/s; a device's own memory is over 10**4x faster"
 
+MAX_BANDWIDTH_BYTES_PER_S = 1e16
+"""Fastest link or device memory a cluster may declare (10 PB/s). The simulator's flows move
+bytes at link rates shared between flows: at 1e308 B/s a rate overflowed to inf, a flow's
+bytes moved became NaN, and `spindle plan` never ended."""
+
+MAX_BANDWIDTH_WHY = "10 PB/s; the fastest links and device memories move ~10**12-10**13 B/s"
+
 MIN_PEAK_FLOPS = 1e6
 """Slowest device a cluster may declare (1 MFLOP/s). `spindle simulate` divides a MetaOp's
 FLOPs by it for MFU; at 1e-300 that overflowed to inf, which `--json` printed as the
 non-JSON `Infinity`."""
 
 MIN_PEAK_FLOPS_WHY = "1 MFLOP/s; one CPU core does over 10**9"
+
+MAX_PEAK_FLOPS = 1e18
+"""Fastest device a cluster may declare (1 EFLOP/s): the analytic profile divides FLOPs by it,
+and operator times far below a femtosecond are refused (MIN_OPERATOR_MS)."""
+
+MAX_PEAK_FLOPS_WHY = "1 EFLOP/s per device; the fastest accelerators do ~10**15"
 
 MAX_LINK_LATENCY_S = 1.0
 """Highest per-message latency a cluster may declare."""

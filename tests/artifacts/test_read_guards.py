@@ -85,12 +85,24 @@ DEVICES_WHY = "about a million; the largest training clusters have ~10**5 device
     ("memory_bytes: 4294967296\n", "memory_bytes: 0x" + "f" * 5000 + "\n",
      "device.memory_bytes: expected a 64-bit integer, got one that needs 20001 bits"),
     ("peak_flops: 1.0e+11\n", f"peak_flops: {10**400}\n",
-     "device.peak_flops: expected a finite number, got an integer too large for a float"),
-], ids=["bounded-decimal", "bounded-hex", "2**63", "hex", "float-field"])
+     "device.peak_flops: must be <= 1e+18, got a 1329-bit integer (1 EFLOP/s per device; the "
+     "fastest accelerators do ~10**15)"),
+], ids=["bounded-decimal", "bounded-hex", "2**63", "hex", "bounded-float-field"])
 def test_integers_beyond_64_bits(tmp_path, old, new, problem):
     path = tmp_path / "c.yaml"
     path.write_text(CLUSTER_YAML.replace(old, new))
     assert _error(path) == f"{path}: {problem}"
+
+
+def test_an_integer_beyond_the_float_range_in_an_unbounded_float_field(tmp_path):
+    graph = Path(__file__).resolve().parents[1] / "data" / "plan-two-node-multitask" / "graph.yaml"
+    text = graph.read_text()
+    assert "flops_per_layer: 1000000000.0\n" in text
+    path = tmp_path / "g.yaml"
+    path.write_text(text.replace("flops_per_layer: 1000000000.0\n",
+                                 f"flops_per_layer: {10**400}\n", 1))
+    assert _error(path) == (f"{path}: metaops[0].flops_per_layer: expected a finite number, got "
+                            "an integer too large for a float")
 
 
 def test_the_largest_64_bit_integer_loads(tmp_path):

@@ -82,6 +82,21 @@ CLUSTER_CASES: dict[str, tuple[Edit, str]] = {
     "memory-bandwidth-tiny": (_set("device.memory_bandwidth_bytes_per_s", 1e-300),
                               "device.memory_bandwidth_bytes_per_s: must be >= 1000000.0, got "
                               "1e-300 (1 MB/s; a device's own memory is over 10**4x faster)"),
+    "bandwidth-overflowing": (_set("inter_node_bandwidth_bytes_per_s", 1e308),
+                              "inter_node_bandwidth_bytes_per_s: must be <= 1e+16, got 1e+308 "
+                              "(10 PB/s; the fastest links and device memories move "
+                              "~10**12-10**13 B/s)"),
+    "island-bandwidth-huge": (_set("intra_island_bandwidth_bytes_per_s", 1e17),
+                              "intra_island_bandwidth_bytes_per_s: must be <= 1e+16, got 1e+17 "
+                              "(10 PB/s; the fastest links and "
+                              "device memories move ~10**12-10**13 B/s)"),
+    "memory-bandwidth-huge": (_set("device.memory_bandwidth_bytes_per_s", 1e308),
+                              "device.memory_bandwidth_bytes_per_s: must be <= 1e+16, got "
+                              "1e+308 (10 PB/s; the fastest links and "
+                              "device memories move ~10**12-10**13 B/s)"),
+    "peak-flops-huge": (_set("device.peak_flops", 1e308),
+                        "device.peak_flops: must be <= 1e+18, got 1e+308 (1 EFLOP/s per "
+                        "device; the fastest accelerators do ~10**15)"),
     "latency-huge": (_set("link_latency_s", 1e30),
                      "link_latency_s: must be <= 1.0, got 1e+30 (real links take microseconds "
                      "per message)"),
@@ -98,9 +113,12 @@ def test_bad_cluster(case, cluster_data):
     lambda d: d.update(num_nodes=512, devices_per_node=8, island_size=8),  # bench_planner
     lambda d: d.update(num_nodes=1024, devices_per_node=1024, island_size=8),  # 2**20 exactly
     _set("inter_node_bandwidth_bytes_per_s", 1e6),
+    _set("inter_node_bandwidth_bytes_per_s", 1e16),
+    _set("device.peak_flops", 1e18),
     _set("link_latency_s", 1.0),
     _set("link_latency_s", 0.0),
-], ids=["4096-devices", "2**20-devices", "1MB/s", "latency-1s", "latency-0"])
+], ids=["4096-devices", "2**20-devices", "1MB/s", "10PB/s", "1EFLOP/s", "latency-1s",
+        "latency-0"])
 def test_large_and_slow_clusters_stay_legal(cluster_data, edit):
     _legal(ClusterSpec, cluster_data, edit)
 

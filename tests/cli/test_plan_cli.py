@@ -24,6 +24,7 @@ from spindle_cli.artifacts import (
     load,
     write_artifact,
 )
+from spindle_cli.artifacts.limits import MAX_BANDWIDTH_BYTES_PER_S, MAX_PEAK_FLOPS
 from spindle_cli.cli import cli
 from spindle_cli.cli.views.plan_diff import allocations
 from spindle_cli.units import fmt_bytes
@@ -892,6 +893,25 @@ def test_times_near_the_bounds_plan_or_fail_cleanly(case, planner):
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: huge.yaml: curve ") and "recomputation" in r.stderr
     assert not Path("x.yaml").exists()
+
+
+@pytest.mark.timeout(120)
+def test_links_and_devices_at_their_fastest_legal_rates_plan_and_simulate(case):
+    """A cluster whose links, device memory and FLOP/s sit at their upper bounds plans and
+    simulates to a finite iteration (past the bounds a link rate overflowed to inf, the
+    simulator's flows moved NaN bytes and `spindle plan` never ended)."""
+    data = yaml.safe_load(Path("cluster.yaml").read_text())
+    data["intra_island_bandwidth_bytes_per_s"] = MAX_BANDWIDTH_BYTES_PER_S
+    data["inter_node_bandwidth_bytes_per_s"] = MAX_BANDWIDTH_BYTES_PER_S
+    data["device"].update(peak_flops=MAX_PEAK_FLOPS,
+                          memory_bandwidth_bytes_per_s=MAX_BANDWIDTH_BYTES_PER_S)
+    Path("cluster.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    r = invoke(*plan_args("-o", "plan.yaml"))
+    assert r.exit_code == 0, r.output
+    r = invoke("simulate", "plan.yaml", "--json")
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.output)
+    assert 0 < result["iteration_ms"] < float("inf")
 
 
 @pytest.mark.parametrize("spelled", ["./graph.yaml", "sub/../graph.yaml"])
