@@ -50,7 +50,7 @@ def validate(files: tuple[str, ...]) -> None:
     for path in files:
         try:
             obj = load_artifact(path)
-            missing = _check_against_inputs(obj, path)
+            notes = _check_against_inputs(obj, path)
         except SpindleError as e:
             if len(files) == 1:
                 raise
@@ -60,17 +60,28 @@ def validate(files: tuple[str, ...]) -> None:
             if e.hint:
                 err.print(f"hint: {e.hint}", soft_wrap=True)
             continue
-        note = (f"; not checked against {', '.join(missing)}: not found" if missing else "")
+        note = "".join(f"; {n}" for n in notes)
         out.print(one_line(f"ok {path} ({obj.kind}{note})"), soft_wrap=True)
     if invalid:
         raise SpindleError(f"{invalid} of {len(files)} files are invalid (named above)")
 
 
+_SOURCE = {"metaop_graph": "model", "profile": "metaop_graph"}
+"""The input that `spindle graph` and `spindle profile` always record, which validate checks a
+graph or profile against: a hand-written one records none, and an edit to it passes
+unchecked (`spindle run` refuses a graph without its model)."""
+
+
 def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
-    """Check a derived artifact against its recorded inputs (`validate`); returns the recorded
-    paths of those not found (a plan's graph is checked against its model as a graph is)."""
+    """Check a derived artifact against its recorded inputs (`validate`); returns what was not
+    checked, for the ok line: inputs not found, and a graph or profile that records no
+    `_SOURCE` (a plan's graph is checked against its model as a graph is)."""
     if not isinstance(obj, DerivedArtifact):
         return []
+    notes = []
+    source = _SOURCE.get(obj.kind)
+    if source is not None and source not in {ref.kind for ref in obj.inputs}:
+        notes.append(f"records no {source.replace('_', ' ')}: not checked against one")
     registry = kinds()
     found: dict[str, Artifact] = {}
     found_at: dict[str, str] = {}
@@ -102,7 +113,8 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
         try:
             if isinstance(graph, MetaOpGraph):
                 # as `spindle run` does: the plan's graph must be its model's, where found
-                _check_against_inputs(graph, found_at["metaop_graph"])
+                notes += [f"its graph {n}"
+                          for n in _check_against_inputs(graph, found_at["metaop_graph"])]
             if isinstance(graph, MetaOpGraph) and isinstance(profile, Profile):
                 check_profile(graph, profile, found_at["profile"])
             memory = PlanOptions.of(obj).memory
@@ -119,7 +131,9 @@ def _check_against_inputs(obj: Artifact, path: str) -> list[str]:
                     obj), profile_name=found_at["profile"]))
         except SpindleError as e:
             raise e.within(path) from None
-    return missing
+    if missing:
+        notes.append(f"not checked against {', '.join(missing)}: not found")
+    return notes
 
 
 def _view(kind: str, path: str) -> Any:

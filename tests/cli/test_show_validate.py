@@ -476,6 +476,29 @@ def test_validate_says_which_inputs_it_could_not_find(tiny_plan, spindle, tmp_pa
                              "profiles/tiny-clip-local-cpu.yaml: not found)\n")
 
 
+def test_validate_says_a_graph_or_profile_recording_no_source_was_not_checked(tiny_plan,
+                                                                              spindle):
+    """A graph that records no model, or a profile no graph, is valid (hand-written ones
+    are: the tests' own data), but its ok line says so, and so does a plan's made from such
+    a graph: a review emptied a graph's inputs, edited its FLOPs, and validate said a plain
+    ok for it and for its plan, which only `spindle run` refused."""
+    graph, profile = Path("graphs/tiny-clip.yaml"), Path("profiles/tiny-clip-local-cpu.yaml")
+    for path in (graph, profile):
+        data = yaml.safe_load(path.read_text())
+        path.write_text(yaml.safe_dump({**data, "inputs": []}, sort_keys=False))
+    result = spindle("validate", str(graph), str(profile))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == (
+        f"ok {graph} (metaop_graph; records no model: not checked against one)\n"
+        f"ok {profile} (profile; records no metaop graph: not checked against one)\n")
+    assert spindle("plan", str(graph), str(profile), "--cluster", "clusters/local-cpu.yaml",
+                   "-o", "p.yaml").exit_code == 0
+    result = spindle("validate", "p.yaml")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ("ok p.yaml (plan; its graph records no model: not checked against "
+                             "one)\n")
+
+
 def test_validate_checks_what_a_plan_says_of_itself_without_its_inputs(tiny_plan, spindle,
                                                                        tmp_path):
     """Found nowhere, its graph could not be checked, and validate said ok to a plan whose
