@@ -51,7 +51,7 @@ class DerivedArtifact(Artifact):
     INPUT_KINDS: ClassVar[tuple[str, ...]] = ()
     """The kinds of artifact this kind is made from."""
 
-    producer: str = field(metadata=meta("the Spindle version that wrote this file"))
+    producer: str = field(metadata=meta("the Spindle version that wrote this file", name=True))
     inputs: tuple[InputRef, ...] = field(metadata=meta("artifacts this one was made from"))
 
     def __post_init__(self) -> None:

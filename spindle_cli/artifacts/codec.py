@@ -50,15 +50,20 @@ def meta(doc: str, *, ge_why: str = "", le_why: str = "", name: bool = False,
 TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
 """Any string: no control character or line separator (`_check_text`)."""
 
-NAME_PATTERN = r"^(?=.*\S)[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
-"""A name: something besides spaces, and no control character or line separator (what would
-break a one-line error); the loader asks the same (`_check_name`, `_check_text`)."""
+NAME_PATTERN = r"^(?=.*\S)(?! )(?!.* $)[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
+"""A name: something besides spaces, no space first or last, and no control character or line
+separator (what would break a one-line error); the loader asks the same (`_check_name`,
+`_check_text`)."""
 
 
 def _check_name(value: str, path: str) -> None:
-    """A name is not blank (and, as every string, one line: `_check_text`)."""
+    """A name is not blank and neither begins nor ends with a space: errors quote names
+    between other words, where a doubled space goes unseen (and, as every string, one line:
+    `_check_text`)."""
     if not value.strip():
         raise FieldError(path, "must not be blank")
+    if value != value.strip(" "):
+        raise FieldError(path, f"{shown(value)}: must not begin or end with a space")
 
 
 def _check_text(value: str, path: str) -> None:
