@@ -186,7 +186,9 @@ def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -
         if there.kind != cls.KIND:
             raise ArtifactError(owner_path, f"inputs[{index}].kind",
                                 f"a {cls.KIND} input recorded, but {str(place)!r} is a "
-                                f"{there.kind}", hint=f"regenerate {owner_path}")
+                                f"{there.kind}",
+                                hint=f"put the {cls.KIND} {owner_path} was made from back at "
+                                     f"{str(place)!r}, or regenerate {owner_path}")
         raise ArtifactError(
             owner_path, f"inputs[{index}].sha256",
             f"{cls.KIND} {str(place)!r} changed since the {owner.kind.replace('_', ' ')} was "

@@ -285,7 +285,11 @@ def read_data(path: str) -> Any:
         raise ArtifactError(path, "", "no such file") from None
     except IsADirectoryError:
         raise ArtifactError(path, "", "is a directory, expected a file") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        line = e.object.count(b"\n", 0, e.start) + 1
+        raise ArtifactError(path, "", f"not UTF-8 text: byte 0x{e.object[e.start]:02x} at line "
+                                      f"{line}") from None
+    except OSError as e:
         raise ArtifactError(path, "", f"cannot read: {e}") from None
     return parse_text(path, text, fmt)
 

@@ -499,6 +499,17 @@ def test_check_against_a_file_that_is_not_text_says_so(small_model_data, workdir
                                               "  the file is not UTF-8 text"]
 
 
+def test_a_file_that_is_not_utf8_names_the_line_of_its_first_bad_byte(small_model_data,
+                                                                       workdir, spindle):
+    # it named the byte's offset in the file (position 4533), which no editor shows
+    text = yaml.safe_dump(small_model_data, sort_keys=False)
+    lines = text.splitlines(keepends=True)
+    Path("m.yaml").write_bytes("".join(lines[:3]).encode() + b"# caf\xe9\n"
+                               + "".join(lines[3:]).encode())
+    result = spindle("validate", "m.yaml")
+    _assert_one_line_error(result, "error: m.yaml: not UTF-8 text: byte 0xe9 at line 4")
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 @pytest.mark.parametrize("args", [("show", "plans/tiny-clip-local-cpu.yaml"),
                                   ("graph", "models/tiny-clip.yaml", "-o", "-")])

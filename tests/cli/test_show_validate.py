@@ -314,12 +314,16 @@ def test_inputs_whose_kinds_were_swapped_are_bad_input(tiny_plan, spindle, comma
                "'graphs/tiny-clip.yaml' is a metaop_graph" in result.stderr
         return
     assert result.exit_code == 2, result.stderr
-    # whichever input the command reads first
-    assert result.stderr.splitlines()[0] in (
-        f"error: {tiny_plan}: inputs[0].kind: a profile input recorded, but "
-        "'graphs/tiny-clip.yaml' is a metaop_graph",
-        f"error: {tiny_plan}: inputs[1].kind: a metaop_graph input recorded, but "
-        "'profiles/tiny-clip-local-cpu.yaml' is a profile")
+    # whichever input the command reads first; the hint names the file to fix first
+    assert result.stderr.splitlines() in (
+        [f"error: {tiny_plan}: inputs[0].kind: a profile input recorded, but "
+         "'graphs/tiny-clip.yaml' is a metaop_graph",
+         f"hint: put the profile {tiny_plan} was made from back at 'graphs/tiny-clip.yaml', "
+         f"or regenerate {tiny_plan}"],
+        [f"error: {tiny_plan}: inputs[1].kind: a metaop_graph input recorded, but "
+         "'profiles/tiny-clip-local-cpu.yaml' is a profile",
+         f"hint: put the metaop_graph {tiny_plan} was made from back at "
+         f"'profiles/tiny-clip-local-cpu.yaml', or regenerate {tiny_plan}"])
 
 
 def test_an_input_of_a_kind_an_artifact_is_not_made_from_is_refused(tiny_plan, tmp_path,
