@@ -7,6 +7,7 @@ writing files in `files`.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -84,10 +85,28 @@ def parse_artifact(data: Any, path: str, expect: type[A] | None = None) -> Artif
         raise ArtifactError(
             path, "version", f"{kind} version {version} is no longer read (this spindle reads "
                              f"version {cls.VERSION})", hint="regenerate the file")
+    _check_kind_fits(data, path, cls, registry)
     try:
         return from_data(cls, data)
     except FieldError as e:
         raise ArtifactError(path, e.field, e.problem) from None
+
+
+def _check_kind_fits(data: dict[Any, Any], path: str, cls: type[Artifact],
+                     registry: dict[str, type[Artifact]]) -> None:
+    """ArtifactError at `kind` where the top-level fields are not of the kind the file says
+    but all of another kind's (a model headed `kind: cluster` was refused for its first field,
+    'modules: unknown field (did you mean 'num_nodes'?)')."""
+    unknown = sorted(map(str, set(data) - {f.name for f in dataclasses.fields(cls)}))
+    if not unknown:
+        return
+    fits = [k for k, other in registry.items() if other is not cls
+            and set(data) <= {f.name for f in dataclasses.fields(other)}]
+    if fits:
+        listed = ", ".join(unknown[:3]) + (", ..." if len(unknown) > 3 else "")
+        raise ArtifactError(path, "kind", f"says {cls.KIND!r}, but its fields are a "
+                                          f"{fits[0]!r} artifact's ({listed}: not a "
+                                          f"{cls.KIND}'s)", hint="fix the kind header")
 
 
 def load_artifact(path: str, expect: type[A] | None = None) -> Any:

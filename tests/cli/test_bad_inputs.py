@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -497,6 +498,28 @@ def test_check_against_a_file_that_is_not_text_says_so(small_model_data, workdir
     assert result.exit_code == 1
     assert result.stderr.splitlines()[:2] == ["g.yaml: out of date (regenerate it)",
                                               "  the file is not UTF-8 text"]
+
+
+@pytest.mark.parametrize(("source", "said", "error"), [
+    ("models/tiny-clip.yaml", "cluster",
+     "kind: says 'cluster', but its fields are a 'model' artifact's (modules, task_sets, "
+     "tasks: not a cluster's)"),
+    ("plans/tiny-clip-local-cpu.yaml", "profile",
+     "kind: says 'profile', but its fields are a 'plan' artifact's (candidate, cluster, "
+     "estimated_iteration_ms, ...: not a profile's)"),
+])
+def test_a_kind_header_that_its_fields_contradict_is_named(workdir, spindle, source, said,
+                                                           error):
+    # it was refused for its first field, as a typo: 'modules: unknown field (did you mean
+    # 'num_nodes'?)'
+    root = Path(__file__).resolve().parents[2]
+    text, count = re.subn(r"^kind: \w+$", f"kind: {said}", (root / source).read_text(),
+                          count=1, flags=re.M)
+    assert count == 1
+    Path("x.yaml").write_text(text)
+    result = spindle("validate", "x.yaml")
+    _assert_one_line_error(result, f"error: x.yaml: {error}")
+    assert result.stderr.splitlines()[1] == "hint: fix the kind header"
 
 
 def test_a_file_that_is_not_utf8_names_the_line_of_its_first_bad_byte(small_model_data,
