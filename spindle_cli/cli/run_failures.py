@@ -10,6 +10,9 @@ import re
 import signal
 from typing import Any
 
+INTERRUPTED = 128 + signal.SIGINT
+"""The exit code of a rank that took a SIGINT (`worker.main`)."""
+
 KILLED_BY_LAUNCHER_S = 10
 """A rank SIGKILLed this long after a peer lost contact with it was killed by the launcher,
 not from outside: torch's launcher sends SIGTERM and kills a rank still there 30 s later (a
@@ -58,6 +61,9 @@ def root_cause(e: object) -> str:
         f = failures[rank]
         if f.exitcode < 0:
             return f"rank {rank} was killed by signal {-f.exitcode} ({f.signal_name()})"
+        if f.exitcode == INTERRUPTED:
+            # a rank interrupted alone: a Ctrl-C reaches the launcher too, which says it once
+            return f"rank {rank} was interrupted (SIGINT) from outside the run"
         return f"rank {rank} exited with code {f.exitcode}"
 
     def when(rank: int) -> tuple[int, int]:

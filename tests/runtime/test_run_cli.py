@@ -1033,6 +1033,9 @@ def _failure(exitcode: int, timestamp: int, message: str = "",
      "rank 1: OSError: disk read failed"),
     ({0: _failure(-15, 4), 1: _failure(-15, 2)}, "rank 1 was killed by signal 15 (SIGTERM)"),
     ({1: _failure(3, 2)}, "rank 1 exited with code 3"),
+    # a SIGINT to one rank alone (it said 'exited with code 130')
+    ({0: _failure(-15, 3), 2: _failure(130, 2)},
+     "rank 2 was interrupted (SIGINT) from outside the run"),
 ])
 def test_a_failed_run_names_the_rank_that_failed_first(failures: dict[int, object],
                                                        said: str) -> None:
