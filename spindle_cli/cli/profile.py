@@ -211,7 +211,8 @@ def _check_hardware(hardware: str, cluster: ClusterSpec, cluster_path: str) -> N
 
 def _summary(result: Any, validate: bool) -> None:
     """One line for people: how many curves and how well they fit (with `validate`, at the
-    held-out counts too, or that no curve had one)."""
+    held-out counts too, or that no curve had one), and how many start above one device or
+    end before the largest count: the planner gives a MetaOp only counts on its curve."""
     fit = max(c.max_rel_error for c in result.curves)
     line = f"{len(result.curves)} curves over counts {','.join(map(str, result.counts))}; "
     line += f"max fit error at profiled counts {fit:.1%}"
@@ -229,6 +230,11 @@ def _summary(result: Any, validate: bool) -> None:
                  "; no held-out count lies between the profiled counts (1,4 holds out 2)")
     from spindle_cli.planner import scaling
 
+    # a curve starts at its first feasible profiled count: a profile of 8 devices alone
+    # plans every MetaOp on 8, one after another
+    late = sum(scaling.count_range(c)[0] > 1 for c in result.curves)
+    if late:
+        line += f"; {late} start above 1 device (fewer devices: not profiled, or infeasible)"
     # a curve ends before a count that is slower than fewer devices (planner/curves.py)
     top = max(result.counts)
     cut = sum(scaling.count_range(c)[1] < top for c in result.curves)

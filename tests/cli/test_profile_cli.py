@@ -48,6 +48,21 @@ def workdir(tmp_path: Path, repo_root: Path) -> Path:
     os.chdir(cwd)
 
 
+def test_the_summary_says_how_many_curves_start_above_one_device(workdir, repo_root, capsys):
+    # a profile of 8 devices alone plans every MetaOp on 8, one after another: the summary
+    # says so, where it said only '16 curves over counts 8'
+    cluster = str(repo_root / "clusters" / "a800-8x8.yaml")
+    args = ["profile", "graph.yaml", "--hardware", "a800", "--cluster", cluster, "-o", "p.yaml"]
+    code, _, err = _run([*args, "--counts", "8"], capsys)
+    assert code == 0, err
+    curves = load("p.yaml", Profile).curves
+    assert f"; {len(curves)} start above 1 device (fewer devices: not profiled, or " \
+           "infeasible)" in " ".join(err.split())
+    code, _, err = _run([*args, "--counts", "1,8"], capsys)
+    assert code == 0, err
+    assert "start above 1 device" not in err
+
+
 def test_analytic_profile_is_written_and_checked(workdir, repo_root, capsys):
     cluster = str(repo_root / "clusters" / "a800-8x8.yaml")
     args = ["profile", "graph.yaml", "--hardware", "a800", "--cluster", cluster,
