@@ -27,6 +27,7 @@ Edit = Callable[[Data], None]
 
 DEVICES_WHY = "about a million; the largest training clusters have ~10**5 devices"
 LAYERS_WHY = "the deepest real models have a few hundred layers per module"
+BANDWIDTH_WHY = "10 PB/s; the fastest links and device memories move ~10**12-10**13 B/s"
 HUGE = 10**30
 
 
@@ -82,18 +83,11 @@ CLUSTER_CASES: dict[str, tuple[Edit, str]] = {
     "memory-bandwidth-tiny": (_set("device.memory_bandwidth_bytes_per_s", 1e-300),
                               "device.memory_bandwidth_bytes_per_s: must be >= 1000000.0, got "
                               "1e-300 (1 MB/s; a device's own memory is over 10**4x faster)"),
-    "bandwidth-overflowing": (_set("inter_node_bandwidth_bytes_per_s", 1e308),
-                              "inter_node_bandwidth_bytes_per_s: must be <= 1e+16, got 1e+308 "
-                              "(10 PB/s; the fastest links and device memories move "
-                              "~10**12-10**13 B/s)"),
-    "island-bandwidth-huge": (_set("intra_island_bandwidth_bytes_per_s", 1e17),
-                              "intra_island_bandwidth_bytes_per_s: must be <= 1e+16, got 1e+17 "
-                              "(10 PB/s; the fastest links and "
-                              "device memories move ~10**12-10**13 B/s)"),
-    "memory-bandwidth-huge": (_set("device.memory_bandwidth_bytes_per_s", 1e308),
-                              "device.memory_bandwidth_bytes_per_s: must be <= 1e+16, got "
-                              "1e+308 (10 PB/s; the fastest links and "
-                              "device memories move ~10**12-10**13 B/s)"),
+    **{f"{field}-huge": (_set(field, value), f"{field}: must be <= 1e+16, got {value!r} "
+                                             f"({BANDWIDTH_WHY})")
+       for field, value in (("inter_node_bandwidth_bytes_per_s", 1e308),
+                            ("intra_island_bandwidth_bytes_per_s", 1e17),
+                            ("device.memory_bandwidth_bytes_per_s", 1e308))},
     "peak-flops-huge": (_set("device.peak_flops", 1e308),
                         "device.peak_flops: must be <= 1e+18, got 1e+308 (1 EFLOP/s per "
                         "device; the fastest accelerators do ~10**15)"),
