@@ -19,7 +19,7 @@ class InputRef:
     """An artifact this one was made from."""
 
     kind: str = field(metadata=meta("kind of the input artifact"))
-    path: str = field(metadata=meta("path as given on the command line", name=True))
+    path: str = field(metadata=meta("path as given on the command line", path=True))
     sha256: str = field(metadata=meta("sha256 of the input's canonical JSON form"))
 
     def __post_init__(self) -> None:

@@ -38,30 +38,39 @@ representation limit like the finiteness of floats, so the JSON Schemas do not r
 
 
 def meta(doc: str, *, ge_why: str = "", le_why: str = "", name: bool = False,
-         **bounds: float) -> dict[str, Any]:
+         path: bool = False, **bounds: float) -> dict[str, Any]:
     """Field metadata: a docstring for the JSON Schema plus optional `ge`/`gt`/`le` bounds;
     `ge_why` / `le_why` say in the error message why that bound is there; `name`: a string
     that names something in one-line errors, so neither blank nor holding line breaks or
-    control characters (`NAME_PATTERN`)."""
+    control characters, nor beginning or ending with a space (`NAME_PATTERN`); `path`: a
+    file's path, which may (`PATH_PATTERN`)."""
     whys = {k: v for k, v in (("ge_why", ge_why), ("le_why", le_why)) if v}
-    return {"doc": doc, **bounds, **whys, **({"name": True} if name else {})}
+    kinds = {k: True for k, v in (("name", name), ("path", path)) if v}
+    return {"doc": doc, **bounds, **whys, **kinds}
 
 
 TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
 """Any string: no control character or line separator (`_check_text`)."""
 
+PATH_PATTERN = r"^(?=.*\S)[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
+"""A recorded path: something besides spaces, and no control character or line separator
+(what would break a one-line error); the loader asks the same (`_check_blank`,
+`_check_text`). A file's name may begin with a space."""
+
 NAME_PATTERN = r"^(?=.*\S)(?! )(?!.* $)[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
-"""A name: something besides spaces, no space first or last, and no control character or line
-separator (what would break a one-line error); the loader asks the same (`_check_name`,
-`_check_text`)."""
+"""A name: as PATH_PATTERN, and no space first or last (`_check_name`)."""
+
+
+def _check_blank(value: str, path: str) -> None:
+    """A name or path is not blank (and, as every string, one line: `_check_text`)."""
+    if not value.strip():
+        raise FieldError(path, "must not be blank")
 
 
 def _check_name(value: str, path: str) -> None:
     """A name is not blank and neither begins nor ends with a space: errors quote names
-    between other words, where a doubled space goes unseen (and, as every string, one line:
-    `_check_text`)."""
-    if not value.strip():
-        raise FieldError(path, "must not be blank")
+    between other words, where a doubled space goes unseen."""
+    _check_blank(value, path)
     if value != value.strip(" "):
         raise FieldError(path, f"{shown(value)}: must not begin or end with a space")
 
@@ -263,6 +272,8 @@ def from_data(cls: type[T], data: Any, path: str = "") -> T:
         _check_bounds(f, value, field_path(path, name))
         if f.metadata.get("name"):
             _check_name(value, field_path(path, name))
+        elif f.metadata.get("path"):
+            _check_blank(value, field_path(path, name))
         kwargs[name] = value
     try:
         return cls(**kwargs)
@@ -350,6 +361,8 @@ def _schema_for(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
                     prop["description"] = md["doc"]
                 if md.get("name"):
                     prop["pattern"] = NAME_PATTERN
+                elif md.get("path"):
+                    prop["pattern"] = PATH_PATTERN
                 target = _bounded(prop)
                 if target is not None:
                     for key, kw in _BOUND_KEYWORDS:

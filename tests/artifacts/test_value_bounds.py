@@ -134,6 +134,9 @@ def _first_with_predecessors(d: Data) -> int:
 
 
 GRAPH_CASES: dict[str, tuple[Edit, str]] = {
+    "producer-blank": (_set("producer", ""), "producer: must not be blank"),
+    "producer-spaced": (_set("producer", " spindle 0.1.0"),
+                        "producer: ' spindle 0.1.0': must not begin or end with a space"),
     "duplicate-task": (lambda d: d["tasks"].append("text_vision"),
                        "tasks[4]: duplicate task 'text_vision'"),
     "no-metaops": (_set("metaops", []), "metaops: a graph needs at least one MetaOp"),

@@ -522,6 +522,16 @@ def test_a_kind_header_that_its_fields_contradict_is_named(workdir, spindle, sou
     assert result.stderr.splitlines()[1] == "hint: fix the kind header"
 
 
+def test_an_input_whose_name_begins_with_a_space_is_recorded(small_model_data, workdir,
+                                                            spindle):
+    # a recorded path is a file's, not a name: the rule that names do not begin with a space
+    # refused the graph once it was made ('inputs[0].path: must not begin or end with a space')
+    Path(" m.yaml").write_text(yaml.safe_dump(small_model_data, sort_keys=False))
+    result = spindle("graph", " m.yaml", "-o", "g.yaml")
+    assert result.exit_code == 0, result.stderr
+    assert spindle("validate", "g.yaml").stdout == "ok g.yaml (metaop_graph)\n"
+
+
 def test_a_file_that_is_not_utf8_names_the_line_of_its_first_bad_byte(small_model_data,
                                                                        workdir, spindle):
     # it named the byte's offset in the file (position 4533), which no editor shows
