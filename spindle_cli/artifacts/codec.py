@@ -57,8 +57,9 @@ PATH_PATTERN = r"^(?=.*\S)[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
 (what would break a one-line error); the loader asks the same (`_check_blank`,
 `_check_text`). A file's name may begin with a space."""
 
-NAME_PATTERN = r"^(?=.*\S)(?! )(?!.* $)[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
-"""A name: as PATH_PATTERN, and no space first or last (`_check_name`)."""
+NAME_PATTERN = r"^(?=.*\S)(?!\s)(?!.*\s$)[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
+"""A name: as PATH_PATTERN, and no space first or last, a no-break one included
+(`_check_name`)."""
 
 
 def _check_blank(value: str, path: str) -> None:
@@ -71,7 +72,7 @@ def _check_name(value: str, path: str) -> None:
     """A name is not blank and neither begins nor ends with a space: errors quote names
     between other words, where a doubled space goes unseen."""
     _check_blank(value, path)
-    if value != value.strip(" "):
+    if value != value.strip():
         raise FieldError(path, f"{shown(value)}: must not begin or end with a space")
 
 

@@ -286,7 +286,7 @@ def read_data(path: str) -> Any:
     except IsADirectoryError:
         raise ArtifactError(path, "", "is a directory, expected a file") from None
     except UnicodeDecodeError as e:
-        line = e.object.count(b"\n", 0, e.start) + 1
+        line = len(re.findall(rb"\r\n|\r|\n", e.object[:e.start])) + 1  # as YAML counts
         raise ArtifactError(path, "", f"not UTF-8 text: byte 0x{e.object[e.start]:02x} at line "
                                       f"{line}") from None
     except OSError as e:

@@ -541,6 +541,10 @@ def test_a_file_that_is_not_utf8_names_the_line_of_its_first_bad_byte(small_mode
                                + "".join(lines[3:]).encode())
     result = spindle("validate", "m.yaml")
     _assert_one_line_error(result, "error: m.yaml: not UTF-8 text: byte 0xe9 at line 4")
+    # lines as YAML counts them: old Mac files end them with a carriage return alone
+    Path("m.yaml").write_bytes(b"kind: model\rversion: 1\r# caf\xe9\r")
+    result = spindle("validate", "m.yaml")
+    _assert_one_line_error(result, "error: m.yaml: not UTF-8 text: byte 0xe9 at line 3")
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
