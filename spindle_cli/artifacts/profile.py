@@ -55,6 +55,10 @@ class ProfilePoint:
 
     def __post_init__(self) -> None:
         check_strategy(self.strategy, "strategy")
+        if self.feasible and not self.time_ms >= MIN_OPERATOR_MS:
+            # what fitting and `spindle show --plot` divide by (an infeasible point's is 0)
+            raise FieldError("time_ms", f"a feasible point takes at least {MIN_OPERATOR_MS:g} "
+                                        f"ms, got {self.time_ms}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
