@@ -72,7 +72,7 @@ class MetaOpGraph(DerivedArtifact):
     INPUT_KINDS = ("model",)
     VERSION = 1
 
-    model: str = field(metadata=meta("model name"))
+    model: str = field(metadata=meta("model name", name=True))
     tasks: tuple[str, ...] = field(metadata=meta("selected tasks, in model order"))
     dtype: Literal["fp32", "bf16", "fp16"] = field(metadata=meta("activation/parameter dtype"))
     num_levels: int = field(metadata=meta("number of MetaLevels", ge=1))

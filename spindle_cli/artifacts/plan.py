@@ -199,8 +199,8 @@ class Plan(DerivedArtifact):
     """The inputs a plan file records (`spindle validate` refuses one without them)."""
     VERSION = 1
 
-    model: str = field(metadata=meta("model name"))
-    cluster: str = field(metadata=meta("cluster name"))
+    model: str = field(metadata=meta("model name", name=True))
+    cluster: str = field(metadata=meta("cluster name", name=True))
     planner: str = field(metadata=meta("planner that made the plan"))
     options: dict[str, str] = field(default_factory=dict, metadata=meta(
         "planner options: planner, placement, uneven_splits, zero, recompute, "

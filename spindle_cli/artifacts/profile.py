@@ -49,7 +49,8 @@ class ProfilePoint:
     )
     strategy: str = field(metadata=meta("'dp' or 'tp<t>'"))
     feasible: bool = field(metadata=meta("false when the shape ran out of memory or timed out"))
-    time_ms: float = field(metadata=meta("forward+backward time of one operator, ms", ge=0))
+    time_ms: float = field(metadata=meta("forward+backward time of one operator, ms", ge=0,
+                                         le=MAX_MS, le_why=MAX_MS_WHY))
     peak_memory_bytes: int = field(metadata=meta("peak memory per device", ge=0))
     note: str = field(default="", metadata=meta("why a point is infeasible"))
 

@@ -134,6 +134,7 @@ def _first_with_predecessors(d: Data) -> int:
 
 
 GRAPH_CASES: dict[str, tuple[Edit, str]] = {
+    "model-blank": (_set("model", " "), "model: must not be blank"),
     "producer-blank": (_set("producer", ""), "producer: must not be blank"),
     "producer-spaced": (_set("producer", " spindle 0.1.0"),
                         "producer: ' spindle 0.1.0': must not begin or end with a space"),
@@ -315,6 +316,8 @@ def _swap_memory(d: Data) -> None:
 
 
 PLAN_CASES: dict[str, tuple[Edit, str]] = {
+    "cluster-blank": (_set("cluster", ""), "cluster: must not be blank"),
+    "model-spaced": (_set("model", "tiny "), "model: 'tiny ': must not begin or end with a space"),
     "src-ranks-empty": (_set("transfers.0.src_ranks", []),
                         "transfers[0].src_ranks: a transfer needs at least one rank on each side"),
     "dst-ranks-empty": (_set("transfers.0.dst_ranks", []),

@@ -532,18 +532,23 @@ def test_an_input_whose_name_begins_with_a_space_is_recorded(small_model_data, w
     assert spindle("validate", "g.yaml").stdout == "ok g.yaml (metaop_graph)\n"
 
 
+@pytest.mark.parametrize(("time_ms", "problem"), [
+    (0.0, "a feasible point takes at least 1e-12 ms, got 0.0"),
+    (1e308, "must be <= 1000000000000.0, got 1e+308 (about 30 years; an iteration takes "
+            "seconds)")])
 @pytest.mark.parametrize("command", [("validate",), ("show", "--plot", "c.png")])
-def test_a_feasible_profile_point_of_no_time_is_refused(workdir, spindle, command):
-    # `show --plot` divided by it: exit 123, where validate said ok
+def test_a_feasible_profile_points_time_is_bounded_both_ways(workdir, spindle, command, time_ms,
+                                                        problem):
+    # `show --plot` divided by 0: exit 123, where validate said ok
     root = Path(__file__).resolve().parents[2]
     data = yaml.safe_load((root / "profiles" / "tiny-clip-local-cpu.yaml").read_text())
     curve, point = next((i, j) for i, c in enumerate(data["curves"])
                         for j, p in enumerate(c["points"]) if p["feasible"])
-    data["curves"][curve]["points"][point]["time_ms"] = 0.0
+    data["curves"][curve]["points"][point]["time_ms"] = time_ms
     Path("p.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     result = spindle(*command[:1], "p.yaml", *command[1:])
-    _assert_one_line_error(result, f"error: p.yaml: curves[{curve}].points[{point}].time_ms: a "
-                                   "feasible point takes at least 1e-12 ms, got 0.0")
+    _assert_one_line_error(result, f"error: p.yaml: curves[{curve}].points[{point}].time_ms: "
+                                   f"{problem}")
     assert not Path("c.png").exists()
 
 
