@@ -537,8 +537,8 @@ def test_an_input_whose_name_begins_with_a_space_is_recorded(small_model_data, w
     (1e308, "must be <= 1000000000000.0, got 1e+308 (about 30 years; an iteration takes "
             "seconds)")])
 @pytest.mark.parametrize("command", [("validate",), ("show", "--plot", "c.png")])
-def test_a_feasible_profile_points_time_is_bounded_both_ways(workdir, spindle, command, time_ms,
-                                                        problem):
+def test_a_feasible_profile_points_time_is_bounded_both_ways(workdir, spindle, command,
+                                                             time_ms, problem):
     # `show --plot` divided by 0: exit 123, where validate said ok
     root = Path(__file__).resolve().parents[2]
     data = yaml.safe_load((root / "profiles" / "tiny-clip-local-cpu.yaml").read_text())
