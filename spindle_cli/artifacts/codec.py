@@ -43,7 +43,7 @@ def meta(doc: str, *, ge_why: str = "", le_why: str = "", name: bool = False,
     `ge_why` / `le_why` say in the error message why that bound is there; `name`: a string
     that names something in one-line errors, so neither blank nor holding line breaks or
     control characters, nor beginning or ending with a space (`NAME_PATTERN`); `path`: a
-    file's path, which may (`PATH_PATTERN`)."""
+    recorded file path, as a name but free to begin or end with a space (`PATH_PATTERN`)."""
     whys = {k: v for k, v in (("ge_why", ge_why), ("le_why", le_why)) if v}
     kinds = {k: True for k, v in (("name", name), ("path", path)) if v}
     return {"doc": doc, **bounds, **whys, **kinds}
