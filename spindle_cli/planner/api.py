@@ -168,8 +168,10 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
         # best so far given as the one to beat), each finer count simulated only until it
         # passes the best
         candidates = [best, *_runners_up(best, finished)]
-        candidates += [(best[0], plan) for plan in baseline_plans
-                       if not any(plan is c[1] for c in candidates)]
+        for plan in baseline_plans:
+            # two baselines with the same waves record the same plan: tried once
+            if not any(plan is c[1] for c in candidates):
+                candidates.append((best[0], plan))
         for candidate in candidates:
             finer = finer_chunks(candidate, graph, profile, cluster, give_up_ms=best[0])
             if finer[0] < best[0] - 1e-9:

@@ -412,7 +412,6 @@ class Schedules:
         self._made.setdefault(key, []).append((asked, result))
         return result
 
-
     def levels(self, cap: int, allocs: list[LevelAllocation], max_ops: MaxOps, *,
                extend: bool = True) -> list[list[PlannedWave]]:
         """`level_waves` of `allocs` under the device bound `cap` (few variants below the
@@ -424,6 +423,7 @@ class Schedules:
         return [self.made(("level", cap, extend, a.level, level_tuples(a)), max_ops,
                           level_schedule, self.graph, curves, a, n_dev,
                           few_variants=cap != n_dev, extend=extend) for a in allocs]
+
 
 def _curve_flags(options: PlanOptions) -> tuple[bool, bool, bool]:
     """The options `options_curves` reads."""
