@@ -47,7 +47,8 @@ RECOMPUTE_MODES = ("auto", "on", "off")
 def memory_ladder(memory: str = "auto", recompute: str = "auto") -> tuple[tuple[int, bool], ...]:
     """The (ZeRO stage, recompute) settings to try, least aggressive first: every allowed ZeRO
     stage without recomputation, then with it. Recomputation comes last because it always
-    costs a third more compute, while sharding costs only communication that overlaps."""
+    costs a third more compute, while sharding costs only communication that overlaps (and
+    `fitting_plan_with_cost` tries it only where a setting without it does not fit)."""
     if memory not in MEMORY_MODES:
         raise ValueError(f"unknown memory mode {memory!r} (expected one of {MEMORY_MODES})")
     if recompute not in RECOMPUTE_MODES:
@@ -110,27 +111,29 @@ may beat that plan; one simulated only up to that plan seeds them from a mere lo
 def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec, *,
                             options: PlanOptions, ladder: tuple[tuple[int, bool], ...],
                             inputs: tuple[InputRef, ...]) -> tuple[Plan, float | None]:
-    """The plan and its simulated iteration (ms; None where it is not simulated, see
-    below) of `make_plan` under the (ZeRO stage, recompute) settings of `ladder` that fit (the
-    options' own `zero` and `recompute` are replaced), keeping the plan that simulates
-    fastest; on ties the earlier, less aggressive setting. Fitting is not enough: a setting
-    that fits may fit only a slow plan (qwen-val-70b on 256 devices fits under ZeRO-1 only
-    with every LLM slice on one node, 14 s, while ZeRO-2 fits a 5 s plan), and ZeRO-3's
-    weight gathers can cost more than recomputation's extra forward. A setting is skipped
-    without planning when `compute_bound_ms` under it (a lower bound of any plan's simulated
-    iteration, its levels fused or not) is no shorter than the best plan's simulated
-    iteration. The settings with the same recomputation flag share their curves, allocations
-    and wave schedules (`Schedules`), and Spindle's own simulation of its kept candidate is
-    the setting's cost; a setting's candidates are simulated only up to SEED_MARGIN above the
-    best plan so far (in `spindle bench`, the same plans in 0.83x the time; OFASys 7 tasks on
-    32 GPUs 3.5 s instead of 5.5). On a cluster whose gradient buckets are chunked (nccl) the
-    kept plan is then tried with finer chunks (`finer_chunks`), and so are the
-    FINER_RUNNERS_UP fastest candidates of other waves, of any setting, that simulated within
-    NEAR_BEST of it (`_runners_up`; the baselines' schedules are simulated to the end there
-    for it): one may gain more (in the quality sweep 8 cases 0.1-2.7% faster). Above
-    SIMULATED_CHOICE_MAX_DEVICES the first setting that fits is kept, unsimulated (one
-    simulation there outlasts the planning target). PlanInfeasible from the last setting
-    when none fits."""
+    """The plan and its simulated iteration (ms; None where it is not simulated, see below) of
+    `make_plan` under the (ZeRO stage, recompute) settings of `ladder` that fit (the options' own
+    `zero` and `recompute` are replaced), keeping the plan that simulates fastest; on ties the
+    earlier, less aggressive setting. Fitting is not enough: a setting that fits may fit only a slow
+    plan (qwen-val-70b on 256 devices fits under ZeRO-1 only with every LLM slice on one node, 14 s,
+    while ZeRO-2 fits a 5 s plan), and ZeRO-3's weight gathers can cost more than recomputation's
+    extra forward. A setting is skipped without planning when `compute_bound_ms` under it (a lower
+    bound of any plan's simulated iteration, its levels fused or not) is no shorter than the best
+    plan's simulated iteration, and a setting with recomputation where every setting of the ladder
+    without it fits: memory does not bind there, and recomputation only adds compute (Spindle kept
+    it in none of the 141 sweep and bench cases where a setting without it fitted; skipping it in
+    the 133 where all of them fit planned those in 0.70x the time, multitask-clip 10 tasks on 64
+    GPUs 1.9 s instead of 4.6). The settings with the same recomputation flag share their curves,
+    allocations and wave schedules (`Schedules`), and Spindle's own simulation of its kept candidate
+    is the setting's cost; a setting's candidates are simulated only up to SEED_MARGIN above the
+    best plan so far (in `spindle bench`, the same plans in 0.83x the time; OFASys 7 tasks on 32
+    GPUs 3.5 s instead of 5.5). On a cluster whose gradient buckets are chunked (nccl) the kept plan
+    is then tried with finer chunks (`finer_chunks`), and so are the FINER_RUNNERS_UP fastest
+    candidates of other waves, of any setting, that simulated within NEAR_BEST of it (`_runners_up`;
+    the baselines' schedules are simulated to the end there for it): one may gain more (in the
+    quality sweep 8 cases 0.1-2.7% faster). Above SIMULATED_CHOICE_MAX_DEVICES the first setting
+    that fits is kept, unsimulated (one simulation there outlasts the planning target).
+    PlanInfeasible from the last setting when none fits."""
     if not ladder:
         raise ValueError("empty memory ladder")
     error: PlanInfeasible | None = None
@@ -138,7 +141,13 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     shared: dict[bool, Schedules] = {}
     finished: list[tuple[float, Plan]] = []
     baseline_plans: list[Plan] = []
+    plain = {rung for rung in ladder if not rung[1]}
+    tried: set[tuple[int, bool]] = set()
+    unfit: set[tuple[int, bool]] = set()
     for zero, recompute in ladder:
+        if recompute and plain and plain <= tried and not plain & unfit:
+            continue  # every setting without recomputation fits: it would only add compute
+        tried.add((zero, recompute))
         trial = replace(options, zero=zero, recompute=recompute)
         try:
             if recompute not in shared:
@@ -153,6 +162,7 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
                 finished=finished, baseline_plans=baseline_plans)
         except PlanInfeasible as e:
             error = e
+            unfit.add((zero, recompute))
             continue
         if cluster.num_devices > SIMULATED_CHOICE_MAX_DEVICES:
             return plan, None

@@ -3,6 +3,7 @@ the automatic choice of the least aggressive setting that fits, and the qwen-val
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -168,6 +169,71 @@ def test_auto_keeps_the_setting_that_simulates_fastest():
     plan = make_fitting_plan(g, p, c)
     assert simulate(plan, g, p, c).iteration_ms == pytest.approx(min(times.values()))
     assert "zero" not in plan.options and "recompute" not in plan.options
+
+
+def _planned_settings(monkeypatch) -> list[tuple[int, bool]]:
+    """The (ZeRO stage, recompute) settings the memory search goes on to plan, in order."""
+    planned: list[tuple[int, bool]] = []
+    real = api.make_plan_with_cost
+
+    def recorded(*args, **kwargs):
+        planned.append((kwargs["options"].zero, kwargs["options"].recompute))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "make_plan_with_cost", recorded)
+    return planned
+
+
+def _stash_heavy(memory_bytes):
+    # 4 layers x 1e8 params on 2 ranks, a large stash: without recomputation 14.4e9 B under
+    # ZeRO-0, 11.4e9 B under ZeRO-3; with it 8.4e9 B under ZeRO-0, 6.0e9 B under ZeRO-1
+    g = graph([metaop("t/a", layers=4, batch=2, params=10**8, stash=2 * 10**9,
+                      act_bytes=64 * 10**5)])
+    return g, profile([alpha_beta_curve("t/a", 2, 0.0, 1.0)]), cluster(per_node=2,
+                                                                       memory_bytes=memory_bytes)
+
+
+def _simulated_settings(g, p, c):
+    """Each memory setting's plan made alone, by its simulated iteration (those that fit)."""
+    times = {}
+    for zero, recompute in memory_ladder():
+        with contextlib.suppress(PlanInfeasible):
+            trial = make_plan(g, p, c, options=PlanOptions(zero=zero, recompute=recompute))
+            times[(zero, recompute)] = simulated_cost(trial, g, p, c).iteration_ms
+    return times
+
+
+def test_auto_leaves_recomputation_out_where_every_setting_without_it_fits(monkeypatch):
+    # the gradient sync makes every plan outlast recomputation's compute, so its settings are
+    # not skipped for their compute: they are left out because memory does not bind
+    g, p, c = _stash_heavy(150 * 10**8)
+    times = _simulated_settings(g, p, c)
+    assert len(times) == 8
+    fastest = min(times.values())
+    assert compute_bound_ms(g, options_curves(g, p, c, PlanOptions(recompute=True)), 2) < fastest
+    planned = _planned_settings(monkeypatch)
+    _, iteration_ms = fitting_plan_with_cost(g, p, c)
+    assert planned and not any(recompute for _, recompute in planned)
+    assert iteration_ms == pytest.approx(fastest)
+    # asked for, it is planned
+    planned.clear()
+    make_fitting_plan(g, p, c, ladder=memory_ladder("auto", "on"))
+    assert planned and all(recompute for _, recompute in planned)
+
+
+def test_auto_tries_recomputation_where_a_setting_without_it_does_not_fit(monkeypatch):
+    # without recomputation only ZeRO-3 fits, and its weight gathers make it slower than
+    # ZeRO-1 with recomputation
+    g, p, c = _stash_heavy(115 * 10**8)
+    times = _simulated_settings(g, p, c)
+    assert [setting for setting in times if not setting[1]] == [(3, False)]
+    fastest = min(times.values())
+    assert times[(3, False)] > fastest == times[(1, True)]
+    planned = _planned_settings(monkeypatch)
+    plan, iteration_ms = fitting_plan_with_cost(g, p, c)
+    assert any(recompute for _, recompute in planned)
+    assert iteration_ms == pytest.approx(fastest)
+    assert plan.options["zero"] == "1" and plan.options["recompute"] == "true"
 
 
 def test_auto_fails_with_the_last_settings_error():
