@@ -42,9 +42,8 @@ if TYPE_CHECKING:
                    "one whose plan simulates fastest (the least aggressive on ties).")
 @click.option("--recompute", type=click.Choice(["auto", "on", "off"]), default="auto",
               show_default=True,
-              help="Activation recomputation (+1/3 compute); auto: where some ZeRO stage "
-                   "without it does not fit, tried after them, kept when its plan "
-                   "simulates faster.")
+              help="Activation recomputation (+1/3 compute); auto: tried after every ZeRO "
+                   "stage without it, kept when its plan simulates faster.")
 @click.option("--tensor-parallel/--no-tensor-parallel", default=True, show_default=True,
               help="Use the profile's tensor-parallel strategies; --no-tensor-parallel plans "
                    "data-parallel slices only (what `spindle run` executes).")

@@ -47,8 +47,9 @@ RECOMPUTE_MODES = ("auto", "on", "off")
 def memory_ladder(memory: str = "auto", recompute: str = "auto") -> tuple[tuple[int, bool], ...]:
     """The (ZeRO stage, recompute) settings to try, least aggressive first: every allowed ZeRO
     stage without recomputation, then with it. Recomputation comes last because it always
-    costs a third more compute, while sharding costs only communication that overlaps (and
-    `fitting_plan_with_cost` tries it only where a setting without it does not fit)."""
+    costs a third more compute, while sharding costs only communication that overlaps (where
+    memory does not bind, Spindle tries only the baselines' schedules under ZeRO-3 and
+    recomputation: `fitting_plan_with_cost`)."""
     if memory not in MEMORY_MODES:
         raise ValueError(f"unknown memory mode {memory!r} (expected one of {MEMORY_MODES})")
     if recompute not in RECOMPUTE_MODES:
@@ -119,21 +120,24 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     while ZeRO-2 fits a 5 s plan), and ZeRO-3's weight gathers can cost more than recomputation's
     extra forward. A setting is skipped without planning when `compute_bound_ms` under it (a lower
     bound of any plan's simulated iteration, its levels fused or not) is no shorter than the best
-    plan's simulated iteration, and a setting with recomputation where every setting of the ladder
-    without it fits: memory does not bind there, and recomputation only adds compute (Spindle kept
-    it in none of the 141 sweep and bench cases where a setting without it fitted; skipping it in
-    the 133 where all of them fit planned those in 0.70x the time, multitask-clip 10 tasks on 64
-    GPUs 1.9 s instead of 4.6). The settings with the same recomputation flag share their curves,
-    allocations and wave schedules (`Schedules`), and Spindle's own simulation of its kept candidate
-    is the setting's cost; a setting's candidates are simulated only up to SEED_MARGIN above the
-    best plan so far (in `spindle bench`, the same plans in 0.83x the time; OFASys 7 tasks on 32
-    GPUs 3.5 s instead of 5.5). On a cluster whose gradient buckets are chunked (nccl) the kept plan
-    is then tried with finer chunks (`finer_chunks`), and so are the FINER_RUNNERS_UP fastest
-    candidates of other waves, of any setting, that simulated within NEAR_BEST of it (`_runners_up`;
-    the baselines' schedules are simulated to the end there for it): one may gain more (in the
-    quality sweep 8 cases 0.1-2.7% faster). Above SIMULATED_CHOICE_MAX_DEVICES the first setting
-    that fits is kept, unsimulated (one simulation there outlasts the planning target).
-    PlanInfeasible from the last setting when none fits."""
+    plan's simulated iteration. Where every setting of the ladder but ZeRO-3 and recomputation
+    (`_for_memory_only`) fits, memory does not bind and those only add traffic or compute: Spindle
+    tries only the baselines' schedules under them, as the baselines' own searches do, so it still
+    never simulates slower than a baseline (the recomputed curves change a baseline's plan: Optimus
+    and DistMM each keep recomputation in a sweep case where memory does not bind). In the 132 sweep
+    cases, the 17 bench cells below 256 GPUs and multitask-clip 10 tasks on 64 the plans of every
+    planner stayed byte-identical, and Spindle planned them in 0.66x the time (multitask-clip 10
+    tasks on 64 GPUs 2.5-2.8 s against 5.2-5.8, alternating runs). The settings with the same
+    recomputation flag share their curves, allocations and wave schedules (`Schedules`), and
+    Spindle's own simulation of its kept candidate is the setting's cost; a setting's candidates are
+    simulated only up to SEED_MARGIN above the best plan so far (in `spindle bench`, the same plans
+    in 0.83x the time; OFASys 7 tasks on 32 GPUs 3.5 s instead of 5.5). On a cluster whose gradient
+    buckets are chunked (nccl) the kept plan is then tried with finer chunks (`finer_chunks`), and
+    so are the FINER_RUNNERS_UP fastest candidates of other waves, of any setting, that simulated
+    within NEAR_BEST of it (`_runners_up`; the baselines' schedules are simulated to the end there
+    for it): one may gain more (in the quality sweep 8 cases 0.1-2.7% faster). Above
+    SIMULATED_CHOICE_MAX_DEVICES the first setting that fits is kept, unsimulated (one simulation
+    there outlasts the planning target). PlanInfeasible from the last setting when none fits."""
     if not ladder:
         raise ValueError("empty memory ladder")
     error: PlanInfeasible | None = None
@@ -141,12 +145,13 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     shared: dict[bool, Schedules] = {}
     finished: list[tuple[float, Plan]] = []
     baseline_plans: list[Plan] = []
-    plain = {rung for rung in ladder if not rung[1]}
+    plain = {rung for rung in ladder if not _for_memory_only(*rung)}
     tried: set[tuple[int, bool]] = set()
     unfit: set[tuple[int, bool]] = set()
     for zero, recompute in ladder:
-        if recompute and plain and plain <= tried and not plain & unfit:
-            continue  # every setting without recomputation fits: it would only add compute
+        # where memory does not bind, Spindle's own candidates skip ZeRO-3 and recomputation
+        own = not (_for_memory_only(zero, recompute) and plain and plain <= tried
+                   and not plain & unfit)
         tried.add((zero, recompute))
         trial = replace(options, zero=zero, recompute=recompute)
         try:
@@ -159,7 +164,7 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
                 graph, profile, cluster, options=trial, inputs=inputs,
                 schedules=shared[recompute],
                 give_up_ms=best[0] * (1 + SEED_MARGIN) if best else math.inf,
-                finished=finished, baseline_plans=baseline_plans)
+                finished=finished, baseline_plans=baseline_plans, own=own)
         except PlanInfeasible as e:
             error = e
             unfit.add((zero, recompute))
@@ -199,6 +204,14 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
                 "--memory auto --recompute auto tries every ZeRO stage, without and with "
                 "recomputation; or plan for more devices")) from None
     return best[1], best[0]
+
+
+def _for_memory_only(zero: int, recompute: bool) -> bool:
+    """Whether a memory setting only adds cost unless memory binds: recomputation adds a third
+    more compute, ZeRO-3 gathers the weights before every forward and backward. ZeRO-1/2 cost
+    no more traffic than an all-reduce (a reduce-scatter, and an all-gather that overlaps the
+    next forward) and often simulate faster (`fitting_plan_with_cost`)."""
+    return recompute or zero == 3
 
 
 FINER_RUNNERS_UP = 2

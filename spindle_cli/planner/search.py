@@ -99,7 +99,7 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                         schedules: Schedules | None = None,
                         give_up_ms: float = math.inf,
                         finished: list[tuple[float, Plan]] | None = None,
-                        baseline_plans: list[Plan] | None = None
+                        baseline_plans: list[Plan] | None = None, own: bool = True
                         ) -> tuple[Plan, float | None]:
     """Plan one training iteration of `graph` on `cluster`; with the plan, its simulated
     iteration (ms) where the planner chose it by simulation (None for the baselines and above
@@ -108,7 +108,9 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     the caller already has, so no candidate is simulated beyond it; where none beats it the
     iteration returned is only a lower bound, at least `give_up_ms`. `finished`, where
     given, gets every candidate simulated to the end, with its iteration; `baseline_plans`
-    the baselines' schedules as Spindle assembled them (`_Search.consider_baselines`).
+    the baselines' schedules as Spindle assembled them (`_Search.consider_baselines`). Without
+    `own`, Spindle tries the baselines' schedules only (where `api.fitting_plan_with_cost` finds
+    memory does not bind), so that it still never simulates slower than a baseline.
 
     Spindle schedules every level once per device bound of `device_caps` and keeps the plan
     whose simulated iteration (compute, inter-wave transfers, gradient sync:
@@ -147,9 +149,9 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         else:
             planned = baselines.distmm(graph, curves, n_dev, max_ops)
         return assemble(graph, curves, cluster, options, inputs, allocs, planned), None
-    return _Search(graph, profile, cluster, options, inputs, schedules, max_ops,
-                   give_up_ms=give_up_ms, finished=finished,
-                   baseline_plans=baseline_plans).run()
+    search = _Search(graph, profile, cluster, options, inputs, schedules, max_ops,
+                     give_up_ms=give_up_ms, finished=finished, baseline_plans=baseline_plans)
+    return search.run() if own else search.run_baselines()
 
 
 _Key = tuple[tuple[PlannedWave, ...], bool, bool, bool]
@@ -227,6 +229,16 @@ class _Search:
             assert self.error is not None
             raise self.error
         return self.best.plan, self.best.iteration_ms if self.simulated else None
+
+    def run_baselines(self) -> tuple[Plan, float | None]:
+        """The baselines' schedules alone (`make_plan_with_cost` without `own`): the kept one
+        and its simulated iteration."""
+        assert self.simulated
+        self.consider_baselines()
+        if self.best is None:
+            assert self.error is not None
+            raise self.error
+        return self.best.plan, self.best.iteration_ms
 
     def levels(self, cap: int, spread: bool) -> list[list[PlannedWave]]:
         """Each level's schedule under a device bound, from `spread` allocations or not (made

@@ -171,13 +171,15 @@ def test_auto_keeps_the_setting_that_simulates_fastest():
     assert "zero" not in plan.options and "recompute" not in plan.options
 
 
-def _planned_settings(monkeypatch) -> list[tuple[int, bool]]:
-    """The (ZeRO stage, recompute) settings the memory search goes on to plan, in order."""
-    planned: list[tuple[int, bool]] = []
+def _planned_settings(monkeypatch) -> list[tuple[int, bool, bool]]:
+    """The (ZeRO stage, recompute, own) settings the memory search goes on to plan, in order;
+    own: with Spindle's own candidates, not the baselines' schedules alone."""
+    planned: list[tuple[int, bool, bool]] = []
     real = api.make_plan_with_cost
 
     def recorded(*args, **kwargs):
-        planned.append((kwargs["options"].zero, kwargs["options"].recompute))
+        options = kwargs["options"]
+        planned.append((options.zero, options.recompute, kwargs.get("own", True)))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(api, "make_plan_with_cost", recorded)
@@ -203,9 +205,11 @@ def _simulated_settings(g, p, c):
     return times
 
 
-def test_auto_leaves_recomputation_out_where_every_setting_without_it_fits(monkeypatch):
-    # the gradient sync makes every plan outlast recomputation's compute, so its settings are
-    # not skipped for their compute: they are left out because memory does not bind
+def test_auto_leaves_zero3_and_recomputation_to_the_baselines_where_memory_does_not_bind(
+        monkeypatch):
+    # every setting fits, and the gradient sync makes every plan outlast recomputation's
+    # compute, so no setting is skipped for its compute: ZeRO-0 to 2 without recomputation fit,
+    # so under ZeRO-3 and recomputation Spindle tries the baselines' schedules only
     g, p, c = _stash_heavy(150 * 10**8)
     times = _simulated_settings(g, p, c)
     assert len(times) == 8
@@ -213,15 +217,17 @@ def test_auto_leaves_recomputation_out_where_every_setting_without_it_fits(monke
     assert compute_bound_ms(g, options_curves(g, p, c, PlanOptions(recompute=True)), 2) < fastest
     planned = _planned_settings(monkeypatch)
     _, iteration_ms = fitting_plan_with_cost(g, p, c)
-    assert planned and not any(recompute for _, recompute in planned)
+    assert planned == [(zero, recompute, zero < 3 and not recompute)
+                       for zero, recompute in memory_ladder()]
     assert iteration_ms == pytest.approx(fastest)
-    # asked for, it is planned
-    planned.clear()
-    make_fitting_plan(g, p, c, ladder=memory_ladder("auto", "on"))
-    assert planned and all(recompute for _, recompute in planned)
+    # asked for, they get Spindle's own candidates
+    for memory, recompute in (("auto", "on"), ("zero3", "auto")):
+        planned.clear()
+        make_fitting_plan(g, p, c, ladder=memory_ladder(memory, recompute))
+        assert planned == [(*setting, True) for setting in memory_ladder(memory, recompute)]
 
 
-def test_auto_tries_recomputation_where_a_setting_without_it_does_not_fit(monkeypatch):
+def test_auto_tries_zero3_and_recomputation_where_a_setting_without_them_does_not_fit(monkeypatch):
     # without recomputation only ZeRO-3 fits, and its weight gathers make it slower than
     # ZeRO-1 with recomputation
     g, p, c = _stash_heavy(115 * 10**8)
@@ -231,7 +237,7 @@ def test_auto_tries_recomputation_where_a_setting_without_it_does_not_fit(monkey
     assert times[(3, False)] > fastest == times[(1, True)]
     planned = _planned_settings(monkeypatch)
     plan, iteration_ms = fitting_plan_with_cost(g, p, c)
-    assert any(recompute for _, recompute in planned)
+    assert planned == [(*setting, True) for setting in memory_ladder()]
     assert iteration_ms == pytest.approx(fastest)
     assert plan.options["zero"] == "1" and plan.options["recompute"] == "true"
 

@@ -173,3 +173,21 @@ def test_spindle_is_never_slower_than_a_baselines_own_search(case, ladder):
         theirs = fitting_plan_with_cost(g, p, c, options=PlanOptions(planner=planner),
                                         ladder=ladder)[1]
         assert spindle_ms <= theirs + 1e-9, planner
+
+
+def test_spindle_without_its_own_candidates_keeps_the_fastest_baselines_schedule():
+    # the memory search's settings where memory does not bind (`api.fitting_plan_with_cost`):
+    # Spindle tries the baselines' schedules only, and keeps the fastest of them
+    folder = REPO / "tests" / "data" / "baseline-finer-chunks"
+    g = load(str(folder / "graph.yaml"), MetaOpGraph)
+    p = load(str(folder / "profile.yaml"), Profile)
+    c = load(str(folder / "cluster.yaml"), ClusterSpec)
+    options = PlanOptions(zero=1, recompute=True)
+    plan, iteration_ms = make_plan_with_cost(g, p, c, options=options, own=False)
+    theirs = {planner: simulated_cost(make_plan(g, p, c, options=dataclasses.replace(
+                  options, planner=planner)), g, p, c).iteration_ms
+              for planner in ("sequential", "optimus", "distmm")}
+    fastest = min(theirs, key=theirs.get)
+    assert plan.candidate.endswith(f"{fastest}'s schedule")
+    assert iteration_ms == pytest.approx(theirs[fastest])
+    assert make_plan_with_cost(g, p, c, options=options)[1] <= iteration_ms + 1e-9
