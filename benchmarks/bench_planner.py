@@ -60,6 +60,7 @@ from spindle_cli.planner.allocation import allocate_level_analytic
 from spindle_cli.planner.api import (
     compute_bound_ms,
     fitting_plan_with_cost,
+    for_memory_only,
     make_plan,
     memory_ladder,
 )
@@ -334,16 +335,21 @@ def _time(fn: Callable[[], object], repeats: int) -> float:
 
 def setting_by_setting(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> float:
     """`fitting_plan_with_cost`'s search with nothing shared between the memory settings:
-    each planned alone (`make_plan`) and its plan simulated again; the best iteration."""
+    each planned alone (`make_plan_with_cost`; the baselines' schedules only under ZeRO-3 and
+    recomputation where the others all fit, as the search does) and its plan simulated again;
+    the best iteration."""
     best = math.inf
+    binds = False
     for zero, recompute in memory_ladder():
         options = PlanOptions(zero=zero, recompute=recompute)
         curves = options_curves(graph, profile, cluster, options)
         if compute_bound_ms(graph, curves, cluster.num_devices) >= best:
             continue
         try:
-            plan = make_plan(graph, profile, cluster, options=options)
+            plan = search.make_plan_with_cost(graph, profile, cluster, options=options,
+                                              own=binds or not for_memory_only(zero, recompute))[0]
         except PlanInfeasible:
+            binds = binds or not for_memory_only(zero, recompute)
             continue
         best = min(best, simulated_cost(plan, graph, profile, cluster,
                                         give_up_ms=best).iteration_ms)

@@ -121,7 +121,7 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     extra forward. A setting is skipped without planning when `compute_bound_ms` under it (a lower
     bound of any plan's simulated iteration, its levels fused or not) is no shorter than the best
     plan's simulated iteration. Where every setting of the ladder but ZeRO-3 and recomputation
-    (`_for_memory_only`) fits, memory does not bind and those only add traffic or compute: Spindle
+    (`for_memory_only`) fits, memory does not bind and those only add traffic or compute: Spindle
     tries only the baselines' schedules under them, as the baselines' own searches do, so it still
     never simulates slower than a baseline (the recomputed curves change a baseline's plan: Optimus
     and DistMM each keep recomputation in a sweep case where memory does not bind). In the 132 sweep
@@ -145,12 +145,12 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     shared: dict[bool, Schedules] = {}
     finished: list[tuple[float, Plan]] = []
     baseline_plans: list[Plan] = []
-    plain = {rung for rung in ladder if not _for_memory_only(*rung)}
+    plain = {rung for rung in ladder if not for_memory_only(*rung)}
     tried: set[tuple[int, bool]] = set()
     unfit: set[tuple[int, bool]] = set()
     for zero, recompute in ladder:
         # where memory does not bind, Spindle's own candidates skip ZeRO-3 and recomputation
-        own = not (_for_memory_only(zero, recompute) and plain and plain <= tried
+        own = not (for_memory_only(zero, recompute) and plain and plain <= tried
                    and not plain & unfit)
         tried.add((zero, recompute))
         trial = replace(options, zero=zero, recompute=recompute)
@@ -206,7 +206,7 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     return best[1], best[0]
 
 
-def _for_memory_only(zero: int, recompute: bool) -> bool:
+def for_memory_only(zero: int, recompute: bool) -> bool:
     """Whether a memory setting only adds cost unless memory binds: recomputation adds a third
     more compute, ZeRO-3 gathers the weights before every forward and backward. ZeRO-1/2 cost
     no more traffic than an all-reduce (a reduce-scatter, and an all-gather that overlaps the
