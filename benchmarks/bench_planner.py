@@ -60,7 +60,6 @@ from spindle_cli.planner.allocation import allocate_level_analytic
 from spindle_cli.planner.api import (
     compute_bound_ms,
     fitting_plan_with_cost,
-    for_memory_only,
     make_plan,
     memory_ladder,
 )
@@ -335,11 +334,11 @@ def _time(fn: Callable[[], object], repeats: int) -> float:
 
 def setting_by_setting(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> float:
     """`fitting_plan_with_cost`'s search with nothing shared between the memory settings:
-    each planned alone (`make_plan_with_cost`; the baselines' schedules only under ZeRO-3 and
-    recomputation where the others all fit, as the search does) and its plan simulated again;
-    the best iteration."""
+    each planned alone (`make_plan_with_cost`; under recomputation the baselines' schedules
+    only where memory limited no setting without it, as the search does) and its plan
+    simulated again; the best iteration."""
     best = math.inf
-    binds = False
+    limited: set[str] = set()  # what memory limited without recomputation ("unfit": a setting)
     for zero, recompute in memory_ladder():
         options = PlanOptions(zero=zero, recompute=recompute)
         curves = options_curves(graph, profile, cluster, options)
@@ -347,9 +346,10 @@ def setting_by_setting(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpe
             continue
         try:
             plan = search.make_plan_with_cost(graph, profile, cluster, options=options,
-                                              own=binds or not for_memory_only(zero, recompute))[0]
+                                              own=not recompute or bool(limited),
+                                              limited=None if recompute else limited)[0]
         except PlanInfeasible:
-            binds = binds or not for_memory_only(zero, recompute)
+            limited.add("unfit")
             continue
         best = min(best, simulated_cost(plan, graph, profile, cluster,
                                         give_up_ms=best).iteration_ms)

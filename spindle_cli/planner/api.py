@@ -48,8 +48,8 @@ def memory_ladder(memory: str = "auto", recompute: str = "auto") -> tuple[tuple[
     """The (ZeRO stage, recompute) settings to try, least aggressive first: every allowed ZeRO
     stage without recomputation, then with it. Recomputation comes last because it always
     costs a third more compute, while sharding costs only communication that overlaps (where
-    memory does not bind, Spindle tries only the baselines' schedules under ZeRO-3 and
-    recomputation: `fitting_plan_with_cost`)."""
+    memory limits no setting without it, Spindle tries only the baselines' schedules under it:
+    `fitting_plan_with_cost`)."""
     if memory not in MEMORY_MODES:
         raise ValueError(f"unknown memory mode {memory!r} (expected one of {MEMORY_MODES})")
     if recompute not in RECOMPUTE_MODES:
@@ -120,14 +120,18 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     while ZeRO-2 fits a 5 s plan), and ZeRO-3's weight gathers can cost more than recomputation's
     extra forward. A setting is skipped without planning when `compute_bound_ms` under it (a lower
     bound of any plan's simulated iteration, its levels fused or not) is no shorter than the best
-    plan's simulated iteration. Where every setting of the ladder but ZeRO-3 and recomputation
-    (`for_memory_only`) fits, memory does not bind and those only add traffic or compute: Spindle
-    tries only the baselines' schedules under them, as the baselines' own searches do, so it still
-    never simulates slower than a baseline (the recomputed curves change a baseline's plan: Optimus
-    and DistMM each keep recomputation in a sweep case where memory does not bind). In the 132 sweep
-    cases, the 17 bench cells below 256 GPUs and multitask-clip 10 tasks on 64 the plans of every
-    planner stayed byte-identical, and Spindle planned them in 0.66x the time (multitask-clip 10
-    tasks on 64 GPUs 2.5-2.8 s against 5.2-5.8, alternating runs). The settings with the same
+    plan's simulated iteration. Where every setting of the ladder without recomputation fits and
+    device memory limited none of their searches (`make_plan_with_cost`'s `limited`: no candidate
+    out of memory, no slice at its memory limit below its MetaOp's operators, none kept off a free
+    rank for memory), recomputation only adds compute: Spindle tries only the baselines' schedules
+    under it, as the baselines' own searches do, so it still never simulates slower than a baseline
+    (the recomputed curves change a baseline's plan: Optimus and DistMM each keep recomputation in a
+    sweep case where memory does not bind). In the 132 sweep cases, the 17 bench cells below 256
+    GPUs and multitask-clip 10 tasks on 64 every planner's plan stayed byte-identical and Spindle
+    planned them in 0.77x the time (multitask-clip 10 tasks on 64 GPUs 2.3-3.2 s against 4.8-5.6,
+    alternating runs); so did Spindle's in 516 cases of tight memory, where it kept recomputation in
+    200 (the sweep's cases with each device's memory at 60, 80 and 95% of the peak of its ZeRO-0
+    plan, and 60 of them at 60 and 80% under `--memory none`). The settings with the same
     recomputation flag share their curves, allocations and wave schedules (`Schedules`), and
     Spindle's own simulation of its kept candidate is the setting's cost; a setting's candidates are
     simulated only up to SEED_MARGIN above the best plan so far (in `spindle bench`, the same plans
@@ -145,14 +149,17 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     shared: dict[bool, Schedules] = {}
     finished: list[tuple[float, Plan]] = []
     baseline_plans: list[Plan] = []
-    plain = {rung for rung in ladder if not for_memory_only(*rung)}
-    tried: set[tuple[int, bool]] = set()
-    unfit: set[tuple[int, bool]] = set()
+    # the settings without recomputation: how many, how many planned so far, whether one did
+    # not fit, and what device memory limited in their searches (`make_plan_with_cost`)
+    plain = sum(not recompute for _, recompute in ladder)
+    planned = 0
+    unfit = False
+    limited: set[str] = set()
     for zero, recompute in ladder:
-        # where memory does not bind, Spindle's own candidates skip ZeRO-3 and recomputation
-        own = not (for_memory_only(zero, recompute) and plain and plain <= tried
-                   and not plain & unfit)
-        tried.add((zero, recompute))
+        # where memory limited none of them, recomputation only adds compute: Spindle's own
+        # candidates skip it
+        own = not recompute or not (0 < plain == planned and not unfit and not limited)
+        planned += not recompute
         trial = replace(options, zero=zero, recompute=recompute)
         try:
             if recompute not in shared:
@@ -164,10 +171,11 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
                 graph, profile, cluster, options=trial, inputs=inputs,
                 schedules=shared[recompute],
                 give_up_ms=best[0] * (1 + SEED_MARGIN) if best else math.inf,
-                finished=finished, baseline_plans=baseline_plans, own=own)
+                finished=finished, baseline_plans=baseline_plans, own=own,
+                limited=None if recompute else limited)
         except PlanInfeasible as e:
             error = e
-            unfit.add((zero, recompute))
+            unfit = unfit or not recompute
             continue
         if cluster.num_devices > SIMULATED_CHOICE_MAX_DEVICES:
             return plan, None
@@ -204,14 +212,6 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
                 "--memory auto --recompute auto tries every ZeRO stage, without and with "
                 "recomputation; or plan for more devices")) from None
     return best[1], best[0]
-
-
-def for_memory_only(zero: int, recompute: bool) -> bool:
-    """Whether a memory setting only adds cost unless memory binds: recomputation adds a third
-    more compute, ZeRO-3 gathers the weights before every forward and backward. ZeRO-1/2 cost
-    no more traffic than an all-reduce (a reduce-scatter, and an all-gather that overlaps the
-    next forward) and often simulate faster (`fitting_plan_with_cost`)."""
-    return recompute or zero == 3
 
 
 FINER_RUNNERS_UP = 2

@@ -139,6 +139,8 @@ class PlacedWaves:
     def __init__(self, graph: MetaOpGraph, cluster: ClusterSpec) -> None:
         self.graph = graph
         self.cluster = cluster
+        self.short_of_memory = False
+        """Whether memory kept a slice of some call off a free rank (it would not fit there)."""
         self._roots: dict[tuple[MemoryStrategy, tuple[tuple[str, Ranks], ...], bool],
                           _Node] = {}
 
@@ -218,7 +220,7 @@ def place(waves: list[list[SliceSpec]], flows: list[Flow], graph: MetaOpGraph,
         del placed[same:]
         settings = now
         result = _attempt(waves, incoming, graph, cluster, memory_first, memory, home, reserve,
-                          groups_first, placed, by_need=by_need)
+                          groups_first, placed, by_need=by_need, placements=placements)
         if placements is not None and not any(map(any, now)):
             placements.record(waves, placed, memory, home, reserve)
         return result
@@ -271,13 +273,15 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
              graph: MetaOpGraph, cluster: ClusterSpec,
              memory_first: set[int], memory: MemoryStrategy,
              home: dict[str, Ranks], reserve: bool, groups_first: set[int],
-             placed: list[_PlacedWave], *,
-             by_need: bool = False) -> tuple[list[list[Ranks]], Ledger] | _Failure:
+             placed: list[_PlacedWave], *, by_need: bool = False,
+             placements: PlacedWaves | None = None
+             ) -> tuple[list[list[Ranks]], Ledger] | _Failure:
     """One pass over the waves (`place`); `by_need`: memory-first waves take their slices in
     order of their largest per-rank need instead of their activations. `placed`: the leading
     waves as an earlier attempt with the same settings placed them, committed to the ledger
     again in the same order instead of chosen again (the same ranks and the same ledger); the
-    waves this attempt places are appended to it."""
+    waves this attempt places are appended to it. `placements`: the calls' record, told when
+    memory keeps a slice off a free rank (`PlacedWaves.short_of_memory`)."""
     n_dev = cluster.num_devices
     cap = float(cluster.device.memory_bytes)
     island_of = np.arange(n_dev) // cluster.island_size
@@ -328,6 +332,8 @@ def _attempt(waves: list[list[SliceSpec]], incoming: dict[tuple[int, int], list[
             used = ledger.used()
             need = ledger.need(s.metaop, s.first, s.last, s.n, s.strategy, coming)
             ok = free & (used + need <= cap)
+            if placements is not None and np.count_nonzero(ok) < np.count_nonzero(free):
+                placements.short_of_memory = True
             if np.count_nonzero(ok) < s.n:
                 return _failure(wi, s, free, used, need, cap)
             headroom = (cap - used - need) / cap

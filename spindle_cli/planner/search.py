@@ -17,7 +17,7 @@ from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.plan import Plan
 from spindle_cli.artifacts.profile import Profile
-from spindle_cli.errors import PlanInfeasible
+from spindle_cli.errors import OutOfMemory, PlanInfeasible
 from spindle_cli.planner import baselines
 from spindle_cli.planner.alignment import MaxOps, PlannedWave
 from spindle_cli.planner.allocation import single_count
@@ -99,8 +99,8 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                         schedules: Schedules | None = None,
                         give_up_ms: float = math.inf,
                         finished: list[tuple[float, Plan]] | None = None,
-                        baseline_plans: list[Plan] | None = None, own: bool = True
-                        ) -> tuple[Plan, float | None]:
+                        baseline_plans: list[Plan] | None = None, own: bool = True,
+                        limited: set[str] | None = None) -> tuple[Plan, float | None]:
     """Plan one training iteration of `graph` on `cluster`; with the plan, its simulated
     iteration (ms) where the planner chose it by simulation (None for the baselines and above
     SIMULATED_CHOICE_MAX_DEVICES). `schedules`: those of earlier calls with the same graph,
@@ -110,7 +110,11 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     given, gets every candidate simulated to the end, with its iteration; `baseline_plans`
     the baselines' schedules as Spindle assembled them (`_Search.consider_baselines`). Without
     `own`, Spindle tries the baselines' schedules only (where `api.fitting_plan_with_cost` finds
-    memory does not bind), so that it still never simulates slower than a baseline.
+    memory does not bind), so that it still never simulates slower than a baseline. `limited`,
+    where given, gets what device memory limited in Spindle's search: 'slices' (a candidate's
+    slice runs as many operators as memory allows on its devices, `slice_limits`, fewer than
+    its MetaOp has), 'candidates' (one did not fit), 'placement' (one was placed again,
+    memory first).
 
     Spindle schedules every level once per device bound of `device_caps` and keeps the plan
     whose simulated iteration (compute, inter-wave transfers, gradient sync:
@@ -151,7 +155,11 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
         return assemble(graph, curves, cluster, options, inputs, allocs, planned), None
     search = _Search(graph, profile, cluster, options, inputs, schedules, max_ops,
                      give_up_ms=give_up_ms, finished=finished, baseline_plans=baseline_plans)
-    return search.run() if own else search.run_baselines()
+    try:
+        return search.run() if own else search.run_baselines()
+    finally:
+        if limited is not None:
+            limited.update(search.limited())
 
 
 _Key = tuple[tuple[PlannedWave, ...], bool, bool, bool]
@@ -202,6 +210,20 @@ class _Search:
         self.last_plan: Plan | None = None
         """The last candidate `consider` simulated to the end (None when it was not; `last_ms`
         is then its iteration)."""
+        self.layers = {m.id: m.num_layers for m in graph.metaops}
+        self.out_of_memory = False
+        """Whether a candidate `consider` assembled ran out of memory."""
+        self.at_slice_limit = False
+        """Whether a slice of a candidate `consider` assembled runs as many operators as
+        memory allows on its devices, fewer than its MetaOp has."""
+
+    def limited(self) -> set[str]:
+        """What device memory limited in the candidates so far (`make_plan_with_cost`'s
+        `limited`)."""
+        return {what for what, found in (("slices", self.at_slice_limit),
+                                         ("candidates", self.out_of_memory),
+                                         ("placement", self.placements.short_of_memory))
+                if found}
 
     def run(self) -> tuple[Plan, float | None]:
         """`make_plan_with_cost`'s candidates in its order; the kept plan and its simulated
@@ -285,8 +307,12 @@ class _Search:
                             placements=self.placements)
         except PlanInfeasible as e:
             self.error, self.last_failed, self.tried[key] = self.error or e, True, None
+            self.out_of_memory = self.out_of_memory or isinstance(e, OutOfMemory)
             return False
         self.tried[key] = plan
+        self.at_slice_limit = self.at_slice_limit or any(
+            s.num_layers == self.max_ops(s.metaop, len(s.ranks)) < self.layers[s.metaop]
+            for _, s in plan.slices())
         if reserve is not None and plan.waves == reserve.waves:
             return False  # nothing was reserved: that plan again
         # above SIMULATED_CHOICE_MAX_DEVICES one simulation would take longer than the

@@ -10,7 +10,7 @@ from spindle_cli.errors import PlanInfeasible
 from spindle_cli.planner.api import make_plan
 from spindle_cli.planner.memory import Ledger, rows_per_rank, split_rows, state_bytes_per_param
 from spindle_cli.planner.options import PlanOptions
-from spindle_cli.planner.placement import Flow, SliceSpec, _shortage, place
+from spindle_cli.planner.placement import Flow, PlacedWaves, SliceSpec, _shortage, place
 
 
 def spec(m, first, last, n, strategy="dp"):
@@ -98,9 +98,16 @@ def test_locality_gives_way_to_memory_when_a_rank_would_overflow():
     c = cluster(num_nodes=1, per_node=2, memory_bytes=600)
     waves = [[spec(a, 0, 1, 1)], [spec(a, 1, 2, 1)]]
     flows = [Flow(src=(0, 0), dst=(1, 0), bytes=1 << 20)]
-    ranks, ledger = place(waves, flows, g, c)
+    placements = PlacedWaves(g, c)
+    ranks, ledger = place(waves, flows, g, c, placements=placements)
     assert ranks[0][0] != ranks[1][0]
     assert max(m.total_bytes for m in ledger.table()) <= 600
+    # which the search takes for memory limiting its candidates (`api.fitting_plan_with_cost`)
+    assert placements.short_of_memory
+    c = cluster(num_nodes=1, per_node=2)
+    roomy = PlacedWaves(g, c)
+    assert place(waves, flows, g, c, placements=roomy)[0] == [[(0,)], [(0,)]]
+    assert not roomy.short_of_memory
 
 
 def test_infeasible_placement_names_the_rank_and_the_bytes():
