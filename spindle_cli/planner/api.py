@@ -128,7 +128,7 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     (the recomputed curves change a baseline's plan: Optimus and DistMM each keep recomputation in a
     sweep case where memory does not bind). In the 132 sweep cases, the 17 bench cells below 256
     GPUs and multitask-clip 10 tasks on 64 every planner's plan stayed byte-identical and Spindle
-    planned them in 0.77x the time (multitask-clip 10 tasks on 64 GPUs 2.3-3.2 s against 4.8-5.6,
+    planned them in 0.77x the time (multitask-clip 10 tasks on 64 GPUs 2.3-3.2 s against 4.3-5.6,
     alternating runs); so did Spindle's in 516 cases of tight memory, where it kept recomputation in
     200 (the sweep's cases with each device's memory at 60, 80 and 95% of the peak of its ZeRO-0
     plan, and 60 of them at 60 and 80% under `--memory none`). The settings with the same

@@ -109,12 +109,12 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
     iteration returned is only a lower bound, at least `give_up_ms`. `finished`, where
     given, gets every candidate simulated to the end, with its iteration; `baseline_plans`
     the baselines' schedules as Spindle assembled them (`_Search.consider_baselines`). Without
-    `own`, Spindle tries the baselines' schedules only (where `api.fitting_plan_with_cost` finds
-    memory does not bind), so that it still never simulates slower than a baseline. `limited`,
-    where given, gets what device memory limited in Spindle's search: 'slices' (a candidate's
-    slice runs as many operators as memory allows on its devices, `slice_limits`, fewer than
-    its MetaOp has), 'candidates' (one did not fit), 'placement' (one was placed again,
-    memory first).
+    `own`, Spindle tries the baselines' schedules only (`api.fitting_plan_with_cost`, under
+    recomputation where memory limited nothing without it), so that it still never simulates
+    slower than a baseline. `limited`, where given, gets what device memory limited in Spindle's
+    search: 'slices' (a candidate's slice runs as many operators as memory allows on its
+    devices, `slice_limits`, fewer than its MetaOp has), 'candidates' (one did not fit),
+    'placement' (memory kept a slice off a free rank, `PlacedWaves.short_of_memory`).
 
     Spindle schedules every level once per device bound of `device_caps` and keeps the plan
     whose simulated iteration (compute, inter-wave transfers, gradient sync:
