@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 @click.option("--recompute", type=click.Choice(["auto", "on", "off"]), default="auto",
               show_default=True,
               help="Activation recomputation (+1/3 compute); auto: tried after every ZeRO "
-                   "stage without it, kept when its plan simulates faster.")
+                   "stage without it (Spindle: with the baselines' schedules only where memory "
+                   "limited none of those), kept when its plan simulates faster.")
 @click.option("--tensor-parallel/--no-tensor-parallel", default=True, show_default=True,
               help="Use the profile's tensor-parallel strategies; --no-tensor-parallel plans "
                    "data-parallel slices only (what `spindle run` executes).")
