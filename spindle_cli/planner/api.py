@@ -124,24 +124,26 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     device memory limited none of their searches (`make_plan_with_cost`'s `limited`: no candidate
     out of memory, no slice at its memory limit below its MetaOp's operators, none kept off a free
     rank for memory), recomputation only adds compute: Spindle tries only the baselines' schedules
-    under it, as the baselines' own searches do, so it still never simulates slower than a baseline
+    under it (then the kept one placed again and with finer chunks, as at the end of its whole
+    search), as the baselines' own searches do, so it still never simulates slower than a baseline
     (the recomputed curves change a baseline's plan: Optimus and DistMM each keep recomputation in a
     sweep case where memory does not bind). In the 132 sweep cases, the 17 bench cells below 256
     GPUs and multitask-clip 10 tasks on 64 every planner's plan stayed byte-identical and Spindle
-    planned them in 0.77x the time (multitask-clip 10 tasks on 64 GPUs 2.3-3.2 s against 4.3-5.6,
-    alternating runs); so did Spindle's in 516 cases of tight memory, where it kept recomputation in
-    200 (the sweep's cases with each device's memory at 60, 80 and 95% of the peak of its ZeRO-0
-    plan, and 60 of them at 60 and 80% under `--memory none`). The settings with the same
-    recomputation flag share their curves, allocations and wave schedules (`Schedules`), and
-    Spindle's own simulation of its kept candidate is the setting's cost; a setting's candidates are
-    simulated only up to SEED_MARGIN above the best plan so far (in `spindle bench`, the same plans
-    in 0.83x the time; OFASys 7 tasks on 32 GPUs 3.5 s instead of 5.5). On a cluster whose gradient
-    buckets are chunked (nccl) the kept plan is then tried with finer chunks (`finer_chunks`), and
-    so are the FINER_RUNNERS_UP fastest candidates of other waves, of any setting, that simulated
-    within NEAR_BEST of it (`_runners_up`; the baselines' schedules are simulated to the end there
-    for it): one may gain more (in the quality sweep 8 cases 0.1-2.7% faster). Above
-    SIMULATED_CHOICE_MAX_DEVICES the first setting that fits is kept, unsimulated (one simulation
-    there outlasts the planning target). PlanInfeasible from the last setting when none fits."""
+    planned them in 0.77-0.85x the time (two runs; multitask-clip 10 tasks on 64 GPUs 2.3-3.2 s
+    against 4.2-5.6, alternating runs); so did Spindle's, before the placed-again step, in 516 cases
+    of tight memory, where it kept recomputation in 200 (the sweep's cases with each device's memory
+    at 60, 80 and 95% of the peak of its ZeRO-0 plan, and 60 of them at 60 and 80% under `--memory
+    none`). The settings with the same recomputation flag share their curves, allocations and wave
+    schedules (`Schedules`), and Spindle's own simulation of its kept candidate is the setting's
+    cost; a setting's candidates are simulated only up to SEED_MARGIN above the best plan so far (in
+    `spindle bench`, the same plans in 0.83x the time; OFASys 7 tasks on 32 GPUs 3.5 s instead of
+    5.5). On a cluster whose gradient buckets are chunked (nccl) the kept plan is then tried with
+    finer chunks (`finer_chunks`), and so are the FINER_RUNNERS_UP fastest candidates of other
+    waves, of any setting, that simulated within NEAR_BEST of it (`_runners_up`; the baselines'
+    schedules are simulated to the end there for it): one may gain more (in the quality sweep 8
+    cases 0.1-2.7% faster). Above SIMULATED_CHOICE_MAX_DEVICES the first setting that fits is kept,
+    unsimulated (one simulation there outlasts the planning target). PlanInfeasible from the last
+    setting when none fits."""
     if not ladder:
         raise ValueError("empty memory ladder")
     error: PlanInfeasible | None = None

@@ -240,7 +240,13 @@ class _Search:
         if self.best is not None and self.simulated and len(self.graph.tasks) > 1:
             self.consider_task_stable()
             self.consider_lanes()
-        own = self.best
+        return self.run_baselines(self.best)
+
+    def run_baselines(self, own: _Kept | None = None) -> tuple[Plan, float | None]:
+        """The baselines' schedules, then the kept plan placed again (`consider_placed_again`,
+        with Spindle's own best `own`) and, where a baseline's schedule is kept, given finer
+        chunks (`finer_chunks_of_both`): the end of `run`, and the whole search without
+        `make_plan_with_cost`'s `own`. The kept plan and its simulated iteration."""
         if self.simulated:
             self.consider_baselines()
         if self.best is not None and self.simulated:
@@ -251,16 +257,6 @@ class _Search:
             assert self.error is not None
             raise self.error
         return self.best.plan, self.best.iteration_ms if self.simulated else None
-
-    def run_baselines(self) -> tuple[Plan, float | None]:
-        """The baselines' schedules alone (`make_plan_with_cost` without `own`): the kept one
-        and its simulated iteration."""
-        assert self.simulated
-        self.consider_baselines()
-        if self.best is None:
-            assert self.error is not None
-            raise self.error
-        return self.best.plan, self.best.iteration_ms
 
     def levels(self, cap: int, spread: bool) -> list[list[PlannedWave]]:
         """Each level's schedule under a device bound, from `spread` allocations or not (made

@@ -175,9 +175,10 @@ def test_spindle_is_never_slower_than_a_baselines_own_search(case, ladder):
         assert spindle_ms <= theirs + 1e-9, planner
 
 
-def test_spindle_without_its_own_candidates_keeps_the_fastest_baselines_schedule():
-    # the memory search's settings where memory does not bind (`api.fitting_plan_with_cost`):
-    # Spindle tries the baselines' schedules only, and keeps the fastest of them
+def test_spindle_without_its_own_candidates_keeps_a_baselines_schedule():
+    # the memory search's recomputation settings where memory limits nothing without it
+    # (`api.fitting_plan_with_cost`): Spindle tries the baselines' schedules only, then places
+    # the kept one again and cuts its gradients finer, as at the end of its whole search
     folder = REPO / "tests" / "data" / "baseline-finer-chunks"
     g = load(str(folder / "graph.yaml"), MetaOpGraph)
     p = load(str(folder / "profile.yaml"), Profile)
@@ -187,7 +188,6 @@ def test_spindle_without_its_own_candidates_keeps_the_fastest_baselines_schedule
     theirs = {planner: simulated_cost(make_plan(g, p, c, options=dataclasses.replace(
                   options, planner=planner)), g, p, c).iteration_ms
               for planner in ("sequential", "optimus", "distmm")}
-    fastest = min(theirs, key=theirs.get)
-    assert plan.candidate.endswith(f"{fastest}'s schedule")
-    assert iteration_ms == pytest.approx(theirs[fastest])
-    assert make_plan_with_cost(g, p, c, options=options)[1] <= iteration_ms + 1e-9
+    assert "'s schedule" in plan.candidate
+    assert iteration_ms <= min(theirs.values()) + 1e-9
+    assert iteration_ms == simulated_cost(plan, g, p, c).iteration_ms
