@@ -58,6 +58,7 @@ from spindle_cli.planner import baselines, scaling, schedules, search
 from spindle_cli.planner.alignment import PlannedWave
 from spindle_cli.planner.allocation import allocate_level_analytic
 from spindle_cli.planner.api import (
+    MemoryBinding,
     compute_bound_ms,
     fitting_plan_with_cost,
     make_plan,
@@ -338,18 +339,18 @@ def setting_by_setting(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpe
     only where memory limited no setting without it, as the search does) and its plan
     simulated again; the best iteration."""
     best = math.inf
-    limited: set[str] = set()  # what memory limited without recomputation ("unfit": a setting)
+    binding = MemoryBinding(memory_ladder())
     for zero, recompute in memory_ladder():
         options = PlanOptions(zero=zero, recompute=recompute)
+        own = binding.own(recompute)
         curves = options_curves(graph, profile, cluster, options)
         if compute_bound_ms(graph, curves, cluster.num_devices) >= best:
             continue
         try:
-            plan = search.make_plan_with_cost(graph, profile, cluster, options=options,
-                                              own=not recompute or bool(limited),
-                                              limited=None if recompute else limited)[0]
+            plan = search.make_plan_with_cost(graph, profile, cluster, options=options, own=own,
+                                              limited=binding.limits(recompute))[0]
         except PlanInfeasible:
-            limited.add("unfit")
+            binding.unfit(recompute)
             continue
         best = min(best, simulated_cost(plan, graph, profile, cluster,
                                         give_up_ms=best).iteration_ms)

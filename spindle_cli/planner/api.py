@@ -151,17 +151,9 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     shared: dict[bool, Schedules] = {}
     finished: list[tuple[float, Plan]] = []
     baseline_plans: list[Plan] = []
-    # the settings without recomputation: how many, how many planned so far, whether one did
-    # not fit, and what device memory limited in their searches (`make_plan_with_cost`)
-    plain = sum(not recompute for _, recompute in ladder)
-    planned = 0
-    unfit = False
-    limited: set[str] = set()
+    binding = MemoryBinding(ladder)
     for zero, recompute in ladder:
-        # where memory limited none of them, recomputation only adds compute: Spindle's own
-        # candidates skip it
-        own = not recompute or not (0 < plain == planned and not unfit and not limited)
-        planned += not recompute
+        own = binding.own(recompute)
         trial = replace(options, zero=zero, recompute=recompute)
         try:
             if recompute not in shared:
@@ -174,10 +166,10 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
                 schedules=shared[recompute],
                 give_up_ms=best[0] * (1 + SEED_MARGIN) if best else math.inf,
                 finished=finished, baseline_plans=baseline_plans, own=own,
-                limited=None if recompute else limited)
+                limited=binding.limits(recompute))
         except PlanInfeasible as e:
             error = e
-            unfit = unfit or not recompute
+            binding.unfit(recompute)
             continue
         if cluster.num_devices > SIMULATED_CHOICE_MAX_DEVICES:
             return plan, None
@@ -214,6 +206,38 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
                 "--memory auto --recompute auto tries every ZeRO stage, without and with "
                 "recomputation; or plan for more devices")) from None
     return best[1], best[0]
+
+
+class MemoryBinding:
+    """Whether device memory binds the settings of a memory ladder without recomputation
+    (`fitting_plan_with_cost`): where every one of them fits and memory limited none of their
+    searches (`make_plan_with_cost`'s `limited`), recomputation only adds compute, and
+    Spindle's own candidates skip it. Told of each setting as it is planned, in the ladder's
+    order."""
+
+    def __init__(self, ladder: tuple[tuple[int, bool], ...]) -> None:
+        self.left = sum(not recompute for _, recompute in ladder)
+        """The settings without recomputation not planned yet."""
+        self.binds = self.left == 0
+        """Whether one did not fit (or there is none: recomputation was asked for)."""
+        self.limited: set[str] = set()
+        """What memory limited in their searches."""
+
+    def own(self, recompute: bool) -> bool:
+        """Whether the next setting gets Spindle's own candidates (it counts as planned)."""
+        if not recompute:
+            self.left -= 1
+            return True
+        return self.binds or self.left > 0 or bool(self.limited)
+
+    def limits(self, recompute: bool) -> set[str] | None:
+        """Where a setting's search tells what memory limited (`make_plan_with_cost`'s
+        `limited`)."""
+        return None if recompute else self.limited
+
+    def unfit(self, recompute: bool) -> None:
+        """A setting did not fit."""
+        self.binds = self.binds or not recompute
 
 
 FINER_RUNNERS_UP = 2
