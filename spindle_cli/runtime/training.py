@@ -180,7 +180,9 @@ def check_finite_weights(done: int, ex: Executor, world: rdist.World,
     a flag), so all stop or all save."""
     ok = torch.tensor([1.0 if ex.finite() else 0.0], device=world.device)
     if world.world_size > 1:
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        with rdist.with_peers("the check that the weights are finite",
+                              [r for r in range(world.world_size) if r != world.rank]):
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     if ok.item() == 0.0:
         raise RuntimeFailure(f"step {done}/{opts.steps}: the weights are not finite after the "
                              f"step: training diverged; step {done} was not checkpointed",

@@ -245,3 +245,49 @@ def test_a_checkpoint_directory_not_shared_by_every_rank_is_refused(tmp_path: Pa
     assert "after every rank wrote its file, the checkpoint lacks rank-00001.pt" in \
         e.value.errors[0]
     assert not list(Path(apart[0]).glob("step-*"))  # nothing committed
+
+
+def _lose_rank_zero_before(rank: int, world: int, collective: str) -> None:
+    """Rank 0 leaves; the others enter `collective` (a name in `train`'s run) without it."""
+    import os
+    import time
+
+    import torch as t
+
+    from spindle_cli.runtime.dist import World
+    from spindle_cli.runtime.options import TrainOptions
+    from spindle_cli.runtime.timings import gather_timings
+    from spindle_cli.runtime.trace import Tracer
+    from spindle_cli.runtime.training import check_finite_weights
+
+    if rank == 0:
+        time.sleep(0.5)
+        os._exit(9)
+
+    class Stepped:
+        held: dict[str, int] = {}
+
+        def finite(self) -> bool:
+            return True
+
+    w = World(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
+              backend="gloo", device=t.device("cpu"))
+    if collective == "finite":
+        check_finite_weights(3, Stepped(), w, TrainOptions(steps=5))
+    else:
+        gather_timings(Tracer(enabled=False, rank=rank), [1.0], Stepped(), w)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("collective", "where"), [
+    ("finite", "the check that the weights are finite"),
+    ("timings", "the gather of the ranks' timings")])
+def test_a_rank_lost_in_the_runs_own_collectives_is_named(collective: str, where: str) -> None:
+    """The check before a checkpoint and the gather after the last step are collectives of
+    every rank too: a peer lost there is a secondary failure naming the lost rank (gloo's own
+    line, 'Connection reset by peer ... GLHF!', was put first as the cause of the run's end)."""
+    with pytest.raises(RanksFailed) as e:
+        run_distributed(_lose_rank_zero_before, 3, collective, pg_timeout_s=10)
+    assert "exit code 9" in e.value.errors[0]
+    for r in (1, 2):
+        assert f"PeerLost: lost contact with rank(s) 0, {3 - r} in {where}" in e.value.errors[r]
