@@ -307,6 +307,12 @@ def latest(directory: str) -> Path | None:
     return _newest_complete(directory)[0]
 
 
+def newest(directory: str) -> Path | None:
+    """The checkpoint of the most steps under `directory`, complete or not, or None."""
+    found = _step_dirs(directory)
+    return found[0] if found else None
+
+
 def passed_over(directory: str) -> list[tuple[Path, str]]:
     """The damaged checkpoints `latest` passes over under `directory`, newest first, each with
     what is wrong with it."""
@@ -362,12 +368,9 @@ def resume_point(directory: str, *, world_size: int,
     this run (`read_manifest`); None when there is none yet. Newer damaged ones are passed
     over (`passed_over`). SpindleError, naming what is wrong with the newest, when there are
     checkpoints but none is complete: starting over would replace them."""
-    found = latest(directory)
+    found = latest(directory) or newest(directory)
     if found is None:
-        damaged = _step_dirs(directory)
-        if not damaged:
-            return None
-        found = damaged[0]
+        return None
     return found, read_manifest(found, world_size=world_size, meta=meta)
 
 

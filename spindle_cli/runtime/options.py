@@ -100,13 +100,15 @@ def check_options(opts: TrainOptions, *, timeout_s: float, holder: bool = True) 
         checkpoint.check_dir(opts.checkpoint_dir)
         if holder:
             checkpoint.check_free(opts.checkpoint_dir)
-        found = None if opts.resume else checkpoint.latest(opts.checkpoint_dir)
+        found = None if opts.resume else checkpoint.newest(opts.checkpoint_dir)
         if found is not None:
-            # a new run would replace some of them and leave the rest to a later --resume
+            # a new run would replace some of them and leave the rest to a later --resume;
+            # an incomplete one too (a rank's file on a disk that is gone for now)
             raise SpindleError(
                 f"--checkpoint-dir {opts.checkpoint_dir}: holds another run's checkpoints "
                 f"(the newest {found.name})",
-                hint="--resume continues from it; or give this run another --checkpoint-dir")
+                hint="--resume continues from the newest complete one; or give this run "
+                     "another --checkpoint-dir")
     if opts.trace_path is not None:
         _check_output_path("--trace", opts.trace_path, ".json", "a Chrome trace")
     if opts.metrics_path is not None:

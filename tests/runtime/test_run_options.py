@@ -438,10 +438,15 @@ def test_saving_a_step_again_replaces_it_whole(tmp_path: Path) -> None:
                            meta=META)[1] == {"v": 2}
 
 
-def test_a_new_run_refuses_a_directory_holding_checkpoints(tmp_path: Path) -> None:
+@pytest.mark.parametrize("incomplete", [False, True])
+def test_a_new_run_refuses_a_directory_holding_checkpoints(tmp_path: Path,
+                                                           incomplete: bool) -> None:
     """A fresh run would replace some of another run's checkpoints and leave the rest, which
-    a later --resume would then mix up."""
+    a later --resume would then mix up; an incomplete one too (a rank's file on a disk that
+    is gone for now: the run replaced the files that were there)."""
     checkpoint.save(str(tmp_path), 6, rank=0, world_size=1, state={}, meta=META)
+    if incomplete:
+        (tmp_path / "step-000006" / "rank-00000.pt").unlink()
     with pytest.raises(SpindleError, match="holds another run's checkpoints "
                                            r"\(the newest step-000006\)") as e:
         check_options(TrainOptions(steps=4, checkpoint_dir=str(tmp_path)), timeout_s=1.0)
