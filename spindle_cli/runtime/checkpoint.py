@@ -46,7 +46,27 @@ def hold(directory: str) -> Iterator[None]:
     the context lasts or the process lives; SpindleError when another run holds it. Two runs
     given one directory at once both passed the check before launch (no checkpoint there
     yet) and replaced each other's checkpoints, one reporting success with none of its own
-    kept. The lock is a flock on the directory itself, which leaves no file behind (some
+    kept. Once it holds the lock, what crashed saves left hidden is removed
+    (`_remove_hidden`): the space a failed save asked to free, which the run's first save
+    needs (other ranks write only after rank 0, the holder, has met them in
+    `check_shared`)."""
+    with _locked(directory):
+        _remove_hidden(directory)
+        yield
+
+
+def check_free(directory: str) -> None:
+    """SpindleError when a run holds `directory` (`hold`) now; takes nothing and changes
+    nothing (the check before launch, a dry run's too): the lock is taken and let go at
+    once."""
+    if os.path.isdir(directory):
+        with _locked(directory):
+            pass
+
+
+@contextlib.contextmanager
+def _locked(directory: str) -> Iterator[None]:
+    """`hold`'s lock: a flock on the directory itself, which leaves no file behind (some
     network file systems do not honour it across nodes)."""
     Path(directory).mkdir(parents=True, exist_ok=True)
     fd = os.open(directory, os.O_RDONLY)
@@ -61,14 +81,6 @@ def hold(directory: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def check_free(directory: str) -> None:
-    """SpindleError when a run holds `directory` (`hold`) now; takes nothing (the check
-    before launch): the lock is taken and let go at once."""
-    if os.path.isdir(directory):
-        with hold(directory):
-            pass
 
 
 def step_dir(directory: str, step: int) -> Path:
@@ -168,9 +180,9 @@ def _barrier(where: str, rank: int, world_size: int) -> None:
 
 def _remove_hidden(directory: str) -> None:
     """Remove what crashed saves left hidden under `directory` (`.step-N.tmp`, `.step-N.old`):
-    no checkpoint is read from them, and only this run writes there (`hold`), whose save of
-    this step has just committed. They may hold a whole disk's worth: the space a failed save
-    asks to free."""
+    no checkpoint is read from them, and only this run writes there (`hold`), which is
+    starting or whose save of this step has just committed. They may hold a whole disk's
+    worth: the space a failed save asks to free."""
     for path in Path(directory).glob(".step-*"):
         if path.name.endswith((".tmp", ".old")) and path.is_dir():
             shutil.rmtree(path)

@@ -296,3 +296,15 @@ def test_a_save_removes_what_crashed_saves_left_hidden(tmp_path: Path) -> None:
         (tmp_path / name / "rank-00000.pt").write_bytes(b"partial")
     checkpoint.save(str(tmp_path), 3, rank=0, world_size=1, state={"step": 3}, meta=META)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000003"]
+
+
+def test_a_run_removes_what_crashed_saves_left_hidden_as_it_starts(tmp_path: Path) -> None:
+    """Before its first save: that save needs the space they take (a run that failed on a
+    full disk, resumed once space was freed, failed again, the leftover using the space)."""
+    checkpoint.save(str(tmp_path), 1, rank=0, world_size=1, state={"step": 1}, meta=META)
+    (tmp_path / ".step-000002.tmp").mkdir()
+    (tmp_path / ".step-000002.tmp" / "rank-00000.pt").write_bytes(b"partial")
+    checkpoint.check_free(str(tmp_path))  # before launch (a dry run too): changes nothing
+    assert (tmp_path / ".step-000002.tmp" / "rank-00000.pt").is_file()
+    with checkpoint.hold(str(tmp_path)):
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000001"]
