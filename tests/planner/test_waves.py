@@ -145,6 +145,64 @@ def test_exact_packing_of_tuples():
         pytest.approx(6.0)
 
 
+TINY_CLIP_LEVEL = [("a/audio", 1, 2.951), ("a/text", 1, 2.703), ("b/text", 1, 3.0),
+                   ("b/vision", 1, 4.427), ("c/text", 1, 3.0), ("c/vision", 1, 2.686),
+                   ("d/audio", 1, 3.0), ("d/vision", 1, 4.427)]
+"""tiny-clip's encoder level on two CPU ranks (plans/tiny-clip-local-cpu-2.yaml): one device
+per tuple, a partition the MILP does not prove optimal in 10 s."""
+
+
+def test_exact_packing_answers_without_a_solver_where_its_bound_is_the_optimum(monkeypatch):
+    from spindle_cli.planner import exact
+
+    def no_solver(*args, **kwargs):
+        raise AssertionError("solved where the bound is the optimum")
+
+    monkeypatch.setattr(exact, "milp", no_solver)
+    # every tuple fits beside the others: each MetaOp's tuples in sequence
+    assert exact.exact_packing([("a", 1, 4.0), ("a", 1, 3.0), ("b", 2, 5.0)], 4) == \
+        exact.Packing(7.0, 7.0)
+    # no two fit side by side (one device: the 11-second MILP explain ran before)
+    assert exact.exact_packing([("a", 1, 4.0), ("b", 1, 3.0)], 1) == exact.Packing(7.0, 7.0)
+    assert exact.exact_packing([("a", 3, 4.0), ("b", 3, 3.0)], 4) == exact.Packing(7.0, 7.0)
+
+
+def test_an_unproven_packing_reports_what_was_found_and_the_bound():
+    from spindle_cli.planner.exact import exact_packing, exact_packing_ms
+
+    packing = exact_packing(TINY_CLIP_LEVEL, 2, time_limit_s=0.5)
+    assert packing is not None and not packing.proven
+    area = sum(t for _, _, t in TINY_CLIP_LEVEL) / 2
+    assert area - 1e-9 <= packing.bound_ms < packing.found_ms <= 1.01 * area
+    assert exact_packing_ms(TINY_CLIP_LEVEL, 2, time_limit_s=0.5) is None
+
+
+def test_a_signal_stops_the_exact_packing_before_its_time_limit():
+    """HiGHS runs on a thread: a signal is handled at once (Ctrl-C or SIGTERM stopped
+    `spindle explain` only when the solver gave up, 10 s later)."""
+    import signal
+    import time
+
+    from spindle_cli.planner.exact import exact_packing
+
+    class Stopped(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stopped
+
+    before = signal.signal(signal.SIGALRM, stop)
+    t0 = time.monotonic()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Stopped):
+            exact_packing(TINY_CLIP_LEVEL, 2, time_limit_s=4)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    assert time.monotonic() - t0 < 3
+
+
 def test_the_exact_packing_of_the_rounded_tuples_is_at_least_c_star():
     from spindle_cli.planner.exact import exact_packing_ms
 
