@@ -35,7 +35,7 @@ from spindle_cli.artifacts.files import check_can_create, output_file, write_tex
 from spindle_cli.cli._console import err
 from spindle_cli.cli.common import check_parent, exit_with, load_input
 from spindle_cli.cli.views import print_table
-from spindle_cli.errors import ArtifactError, SpindleError
+from spindle_cli.errors import ArtifactError, SpindleError, one_line
 from spindle_cli.planner import bench as lib
 from spindle_cli.planner import paper_numbers
 
@@ -443,7 +443,7 @@ def _run_matrix(models_dir: str, clusters_dir: str, quick: bool, as_json: bool,
         with _staged(out_dir, MATRIX_FILES) as staging:
             _write_matrix(rows, records, fig8, detail, executed, staging)
             _gantt(models, clusters, configs, staging)
-        err.print(f"wrote {out_dir}/bench.{{csv,json,md}} and charts")
+        err.print(f"wrote {one_line(str(out_dir))}/bench.{{csv,json,md}} and charts")
     _fail_with(_failures(rows))
 
 
@@ -521,7 +521,7 @@ def _run_dynamic(models_dir: str, clusters_dir: str, schedule: tuple[str, ...], 
             write_text_atomic(staging / "dynamic.csv", _csv(records))
             write_text_atomic(staging / "dynamic.md",
                               f"## {title[0].upper()}{title[1:]}\n\n" + _markdown(header, body))
-        err.print(f"wrote {out_dir}/dynamic.{{csv,json,md}}")
+        err.print(f"wrote {one_line(str(out_dir))}/dynamic.{{csv,json,md}}")
     _fail_with([f"{r.planner} phase {r.phase}: {r.error}" for r in rows if r.error])
 
 

@@ -34,6 +34,7 @@ from spindle_cli.errors import (
     InputNotFound,
     SpindleError,
     has_control,
+    one_line,
 )
 
 A = TypeVar("A", bound=Artifact)
@@ -198,15 +199,15 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
             for line in stale_lines(output, old, new, obj):
                 err.print(f"  {line}", soft_wrap=True)
             return 1
-        err.print(f"{output}: up to date", soft_wrap=True)
+        err.print(f"{one_line(output)}: up to date", soft_wrap=True)
         return 0
     if output != "-" and _holds_already(output, new):
         # its modification time stays, so make rules and file watchers downstream see no change
-        err.print(f"{output}: unchanged (not rewritten)", soft_wrap=True)
+        err.print(f"{one_line(output)}: unchanged (not rewritten)", soft_wrap=True)
         return 0
     write_rendered(new, output)
     if output != "-":
-        err.print(f"wrote {output}", soft_wrap=True)
+        err.print(f"wrote {one_line(output)}", soft_wrap=True)
     return 0
 
 

@@ -50,6 +50,16 @@ def plan_args(*extra):
     return ["plan", "graph.yaml", "profile.yaml", "--cluster", "cluster.yaml", *extra]
 
 
+def test_the_lines_naming_an_output_escape_its_control_characters(case, spindle):
+    """As errors do: a line break in the name printed 'wrote nl' and 'x.yaml' on two lines."""
+    name = "nl\nx\x1b.yaml"
+    for said in ("wrote", "unchanged (not rewritten)", "up to date"):
+        r = spindle(*plan_args("-o", name, *(["--check"] if said == "up to date" else [])))
+        assert r.exit_code == 0, r.stderr
+        assert r.stderr.splitlines()[-1] == (f"wrote {repr(name)[1:-1]}" if said == "wrote" else
+                                             f"{repr(name)[1:-1]}: {said}")
+
+
 def test_plan_writes_a_plan_with_its_inputs(case):
     r = invoke(*plan_args("-o", "plan.yaml"))
     assert r.exit_code == 0, r.output
