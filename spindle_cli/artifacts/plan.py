@@ -226,6 +226,12 @@ class Plan(DerivedArtifact):
         DerivedArtifact.__post_init__(self)
         self._check_options()
         self._check_islands()
+        for i in range(1, len(self.levels)):
+            before, level = self.levels[i - 1].level, self.levels[i].level
+            if level <= before:
+                # as the planner writes them: readers take a level's first entry
+                raise FieldError(f"levels[{i}].level", f"{level} after {before}: each level "
+                                                       "once, in ascending order")
         ids: set[str] = set()
         island_of = {r: i for i, island in enumerate(self.islands) for r in island}
         for wi, w in enumerate(self.waves):

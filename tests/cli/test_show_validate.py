@@ -359,6 +359,22 @@ def test_islands_that_do_not_hold_every_rank_once_are_refused(tiny_plan, spindle
     assert result.stderr == f"error: {tiny_plan}: {problem}\n"
 
 
+@pytest.mark.parametrize("repeat", [False, True])
+def test_a_plans_levels_are_listed_once_each_in_order(tiny_plan, spindle, repeat):
+    """As the planner writes them: a level listed twice loaded, and explain read the first
+    entry's figures; swapped levels loaded too."""
+    data = yaml.safe_load(tiny_plan.read_text())
+    levels = data["levels"]
+    assert len(levels) > 1
+    data["levels"] = ([levels[0], *levels] if repeat else [levels[1], levels[0], *levels[2:]])
+    tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = spindle("validate", str(tiny_plan))
+    assert result.exit_code == 2
+    first, second = (0, 0) if repeat else (1, 0)
+    assert result.stderr == (f"error: {tiny_plan}: levels[1].level: {second} after {first}: "
+                             "each level once, in ascending order\n")
+
+
 def test_a_plan_records_each_of_its_inputs_once(tiny_plan, spindle):
     """simulate and run read a plan's graph, profile and cluster: validate refuses a plan
     that records none of one (it said ok), and every reader a second input of a kind, which
