@@ -189,7 +189,7 @@ def fidelity_round(steps: int) -> float:
                  "-o", str(d / "graph.yaml"))
         _spindle("profile", str(d / "graph.yaml"), "--hardware", "local", "--cluster", cluster,
                  "--counts", "1,2", "--no-cache", "-o", str(d / "profile.yaml"))
-        # the executor implements ZeRO-1 only (--memory auto could pick ZeRO-2/3)
+        # the executor implements ZeRO-1/2, not ZeRO-3 (which --memory auto could pick)
         _spindle("plan", str(d / "graph.yaml"), str(d / "profile.yaml"), "--cluster", cluster,
                  "--memory", "none", "--recompute", "off", "-o", str(d / "plan.yaml"))
         _spindle("run", str(d / "plan.yaml"), "--nproc-per-node", "2", "--steps", str(steps),
