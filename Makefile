@@ -152,9 +152,11 @@ plan_tiny-clip-local-cpu-2 := tiny-clip tiny-clip-local-cpu local-cpu-2 $(RUNNAB
 after = $(if $(CHECK),,$(1))
 .PHONY: $(GRAPHS:%=graph/%) $(PROFILES:%=profile/%) profile/tiny-clip-local-cpu $(PLANS:%=plan/%)
 
+# `make plans` regenerates every graph, profile and plan (each plan's own first), and so its
+# CHECK checks them all; `make profiles CHECK=--check` the graphs too
 graphs: $(GRAPHS:%=graph/%)
-profiles: $(PROFILES:%=profile/%) profile/tiny-clip-local-cpu
-plans: $(PLANS:%=plan/%)
+profiles: $(PROFILES:%=profile/%) profile/tiny-clip-local-cpu $(if $(CHECK),graphs)
+plans: $(PLANS:%=plan/%) $(if $(CHECK),graphs profiles)
 
 $(GRAPHS:%=graph/%): graph/%: core
 	$(SPINDLE) graph $(graph_$*) $(CHECK) -o graphs/$*.yaml
@@ -198,7 +200,7 @@ bench: install
 	$(PYTHON) benchmarks/bench_simulator.py
 	$(PYTHON) benchmarks/bench_runtime.py
 
-schemas: install
+schemas: core
 	$(PYTHON) -m spindle_cli.artifacts.schema $(CHECK) schemas/
 
 clean:
