@@ -30,8 +30,10 @@ the per-device slice shape (`spindle profile --hardware local`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -398,12 +400,25 @@ def cache_key(op: MetaOp, n: int, batch: int, strategy: str, *, target: Target,
 def _entry_name(what: dict[str, Any], *, target: Target, settings: Settings,
                 prefix: str = "") -> str:
     """The file name of a cache entry for `what` was timed, how (repeats, warm-up, `METHOD`)
-    and where (torch version, device, dtype)."""
+    and where (torch version, device, host processor, dtype)."""
     key = {**what, "repeats": settings.repeats, "warmup": settings.warmup,
            "torch": str(torch.__version__), "device": target.device_name,
-           "dtype": target.dtype_name, "method": METHOD}
+           "processor": host_processor(), "dtype": target.dtype_name, "method": METHOD}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     return f"{prefix}{digest[:32]}.json"
+
+
+@functools.cache
+def host_processor() -> str:
+    """The host's CPU model ('model name' in /proc/cpuinfo, else `platform.processor()`): a
+    CPU device is named by its threads alone (`local_target`), so a cache restored onto
+    another machine (a CI runner) reused another CPU's timings; a GPU's small operators are
+    timed by the host's kernel launches too."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def _store(path: Path, data: dict[str, Any]) -> None:

@@ -250,6 +250,17 @@ def test_measuring_again_to_no_result_drops_the_old_entry(tiny, tmp_path: Path, 
     assert not list(tmp_path.glob("*.json"))
 
 
+def test_the_cache_tells_one_host_processor_from_another(tiny, monkeypatch):
+    """A CPU device is named by its threads alone: a cache restored onto a runner with
+    another CPU reused the old one's timings."""
+    _, graph = tiny
+    op, target = graph.metaop("text_vision/text_enc"), measure.local_target()
+    here = measure.cache_key(op, 2, 4, "dp", target=target, settings=FAST)
+    assert measure.host_processor()
+    monkeypatch.setattr(measure, "host_processor", lambda: "another CPU")
+    assert measure.cache_key(op, 2, 4, "dp", target=target, settings=FAST) != here
+
+
 def test_the_cache_takes_its_own_temp_file_and_is_skipped_when_unwritable(tiny,
                                                                           tmp_path: Path,
                                                                           calls):
