@@ -132,11 +132,18 @@ def _places(ref: InputRef, owner_path: str) -> list[Path]:
     order `load_recorded_input` looks at them: as recorded, then above the artifact up to the
     top of its git work tree, and only where none of those exists, further up (a worktree or
     copy inside another checkout does not take that checkout's files for its own, and an
-    input outside the checkout, recorded from where the command ran, is still found)."""
+    input outside the checkout, recorded from where the command ran, is still found). An
+    absolute path, recorded for files outside a checkout, is also looked for by its name
+    beside the artifact: the two were moved together (`make demo OUT=/tmp/x`, then the
+    directory renamed)."""
     owner = Path(owner_path).resolve()
+    recorded = Path(ref.path)
+    if recorded.is_absolute():
+        return [p for p in dict.fromkeys((recorded, owner.parent / recorded.name))
+                if _is_file(p)]
     top = work_tree(owner)
     inside = [d for d in owner.parents if top is None or d.is_relative_to(top)]
-    found = [p for p in (Path(ref.path), *(d / ref.path for d in inside)) if _is_file(p)]
+    found = [p for p in (recorded, *(d / ref.path for d in inside)) if _is_file(p)]
     if found or top is None:
         return found
     return [d / ref.path for d in owner.parents if not d.is_relative_to(top)
@@ -194,11 +201,14 @@ def load_recorded_input(owner: DerivedArtifact, owner_path: str, cls: type[A]) -
     ref = owner.inputs[index]
     found = _find(ref, owner_path)
     if found is None:
+        where = (f"at that path and by its name beside {owner_path}"
+                 if Path(ref.path).is_absolute() else
+                 f"at that path from the working directory and from each directory above "
+                 f"{owner_path}")
         raise InputNotFound(owner_path, f"inputs[{index}].path",
                             f"{cls.KIND} file {ref.path!r} not found",
-                            hint=f"it is looked for at that path from the working directory "
-                                 f"and from each directory above {owner_path}: put the "
-                                 f"{cls.KIND} there (its sha256 must be {ref.sha256[:12]}...)")
+                            hint=f"it is looked for {where}: put the {cls.KIND} there (its "
+                                 f"sha256 must be {ref.sha256[:12]}...)")
     place, obj = found
     if obj is None:
         there = load_artifact(str(place))  # the first file's error where it is invalid

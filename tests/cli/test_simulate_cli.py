@@ -126,6 +126,27 @@ def test_relative_input_paths_resolve_above_the_plan(tmp_path, monkeypatch):
     assert json.loads(res.stdout)["iteration_ms"] == pytest.approx(61.0)
 
 
+def test_absolute_input_paths_are_found_beside_the_plan_once_moved(tmp_path, monkeypatch):
+    """Files written outside a checkout record absolute paths (`make demo OUT=/tmp/x`): the
+    directory renamed, the plan's inputs lay beside it and were not found (the hint said they
+    were looked for above the plan, which an absolute path never is)."""
+    monkeypatch.chdir(_empty_dir(tmp_path))
+    made = tmp_path / "d1"
+    made.mkdir()
+    write_case(made)
+    made.rename(tmp_path / "d2")
+    res = _run(["simulate", str(tmp_path / "d2" / "plan.yaml"), "--json"])
+    assert res.exit_code == 0, res.output + res.stderr
+    assert json.loads(res.stdout)["iteration_ms"] == pytest.approx(61.0)
+    (tmp_path / "d2" / "graph.yaml").unlink()
+    res = _run(["simulate", str(tmp_path / "d2" / "plan.yaml"), "--json"])
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr.splitlines()[1] == (
+        f"hint: it is looked for at that path and by its name beside "
+        f"{tmp_path / 'd2' / 'plan.yaml'}: put the metaop_graph there (its sha256 must be "
+        f"{input_ref(fx.graph(), '').sha256[:12]}...)")
+
+
 def _empty_dir(tmp_path: Path) -> Path:
     here = tmp_path / "elsewhere"
     here.mkdir()
