@@ -232,16 +232,21 @@ def test_changed_input_is_a_one_line_error(tmp_path):
     assert "Traceback" not in res.stderr
 
 
-def test_missing_input_is_a_one_line_error_with_where_it_was_looked_for(tmp_path):
-    plan_path = write_case(tmp_path)
+@pytest.mark.parametrize("relative", [False, True])
+def test_missing_input_is_a_one_line_error_with_where_it_was_looked_for(tmp_path, monkeypatch,
+                                                                         relative):
+    monkeypatch.chdir(_empty_dir(tmp_path))
+    plan_path = write_case(tmp_path, relative=relative)
     (tmp_path / "profile.yaml").unlink()
     res = _run(["simulate", str(plan_path)])
     assert res.exit_code == 2
     error, hint = res.stderr.splitlines()
     assert error.startswith("error: ")
     assert "inputs[1].path: profile file" in error and "not found" in error
-    assert hint.startswith("hint: it is looked for at that path from the working directory and "
-                           f"from each directory above {plan_path}: put the profile there")
+    where = ("from the working directory and from each directory above" if relative else
+             "and by its name beside")
+    assert hint.startswith(f"hint: it is looked for at that path {where} {plan_path}: put the "
+                           "profile there")
 
 
 def test_bad_gantt_extension_writes_nothing(tmp_path):
