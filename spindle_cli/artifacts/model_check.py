@@ -184,7 +184,10 @@ def check_model(model: ModelSpec) -> None:
                                                "later steps read inputs and outputs by name)")
             names.add(step.name)
             if step.module not in model.modules:
-                raise FieldError(f"{sp}.module", f"unknown module {step.module!r}")
+                near = difflib.get_close_matches(step.module, list(model.modules), n=1)
+                raise FieldError(f"{sp}.module", f"unknown module {step.module!r}" + (
+                    f" (did you mean {near[0]!r}?)" if near else
+                    f" (the model's modules: {', '.join(model.modules)})"))
             if not step.inputs:
                 raise FieldError(f"{sp}.inputs", "a step needs at least one input")
             if model.modules[step.module].kind == "contrastive_loss" and task.batch_size < 2:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 import click
 
 from spindle_cli.artifacts import ModelSpec, input_ref
@@ -27,9 +29,11 @@ def _selected_tasks(model: ModelSpec, path: str, tasks: str | None,
     known = [t.name for t in model.tasks]
     unknown = [t for t in names if t not in known]
     if unknown:
+        near = difflib.get_close_matches(unknown[0], known, n=1)
         raise SpindleError(
             f"{path}: tasks: unknown task {', '.join(repr(t) for t in unknown)} in --tasks "
-            f"(known: {', '.join(known)})"
+            + (f"(did you mean {near[0]!r}?)" if len(unknown) == 1 and near else
+               f"(known: {', '.join(known)})")
         )
     twice = next((t for i, t in enumerate(names) if t in names[:i]), None)
     if twice is not None:

@@ -84,7 +84,11 @@ MODEL_CASES: dict[str, tuple[Callable[[Data], Data], str]] = {
     "zero-hidden": (_edit(lambda d: d["modules"]["clip_loss"].update(hidden=0)),
                     "modules.clip_loss.hidden: must be >= 1, got 0"),
     "unknown-module": (_edit(lambda d: _step(d, "image_enc", 1).update(module="vision_enc")),
-                       "tasks[1].steps[4].module: unknown module 'vision_enc'"),
+                       "tasks[1].steps[4].module: unknown module 'vision_enc' (the model's "
+                       "modules: "),
+    "misspelled-module": (_edit(lambda d: _step(d, "image_enc", 1).update(module="image_encc")),
+                          "tasks[1].steps[4].module: unknown module 'image_encc' (did you "
+                          "mean 'image_enc'?)"),
     "cycle": (_edit(_cycle), "tasks[0].steps: cycle"),
     "missing-task-input": (_edit(lambda d: _step(d, "image_embed").update(inputs=["audio"])),
                            "tasks[0].steps[3].inputs[0]: unknown input or step 'audio'"),
@@ -229,7 +233,10 @@ def test_bad_file(case, workdir, spindle):
 # Option errors on a valid model: id -> (argv after the model file, expected error line)
 OPTION_CASES: dict[str, tuple[list[str], str]] = {
     "unknown-task": (["--tasks", "pairs,solo", "-o", "g.yaml"],
-                     "error: m.yaml: tasks: unknown task 'solo' in --tasks"),
+                     "error: m.yaml: tasks: unknown task 'solo' in --tasks (known: "),
+    "misspelled-task": (["--tasks", "pair", "-o", "g.yaml"],
+                        "error: m.yaml: tasks: unknown task 'pair' in --tasks (did you mean "
+                        "'pairs'?)"),
     "unknown-task-set": (["--task-set", "seven", "-o", "g.yaml"],
                          "error: m.yaml: task_sets: unknown task set 'seven'"),
     "tasks-and-task-set": (["--tasks", "pairs", "--task-set", "one", "-o", "g.yaml"],
