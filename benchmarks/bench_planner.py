@@ -434,8 +434,9 @@ def speed() -> None:
     ratio, t = refined(graph, profile, cluster)
     print(f"clip-10 @ 64 waves, both bi-point forms + refine_level: {t:.3f} s (allocation + "
           f"waves only), makespan/C* {ratio:.3f}")
-    # 4096 devices: the first candidate is the plan; 1024: the largest cluster on which
-    # candidates are simulated (search.SIMULATED_CHOICE_MAX_DEVICES), so the slowest to plan
+    # 4096 devices: the first candidate and the baselines' schedules are simulated; 1024: the
+    # largest cluster on which every candidate is (search.SIMULATED_CHOICE_MAX_DEVICES), so
+    # the slowest to plan
     for nodes in (512, 128):
         graph, profile, cluster = synthetic(100, nodes)
         t0 = time.perf_counter()

@@ -31,7 +31,7 @@ from spindle_cli.planner.schedules import (
     slice_limits,
     split_first_long_wave,
 )
-from spindle_cli.planner.simulate import QuickCost, simulated_cost
+from spindle_cli.planner.simulate import simulated_cost
 from spindle_cli.planner.tasks import lane_waves, task_lanes, task_sizes, task_stable
 
 NEAR_BEST = 0.02
@@ -40,10 +40,13 @@ simulated iteration has its neighbours tried (`_Search.consider_task_stable`), a
 device bound's plan within it is planned again from the spread allocation."""
 
 SIMULATED_CHOICE_MAX_DEVICES = 1024
-"""Largest cluster on which Spindle chooses among device bounds by simulation. On 4096 devices
-the synthetic 100-task model of benchmarks/bench_planner.py simulates in ~1 s per candidate:
-choosing among its 11 took 19.8 s (11.5 s of simulation), against the 10 s planning target,
-and gave a plan 16% faster (170.1 against 203.3 ms simulated)."""
+"""Largest cluster on which Spindle chooses among all its candidates by simulation. On 4096
+devices the synthetic 100-task model of benchmarks/bench_planner.py simulates in ~1 s per
+candidate: choosing among its 11 took 19.8 s (11.5 s of simulation), against the 10 s planning
+target, and gave a plan 16% faster (170.1 against 203.3 ms simulated). Above it Spindle
+simulates its first candidate (the whole cluster's bound) and the three baselines' schedules
+only, and keeps the fastest: so that it is still never slower than a baseline (multitask-clip
+4 tasks on 1280 devices: its first candidate 68.13 ms, Optimus 66.84)."""
 
 
 def device_caps(cluster: ClusterSpec) -> tuple[int, ...]:
@@ -55,7 +58,7 @@ def device_caps(cluster: ClusterSpec) -> tuple[int, ...]:
     (qwen-val-70b on 256 devices fits with ZeRO-2 only under 32). Which bound wins depends on
     the model, so each is planned and the simulator decides (`make_plan_with_cost`). Above
     SIMULATED_CHOICE_MAX_DEVICES only the whole cluster is used: one simulation there takes
-    longer than the planning target."""
+    about as long as the planning target allows a candidate."""
     caps = [cluster.num_devices]
     if cluster.num_devices > SIMULATED_CHOICE_MAX_DEVICES:
         return tuple(caps)
@@ -227,7 +230,8 @@ class _Search:
 
     def run(self) -> tuple[Plan, float | None]:
         """`make_plan_with_cost`'s candidates in its order; the kept plan and its simulated
-        iteration (None above SIMULATED_CHOICE_MAX_DEVICES)."""
+        iteration (None above SIMULATED_CHOICE_MAX_DEVICES, where only the first candidate
+        and the baselines' schedules are simulated, to choose among them)."""
         made_caps = self.consider_bounds()
         if self.best is not None and len(made_caps) > 1:
             self.consider_longest_level(made_caps)
@@ -247,8 +251,7 @@ class _Search:
         with Spindle's own best `own`) and, where a baseline's schedule is kept, given finer
         chunks (`finer_chunks_of_both`): the end of `run`, and the whole search without
         `make_plan_with_cost`'s `own`. The kept plan and its simulated iteration."""
-        if self.simulated:
-            self.consider_baselines()
+        self.consider_baselines()
         if self.best is not None and self.simulated:
             mine = self.consider_placed_again(own)
             if "'s schedule" in self.best.label and backend_sync(self.cluster.backend) == "chunked":
@@ -311,11 +314,8 @@ class _Search:
             for _, s in plan.slices())
         if reserve is not None and plan.waves == reserve.waves:
             return False  # nothing was reserved: that plan again
-        # above SIMULATED_CHOICE_MAX_DEVICES one simulation would take longer than the
-        # planning target: the first candidate is the plan
-        cost = (simulated_cost(plan, self.graph, self.profile, self.cluster, give_up_ms=min(
-                    self.give_up_ms, best.iteration_ms * (1 + slack) if best else math.inf))
-                if self.simulated else QuickCost(iteration_ms=0.0, transfer_ms=0.0))
+        cost = simulated_cost(plan, self.graph, self.profile, self.cluster, give_up_ms=min(
+            self.give_up_ms, best.iteration_ms * (1 + slack) if best else math.inf))
         self.last_ms = cost.iteration_ms
         self.last_plan = plan if math.isfinite(cost.transfer_ms) else None
         if self.finished is not None and self.last_plan is not None:
@@ -344,7 +344,7 @@ class _Search:
                 # its compute alone (>= its C*) would outlast the best plan's whole iteration
                 continue
             self.consider((cap,) * len(self.allocs), slack=NEAR_BEST)
-            if self.best is not None and (
+            if self.best is not None and self.simulated and (
                     self.last_failed or self.last_ms <= self.best.iteration_ms * (1 + NEAR_BEST)):
                 self.consider((cap,) * len(self.allocs), spread=True)
         made_caps = list(dict.fromkeys(cap for cap, _ in self.by_cap))

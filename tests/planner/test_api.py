@@ -249,6 +249,40 @@ def test_the_kept_waves_are_placed_again_with_reserved_ranks_when_that_is_faster
     assert before.waves == plain.waves
 
 
+def test_above_the_simulated_choice_limit_a_faster_baseline_schedule_is_kept(monkeypatch):
+    """Above search.SIMULATED_CHOICE_MAX_DEVICES Spindle kept its first candidate unsimulated,
+    slower than Optimus on 1280 GPUs (multitask-clip 4 tasks: 68.13 against 66.84 ms): it
+    simulates that one and the baselines' schedules, and keeps the fastest. Here the limit
+    is lowered so that 32 GPUs lie above it: Optimus's schedule beats the first candidate."""
+    from spindle_cli.planner import api, search
+
+    g = load(str(REPO / "graphs" / "multitask-clip-4.yaml"), MetaOpGraph)
+    p = load(str(REPO / "profiles" / "multitask-clip-a800-8x8.yaml"), Profile)
+    c = load(str(REPO / "clusters" / "a800-4x8.yaml"), ClusterSpec)
+    for module in (api, search):
+        monkeypatch.setattr(module, "SIMULATED_CHOICE_MAX_DEVICES", 16)
+    simulated: dict[str, float] = {}
+    cost = search.simulated_cost
+
+    def recorded(plan, *args, **kwargs):
+        result = cost(plan, *args, **kwargs)
+        simulated[plan.candidate] = result.iteration_ms
+        return result
+
+    monkeypatch.setattr(search, "simulated_cost", recorded)
+    plan, iteration_ms = fitting_plan_with_cost(g, p, c)
+    assert iteration_ms is None  # the memory search keeps the first setting that fits
+    first = "level by level, device bound 32"
+    assert list(simulated) == [first, *(f"fused, device bound 32, {b}'s schedule"
+                                        for b in ("sequential", "optimus", "distmm"))]
+    ms = simulate(plan, g, p, c).iteration_ms
+    assert plan.candidate.endswith("optimus's schedule") and ms < simulated[first]
+    options = PlanOptions.of(plan)
+    for b in ("sequential", "optimus", "distmm"):
+        theirs = make_plan(g, p, c, options=replace(options, planner=b))
+        assert ms <= simulate(theirs, g, p, c).iteration_ms, b
+
+
 def test_uneven_splits_never_keep_a_slower_plan_than_even_ones():
     """Uneven splits widen the counts a MetaOp may take, but the search over them kept a
     slower plan (multitask-clip 10 tasks on 16 GPUs, 139.20 ms against 138.51): the even
