@@ -34,9 +34,10 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
     MetaOp of `graph` within its count; every operator of every MetaOp is in exactly one
     slice; a slice gets its inputs through exactly one transfer from each producer MetaOp (its
     own MetaOp's earlier slice when it does not start at operator 0), from an earlier wave,
-    between the two slices' ranks; and every layer a slice runs is in exactly one parameter
-    group, whose ranks are all the ranks that run it. Returns those holders: (module, layer)
-    -> sorted ranks."""
+    between the two slices' ranks, from the slice that ends where it needs (the producer's
+    last operator, or its own MetaOp's operator before its first); and every layer a slice
+    runs is in exactly one parameter group, whose ranks are all the ranks that run it. Returns
+    those holders: (module, layer) -> sorted ranks."""
     if plan.model != graph.model:
         raise PlanError(f"model: the plan is for model {plan.model!r}, its graph for "
                         f"{graph.model!r}")
@@ -77,6 +78,15 @@ def check_plan(plan: Plan, graph: MetaOpGraph) -> dict[tuple[str, int], tuple[in
     missing = sorted(set(ops) - set(covered))
     if missing:
         raise PlanError(f"waves: MetaOp {missing[0]} has no slice in the plan")
+    for ti, t in enumerate(plan.transfers):
+        src, dst = by_id[t.src][2], by_id[t.dst][2]
+        # a slice continues from the slice of its MetaOp that ends where it starts, and a
+        # MetaOp's first slices take a producer's output from its last slice
+        end = dst.first if src.metaop == dst.metaop else ops[src.metaop].num_layers
+        if src.last != end:
+            raise PlanError(f"transfers[{ti}]: {t.dst} needs the output of {src.metaop}'s "
+                            f"operator {end - 1}, and {t.src} runs its operators "
+                            f"[{src.first}, {src.last})")
     frozen = {k: tuple(sorted(v)) for k, v in sorted(holders.items())}
     _check_param_groups(plan, frozen)
     return frozen

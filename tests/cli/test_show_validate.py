@@ -141,6 +141,52 @@ def tiny_plan(tmp_path, monkeypatch) -> Path:
     return Path(plan)
 
 
+def _copied(plan: str, *inputs: str) -> Path:
+    """A committed plan and its inputs, at the paths the plan records, in the working
+    directory."""
+    for name in (plan, *inputs):
+        Path(name).parent.mkdir(exist_ok=True)
+        Path(name).write_text((REPO / name).read_text())
+    return Path(plan)
+
+
+@pytest.mark.parametrize("continuation", [False, True])
+def test_a_transfer_from_a_slice_that_does_not_end_where_its_consumer_needs_is_refused(
+        tmp_path, monkeypatch, spindle, continuation):
+    """Each transfer came from some slice of the right MetaOp in an earlier wave: one edited to
+    take a producer's output after a part of its operators, or a slice's input from an
+    earlier part of its own MetaOp, validated, and the executor sends the slice it names."""
+    monkeypatch.chdir(tmp_path)
+    plan = (_copied("plans/multitask-clip-4-a800-2x8.yaml", "graphs/multitask-clip-4.yaml",
+                    "profiles/multitask-clip-a800-8x8.yaml", "clusters/a800-2x8.yaml",
+                    "models/multitask-clip.yaml"))
+    assert spindle("validate", str(plan)).exit_code == 0
+    data = yaml.safe_load(plan.read_text())
+    slices = {s["id"]: s for w in data["waves"] for s in w["slices"]}
+    for i, t in enumerate(data["transfers"]):
+        src, dst = slices[t["src"]], slices[t["dst"]]
+        if (src["metaop"] == dst["metaop"]) != continuation:
+            continue
+        earlier = [x for x in slices.values()
+                   if x["metaop"] == src["metaop"] and x["last"] < src["last"]]
+        if earlier:
+            t["src"], t["src_ranks"] = earlier[0]["id"], earlier[0]["ranks"]
+            edited = i
+            break
+    else:
+        raise AssertionError("no transfer to retarget")
+    plan.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = spindle("validate", str(plan))
+    assert result.exit_code == 2
+    needs = dst["first"] - 1 if continuation else None
+    assert result.stderr.startswith(f"error: {plan}: transfers[{edited}]: {t['dst']} needs the "
+                                    f"output of {src['metaop']}'s operator "
+                                    + (f"{needs}, " if needs is not None else "")), \
+        result.stderr
+    assert result.stderr.endswith(f", and {t['src']} runs its operators [{earlier[0]['first']}, "
+                                  f"{earlier[0]['last']})\n")
+
+
 def test_validate_checks_a_plan_against_its_inputs(tiny_plan, spindle):
     assert spindle("validate", str(tiny_plan)).stdout == f"ok {tiny_plan} (plan)\n"
     # a slice ending one operator early: the file is well-formed, the plan is not
