@@ -105,8 +105,9 @@ def make_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: ClusterSp
                         baseline_plans: list[Plan] | None = None, own: bool = True,
                         limited: set[str] | None = None) -> tuple[Plan, float | None]:
     """Plan one training iteration of `graph` on `cluster`; with the plan, its simulated
-    iteration (ms) where the planner chose it by simulation (None for the baselines and above
-    SIMULATED_CHOICE_MAX_DEVICES). `schedules`: those of earlier calls with the same graph,
+    iteration (ms) where the planner chose it among all its candidates by simulation (None for
+    the baselines, and above SIMULATED_CHOICE_MAX_DEVICES, where the memory search keeps the
+    first setting that fits). `schedules`: those of earlier calls with the same graph,
     profile, cluster and curve options (`Schedules`), to reuse. `give_up_ms`: an iteration
     the caller already has, so no candidate is simulated beyond it; where none beats it the
     iteration returned is only a lower bound, at least `give_up_ms`. `finished`, where
