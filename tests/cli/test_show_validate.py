@@ -133,12 +133,9 @@ def test_validate_and_show_every_committed_artifact(path):
 def tiny_plan(tmp_path, monkeypatch) -> Path:
     """The committed tiny-clip plan and its inputs, at the paths the plan records."""
     monkeypatch.chdir(tmp_path)
-    plan = "plans/tiny-clip-local-cpu.yaml"
-    for name in (plan, "graphs/tiny-clip.yaml", "profiles/tiny-clip-local-cpu.yaml",
-                 "clusters/local-cpu.yaml", "models/tiny-clip.yaml"):
-        Path(name).parent.mkdir(exist_ok=True)
-        Path(name).write_text((REPO / name).read_text())
-    return Path(plan)
+    return _copied("plans/tiny-clip-local-cpu.yaml", "graphs/tiny-clip.yaml",
+                   "profiles/tiny-clip-local-cpu.yaml", "clusters/local-cpu.yaml",
+                   "models/tiny-clip.yaml")
 
 
 def _copied(plan: str, *inputs: str) -> Path:
@@ -157,9 +154,9 @@ def test_a_transfer_from_a_slice_that_does_not_end_where_its_consumer_needs_is_r
     take a producer's output after a part of its operators, or a slice's input from an
     earlier part of its own MetaOp, validated, and the executor sends the slice it names."""
     monkeypatch.chdir(tmp_path)
-    plan = (_copied("plans/multitask-clip-4-a800-2x8.yaml", "graphs/multitask-clip-4.yaml",
-                    "profiles/multitask-clip-a800-8x8.yaml", "clusters/a800-2x8.yaml",
-                    "models/multitask-clip.yaml"))
+    plan = _copied("plans/multitask-clip-4-a800-2x8.yaml", "graphs/multitask-clip-4.yaml",
+                   "profiles/multitask-clip-a800-8x8.yaml", "clusters/a800-2x8.yaml",
+                   "models/multitask-clip.yaml")
     assert spindle("validate", str(plan)).exit_code == 0
     data = yaml.safe_load(plan.read_text())
     slices = {s["id"]: s for w in data["waves"] for s in w["slices"]}
