@@ -131,6 +131,19 @@ def test_memory_names_the_ranks_and_the_biggest_change(plan):
         f"{fmt_bytes(total)} -> {fmt_bytes(total + 2**20)} (+1.0 MiB)")
 
 
+def test_memory_compares_the_ranks_both_plans_have():
+    """A rank only one plan has is no memory change to 0 B (tiny-clip on 4 ranks against 2:
+    'the most on rank 3: 1.9 MiB -> 0 B'); the device count has its own line."""
+    repo = Path(__file__).resolve().parents[2]
+    a, b = (load(repo / "plans" / f"tiny-clip-local-cpu{s}.yaml", Plan) for s in ("", "-2"))
+    lines = differences(a, b)
+    assert f"num_devices: {a.num_devices} -> {b.num_devices}" in lines
+    (memory,) = [line for line in lines if line.startswith("memory changed")]
+    assert memory.startswith(f"memory changed on {b.num_devices} rank(s) of the "
+                             f"{b.num_devices} both plans have (0-{b.num_devices - 1}): ")
+    assert " -> 0 B" not in memory
+
+
 def test_an_iteration_change_below_the_printed_digits_is_shown(plan):
     # +0.0004 ms printed as '+0.000 ms' and still made the plans differ
     b = replace(plan, estimated_iteration_ms=plan.estimated_iteration_ms + 0.0004)

@@ -9,7 +9,6 @@ from typing import Any
 
 from spindle_cli.artifacts import Plan
 from spindle_cli.artifacts.codec import to_data
-from spindle_cli.artifacts.plan import RankMemory
 from spindle_cli.cli.views import rank_text
 from spindle_cli.units import fmt_bytes
 
@@ -78,10 +77,6 @@ def _first(items: list[str], most: int = 5) -> str:
     """The first `most` items, comma-separated, with how many more."""
     more = f", and {len(items) - most} more" if len(items) > most else ""
     return ", ".join(items[:most]) + more
-
-
-def _total(m: RankMemory | None) -> int:
-    return 0 if m is None else m.total_bytes
 
 
 def _peak(plan: Plan) -> int:
@@ -220,29 +215,32 @@ def _estimate_lines(a: Plan, b: Plan) -> list[str]:
 
 
 def _memory_lines(a: Plan, b: Plan) -> list[str]:
-    """The peak memory of a rank, and the ranks whose memory changed: in which categories,
-    and the most on one rank."""
+    """The peak memory of a rank, and the ranks of both plans whose memory changed: in which
+    categories, and the most on one rank (a rank one plan lacks is no change to 0 B: the
+    change of device count has its own line)."""
     lines: list[str] = []
     peak_a, peak_b = _peak(a), _peak(b)
     if peak_a != peak_b:
         lines.append(f"peak memory: {_bytes_change(peak_a, peak_b)}")
     mem_a, mem_b = {m.rank: m for m in a.memory}, {m.rank: m for m in b.memory}
-    ranks_changed = [r for r in sorted(set(mem_a) | set(mem_b)) if mem_a.get(r) != mem_b.get(r)]
+    common = sorted(set(mem_a) & set(mem_b))
+    ranks_changed = [r for r in common if mem_a[r] != mem_b[r]]
     if ranks_changed:
         # every category, so that memory moved between them at the same total shows too
         categories = [name for name, attr in _MEMORY_CATEGORIES
-                      if any(getattr(mem_a.get(r), attr, None) != getattr(mem_b.get(r), attr, None)
+                      if any(getattr(mem_a[r], attr) != getattr(mem_b[r], attr)
                              for r in ranks_changed)]
 
         def change(r: int) -> int:
-            return _total(mem_b.get(r)) - _total(mem_a.get(r))
+            return mem_b[r].total_bytes - mem_a[r].total_bytes
 
         most = max(ranks_changed, key=lambda r: (abs(change(r)), -r))
         where = f"({rank_text(tuple(ranks_changed))})"
+        both = "" if len(mem_a) == len(mem_b) else f" of the {len(common)} both plans have"
         biggest = (f"; the most on rank {most}: "
-                   f"{_bytes_change(_total(mem_a.get(most)), _total(mem_b.get(most)))}"
+                   f"{_bytes_change(mem_a[most].total_bytes, mem_b[most].total_bytes)}"
                    if change(most) else "")
-        lines.append(f"memory changed on {len(ranks_changed)} rank(s) {where}: "
+        lines.append(f"memory changed on {len(ranks_changed)} rank(s){both} {where}: "
                      f"{', '.join(categories)}{biggest}")
     return lines
 
