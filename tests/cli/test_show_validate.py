@@ -256,11 +256,12 @@ def _bump(path: str) -> Callable[[dict], str]:
     (_bump("levels.0.estimated_ms"), "levels[0].estimated_ms: recorded "),
     (_bump("transfers.0.bytes"), "transfers[0].bytes: recorded "),
     (_bump("param_groups.0.bytes"), "param_groups[0].bytes: recorded "),
+    (_bump("lower_bound_ms"), "lower_bound_ms: recorded "),
     # it was reported as its level's estimate (a review's fuzzing)
     (_bump("waves.0.level"), "waves[0].level: recorded 1, but its slices' lowest MetaLevel "
                              "is 0"),
 ], ids=["memory", "duration", "start", "iteration", "level", "transfer", "group",
-        "wave-level"])
+        "lower-bound", "wave-level"])
 def test_validate_refuses_numbers_the_slices_do_not_imply(tiny_plan, spindle, edit, expected):
     # the executor refuses a rank by its recorded memory; show prints the rest
     data = yaml.safe_load(tiny_plan.read_text())

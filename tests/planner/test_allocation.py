@@ -138,6 +138,9 @@ def _one_to_two_devices(layers: int):
     # n* = 1.75 of C = 4 ms: 3 ops on 2 devices, 0.5 on 1 (rounded up to 1); L = 2 leaves a
     # residual of -2, more than the lower tuple holds, so the upper one gives up the rest
     (2, 1.75, 4.0, (3.0, 0.5), [(2, 2)]),
+    # n* = 1.75 of C = 3.2 ms: 2.4 ops on 2 devices (rounded to 2), 0.4 on 1 (rounded to 0):
+    # the residual +1 of L = 3 goes to the upper tuple, since the lower one is empty
+    (3, 1.75, 3.2, (2.4, 0.4), [(2, 3)]),
 ])
 def test_split_rounding_residual_goes_to_the_lower_tuple(layers, n_star, c_ms, ops, expected):
     a = split(_one_to_two_devices(layers), n_star, c_ms)
