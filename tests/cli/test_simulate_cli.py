@@ -381,6 +381,17 @@ def _also_on_ranks_2_3(plan: Plan) -> Plan:
     (lambda p: dataclasses.replace(p, param_groups=(
         *p.param_groups, dataclasses.replace(p.param_groups[0], module="nowhere", bytes=0))),
      "error: param_groups[2]: no slice runs layer 0 of module 'nowhere'"),
+    # t/head's input sent twice from t/enc (a test review's mutation dropping this check
+    # survived the suite)
+    (lambda p: dataclasses.replace(p, transfers=(p.transfers[0], p.transfers[0])),
+     "error: transfers[1]: two transfers from 't/enc' into slice w1.0"),
+    # t/enc's slice runs a third operator of its two (the coverage check named it 'in no
+    # slice' where this one was dropped)
+    (lambda p: dataclasses.replace(p, waves=(
+        dataclasses.replace(p.waves[0], slices=(dataclasses.replace(p.waves[0].slices[0],
+                                                                    last=3),)),
+        *p.waves[1:])),
+     "error: waves[0].slices[0] (w0.0): operators [0, 3) exceed the 2 of t/enc"),
 ])
 def test_a_plan_that_contradicts_its_graph_is_refused(tmp_path, edit, expected):
     # a hand-edited plan that no longer schedules its graph as the executor would run it
