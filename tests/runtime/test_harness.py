@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from harness import RanksFailed, run_distributed
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 
 
 def _rank_sum(rank: int, world: int) -> int:
