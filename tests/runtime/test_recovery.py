@@ -291,3 +291,39 @@ def test_a_rank_lost_in_the_runs_own_collectives_is_named(collective: str, where
     assert "exit code 9" in e.value.errors[0]
     for r in (1, 2):
         assert f"PeerLost: lost contact with rank(s) 0, {3 - r} in {where}" in e.value.errors[r]
+
+
+
+def _steps_to_nan_on_rank_one(rank: int, world: int, plan: Plan, graph: MetaOpGraph,
+                              model: ModelSpec, opts_kwargs: dict[str, Any]) -> None:
+    """`train_rank`, with rank 1's optimizer step leaving a NaN in its first stepped value (a
+    finite loss can come with a non-finite gradient)."""
+    from spindle_cli.runtime.executor import Executor
+
+    step = Executor._step
+
+    def step_to_nan(self: Executor) -> None:
+        step(self)
+        if rank == 1:
+            with torch.no_grad():
+                (self.masters or self.stepped)[0].view(-1)[0] = float("nan")
+
+    Executor._step = step_to_nan  # type: ignore[method-assign]
+    train_rank(rank, world, plan, graph, model, opts_kwargs)
+
+
+@pytest.mark.timeout(120)
+def test_weights_a_step_left_non_finite_are_not_checkpointed(setup: Any, tmp_path: Path) -> None:
+    """Step 1's loss is finite; the values rank 1 steps are not. Every rank stops before that
+    step's checkpoint (the check's unit test called it directly: a mutation dropping the call
+    from the training loop, or making every executor report finite weights, survived the
+    suite); step 1 is never committed."""
+    plan, graph, model = setup
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(RanksFailed) as info:
+        run_distributed(_steps_to_nan_on_rank_one, 2, plan, graph, model,
+                        {"steps": 2, "checkpoint_dir": str(ckpt), "checkpoint_every": 1})
+    assert set(info.value.errors) == {0, 1}
+    assert all("step 1/2: the weights are not finite after the step" in m
+               for m in info.value.errors.values()), info.value.errors
+    assert not list(ckpt.glob("step-*"))
