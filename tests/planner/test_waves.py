@@ -16,6 +16,7 @@ from spindle_cli.planner.waves import (
     SORT_RULES,
     VARIANTS,
     schedule_level,
+    wavefront_level,
     without_extension,
 )
 
@@ -89,6 +90,28 @@ def test_extension_gives_idle_devices_to_the_longest_remaining_work():
     assert first == {"a/big": 4, "b/small": 4}
     # the remainder of a/big comes back with its original n = 2, then is extended again
     assert sum(s.num_ops for w in waves for s in w.slots if s.metaop == "a/big") == 8
+
+
+def test_extension_counts_the_pending_tuples_of_a_metaop():
+    """'remaining': a MetaOp's remaining time includes its tuples still pending. a/x runs 2
+    operators on 4 devices now (6 ms) and has 6 more pending on 2 (36 ms); b/y runs 4 on 2
+    (24 ms): the 2 idle devices go to a/x (4 -> 6). Counting this wave's tuples only
+    ('scheduled') gives them to b/y (a test review's mutation that dropped the pending
+    tuples from 'remaining' survived every test of this file)."""
+    g = graph([metaop("a/x", layers=8, batch=12), metaop("b/y", layers=4, batch=12)])
+    p = profile([alpha_beta_curve("a/x", 12, 0.0, 1.0), alpha_beta_curve("b/y", 12, 0.0, 1.0)])
+    curves = op_curves(g, p, 8)
+    alloc = LevelAllocation(level=0, c_star_ms=1.0, lower_bound_ms=1.0, ops=(
+        OpAllocation(metaop="a/x", n_star=3, n_lo=2, n_hi=4, ops_lo=6, ops_hi=2,
+                     tuples=(AslTuple(metaop="a/x", n=4, num_ops=2),
+                             AslTuple(metaop="a/x", n=2, num_ops=6))),
+        OpAllocation(metaop="b/y", n_star=2, n_lo=2, n_hi=2, ops_lo=0, ops_hi=4,
+                     tuples=(AslTuple(metaop="b/y", n=2, num_ops=4),)),
+    ))
+    first = {rule: {s.metaop: s.n for s in wavefront_level(
+        alloc, curves, 8, {"a/x": (), "b/y": ()}, set(), extension=rule)[0].slots}
+        for rule in ("remaining", "scheduled")}
+    assert first == {"remaining": {"a/x": 6, "b/y": 2}, "scheduled": {"a/x": 4, "b/y": 4}}
 
 
 def test_extension_spends_no_devices_on_a_flat_curve():
@@ -334,8 +357,9 @@ def test_big_area_rule_proposes_the_largest_device_time_first():
     preds: dict[str, tuple[str, ...]] = {"a/x": (), "b/y": ()}
     first = {rule: [s.metaop for s in schedule_level(alloc, curves, 4, preds, set(),
                                                     sort_rule=rule)[0].slots]
-             for rule in ("bigN_bigT", "bigA")}
-    assert first == {"bigN_bigT": ["b/y"], "bigA": ["a/x"]}
+             for rule in ("bigN_bigT", "bigT", "bigA")}
+    # longest time first: a/x's 8 ms before b/y's 1 ms, as largest area first
+    assert first == {"bigN_bigT": ["b/y"], "bigT": ["a/x"], "bigA": ["a/x"]}
 
 
 def test_down_rounding_keeps_the_span_at_the_shortest_tuple():
