@@ -402,6 +402,23 @@ def test_a_plan_that_contradicts_its_graph_is_refused(tmp_path, edit, expected):
     assert res.stderr.splitlines() == [expected.replace("error: ", f"error: {plan_path}: ")]
 
 
+def test_a_slice_on_a_count_its_curve_gives_no_time_for_is_named(tmp_path):
+    """t/enc on 3 ranks, a count its batch of 4 does not split over: simulate says so in a note
+    (validate refuses it); no test edited a plan to reach this check before a test review."""
+    refs = []
+    for name, obj in (("graph.yaml", fx.graph()), ("profile.yaml", fx.profile()),
+                      ("cluster.yaml", fx.cluster())):
+        write_artifact(obj, str(tmp_path / name))
+        refs.append(input_ref(obj, str(tmp_path / name)))
+    plan_path = tmp_path / "plan.yaml"
+    write_artifact(fx.plan(enc_ranks=(0, 1, 2), head_ranks=(3,), inputs=tuple(refs)),
+                   str(plan_path))
+    res = _run(["simulate", str(plan_path)])
+    assert res.exit_code == 0, res.stderr
+    assert (f"note: {plan_path}: waves[0].slices[0].ranks: 3 ranks, which MetaOp t/enc's "
+            "curve gives no time for (") in res.stderr
+
+
 def test_json_names_the_plan_it_simulated_by_path_and_sha256(tmp_path):
     # a saved result says which plan it is of, as an artifact records its inputs
     plan_path = write_case(tmp_path)
