@@ -9,6 +9,8 @@ from contextlib import contextmanager
 
 from rich.console import Console
 
+from spindle_cli.errors import one_line
+
 
 class _Console(Console):
     """A console that treats a reader closing the pipe as the end of its output, not a
@@ -44,6 +46,12 @@ err = _Console(stderr=True, markup=False, emoji=False, highlight=False, soft_wra
 
 out = _Console(markup=False, emoji=False, highlight=False, soft_wrap=True)
 """Reports a user asked for (tables of `show`, `bench`, `simulate`)."""
+
+
+def wrote(path: object) -> None:
+    """Tell on stderr that a file was written, its name escaped as errors escape it (a line
+    break in it split the line)."""
+    err.print(f"wrote {one_line(str(path))}")
 
 
 def wide_out(width: int) -> Console:

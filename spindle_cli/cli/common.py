@@ -26,7 +26,7 @@ from spindle_cli.artifacts.files import (
 )
 from spindle_cli.artifacts.io import as_written, parse_artifact, work_tree
 from spindle_cli.artifacts.parsing import parse_text
-from spindle_cli.cli._console import err
+from spindle_cli.cli._console import err, wrote
 from spindle_cli.cli.views.plan_diff import differences
 from spindle_cli.errors import (
     ArtifactError,
@@ -207,7 +207,7 @@ def emit(obj: Artifact, output: str, *, check: bool = False) -> int:
         return 0
     write_rendered(new, output)
     if output != "-":
-        err.print(f"wrote {one_line(output)}", soft_wrap=True)
+        wrote(output)
     return 0
 
 

@@ -16,11 +16,11 @@ from rich.table import Table
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load_recorded_input
 from spindle_cli.artifacts.canonical import sha256
 from spindle_cli.artifacts.plan import PLACEMENTS
-from spindle_cli.cli._console import err, out
+from spindle_cli.cli._console import err, out, wrote
 from spindle_cli.cli.common import load_input, note_stale_graph
 from spindle_cli.cli.views import gantt as charts
 from spindle_cli.cli.views import print_table
-from spindle_cli.errors import PlanError, SpindleError, one_line
+from spindle_cli.errors import PlanError, SpindleError
 from spindle_cli.planner import simulate as simulation
 from spindle_cli.planner.assemble import place_again
 from spindle_cli.planner.buckets import SYNC_MODES, SyncMode
@@ -229,10 +229,10 @@ def simulate(plan_path: str, as_json: bool, gantt: str | None, utilization: str 
                                               progress=progress, placement=placement)
     if gantt is not None:
         charts.write_gantt(plan, gantt, sim=result)
-        err.print(f"wrote {one_line(str(gantt))}")
+        wrote(gantt)
     if utilization is not None:
         charts.write_utilization(plan, utilization, sim=result)
-        err.print(f"wrote {one_line(str(utilization))}")
+        wrote(utilization)
     if as_json:
         click.echo(json.dumps({**summary(result),
                                "placement": plan.options.get("placement", "island"),

@@ -141,9 +141,9 @@ def _fitting_plan_with_cost(graph: MetaOpGraph, profile: Profile, cluster: Clust
     finer chunks (`finer_chunks`), and so are the FINER_RUNNERS_UP fastest candidates of other
     waves, of any setting, that simulated within NEAR_BEST of it (`_runners_up`; the baselines'
     schedules are simulated to the end there for it): one may gain more (in the quality sweep 8
-    cases 0.1-2.7% faster). Above SIMULATED_CHOICE_MAX_DEVICES the first setting that fits is kept,
-    unsimulated (one simulation there outlasts the planning target). PlanInfeasible from the last
-    setting when none fits."""
+    cases 0.1-2.7% faster). Above SIMULATED_CHOICE_MAX_DEVICES the first setting that fits is kept
+    (its plan the fastest of a few simulated candidates; simulating every setting there would
+    outlast the planning target). PlanInfeasible from the last setting when none fits."""
     if not ladder:
         raise ValueError("empty memory ladder")
     error: PlanInfeasible | None = None

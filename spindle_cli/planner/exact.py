@@ -140,11 +140,18 @@ def _solve(*args: Any, **kwargs: Any) -> Any:
     """`milp` on a thread this one waits for in short joins, so that Ctrl-C and SIGTERM stop
     the command at once (HiGHS releases the GIL, but a signal is handled only once the main
     thread runs Python again: up to the time limit later)."""
-    result: list[Any] = []
-    solver = threading.Thread(target=lambda: result.append(milp(*args, **kwargs)), daemon=True)
+    outcome: list[Any] = []
+
+    def solve() -> None:
+        try:
+            outcome.append(milp(*args, **kwargs))
+        except BaseException as e:  # raised again on this thread
+            outcome.append(e)
+
+    solver = threading.Thread(target=solve, daemon=True)
     solver.start()
     while solver.is_alive():
         solver.join(0.05)
-    if not result:
-        raise RuntimeError("the MILP solver failed")
-    return result[0]
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]

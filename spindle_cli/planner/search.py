@@ -201,7 +201,9 @@ class _Search:
         self.best: _Kept | None = None
         self.error: PlanInfeasible | None = None
         self.bounds = device_caps(cluster)
-        self.simulated = self.n_dev <= SIMULATED_CHOICE_MAX_DEVICES
+        self.every_candidate = self.n_dev <= SIMULATED_CHOICE_MAX_DEVICES
+        """Whether every candidate is tried (above SIMULATED_CHOICE_MAX_DEVICES the first and
+        the baselines' schedules only)."""
         self.tried: dict[_Key, Plan | None] = {}
         """The candidates `consider` assembled: each plan, None where it did not fit."""
         # candidates that begin with the same waves place them alike (`placement.PlacedWaves`)
@@ -237,12 +239,12 @@ class _Search:
         if self.best is not None and len(made_caps) > 1:
             self.consider_longest_level(made_caps)
         runner_up = (self.consider_fused(self.bounds[-1])
-                     if len(self.allocs) > 1 and self.simulated else None)
-        if self.best is not None and self.simulated:
+                     if len(self.allocs) > 1 and self.every_candidate else None)
+        if self.best is not None and self.every_candidate:
             self.consider_rebuilt(runner_up)
-        if self.best is not None and self.simulated and 1 <= self.options.zero <= 2:
+        if self.best is not None and self.every_candidate and 1 <= self.options.zero <= 2:
             self.consider_first_wave_split()
-        if self.best is not None and self.simulated and len(self.graph.tasks) > 1:
+        if self.best is not None and self.every_candidate and len(self.graph.tasks) > 1:
             self.consider_task_stable()
             self.consider_lanes()
         return self.run_baselines(self.best)
@@ -253,14 +255,14 @@ class _Search:
         chunks (`finer_chunks_of_both`): the end of `run`, and the whole search without
         `make_plan_with_cost`'s `own`. The kept plan and its simulated iteration."""
         self.consider_baselines()
-        if self.best is not None and self.simulated:
+        if self.best is not None and self.every_candidate:
             mine = self.consider_placed_again(own)
             if "'s schedule" in self.best.label and backend_sync(self.cluster.backend) == "chunked":
                 return self.finer_chunks_of_both(mine)
         if self.best is None:
             assert self.error is not None
             raise self.error
-        return self.best.plan, self.best.iteration_ms if self.simulated else None
+        return self.best.plan, self.best.iteration_ms if self.every_candidate else None
 
     def levels(self, cap: int, spread: bool) -> list[list[PlannedWave]]:
         """Each level's schedule under a device bound, from `spread` allocations or not (made
@@ -345,7 +347,7 @@ class _Search:
                 # its compute alone (>= its C*) would outlast the best plan's whole iteration
                 continue
             self.consider((cap,) * len(self.allocs), slack=NEAR_BEST)
-            if self.best is not None and self.simulated and (
+            if self.best is not None and self.every_candidate and (
                     self.last_failed or self.last_ms <= self.best.iteration_ms * (1 + NEAR_BEST)):
                 self.consider((cap,) * len(self.allocs), spread=True)
         made_caps = list(dict.fromkeys(cap for cap, _ in self.by_cap))

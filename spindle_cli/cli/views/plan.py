@@ -6,10 +6,10 @@ from rich.table import Table
 
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Profile, load_recorded_input
 from spindle_cli.artifacts.plan import Plan
-from spindle_cli.cli._console import err, out
+from spindle_cli.cli._console import err, out, wrote
 from spindle_cli.cli.common import note_stale_graph
 from spindle_cli.cli.views import print_table, rank_text
-from spindle_cli.errors import InputNotFound, SpindleError, one_line
+from spindle_cli.errors import InputNotFound, SpindleError
 from spindle_cli.units import fmt_bytes
 
 
@@ -109,10 +109,10 @@ def show(obj: Plan, path: str, *, gantt: str | None = None, utilization: str | N
 
         if gantt:
             charts.write_gantt(obj, gantt)
-            err.print(f"wrote {one_line(str(gantt))}")
+            wrote(gantt)
         if utilization:
             charts.write_utilization(obj, utilization)
-            err.print(f"wrote {one_line(str(utilization))}")
+            wrote(utilization)
     moved = sum(t.bytes for t in obj.transfers if t.src_ranks != t.dst_ranks)
     out.print(f"plan of {obj.model} on {obj.cluster} ({path}): planner {obj.planner}, "
               f"options {', '.join(f'{k}={v}' for k, v in obj.options.items())}")

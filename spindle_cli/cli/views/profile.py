@@ -9,9 +9,8 @@ import math
 from rich.table import Table
 
 from spindle_cli.artifacts.profile import Curve, Profile, ProfilePoint
-from spindle_cli.cli._console import err, out
+from spindle_cli.cli._console import out, wrote
 from spindle_cli.cli.views import print_table
-from spindle_cli.errors import one_line
 from spindle_cli.planner import scaling
 from spindle_cli.units import fmt_bytes
 
@@ -102,7 +101,7 @@ def show(obj: Profile, path: str, plot: str | None = None) -> None:
     line."""
     if plot is not None:
         plot_profile(obj, plot)
-        err.print(f"wrote {one_line(str(plot))}")
+        wrote(plot)
     f = obj.fingerprint
     torch = f", torch {f.torch_version}" if f.torch_version else ""
     out.print(
