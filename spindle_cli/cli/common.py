@@ -45,6 +45,17 @@ def load_input(path: str, cls: type[A]) -> A:
     return load(path, cls)
 
 
+def require_torch(command: str) -> None:
+    """Refuse `command` in one line where torch cannot be imported: the planning commands run
+    without it (`pip install spindle-cli`, `make core`), `spindle run` and measuring need it."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise SpindleError(f"{command} needs torch, which cannot be imported here: {e}",
+                           hint="pip install 'spindle-cli[runtime]' (torch==2.13.0; README: "
+                                "the CPU or CUDA build)") from None
+
+
 def note_stale_graph(graph: MetaOpGraph, graph_path: str) -> None:
     """A note where the model `graph` records is found but has changed since, or does not
     give this graph: what is made from it goes on (a what-if on an edited graph), though

@@ -33,6 +33,7 @@ from spindle_cli.cli.common import (
     load_input,
     note_stale_graph,
     recorded,
+    require_torch,
 )
 from spindle_cli.errors import CurveError, SpindleError
 
@@ -127,7 +128,9 @@ def profile(graph_path: str, hardware: str, cluster_path: str | None, counts: st
             "--check compares a profile made again with the file, and a measurement never "
             "repeats exactly: it applies to analytic profiles (--hardware a800, h100, h200)",
             hint=f"spindle validate {output} checks a measured profile against its inputs")
-    if hardware != "local" and hardware not in roofline.HARDWARE:
+    if hardware == "local":
+        require_torch("spindle profile --hardware local")
+    elif hardware not in roofline.HARDWARE:
         known = ", ".join(["local", *sorted(roofline.HARDWARE)])
         raise SpindleError(f"--hardware: unknown hardware {hardware!r} (known: {known})")
     fit_counts = parse_counts(counts) if counts is not None else None

@@ -28,7 +28,7 @@ import click
 from spindle_cli.artifacts import ClusterSpec, MetaOpGraph, Plan, Profile, load
 from spindle_cli.artifacts.io import find_recorded_input, load_recorded_input
 from spindle_cli.cli._console import err
-from spindle_cli.cli.common import memory_text
+from spindle_cli.cli.common import memory_text, require_torch
 from spindle_cli.cli.run_failures import abort_hint, hint_of, record_of, root_cause
 from spindle_cli.errors import (
     ArtifactError,
@@ -150,6 +150,7 @@ def run(plan_path: str, nproc_per_node: int | None, nnodes: int, node_rank: int,
     # the one-line errors say (a node that cannot reach the rendezvous prints a 50-line
     # c10d backtrace per retry); TORCH_CPP_LOG_LEVEL set by the user is kept
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    require_torch("spindle run")
     from spindle_cli.runtime.dist import check_gpus, resolve_backend
     from spindle_cli.runtime.gradsync import overlap_for
     from spindle_cli.runtime.inputs import check_world, load_run_inputs

@@ -621,3 +621,23 @@ def test_sigterm_during_a_write_exits_143_and_leaves_no_temp_file(workdir, monke
     assert capfd.readouterr().err.splitlines()[-1] == "error: interrupted by SIGTERM"
     assert sorted(p.name for p in Path().iterdir()) == ["m.yaml"]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize(("args", "command"), [
+    (("run", "plans/tiny-clip-local-cpu.yaml", "--dry-run"), "spindle run"),
+    (("profile", "graphs/tiny-clip.yaml", "--hardware", "local", "--cluster",
+      "clusters/local-cpu.yaml", "-o", "{tmp}/m.yaml"), "spindle profile --hardware local"),
+], ids=["run", "measure"])
+def test_a_command_that_needs_torch_says_so_where_it_cannot_be_imported(
+        spindle, monkeypatch, tmp_path, args, command):
+    # planning installs without torch (`make core`); these two were an "internal error"
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    result = spindle(*(a.format(tmp=tmp_path) for a in args))
+    assert result.exit_code == 2, result.stderr
+    assert result.stdout == ""
+    first, hint = result.stderr.splitlines()
+    assert first.startswith(f"error: {command} needs torch, which cannot be imported here: ")
+    assert hint.startswith("hint: pip install 'spindle-cli[runtime]'")
+    assert not (tmp_path / "m.yaml").exists()
