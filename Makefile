@@ -45,13 +45,14 @@ A800_64 := --hardware a800 --cluster clusters/a800-8x8.yaml --validate
 A800_256 := --hardware a800 --cluster clusters/a800-32x8.yaml --validate \
 	--counts 1,2,4,8,16,32,64,128,256
 
-.PHONY: help install core demo test check graphs profiles measure plans plans-check bench \
-	schemas clean
+.PHONY: help install core demo test test-oldest check graphs profiles measure plans plans-check \
+	bench schemas clean
 
 # `make` alone lists the targets (it installed torch, the first target's work)
 help:
 	@echo "make demo         plan multitask-clip on a800-2x8, bench against the baselines, train tiny-clip on 4 CPU ranks (OUT=dir)"
 	@echo "make test         plans-check, then the whole test suite"
+	@echo "make test-oldest  the tests without torch on the oldest Python and releases pyproject.toml allows (OLDEST_PYTHON=python3.10)"
 	@echo "make check        ruff, the schemas and plans-check"
 	@echo "make plans        regenerate every committed graph, profile and plan (CHECK=--check: only check)"
 	@echo "make plans-check  check that every committed artifact is what the code makes now"
@@ -79,6 +80,19 @@ $(CORE_STAMP): pyproject.toml
 test: install
 	$(MAKE) --no-print-directory plans-check
 	$(PYTHON) -m pytest -q
+
+# What pyproject.toml promises: its oldest Python and the oldest release of every dependency
+# (each ">=" floor pinned "=="), in a virtual environment of its own, made anew. Without torch
+# (tests/runtime and the tests marked torch): its CPU build is not on PyPI.
+OLDEST_PYTHON ?= python3.10
+OLDEST_VENV := .make/oldest
+test-oldest:
+	rm -rf $(OLDEST_VENV)
+	$(OLDEST_PYTHON) -m venv $(OLDEST_VENV)
+	sed -n 's/^ *"\([A-Za-z0-9_.-]*\)>=\([0-9.]*\)",*$$/\1==\2/p' pyproject.toml \
+		> $(OLDEST_VENV)/floors.txt
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -c $(OLDEST_VENV)/floors.txt -e ".[test]"
+	$(OLDEST_VENV)/bin/python -m pytest -q --ignore=tests/runtime
 
 check: install
 	$(PYTHON) -m ruff check spindle_cli tests benchmarks

@@ -123,7 +123,7 @@ def _main(argv: list[str] | None) -> Any:
     except _Terminated as e:
         say("error: interrupted by SIGTERM")
         sys.exit(e.code)
-    except _NO_ARGS_HELP as e:  # `spindle` alone: the help, as click 8.1 printed it
+    except click.exceptions.NoArgsIsHelpError as e:  # `spindle` alone: the help, exit 2
         sys.stderr.write(e.format_message() + "\n")
         sys.exit(2)
     except click.UsageError as e:
@@ -158,9 +158,6 @@ def _main(argv: list[str] | None) -> Any:
     except Exception as e:
         raise_internal(e, debug, say)
 
-
-_NO_ARGS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
-"""What click from 8.2 raises for a group run without a command (8.1 printed the help)."""
 
 _FULL_OR_FAILED = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
 """errno values of a write the machine refused (a full disk or quota, a file too large, a

@@ -123,6 +123,7 @@ def torch_threads():
     torch.set_num_threads(before)
 
 
+@pytest.mark.torch
 def test_measured_profile_resumes_from_the_cache(workdir, capsys, torch_threads):
     args = ["profile", "graph.yaml", "--hardware", "local", "--counts", "1,2,4,16",
             "--repeats", "1", "-o", "m.yaml"]
@@ -164,6 +165,7 @@ def test_measured_profile_resumes_from_the_cache(workdir, capsys, torch_threads)
     assert f"{runnable} point(s) measured, 0 from the cache" in err
 
 
+@pytest.mark.torch
 def test_a_measured_profile_records_its_model_where_the_profile_finds_it(
         tmp_path, repo_root, capsys, torch_threads):
     # a checkout whose graph records its model relative to the checkout's root, profiled
@@ -192,6 +194,7 @@ def test_a_measured_profile_records_its_model_where_the_profile_finds_it(
     assert Path(found).resolve() == checkout / "models" / "tiny-clip.yaml"
 
 
+@pytest.mark.torch
 def test_a_cache_that_cannot_be_written_is_said_and_measured_past(workdir, capsys,
                                                                  torch_threads):
     Path(".spindle-cache").write_text("not a directory")
@@ -202,6 +205,7 @@ def test_a_cache_that_cannot_be_written_is_said_and_measured_past(workdir, capsy
     assert " 0 from the cache" in err and load("m.yaml", Profile).source == "measured"
 
 
+@pytest.mark.torch
 def test_a_measurement_for_a_cluster_of_other_devices_is_refused(workdir, repo_root, capsys,
                                                                   torch_threads, monkeypatch):
     # this machine's CPU timed as A800s: `spindle plan` takes a measured profile to hold the
@@ -224,6 +228,7 @@ def test_a_measurement_for_a_cluster_of_other_devices_is_refused(workdir, repo_r
     assert load("m.yaml", Profile).source == "measured"
 
 
+@pytest.mark.torch
 def test_a_cluster_of_cpu_ranks_is_measured_on_the_cpu_where_a_gpu_is_present(
         workdir, repo_root, capsys, torch_threads, monkeypatch):
     import torch
@@ -279,6 +284,7 @@ def test_same_device_reads_torch_names_against_cluster_names(measured, named, sa
     assert same_device(measured, named) is same
 
 
+@pytest.mark.torch
 def test_measured_profile_refuses_a_changed_model(workdir, capsys):
     model = Path("tiny-clip.yaml")
     model.write_text(model.read_text().replace("batch_size: 8", "batch_size: 16", 1))

@@ -248,7 +248,7 @@ def _bump(path: str) -> Callable[[dict], str]:
     return edit
 
 
-@pytest.mark.parametrize(("edit", "expected"), [
+_SLICE_NUMBER_EDITS = pytest.mark.parametrize(("edit", "expected"), [
     (_bump("memory.0.param_bytes"), "memory[0].param_bytes: recorded "),
     (_bump("waves.0.duration_ms"), "waves[0].duration_ms: recorded "),
     (_bump("waves.1.start_ms"), "waves[1].start_ms: recorded "),
@@ -262,6 +262,10 @@ def _bump(path: str) -> Callable[[dict], str]:
                              "is 0"),
 ], ids=["memory", "duration", "start", "iteration", "level", "transfer", "group",
         "lower-bound", "wave-level"])
+"""Edits of a number the slices imply, with the start of the error each gives."""
+
+
+@_SLICE_NUMBER_EDITS
 def test_validate_refuses_numbers_the_slices_do_not_imply(tiny_plan, spindle, edit, expected):
     # the executor refuses a rank by its recorded memory; show prints the rest
     data = yaml.safe_load(tiny_plan.read_text())
@@ -271,7 +275,15 @@ def test_validate_refuses_numbers_the_slices_do_not_imply(tiny_plan, spindle, ed
     assert result.exit_code == 2, result.stderr
     assert result.stderr.startswith(f"error: {tiny_plan}: {expected}"), result.stderr
     assert "(edited since spindle plan wrote it?)" in result.stderr
-    # and spindle run before it launches anything
+
+
+@pytest.mark.torch
+@_SLICE_NUMBER_EDITS
+def test_run_refuses_numbers_the_slices_do_not_imply_before_it_launches(tiny_plan, spindle, edit,
+                                                                        expected):
+    data = yaml.safe_load(tiny_plan.read_text())
+    edit(data)
+    tiny_plan.write_text(yaml.safe_dump(data, sort_keys=False))
     dry = spindle("run", str(tiny_plan), "--dry-run")
     assert dry.exit_code == 2 and dry.stderr.startswith(f"error: {tiny_plan}: {expected}")
 
