@@ -117,7 +117,7 @@ def _fill_span_by_span(pairs: list[tuple[float, int]], devices: list[int],
     for span in spans:
         ops = [min(k, max(1, math.floor(span / t + EPS))) for t, k in pairs]
         real = max([t * k for (t, _), k in zip(pairs, ops, strict=True)])
-        busy = sum(n * t * k for n, (t, _), k in zip(devices, pairs, ops, strict=True))
+        busy = math.fsum(n * t * k for n, (t, _), k in zip(devices, pairs, ops, strict=True))
         share = busy / (total * real)
         if not best or share > best_share + 1e-12:
             best, best_share = ops, share

@@ -267,7 +267,7 @@ def _bisect_makespan(curves: list[OpCurve], num_devices: int,
     that ends the counts early): there the fastest valid count's time is the lower end."""
     lo = max(0.0, max(oc.metaop.num_layers * min(scaling.floor_ms(oc.curve), min(oc.times_ms))
                       for oc in curves))
-    hi = sum(oc.work_ms for oc in curves)
+    hi = math.fsum(oc.work_ms for oc in curves)
     needs = [need(oc) for oc in curves]
     # C* at the slowest MetaOp's time on its fastest count, where no C below it is feasible
     # (a need that is infinite past the last count) and it leaves devices over: bisection

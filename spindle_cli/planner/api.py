@@ -267,7 +267,7 @@ def compute_bound_ms(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices
     which the sum of the levels' C* does not bound): the larger of the work bound (every
     operator at its MetaOp's least device-time n T(n), spread over every device) and the
     longest dependency chain (every operator at its MetaOp's fastest time)."""
-    work_ms = sum(m.num_layers * min(n * t for n, t in zip(curves[m.id].counts[1:],
+    work_ms = math.fsum(m.num_layers * min(n * t for n, t in zip(curves[m.id].counts[1:],
                                                            curves[m.id].times_ms[1:],
                                                            strict=True))
                   for m in graph.metaops)

@@ -9,6 +9,7 @@ What does not live here: which waves to assemble (`search.py`), the placement it
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from spindle_cli.artifacts.base import InputRef
@@ -47,7 +48,7 @@ def assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpe
     transfers = tuple(_transfer(f, waves) for f in flows)
     levels = tuple(
         LevelBound(level=a.level, lower_bound_ms=a.lower_bound_ms,
-                   estimated_ms=sum((w.duration_ms for w in waves if w.level == a.level), 0.0))
+                   estimated_ms=math.fsum(w.duration_ms for w in waves if w.level == a.level))
         for a in allocs
     )
     return Plan(
@@ -64,8 +65,8 @@ def assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpe
         param_groups=_param_groups(graph, ledger),
         memory=ledger.table(),
         levels=levels,
-        lower_bound_ms=sum(a.lower_bound_ms for a in allocs),
-        estimated_iteration_ms=sum(w.duration_ms for w in waves),
+        lower_bound_ms=math.fsum(a.lower_bound_ms for a in allocs),
+        estimated_iteration_ms=math.fsum(w.duration_ms for w in waves),
     )
 
 

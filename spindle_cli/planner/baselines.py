@@ -160,6 +160,6 @@ def distmm(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,
         side = concurrent(chains, curves, graph, max_ops) + _one_per_wave(joined, curves,
                                                                            max_ops)
         in_turn = _one_per_wave(ms, curves, max_ops)
-        faster = sum(w.duration_ms for w in side) <= sum(w.duration_ms for w in in_turn)
+        faster = math.fsum(w.duration_ms for w in side) <= math.fsum(w.duration_ms for w in in_turn)
         waves.extend(side if faster else in_turn)
     return waves

@@ -7,6 +7,7 @@ printed or written (the `spindle bench` command does that).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -167,7 +168,7 @@ def profile_for(graph: MetaOpGraph, cluster: ClusterSpec) -> Profile:
 def lower_bound_ms(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec) -> float:
     """The relaxed optimum of the allocator: the sum over MetaLevels of C*."""
     curves = op_curves(graph, profile, cluster.num_devices, island_size=cluster.island_size)
-    return sum(a.lower_bound_ms for a in allocate(graph, curves, cluster.num_devices))
+    return math.fsum(a.lower_bound_ms for a in allocate(graph, curves, cluster.num_devices))
 
 
 def plan_and_simulate(graph: MetaOpGraph, profile: Profile, cluster: ClusterSpec,
@@ -382,11 +383,11 @@ def dynamic_totals(rows: list[DynamicRow]) -> list[DynamicTotal]:
     out = []
     for planner in dict.fromkeys(r.planner for r in rows):
         mine = [r for r in rows if r.planner == planner]
-        replan = sum(r.replan_seconds or 0.0 for r in mine)
+        replan = math.fsum(r.replan_seconds or 0.0 for r in mine)
         if any(r.phase_ms is None for r in mine):
             out.append(DynamicTotal(planner=planner, train_s=None, replan_s=replan, total_s=None))
             continue
-        train = sum(r.phase_ms or 0.0 for r in mine) / 1e3
+        train = math.fsum(r.phase_ms or 0.0 for r in mine) / 1e3
         out.append(DynamicTotal(planner=planner, train_s=train, replan_s=replan,
                                 total_s=train + replan))
     spindle = next((t for t in out if t.planner == "spindle" and t.train_s is not None), None)

@@ -147,7 +147,7 @@ def _chunks(plan: Plan, group_of: dict[LayerKey, int], keys: list[LayerKey],
     """`keys` cut into runs of at least max(chunk_bytes, total / most) bytes (the last may
     hold less)."""
     sizes = [_layer_bytes(plan, group_of[k]) for k in keys]
-    least = max(chunk_bytes, math.ceil(sum(sizes) / most))
+    least = max(chunk_bytes, math.ceil(math.fsum(sizes) / most))
     chunks: list[list[LayerKey]] = [[]]
     held = 0.0
     for key, size in zip(keys, sizes, strict=True):

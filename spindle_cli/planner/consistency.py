@@ -163,10 +163,10 @@ def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> No
               max((s.time_ms for s in w.slices), default=0.0))
         start += w.duration_ms
     _same("estimated_iteration_ms", plan.estimated_iteration_ms, start)
-    _same("lower_bound_ms", plan.lower_bound_ms, sum(lv.lower_bound_ms for lv in plan.levels))
+    _same("lower_bound_ms", plan.lower_bound_ms, math.fsum(lv.lower_bound_ms for lv in plan.levels))
     for i, lv in enumerate(plan.levels):
         _same(f"levels[{i}].estimated_ms", lv.estimated_ms,
-              sum(w.duration_ms for w in plan.waves if w.level == lv.level))
+              math.fsum(w.duration_ms for w in plan.waves if w.level == lv.level))
     metaop_of = {s.id: s.metaop for _, s in plan.slices()}
     for i, t in enumerate(plan.transfers):
         sent = graph.metaop(metaop_of[t.src]).activation_out_bytes

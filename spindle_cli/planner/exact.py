@@ -20,6 +20,7 @@ without a solver.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, NamedTuple
 
@@ -69,15 +70,15 @@ def exact_packing(tuples: list[tuple[str, int, float]], num_devices: int,
         side_by_side = max(chains.values())  # each MetaOp's in sequence
         return Packing(side_by_side, side_by_side)
     if all(2 * t[1] > num_devices for t in tuples):
-        one_after_another = sum(chains.values())
+        one_after_another = math.fsum(chains.values())
         return Packing(one_after_another, one_after_another)
-    bound = max(max(chains.values()), sum(n * t for _, n, t in tuples) / num_devices)
+    bound = max(max(chains.values()), math.fsum(n * t for _, n, t in tuples) / num_devices)
     k = len(tuples)
     src, sink = 0, k + 1
     nodes = k + 2
     n = [num_devices] + [t[1] for t in tuples] + [num_devices]
     p = [0.0] + [t[2] for t in tuples] + [0.0]
-    big_m = sum(p)
+    big_m = math.fsum(p)
     arcs = [(u, v) for u in range(nodes) for v in range(nodes)
             if u != v and u != sink and v != src]
     arc_index = {a: i for i, a in enumerate(arcs)}

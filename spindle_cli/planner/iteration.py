@@ -420,10 +420,10 @@ class Iteration:
         fwd_timing, bwd_timing = self.fwd_timing, self.bwd_timing
         param_wait_ms, stalled_ms = self.param_wait_ms, self.stalled_ms
         if rank_times is None:
-            forward_ms = sum(end - start for start, end, _ in fwd_timing) - stalled_ms
-            backward_ms = sum(end - start for start, end, _ in bwd_timing.values())
-            transfer_ms = (sum(wait for _, _, wait in fwd_timing)
-                           + sum(wait for _, _, wait in bwd_timing.values()) - param_wait_ms)
+            forward_ms = math.fsum(end - start for start, end, _ in fwd_timing) - stalled_ms
+            backward_ms = math.fsum(end - start for start, end, _ in bwd_timing.values())
+            transfer_ms = (math.fsum(wait for _, _, wait in fwd_timing)
+                           + math.fsum(wait for _, _, wait in bwd_timing.values()) - param_wait_ms)
             # the step: how long the last rank steps past the last reduction; the sync: the
             # reductions past the last backward (taken directly: a rank without groups syncs
             # exactly nothing, not the rounding left by subtracting the step), and the waves'

@@ -265,7 +265,7 @@ def level_schedule(graph: MetaOpGraph, curves: dict[str, OpCurve], a: LevelAlloc
             key = tuple(trace.waves)
             if key not in shortened:
                 short = shorten_waves(trace.waves, max_ops)
-                shortened[key] = (short, sum(w.duration_ms for w in short))
+                shortened[key] = (short, math.fsum(w.duration_ms for w in short))
             covering = _Traced(variant, trace, *shortened[key])
             traced.append(covering)
         trial, trial_ms = covering.shortened, covering.shortened_ms
@@ -302,8 +302,8 @@ def fused_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[Lev
     idle devices left idle). A wave's level is the lowest level among its slots."""
     preds = {m.id: m.predecessors for m in graph.metaops}
     fused = LevelAllocation(level=allocs[0].level,
-                            c_star_ms=sum(a.c_star_ms for a in allocs),
-                            lower_bound_ms=sum(a.lower_bound_ms for a in allocs),
+                            c_star_ms=math.fsum(a.c_star_ms for a in allocs),
+                            lower_bound_ms=math.fsum(a.lower_bound_ms for a in allocs),
                             ops=tuple(o for a in allocs for o in a.ops))
     level_of = {m.id: m.level for m in graph.metaops}
     best: list[PlannedWave] | None = None
@@ -312,7 +312,7 @@ def fused_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[Lev
                                       else without_extension(LARGE_LEVEL_VARIANTS)):
         trial = schedule_level(fused, curves, num_devices, preds, set(), sort_rule=rule,
                                rounding=rounding, extension=extension, max_ops=max_ops)
-        trial_ms = sum(w.duration_ms for w in trial)
+        trial_ms = math.fsum(w.duration_ms for w in trial)
         if best is None or trial_ms < best_ms - 1e-9:
             best, best_ms = trial, trial_ms
     assert best is not None
@@ -329,7 +329,7 @@ def split_first_long_wave(planned: list[PlannedWave]) -> list[PlannedWave] | Non
     """The waves with the first one that takes SPLIT_SHARE of the compute or more split in
     two: a short wave of each slot's first operators up to SPLIT_SHARE of its span, then the
     rest (None when that leaves either empty)."""
-    total = sum(w.duration_ms for w in planned)
+    total = math.fsum(w.duration_ms for w in planned)
     i = next((i for i, w in enumerate(planned) if w.duration_ms >= SPLIT_SHARE * total), None)
     if i is None:
         return None

@@ -296,7 +296,7 @@ class _Search:
             # as it did before: other bounds, the same waves
             self.last_failed = self.tried[key] is None
             return False
-        if best is not None and sum(w.duration_ms for w in planned) >= best.iteration_ms:
+        if best is not None and math.fsum(w.duration_ms for w in planned) >= best.iteration_ms:
             return False
         bounds_text = "/".join(map(str, caps)) if len(set(caps)) > 1 else str(caps[0])
         candidate = ", ".join(x for x in ("fused" if fused else "level by level",
@@ -342,8 +342,8 @@ class _Search:
             except PlanInfeasible as e:
                 self.error = self.error or e
                 continue
-            if (self.best is not None
-                    and sum(a.lower_bound_ms for a in capped_allocs) >= self.best.iteration_ms):
+            if self.best is not None and (math.fsum(a.lower_bound_ms for a in capped_allocs)
+                                          >= self.best.iteration_ms):
                 # its compute alone (>= its C*) would outlast the best plan's whole iteration
                 continue
             self.consider((cap,) * len(self.allocs), slack=NEAR_BEST)
@@ -365,8 +365,8 @@ class _Search:
         islands); spread or not as the kept plan, the other way too where that does not fit."""
         assert self.best is not None
         caps, spread = self.best.caps, self.best.spread
-        longest = max(range(len(self.allocs)),
-                      key=lambda i: sum(w.duration_ms for w in self.levels(caps[i], spread)[i]))
+        longest = max(range(len(self.allocs)), key=lambda i: math.fsum(
+            w.duration_ms for w in self.levels(caps[i], spread)[i]))
         for cap in made_caps:
             if cap != caps[longest]:
                 mixed = caps[:longest] + (cap,) + caps[longest + 1:]
@@ -384,7 +384,7 @@ class _Search:
         not, where it simulated within NEAR_BEST of the best (as `consider_lighter`'s
         arguments): rebuilt to move fewer rows, either may win."""
         before = self.best
-        bar_ms = (sum(w.duration_ms for level in self.by_cap[(cap, False)] for w in level)
+        bar_ms = (math.fsum(w.duration_ms for level in self.by_cap[(cap, False)] for w in level)
                   if (cap, False) in self.by_cap
                   else before.iteration_ms if before is not None else math.inf)
         try:
@@ -393,7 +393,7 @@ class _Search:
             return None
         fused = self.schedules.made(("fused", cap, True, False, False), self.max_ops,
                                     fused_waves, self.graph, capped, capped_allocs, self.n_dev)
-        if sum(w.duration_ms for w in fused) >= bar_ms - 1e-9:
+        if math.fsum(w.duration_ms for w in fused) >= bar_ms - 1e-9:
             return None
         fused_caps = (cap,) * len(self.allocs)
         if self.consider(fused_caps, fused, fused=True, slack=NEAR_BEST):
@@ -498,7 +498,7 @@ class _Search:
                                               self.max_ops, fused_waves, graph, curves,
                                               stable.allocs, n_dev, extend=extend)
                 label = "task-stable" if extend else "task-stable, no extension"
-                if sum(w.duration_ms for w in planned) >= bar_ms:
+                if math.fsum(w.duration_ms for w in planned) >= bar_ms:
                     continue
                 if self.consider(self.whole_cluster, planned, fused=True, label=label,
                                  slack=NEAR_BEST if k == 0 else 0.0):
@@ -524,7 +524,7 @@ class _Search:
                 continue
             planned, home = self.schedules.made(("task lanes", i), self.max_ops, lane_waves,
                                                 self.graph, self.curves, lanes)
-            if sum(w.duration_ms for w in planned) < bar_ms:
+            if math.fsum(w.duration_ms for w in planned) < bar_ms:
                 self.consider(self.whole_cluster, planned, fused=True, home=home,
                               label=f"task lanes of {lanes.size}")
 

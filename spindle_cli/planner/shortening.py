@@ -132,7 +132,7 @@ def _shorten_one(cells: list[list[_Cell]], spans: list[float], cuts: list[list[_
     (cyclically), applied (`spans` updated); returns that wave's index, or -1 when there is
     no such move. `cells`: each wave's slots; `spans`: each wave's span; `cuts`: each wave's
     `_cuts`, None until needed and again once a move changes the wave."""
-    total = sum(spans)
+    total = math.fsum(spans)
     limit = total * (1 - EPS)
     for i in (*range(start, len(cells)), *range(start)):
         here = cells[i]
@@ -151,9 +151,9 @@ def _shorten_one(cells: list[list[_Cell]], spans: list[float], cuts: list[list[_
                 checked = True
                 if moving:
                     placed = _place(c.others, moving, new_spans, added)
-                if not placed or sum(new_spans) >= limit:
+                if not placed or math.fsum(new_spans) >= limit:
                     break
-            if placed and sum(new_spans) < limit:
+            if placed and math.fsum(new_spans) < limit:
                 for c, k in zip(here, kept, strict=True):
                     c.set_ops(k)
                 changed = {i}

@@ -401,7 +401,7 @@ def _result(plan: Plan, graph: MetaOpGraph, cluster: ClusterSpec, timeline: Time
                    end_ms=sync_end_ms[gi])
         for gi, g in enumerate(plan.param_groups)
     )
-    total_busy = sum(busy)
+    total_busy = math.fsum(busy)
     return SimResult(
         planner=plan.planner, model=plan.model, cluster=plan.cluster,
         num_devices=plan.num_devices, iteration_ms=iteration_ms,

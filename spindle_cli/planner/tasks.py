@@ -146,7 +146,7 @@ def concurrent(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGra
     tried = dict.fromkeys(tuple(_side_by_side(chains, curves, graph, max_ops, x))
                           for x in SIT_OUT)
     return min((shorten_waves(list(waves), max_ops) for waves in tried),
-               key=lambda waves: sum(w.duration_ms for w in waves))
+               key=lambda waves: math.fsum(w.duration_ms for w in waves))
 
 
 def _side_by_side(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGraph,
@@ -265,7 +265,7 @@ def task_sizes(graph: MetaOpGraph, curves: dict[str, OpCurve],
             if j is not None:
                 sizes[j], times[j] = downs[j], down_ms[j]
             if sum(sizes) <= num_devices and max(times) <= limit:
-                near.append(((max(times), sum(times)), sizes))
+                near.append(((max(times), math.fsum(times)), sizes))
     near.sort(key=lambda x: x[0])
     return [best] + [sizes for _, sizes in near[:NEIGHBOURS]]
 
@@ -339,7 +339,7 @@ def task_lanes(graph: MetaOpGraph, curves: dict[str, OpCurve],
         members = list_scheduled(times, num_lanes, sorted(range(len(tasks)),
                                                           key=lambda i: (-times[i], i)))
         found.append(Lanes(size=g, tasks=members,
-                           load_ms=max(sum(times[i] for i in lane) for lane in members),
+                           load_ms=max(math.fsum(times[i] for i in lane) for lane in members),
                            groups=home_groups([g] * num_lanes, cluster.island_size, n_dev)))
     found.sort(key=lambda x: (x.load_ms, x.size))
     return found[:LANE_CANDIDATES]

@@ -158,7 +158,7 @@ def optimizer_step_ms(plan: Plan, graph: MetaOpGraph, profile: Profile,
     for gi, g in enumerate(plan.param_groups):
         holds = held[gi]
         # without ZeRO every holder steps its whole share (no division by the replicas)
-        replicas = max(sum(1 / t for t, _ in holds.values()), 1.0) if sharded else 1
+        replicas = max(math.fsum(1 / t for t, _ in holds.values()), 1.0) if sharded else 1
         for r in g.ranks:
             params[r] += g.bytes / dtype_bytes / holds[r][0] / replicas
             buckets[r].add(g.ranks)

@@ -286,8 +286,8 @@ def write_utilization(plan: Plan, path: str, *, sim: SimResult | None = None) ->
         ys = [[v / tl.num_ranks for v in series[k]] for k in series]
         ax.stackplot(times, *ys, step="post", labels=list(series),
                      colors=[colors[k] for k in series])
-        total = [sum(col) for col in zip(*ys, strict=True)]
-        mean = sum(b.end_ms - b.start_ms for b in tl.bars if _computes(b)) / (
+        total = [math.fsum(col) for col in zip(*ys, strict=True)]
+        mean = math.fsum(b.end_ms - b.start_ms for b in tl.bars if _computes(b)) / (
             tl.num_ranks * max(tl.end_ms, 1e-9))
         ax.step(times, total, where="post", color="black", linewidth=0.8,
                 label=f"all (mean {100 * mean:.0f}%)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.table import Table
 
 from spindle_cli.artifacts.graph import MetaOpGraph
@@ -38,5 +40,5 @@ def show(obj: MetaOpGraph, path: str) -> None:
         )
         level = m.level
     print_table(table)
-    total_flops = sum(m.flops_per_layer * m.num_layers for m in obj.metaops)
+    total_flops = math.fsum(m.flops_per_layer * m.num_layers for m in obj.metaops)
     out.print(f"total: {total_flops / 1e12:.3g} TFLOPs per iteration (forward+backward)")
