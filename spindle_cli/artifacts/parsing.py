@@ -47,11 +47,33 @@ class _UniqueKeys:
         return super().construct_document(node)  # type: ignore[misc]
 
     def flatten_mapping(self, node: yaml.MappingNode) -> None:
-        own = node.value
-        super().flatten_mapping(node)  # type: ignore[misc]
-        if node.value is not own:
-            # merged pairs were put before the node's own pairs (the merge keys are gone)
-            self._merged[node] = len(node.value) - len(own)
+        """Put the pairs `<<` merges before the node's own pairs (the merge keys gone), so
+        that constructing it keeps the last of each key: its own over merged ones, and of a
+        list of merged mappings the earlier ones. PyYAML's own (as of 6.0.3) does the same;
+        6.0.4 keeps the first pair of a one-character key instead (a mapping that merged one
+        which merged another lost its own value to the innermost one), so it is not used."""
+        merged: list[tuple[yaml.Node, yaml.Node]] = []
+        own: list[tuple[yaml.Node, yaml.Node]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag != _MERGE_TAG:
+                if key_node.tag == _VALUE_TAG:
+                    key_node.tag = _STR_TAG
+                own.append((key_node, value_node))
+                continue
+            if isinstance(value_node, yaml.MappingNode):
+                sources = [value_node]
+            elif isinstance(value_node, yaml.SequenceNode):
+                sources = value_node.value[::-1]
+            else:
+                raise _not_merged(node, value_node, "a mapping or list of mappings")
+            for source in sources:
+                if not isinstance(source, yaml.MappingNode):
+                    raise _not_merged(node, source, "a mapping")
+                self.flatten_mapping(source)
+                merged.extend(source.value)
+        if merged:
+            node.value = merged + own
+            self._merged[node] = len(merged)
 
     def resolve(self, kind: type[yaml.Node], value: Any, implicit: tuple[bool, bool]) -> str:
         # a plan's rank lists hold most of its scalars: plain decimals skip the resolvers'
@@ -84,6 +106,16 @@ class _UniqueKeys:
         return mapping
 
 
+def _not_merged(node: yaml.Node, value: yaml.Node, expected: str) -> yaml.MarkedYAMLError:
+    """PyYAML's error for a `<<` of `value`, which is not what it merges."""
+    return yaml.constructor.ConstructorError(
+        "while constructing a mapping", node.start_mark,
+        f"expected {expected} for merging, but found {value.id}", value.start_mark)
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_VALUE_TAG = "tag:yaml.org,2002:value"
+_STR_TAG = "tag:yaml.org,2002:str"
 _BOOL_TAG = "tag:yaml.org,2002:bool"
 INT_TAG = "tag:yaml.org,2002:int"
 FLOAT_TAG = "tag:yaml.org,2002:float"
@@ -198,8 +230,12 @@ def _check_nesting(path: str, text: str) -> None:
                                                   f"than {MAX_NESTING} levels deep")
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
-    except yaml.YAMLError:
-        pass  # a syntax error: the parse below reports it
+    except yaml.MarkedYAMLError as e:
+        # libyaml 0.2.6 (PyYAML 6.0.4 bundles it) stops at 1000 levels itself, MAX_NESTING
+        if e.problem == "exceeded maximum nesting depth" and e.problem_mark is not None:
+            raise ArtifactError(path, "", f"invalid YAML at line {e.problem_mark.line + 1}: "
+                                          f"nested more than {MAX_NESTING} levels deep") from None
+        # a syntax error: the parse below reports it
 
 
 def _check_aliases(path: str, text: str) -> None:

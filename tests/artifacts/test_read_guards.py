@@ -203,6 +203,25 @@ def test_merge_keys_may_still_be_overridden(tmp_path):
         read_data(str(nested))
 
 
+def test_merges_resolve_as_yaml_defines_them_whatever_pyyaml_does(tmp_path):
+    # of a list of merged mappings the earlier ones win, and a merged mapping's own keys win
+    # over what it merged; PyYAML 6.0.4's merge kept the first pair of one-character keys
+    # only, which broke both
+    path = tmp_path / "m.yaml"
+    path.write_text("a: &a {x: 1, name: a}\nb: &b {x: 2, name: b, y: 2}\n"
+                    "ab: {<<: [*a, *b]}\nba: {<<: [*b, *a]}\n"
+                    "m: &m {<<: *b, x: 3, name: m}\nn: {<<: [*m, *a]}\n")
+    data = read_data(str(path))
+    assert data["ab"] == {"x": 1, "name": "a", "y": 2}
+    assert data["ba"] == {"x": 2, "name": "b", "y": 2}
+    assert data["n"] == {"x": 3, "name": "m", "y": 2}
+    for text, expected in (("a: {<<: 1}", "a mapping or list of mappings"),
+                           ("a: {<<: [{x: 1}, [2]]}", "a mapping")):
+        path.write_text(text + "\n")
+        with pytest.raises(ArtifactError, match=f"{expected} for merging, but found "):
+            read_data(str(path))
+
+
 def test_the_cli_prints_one_line_for_a_kind_that_is_a_list(tmp_path, spindle):
     path = tmp_path / "k.yaml"
     path.write_text("kind: [plan]\nversion: 1\n")
