@@ -31,6 +31,12 @@ from spindle_cli.planner.options import PlanOptions
 from spindle_cli.planner.simulate import simulate, simulated_cost
 
 
+def approx_spans(spans: list[tuple[float, float]]) -> list[object]:
+    """(start, end) pairs each compared approximately (pytest.approx refuses nested
+    sequences from pytest 9.2 on)."""
+    return [pytest.approx(span) for span in spans]
+
+
 def run(plan=None, *, latency_s: float = 0.0, batch: int = fx.BATCH, num_nodes: int = 2,
         sync: str = "per-wave"):
     """The fixture plan simulated; per wave by default (each group's layers of one wave in one
@@ -94,7 +100,7 @@ def test_recomputation_runs_before_each_operators_backward(progress):
     plan = dataclasses.replace(fx.plan(), options={**fx.plan().options, "recompute": "true"})
     r = simulate(plan, fx.graph(), fx.profile(), fx.cluster(), sync="chunked",
                  progress=progress)
-    assert [(w.backward_start_ms, w.backward_end_ms) for w in r.waves] == pytest.approx(
+    assert [(w.backward_start_ms, w.backward_end_ms) for w in r.waves] == approx_spans(
         [(48.0, 60.0), (25.0, 28.0)])
     rings = sorted({(f.label, f.start_ms, f.end_ms) for f in r.flows if f.kind == "sync"})
     assert rings == [("enc[0:1]", 60.0, pytest.approx(65.0)),
@@ -110,8 +116,8 @@ def test_the_default_buckets_are_those_of_the_clusters_backend():
     gloo = dataclasses.replace(fx.cluster(), backend="gloo")
     r = simulate(plan, graph, profile, gloo)
     assert r.iteration_ms == pytest.approx(65.0)
-    assert [(s.start_ms, s.end_ms) for s in r.syncs] == pytest.approx([(55.0, 65.0),
-                                                                        (27.0, 32.0)])
+    assert [(s.start_ms, s.end_ms) for s in r.syncs] == approx_spans([(55.0, 65.0),
+                                                                      (27.0, 32.0)])
     assert r == simulate(plan, graph, profile, gloo, sync="per-set")
     # the planner's cost follows the backend too
     assert simulated_cost(plan, graph, profile, gloo).iteration_ms == pytest.approx(65.0)
@@ -127,14 +133,14 @@ def test_messages_wait_for_the_boundary_of_their_consumers_wave():
                  fx.cluster())
     enc, aux, head = r.waves
     acts = [f for f in r.flows if f.kind == "activation"]
-    assert [(f.start_ms, f.end_ms) for f in acts] == pytest.approx([(5.0, 25.0)] * 2)
+    assert [(f.start_ms, f.end_ms) for f in acts] == approx_spans([(5.0, 25.0)] * 2)
     assert (aux.forward_start_ms, aux.forward_end_ms) == pytest.approx((4.0, 5.0))
     assert (head.forward_start_ms, head.forward_end_ms) == pytest.approx((25.0, 26.0))
     # Backward: head 26-28, then its boundary sends the gradients back 28-48, and ranks 2-3,
     # which send them, wait for them before aux (the executor's batch wait): aux 48-50, enc
     # 50-58.
     grads = [f for f in r.flows if f.kind == "gradient"]
-    assert [(f.start_ms, f.end_ms) for f in grads] == pytest.approx([(28.0, 48.0)] * 2)
+    assert [(f.start_ms, f.end_ms) for f in grads] == approx_spans([(28.0, 48.0)] * 2)
     assert (aux.backward_start_ms, aux.backward_end_ms) == pytest.approx((48.0, 50.0))
     assert (enc.backward_start_ms, enc.backward_end_ms) == pytest.approx((50.0, 58.0))
     assert r.iteration_ms == pytest.approx(58.0)
@@ -149,7 +155,7 @@ def test_a_group_split_over_waves_syncs_each_waves_layers_once_they_are_done():
     # alone again for its last 0.4 GB, at 21.
     r = simulate(fx.plan_split_encoder(), fx.graph(), fx.profile(), fx.cluster())
     rings = sorted((f.start_ms, f.end_ms) for f in r.flows if f.kind == "sync")
-    assert rings == pytest.approx([(11.0, 17.0)] * 2 + [(15.0, 21.0)] * 2)
+    assert rings == approx_spans([(11.0, 17.0)] * 2 + [(15.0, 21.0)] * 2)
     assert (r.syncs[0].start_ms, r.syncs[0].end_ms) == pytest.approx((11.0, 21.0))
     assert r.iteration_ms == pytest.approx(21.0)
     # after the backward pass, the whole 1 GB at once: 15-25
@@ -434,10 +440,10 @@ def test_ranks_on_their_own_run_ahead_of_the_waves():
     enc, aux, head = r.waves
     assert (aux.forward_start_ms, aux.forward_end_ms) == pytest.approx((0.0, 1.0))
     acts = [f for f in r.flows if f.kind == "activation"]
-    assert [(f.start_ms, f.end_ms) for f in acts] == pytest.approx([(4.0, 24.0)] * 2)
+    assert [(f.start_ms, f.end_ms) for f in acts] == approx_spans([(4.0, 24.0)] * 2)
     assert (head.forward_start_ms, head.backward_end_ms) == pytest.approx((24.0, 27.0))
     grads = [f for f in r.flows if f.kind == "gradient"]
-    assert [(f.start_ms, f.end_ms) for f in grads] == pytest.approx([(27.0, 47.0)] * 2)
+    assert [(f.start_ms, f.end_ms) for f in grads] == approx_spans([(27.0, 47.0)] * 2)
     assert (aux.backward_start_ms, aux.backward_end_ms) == pytest.approx((47.0, 49.0))
     assert (enc.backward_start_ms, enc.backward_end_ms) == pytest.approx((47.0, 55.0))
     # behind barriers the same plan takes 58 ms; the parts are rank 0's own time
@@ -457,7 +463,7 @@ def test_a_slice_starts_when_all_of_its_ranks_are_there():
     w0, w1 = r.waves
     acts = [f for f in r.flows if f.kind == "activation"]
     assert [(f.src_rank, f.dst_rank) for f in acts] == [(0, 1), (1, 2)]
-    assert [(f.start_ms, f.end_ms) for f in acts] == pytest.approx([(4.0, 6.0), (4.0, 14.0)])
+    assert [(f.start_ms, f.end_ms) for f in acts] == approx_spans([(4.0, 6.0), (4.0, 14.0)])
     assert (w1.forward_start_ms, w1.forward_end_ms) == pytest.approx((14.0, 15.0))
 
 
