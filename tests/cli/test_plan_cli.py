@@ -159,8 +159,10 @@ def test_check_of_a_file_that_no_longer_loads(case):
 
 @pytest.mark.parametrize("planner", ["sequential", "optimus", "distmm"])
 def test_baseline_planners_and_options(case, planner):
+    # memory none: no ZeRO stage the memory search may find faster (distmm here: ZeRO-1 by
+    # 0.1 us, since its float sums are exact)
     r = invoke(*plan_args("--planner", planner, "--placement", "sequential", "--uneven-splits",
-                          "-o", f"{planner}.yaml"))
+                          "--memory", "none", "-o", f"{planner}.yaml"))
     assert r.exit_code == 0, r.output
     plan = load(f"{planner}.yaml", Plan)
     assert plan.options == {"planner": planner, "placement": "sequential",
