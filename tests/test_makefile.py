@@ -161,3 +161,18 @@ def test_make_alone_lists_the_targets_and_installs_nothing():
     dry = subprocess.run(["make", "-n"], cwd=REPO, capture_output=True, text=True, check=True,
                          timeout=60).stdout
     assert "pip" not in dry
+
+
+def test_test_oldest_pins_every_floor_that_pyproject_names():
+    # make test-oldest pins each `>=` floor `==` with sed: a requirement written another way
+    # (`~=`, an upper bound) would go unpinned there, and the floor untested
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    requirements = [*project["dependencies"], *project["optional-dependencies"]["test"]]
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+(>=|==)[0-9.]+", r) for r in requirements)
+    text = subprocess.run(["make", "--no-print-directory", "-n", "test-oldest"], cwd=REPO,
+                          capture_output=True, text=True, check=True, timeout=60).stdout
+    (sed,) = [line for line in text.replace("\\\n", " ").splitlines() if line.startswith("sed ")]
+    pins = subprocess.run(re.split(r"\s+>\s+", sed)[0], shell=True, cwd=REPO,
+                          capture_output=True, text=True, check=True, timeout=60).stdout.split()
+    assert pins == [r.replace(">=", "==") for r in requirements if ">=" in r]
