@@ -230,11 +230,12 @@ def _check_nesting(path: str, text: str) -> None:
                                                   f"than {MAX_NESTING} levels deep")
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
-    except yaml.MarkedYAMLError as e:
+    except yaml.YAMLError as e:
         # libyaml 0.2.6 (PyYAML 6.0.4 bundles it) stops at 1000 levels itself, MAX_NESTING
-        if e.problem == "exceeded maximum nesting depth" and e.problem_mark is not None:
-            raise ArtifactError(path, "", f"invalid YAML at line {e.problem_mark.line + 1}: "
-                                          f"nested more than {MAX_NESTING} levels deep") from None
+        mark = getattr(e, "problem_mark", None)
+        if getattr(e, "problem", None) == "exceeded maximum nesting depth" and mark is not None:
+            raise ArtifactError(path, "", f"invalid YAML at line {mark.line + 1}: nested more "
+                                          f"than {MAX_NESTING} levels deep") from None
         # a syntax error: the parse below reports it
 
 

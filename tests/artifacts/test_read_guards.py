@@ -140,6 +140,15 @@ def test_deeply_nested_yaml_is_refused_before_libyaml_composes_it(tmp_path, text
                            "levels deep\n")
 
 
+def test_a_bad_character_in_text_deep_enough_to_be_parsed_for_its_nesting(tmp_path):
+    # the nesting check parses text with this many brackets; the reader's error there is not
+    # a marked one, and went past it as an internal error
+    path = tmp_path / "deep.yaml"
+    path.write_text("kind: " + "[" * 1200 + "\x07\n")
+    assert _error(path) == (f"{path}: invalid YAML at line 1: unacceptable character #x0007: "
+                            "special characters are not allowed")
+
+
 def test_moderate_nesting_still_loads(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text("a: " + "[" * 900 + "]" * 900 + "\n" + "b: " + "x" * 2000 + "\n")
