@@ -54,12 +54,14 @@ class _UniqueKeys:
         which merged another lost its own value to the innermost one), so it is not used."""
         merged: list[tuple[yaml.Node, yaml.Node]] = []
         own: list[tuple[yaml.Node, yaml.Node]] = []
+        merging = False  # an empty mapping merges nothing, but its `<<` goes all the same
         for key_node, value_node in node.value:
             if key_node.tag != _MERGE_TAG:
                 if key_node.tag == _VALUE_TAG:
                     key_node.tag = _STR_TAG
                 own.append((key_node, value_node))
                 continue
+            merging = True
             if isinstance(value_node, yaml.MappingNode):
                 sources = [value_node]
             elif isinstance(value_node, yaml.SequenceNode):
@@ -71,7 +73,7 @@ class _UniqueKeys:
                     raise _not_merged(node, source, "a mapping")
                 self.flatten_mapping(source)
                 merged.extend(source.value)
-        if merged:
+        if merging:
             node.value = merged + own
             self._merged[node] = len(merged)
 

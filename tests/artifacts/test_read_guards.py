@@ -219,11 +219,12 @@ def test_merges_resolve_as_yaml_defines_them_whatever_pyyaml_does(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text("a: &a {x: 1, name: a}\nb: &b {x: 2, name: b, y: 2}\n"
                     "ab: {<<: [*a, *b]}\nba: {<<: [*b, *a]}\n"
-                    "m: &m {<<: *b, x: 3, name: m}\nn: {<<: [*m, *a]}\n")
+                    "m: &m {<<: *b, x: 3, name: m}\nn: {<<: [*m, *a]}\ne: {<<: {}, x: 1}\n")
     data = read_data(str(path))
     assert data["ab"] == {"x": 1, "name": "a", "y": 2}
     assert data["ba"] == {"x": 2, "name": "b", "y": 2}
     assert data["n"] == {"x": 3, "name": "m", "y": 2}
+    assert data["e"] == {"x": 1}
     for text, expected in (("a: {<<: 1}", "a mapping or list of mappings"),
                            ("a: {<<: [{x: 1}, [2]]}", "a mapping")):
         path.write_text(text + "\n")
