@@ -93,10 +93,15 @@ def _report_failure(rank: int, e: BaseException) -> int:
         traceback.print_exception(e)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
-        with open(error_file, "w") as f:
+        # whole or not at all: the launcher parses it once the rank has ended, and a rank
+        # stopped while writing it (SIGTERM from the launcher, a peer having failed) left it
+        # empty, on which the launcher's parse raised
+        partial = f"{error_file}.partial"
+        with open(partial, "w") as f:
             json.dump({"message": line, "timestamp": int(time.time()),
                        "spindle": {"rank": rank, "secondary": secondary, "peers": peers,
                                    "hint": hint, "refused_output": _refused_output(e)}}, f)
+        os.replace(partial, error_file)
     return code
 
 

@@ -267,6 +267,25 @@ def test_a_failing_rank_writes_its_line_and_newline_at_once(tmp_path: Path,
     assert json.loads(error_file.read_text())["message"] == line[len("error: "):-1]
 
 
+def test_a_rank_stopped_while_writing_its_error_file_leaves_none(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    """torch's launcher parses a rank's error file once the rank has ended and raised on an
+    empty one: the run ended as an internal error (a CI run, a rank stopped by the launcher's
+    SIGTERM as it wrote the file)."""
+    def stopped(data: object, f: Any) -> None:
+        f.write('{"message": ')
+        raise KeyboardInterrupt  # stopped half-way (SIGTERM kills it outright there)
+
+    monkeypatch.setattr("sys.stderr", _Writes())
+    monkeypatch.setattr(worker.json, "dump", stopped)
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    with pytest.raises(KeyboardInterrupt):
+        worker._report_failure(1, RuntimeError("disk read failed"))
+    assert not error_file.exists()
+
+
 def test_out_of_memory_in_a_collective_is_the_ranks_own_failure() -> None:
     """A collective that runs out of memory (NCCL allocates its buffers lazily) fails this
     rank, named as such; any other failure of a collective is a lost peer, which the launcher
