@@ -12,8 +12,9 @@ choosing the tuples of a wave (`waves.py`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -52,6 +53,17 @@ class PlannedWave:
     def duration_ms(self) -> float:
         """The longest slot."""
         return max(s.time_ms for s in self.slots)
+
+
+class _Timed(Protocol):
+    @property
+    def duration_ms(self) -> float: ...
+
+
+def compute_ms(waves: Iterable[_Timed]) -> float:
+    """The waves' durations added up exactly (math.fsum): the same on every Python, where
+    sum() rounds floats differently from 3.12 on (a test plan's schedule changed with it)."""
+    return math.fsum(w.duration_ms for w in waves)
 
 
 def align(op_times_ms: list[float], num_ops: list[int], *, rounding: str = "nearest") -> list[int]:

@@ -19,7 +19,7 @@ from spindle_cli.artifacts.io import derived_header
 from spindle_cli.artifacts.plan import LevelBound, ParamGroup, Plan, Slice, Transfer, Wave
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.planner import scaling
-from spindle_cli.planner.alignment import PlannedWave, Slot
+from spindle_cli.planner.alignment import PlannedWave, Slot, compute_ms
 from spindle_cli.planner.allocation import LevelAllocation, OpCurve
 from spindle_cli.planner.memory import Ledger, layer_params, state_bytes_per_param
 from spindle_cli.planner.options import PlanOptions
@@ -48,7 +48,7 @@ def assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpe
     transfers = tuple(_transfer(f, waves) for f in flows)
     levels = tuple(
         LevelBound(level=a.level, lower_bound_ms=a.lower_bound_ms,
-                   estimated_ms=math.fsum(w.duration_ms for w in waves if w.level == a.level))
+                   estimated_ms=compute_ms(w for w in waves if w.level == a.level))
         for a in allocs
     )
     return Plan(
@@ -66,7 +66,7 @@ def assemble(graph: MetaOpGraph, curves: dict[str, OpCurve], cluster: ClusterSpe
         memory=ledger.table(),
         levels=levels,
         lower_bound_ms=math.fsum(a.lower_bound_ms for a in allocs),
-        estimated_iteration_ms=math.fsum(w.duration_ms for w in waves),
+        estimated_iteration_ms=compute_ms(waves),
     )
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
-from spindle_cli.planner.alignment import MaxOps, PlannedWave, Slot
+from spindle_cli.planner.alignment import MaxOps, PlannedWave, Slot, compute_ms
 from spindle_cli.planner.allocation import OpCurve
 from spindle_cli.planner.tasks import (
     balanced_counts,
@@ -160,6 +160,6 @@ def distmm(graph: MetaOpGraph, curves: dict[str, OpCurve], num_devices: int,
         side = concurrent(chains, curves, graph, max_ops) + _one_per_wave(joined, curves,
                                                                            max_ops)
         in_turn = _one_per_wave(ms, curves, max_ops)
-        faster = math.fsum(w.duration_ms for w in side) <= math.fsum(w.duration_ms for w in in_turn)
+        faster = compute_ms(side) <= compute_ms(in_turn)
         waves.extend(side if faster else in_turn)
     return waves

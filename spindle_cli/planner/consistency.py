@@ -13,6 +13,7 @@ from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.artifacts.plan import MEMORY_CATEGORIES, Plan, Slice, Transfer
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import PlanError
+from spindle_cli.planner.alignment import compute_ms
 from spindle_cli.planner.allocation import OpCurve
 from spindle_cli.planner.memory import (
     MemoryStrategy,
@@ -166,7 +167,7 @@ def check_recorded(plan: Plan, graph: MetaOpGraph, memory: MemoryStrategy) -> No
     _same("lower_bound_ms", plan.lower_bound_ms, math.fsum(lv.lower_bound_ms for lv in plan.levels))
     for i, lv in enumerate(plan.levels):
         _same(f"levels[{i}].estimated_ms", lv.estimated_ms,
-              math.fsum(w.duration_ms for w in plan.waves if w.level == lv.level))
+              compute_ms(w for w in plan.waves if w.level == lv.level))
     metaop_of = {s.id: s.metaop for _, s in plan.slices()}
     for i, t in enumerate(plan.transfers):
         sent = graph.metaop(metaop_of[t.src]).activation_out_bytes

@@ -9,10 +9,9 @@ What does not live here: Algorithm 1 itself (`waves.py`) and the allocator's own
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
-from spindle_cli.planner.alignment import EPS, MaxOps, PlannedWave
+from spindle_cli.planner.alignment import EPS, MaxOps, PlannedWave, compute_ms
 from spindle_cli.planner.allocation import AslTuple, LevelAllocation, OpCurve
 from spindle_cli.planner.waves import Variant, schedule_level
 
@@ -34,7 +33,7 @@ def best_schedule(alloc: LevelAllocation, curves: dict[str, OpCurve], num_device
         trial = schedule_level(alloc, curves, num_devices, predecessors, set(finished),
                                sort_rule=rule, rounding=rounding, extension=extension,
                                max_ops=max_ops)
-        results.append((math.fsum(w.duration_ms for w in trial), trial))
+        results.append((compute_ms(trial), trial))
     ranking = sorted(range(len(variants)), key=lambda i: (round(results[i][0], 9), i))
     return results[ranking[0]][1], tuple(variants[i] for i in ranking)
 
@@ -59,7 +58,7 @@ def refine_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devices
     `schedule_level` does."""
     best_waves, ranking = best_schedule(alloc, curves, num_devices, predecessors, finished,
                                         variants, max_ops)
-    best_ms = math.fsum(w.duration_ms for w in best_waves)
+    best_ms = compute_ms(best_waves)
     runs = len(variants)
     # trials rerun only the variants that did best on the allocator's rounding: on the clip
     # models the best variant rarely changes with one operator, and each run costs ms
@@ -79,7 +78,7 @@ def refine_level(alloc: LevelAllocation, curves: dict[str, OpCurve], num_devices
                 trial_alloc = replace(alloc, ops=tuple(ops))
                 trial, _ = best_schedule(trial_alloc, curves, num_devices, predecessors,
                                          finished, variants, max_ops)
-                trial_ms = math.fsum(w.duration_ms for w in trial)
+                trial_ms = compute_ms(trial)
                 if trial_ms < best_ms * (1 - EPS):
                     alloc, best_waves, best_ms, improved = trial_alloc, trial, trial_ms, True
                     break

@@ -23,7 +23,7 @@ from spindle_cli.artifacts.graph import MetaOpGraph
 from spindle_cli.artifacts.profile import Curve, Profile, tp_degree
 from spindle_cli.errors import FieldError, NoValidCount, PlanInfeasible, SpindleError
 from spindle_cli.planner import scaling
-from spindle_cli.planner.alignment import MaxOps, PlannedWave
+from spindle_cli.planner.alignment import MaxOps, PlannedWave, compute_ms
 from spindle_cli.planner.allocation import (
     AslTuple,
     LevelAllocation,
@@ -265,7 +265,7 @@ def level_schedule(graph: MetaOpGraph, curves: dict[str, OpCurve], a: LevelAlloc
             key = tuple(trace.waves)
             if key not in shortened:
                 short = shorten_waves(trace.waves, max_ops)
-                shortened[key] = (short, math.fsum(w.duration_ms for w in short))
+                shortened[key] = (short, compute_ms(short))
             covering = _Traced(variant, trace, *shortened[key])
             traced.append(covering)
         trial, trial_ms = covering.shortened, covering.shortened_ms
@@ -312,7 +312,7 @@ def fused_waves(graph: MetaOpGraph, curves: dict[str, OpCurve], allocs: list[Lev
                                       else without_extension(LARGE_LEVEL_VARIANTS)):
         trial = schedule_level(fused, curves, num_devices, preds, set(), sort_rule=rule,
                                rounding=rounding, extension=extension, max_ops=max_ops)
-        trial_ms = math.fsum(w.duration_ms for w in trial)
+        trial_ms = compute_ms(trial)
         if best is None or trial_ms < best_ms - 1e-9:
             best, best_ms = trial, trial_ms
     assert best is not None
@@ -329,7 +329,7 @@ def split_first_long_wave(planned: list[PlannedWave]) -> list[PlannedWave] | Non
     """The waves with the first one that takes SPLIT_SHARE of the compute or more split in
     two: a short wave of each slot's first operators up to SPLIT_SHARE of its span, then the
     rest (None when that leaves either empty)."""
-    total = math.fsum(w.duration_ms for w in planned)
+    total = compute_ms(planned)
     i = next((i for i, w in enumerate(planned) if w.duration_ms >= SPLIT_SHARE * total), None)
     if i is None:
         return None

@@ -19,7 +19,7 @@ from spindle_cli.artifacts.plan import Plan
 from spindle_cli.artifacts.profile import Profile
 from spindle_cli.errors import OutOfMemory, PlanInfeasible
 from spindle_cli.planner import baselines
-from spindle_cli.planner.alignment import MaxOps, PlannedWave
+from spindle_cli.planner.alignment import MaxOps, PlannedWave, compute_ms
 from spindle_cli.planner.allocation import single_count
 from spindle_cli.planner.assemble import assemble
 from spindle_cli.planner.buckets import backend_sync, max_chunks, sync_buckets
@@ -296,7 +296,7 @@ class _Search:
             # as it did before: other bounds, the same waves
             self.last_failed = self.tried[key] is None
             return False
-        if best is not None and math.fsum(w.duration_ms for w in planned) >= best.iteration_ms:
+        if best is not None and compute_ms(planned) >= best.iteration_ms:
             return False
         bounds_text = "/".join(map(str, caps)) if len(set(caps)) > 1 else str(caps[0])
         candidate = ", ".join(x for x in ("fused" if fused else "level by level",
@@ -365,8 +365,8 @@ class _Search:
         islands); spread or not as the kept plan, the other way too where that does not fit."""
         assert self.best is not None
         caps, spread = self.best.caps, self.best.spread
-        longest = max(range(len(self.allocs)), key=lambda i: math.fsum(
-            w.duration_ms for w in self.levels(caps[i], spread)[i]))
+        longest = max(range(len(self.allocs)),
+                      key=lambda i: compute_ms(self.levels(caps[i], spread)[i]))
         for cap in made_caps:
             if cap != caps[longest]:
                 mixed = caps[:longest] + (cap,) + caps[longest + 1:]
@@ -384,7 +384,7 @@ class _Search:
         not, where it simulated within NEAR_BEST of the best (as `consider_lighter`'s
         arguments): rebuilt to move fewer rows, either may win."""
         before = self.best
-        bar_ms = (math.fsum(w.duration_ms for level in self.by_cap[(cap, False)] for w in level)
+        bar_ms = (compute_ms(w for level in self.by_cap[(cap, False)] for w in level)
                   if (cap, False) in self.by_cap
                   else before.iteration_ms if before is not None else math.inf)
         try:
@@ -393,7 +393,7 @@ class _Search:
             return None
         fused = self.schedules.made(("fused", cap, True, False, False), self.max_ops,
                                     fused_waves, self.graph, capped, capped_allocs, self.n_dev)
-        if math.fsum(w.duration_ms for w in fused) >= bar_ms - 1e-9:
+        if compute_ms(fused) >= bar_ms - 1e-9:
             return None
         fused_caps = (cap,) * len(self.allocs)
         if self.consider(fused_caps, fused, fused=True, slack=NEAR_BEST):
@@ -498,7 +498,7 @@ class _Search:
                                               self.max_ops, fused_waves, graph, curves,
                                               stable.allocs, n_dev, extend=extend)
                 label = "task-stable" if extend else "task-stable, no extension"
-                if math.fsum(w.duration_ms for w in planned) >= bar_ms:
+                if compute_ms(planned) >= bar_ms:
                     continue
                 if self.consider(self.whole_cluster, planned, fused=True, label=label,
                                  slack=NEAR_BEST if k == 0 else 0.0):
@@ -524,7 +524,7 @@ class _Search:
                 continue
             planned, home = self.schedules.made(("task lanes", i), self.max_ops, lane_waves,
                                                 self.graph, self.curves, lanes)
-            if math.fsum(w.duration_ms for w in planned) < bar_ms:
+            if compute_ms(planned) < bar_ms:
                 self.consider(self.whole_cluster, planned, fused=True, home=home,
                               label=f"task lanes of {lanes.size}")
 

@@ -16,7 +16,14 @@ from dataclasses import dataclass, replace
 from spindle_cli.artifacts.cluster import ClusterSpec
 from spindle_cli.artifacts.graph import MetaOp, MetaOpGraph
 from spindle_cli.errors import PlanInfeasible
-from spindle_cli.planner.alignment import MaxOps, PlannedWave, Slot, align, merge_or_append
+from spindle_cli.planner.alignment import (
+    MaxOps,
+    PlannedWave,
+    Slot,
+    align,
+    compute_ms,
+    merge_or_append,
+)
 from spindle_cli.planner.allocation import AslTuple, LevelAllocation, OpCurve
 from spindle_cli.planner.shortening import shorten_waves
 
@@ -146,7 +153,7 @@ def concurrent(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGra
     tried = dict.fromkeys(tuple(_side_by_side(chains, curves, graph, max_ops, x))
                           for x in SIT_OUT)
     return min((shorten_waves(list(waves), max_ops) for waves in tried),
-               key=lambda waves: math.fsum(w.duration_ms for w in waves))
+               key=compute_ms)
 
 
 def _side_by_side(chains: list[Chain], curves: dict[str, OpCurve], graph: MetaOpGraph,
